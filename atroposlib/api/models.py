@@ -1,0 +1,254 @@
+"""Wire types of the trajectory API: one place for every request and response body.
+
+Imported by the server routes, the environment sender and the trainer client. Field names and
+shapes are those of Atropos 0.4 (see ``../shared/spec/atropos-behaviour.md`` sections 1.4 and
+2.1), so stock Atropos environments and trainers work unchanged.
+
+Shape notation: ``G`` = sequences in a group (group size), ``T_i`` = length in tokens of
+sequence ``i``, ``K`` = top-k width of distillation arrays.
+
+Wire conventions (Atropos 0.4, kept verbatim):
+
+* ``tokens[i]`` is the full sequence, prompt plus completion.
+* ``masks[i]`` has the same length; ``-100`` at positions excluded from the loss, the token id
+  itself at trained positions (a label vector, not a 0/1 mask).
+* ``inference_logprobs[i]`` has the same length; ``1.0`` at masked positions (an impossible
+  log-probability used as a placeholder) and the sampler's log-prob at generated positions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: Placeholder log-probability at masked (prompt) positions of ``inference_logprobs``.
+MASKED_LOGPROB = 1.0
+#: Label value at positions excluded from the loss in ``masks``.
+IGNORE_INDEX = -100
+
+
+class Registration(BaseModel):
+    """``POST /register`` body: a trainer announces itself and the run's settings."""
+
+    wandb_group: str = Field(description="W&B group shared by the trainer and the envs.")
+    wandb_project: str = Field(description="W&B project shared by the trainer and the envs.")
+    batch_size: int = Field(gt=0, description="Sequences per batch served by GET /batch.")
+    max_token_len: int = Field(description="Longest sequence the trainer accepts, in tokens.")
+    checkpoint_dir: str = Field(description="Where the trainer saves checkpoints; echoed to envs.")
+    save_checkpoint_interval: int = Field(description="Trainer checkpoint interval, in steps.")
+    starting_step: int = Field(ge=0, description="Step counter value to start from (resume).")
+    num_steps: int = Field(description="Total training steps the trainer will run.")
+
+
+class RegistrationResponse(BaseModel):
+    """``POST /register`` response."""
+
+    uuid: int = Field(description="A fresh 128-bit integer identifying this registration.")
+
+
+class RegisterEnv(BaseModel):
+    """``POST /register-env`` body: an environment announces itself."""
+
+    max_token_length: int = Field(description="The env's max sequence length in tokens.")
+    desired_name: str = Field(description="Base name; the server appends `_k` to make it unique.")
+    weight: float = Field(ge=0, description="Sampling weight; feeds `env_weight` in /status-env.")
+    group_size: int = Field(gt=0, description="Sequences per group this env sends.")
+    min_batch_allocation: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Minimum fraction of every batch reserved for this env (null: none).",
+    )
+
+
+class RegisterEnvResponse(BaseModel):
+    """``POST /register-env`` success response (else ``{"status": "wait for trainer to start"}``)."""
+
+    status: str = Field(description='"success", or "wait for trainer to start".')
+    env_id: int | None = Field(default=None, description="Id to put in every scored group.")
+    wandb_name: str | None = Field(default=None, description="Unique name `<desired>_<k>`.")
+    checkpoint_dir: str | None = None
+    starting_step: int | None = Field(default=None, description="The server's current step.")
+    checkpoint_interval: int | None = None
+    num_steps: int | None = None
+
+
+class EnvIdentifier(BaseModel):
+    """Body of ``/disconnect-env`` and ``GET /status-env`` (the latter also takes ``?env_id=``)."""
+
+    env_id: int = Field(ge=0, description="The id returned by /register-env.")
+
+
+class ScoredData(BaseModel):
+    """One scored rollout group: ``POST /scored_data`` body, and each element of a ``/batch``.
+
+    Unknown top-level keys are ignored (Atropos tolerance). Messages pass through verbatim; each
+    message must have ``role`` and ``content``. Rows must agree: ``len(tokens) == len(masks) ==
+    len(scores)`` and every per-token field has ``T_i`` entries in row ``i``.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    tokens: list[list[int]] = Field(description="[G][T_i] token ids, prompt + completion.")
+    masks: list[list[int]] = Field(description="[G][T_i] labels: -100 = not trained, else token id.")
+    scores: list[float] = Field(description="[G] scalar reward per sequence.")
+    advantages: list[list[float]] | None = Field(
+        default=None, description="[G][T_i] optional per-token advantages (used when given)."
+    )
+    ref_logprobs: list[list[float]] | None = Field(
+        default=None, description="[G][T_i] optional reference-policy log-probs."
+    )
+    messages: list[list[dict[str, Any]]] | None = Field(
+        default=None, description="[G][turns] optional chat messages ({role, content, ...})."
+    )
+    generation_params: dict[str, Any] | None = Field(
+        default=None, description="Sampling parameters used (e.g. temperature)."
+    )
+    inference_logprobs: list[list[float]] | None = Field(
+        default=None, description="[G][T_i] sampler log-probs; 1.0 at masked positions."
+    )
+    overrides: list[dict[str, Any]] | None = Field(
+        default=None, description="[G] per-sequence overrides (set_advantage_to_zero, temperature)."
+    )
+    group_overrides: dict[str, Any] | None = Field(
+        default=None, description="Per-group overrides (group_size, temperature, sft, ...)."
+    )
+    images: Any | None = Field(default=None, description="Optional images (base64 / data URIs).")
+    env_id: int | None = Field(default=None, ge=0, description="Sender's env id, if registered.")
+    distill_token_ids: list[list[list[int]]] | None = Field(
+        default=None, description="[G][T_i][K] teacher top-k token ids."
+    )
+    distill_logprobs: list[list[list[float]]] | None = Field(
+        default=None, description="[G][T_i][K] teacher top-k log-probs."
+    )
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages_have_role_and_content(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        for i, conversation in enumerate(value):
+            if not isinstance(conversation, list):
+                raise ValueError(f"messages[{i}] must be a list of message objects")
+            for j, message in enumerate(conversation):
+                if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                    raise ValueError(
+                        f"messages[{i}][{j}] must be an object with 'role' and 'content' keys"
+                    )
+        return value
+
+    @model_validator(mode="after")
+    def _rows_agree(self) -> ScoredData:
+        problem = group_shape_error(self.model_dump(include=set(PER_TOKEN_FIELDS) | {
+            "tokens", "masks", "scores", "overrides", "messages"}))
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+#: Optional fields with one entry per token of each sequence.
+PER_TOKEN_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
+#: Every field of a stored group, in wire order (the 14 keys upstream returns).
+GROUP_FIELDS = tuple(ScoredData.model_fields)
+
+
+def group_shape_error(group: dict[str, Any]) -> str | None:
+    """Return why a scored group would corrupt a batch, or None when its shapes agree.
+
+    Args:
+        group: a dict with at least ``tokens``, ``masks`` and ``scores`` (other fields optional).
+
+    Returns:
+        A human-readable message naming the field and how to fix it, or None.
+    """
+    tokens, masks, scores = group["tokens"], group["masks"], group["scores"]
+    n = len(tokens)
+    if n == 0:
+        return "tokens is empty: a group needs at least one sequence"
+    if len(masks) != n or len(scores) != n:
+        return (
+            f"tokens, masks and scores must have one row per sequence; got {n} tokens rows, "
+            f"{len(masks)} masks rows and {len(scores)} scores"
+        )
+    for i in range(n):
+        if len(masks[i]) != len(tokens[i]):
+            return f"masks[{i}] has {len(masks[i])} entries but tokens[{i}] has {len(tokens[i])}"
+        if not math.isfinite(scores[i]):
+            return f"scores[{i}] is {scores[i]}: scores must be finite numbers"
+    for name in PER_TOKEN_FIELDS:
+        rows = group.get(name)
+        if rows is None:
+            continue
+        if len(rows) != n:
+            return f"{name} has {len(rows)} rows but tokens has {n}; send one row per sequence"
+        for i in range(n):
+            if len(rows[i]) != len(tokens[i]):
+                return (
+                    f"{name}[{i}] has {len(rows[i])} entries but tokens[{i}] has "
+                    f"{len(tokens[i])}; per-token fields must match the sequence length"
+                )
+    for name in ("overrides", "messages"):
+        rows = group.get(name)
+        if rows is not None and len(rows) not in (0, n):
+            return f"{name} has {len(rows)} entries but the group has {n} sequences"
+    return None
+
+
+class ScoredDataResponse(BaseModel):
+    """``POST /scored_data`` response."""
+
+    status: str = Field(description='"received" (queued) or "buffered" (waiting to fill a group).')
+    buffer_size: int | None = Field(
+        default=None, description="Sequences still buffered for this env (only when buffered)."
+    )
+
+
+class ScoredDataListResponse(BaseModel):
+    """``POST /scored_data_list`` response."""
+
+    status: str = Field(description='Always "received".')
+    groups_processed: int = Field(description="Number of groups in the request.")
+    buffered: int | None = Field(default=None, description="How many of them were buffered.")
+    last_buffer_size: int | None = None
+
+
+class Batch(BaseModel):
+    """``GET /batch`` response: ``batch`` is null until a full batch can be formed."""
+
+    batch: list[ScoredData] | None = Field(
+        description="Groups whose sequences sum exactly to the registered batch_size, FIFO."
+    )
+
+
+class Status(BaseModel):
+    """``GET /status`` response."""
+
+    current_step: int = Field(description="Batches served so far (plus starting_step).")
+    queue_size: int = Field(description="Groups queued and not yet served.")
+
+
+class EnvStatus(BaseModel):
+    """``GET /status-env`` response (formulas: spec section 1.7)."""
+
+    current_step: int
+    queue_size: int = Field(description="Sequences ahead of this env, in units of its group size.")
+    unallocated_fraction: float = Field(description="1 - sum of connected envs' minimums.")
+    self_queue_size: int = Field(description="This env's own queued groups.")
+    max_group_size: int = Field(description="Largest group size in the queue (>= 1).")
+    env_weight: float = Field(description="This env's share of inference weight (>= 0.01).")
+
+
+class Info(BaseModel):
+    """``GET /info`` response; -1 sentinels before registration."""
+
+    batch_size: int
+    max_token_len: int
+
+
+class WandbInfo(BaseModel):
+    """``GET /wandb_info`` response; nulls before registration."""
+
+    group: str | None
+    project: str | None

