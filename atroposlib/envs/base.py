@@ -1,0 +1,835 @@
+"""``BaseEnv``: the environment contract, group validation/sinks, and the process/evaluate runners.
+
+Import surface (Atropos 0.4 compatible)::
+
+    from atroposlib.envs.base import (BaseEnv, BaseEnvConfig, ScoredDataGroup, ScoredDataItem,
+        APIServerConfig, ServerBaseline, EvalHandlingEnum, OpenaiConfig)
+
+The serve-mode worker loop lives in :mod:`atroposlib.envs.serve`, the CLI in
+:mod:`atroposlib.envs.cli`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any, TypedDict
+
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
+from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    OpenaiConfig,
+    ReasoningConfig,
+    ServerBaseline,
+)
+from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
+from atroposlib.errors import RolloutError
+from atroposlib.type_definitions import Item, Message
+
+logger = logging.getLogger(__name__)
+
+
+class ScoredDataGroup(TypedDict, total=False):
+    """One scored group of rollouts, as sent to the API (spec 2.1-2.2).
+
+    Shapes: ``G`` sequences, ``T_i`` tokens in sequence ``i``, ``K`` teacher top-k.
+
+    Keys:
+        tokens: ``[G][T_i]`` prompt + completion token ids.
+        masks: ``[G][T_i]`` ``-100`` at untrained positions, else the token id.
+        scores: ``[G]`` scalar rewards.
+        advantages: ``[G][T_i]`` optional per-token advantages.
+        ref_logprobs: ``[G][T_i]`` optional reference log-probs.
+        messages: ``[G]`` optional chat transcripts.
+        generation_params: optional sampling parameters (e.g. ``{"temperature": 1.0}``).
+        inference_logprobs: ``[G][T_i]`` sampler log-probs, ``1.0`` at masked positions.
+        group_overrides: optional per-group overrides (``group_size``, ``temperature`` ...).
+        overrides: ``[G]`` optional per-sequence overrides.
+        images: optional images.
+        distill_token_ids: ``[G][T_i][K]`` teacher top-k token ids.
+        distill_logprobs: ``[G][T_i][K]`` teacher top-k log-probs.
+    """
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None
+    ref_logprobs: list[list[float]] | None
+    messages: list[list[Message]] | None
+    generation_params: dict[str, Any] | None
+    inference_logprobs: list[list[float]] | None
+    group_overrides: dict[str, Any] | None
+    overrides: list[dict[str, Any]] | None
+    images: Any | None
+    distill_token_ids: list[list[list[int]]] | None
+    distill_logprobs: list[list[list[float]]] | None
+
+
+class ScoredDataItem(TypedDict, total=False):
+    """One scored rollout, returned by ``collect_trajectory`` (spec 2.3, plus logprobs).
+
+    Keys: ``tokens [T]``, ``masks [T]``, ``scores`` (float), and optional ``advantages [T]``,
+    ``ref_logprobs [T]``, ``inference_logprobs [T]`` (1.0 at masked positions; carried into
+    the group, unlike upstream), ``messages``, ``group_overrides``, ``overrides``, ``images``,
+    ``distill_token_ids [T][K]``, ``distill_logprobs [T][K]``.
+    """
+
+    tokens: list[int]
+    masks: list[int]
+    scores: float
+    advantages: list[float] | None
+    ref_logprobs: list[float] | None
+    inference_logprobs: list[float] | None
+    messages: list[Message] | None
+    group_overrides: dict[str, Any] | None
+    overrides: dict[str, Any] | None
+    images: Any | None
+    distill_token_ids: list[list[int]] | None
+    distill_logprobs: list[list[float]] | None
+
+
+#: Per-sequence optional fields aggregated from ScoredDataItems into a group.
+_ITEM_LIST_FIELDS = (
+    "advantages",
+    "ref_logprobs",
+    "inference_logprobs",
+    "messages",
+    "overrides",
+    "images",
+    "distill_token_ids",
+    "distill_logprobs",
+)
+#: Optional group keys set to None when absent before sending (spec 3.4 step 6).
+_OPTIONAL_GROUP_KEYS = tuple(k for k in ScoredDataGroup.__annotations__ if k not in ("tokens", "masks", "scores"))
+
+
+def _dedup_path(path: Path) -> Path:
+    """``x.jsonl`` if free, else ``x_1.jsonl``, ``x_2.jsonl`` ..."""
+    if not path.exists():
+        return path
+    k = 1
+    while True:
+        candidate = path.with_name(f"{path.stem}_{k}{path.suffix}")
+        if not candidate.exists():
+            return candidate
+        k += 1
+
+
+class BaseEnv:
+    """Base class of every environment: subclass it, implement the hooks, call ``cli()``.
+
+    Must implement:
+        * ``get_next_item() -> Item | None``: the next prompt/task (None = nothing right now).
+        * ``collect_trajectories(item) -> (ScoredDataGroup | list[ScoredDataGroup] | None,
+          backlog_items)``: sample and score ``group_size`` rollouts. Alternatively implement
+          ``collect_trajectory(item) -> (ScoredDataItem | None, backlog_items)``; the default
+          ``collect_trajectories`` runs it ``group_size`` times concurrently and aggregates
+          (including ``inference_logprobs``).
+        * ``evaluate(*args, **kwargs) -> dict[str, float] | None``: evaluation metrics (also
+          call ``self.evaluate_log(...)`` to write them).
+
+    Optional hooks:
+        * ``config_init()`` (classmethod) -> ``(env_config, server_configs)``: defaults.
+        * ``setup()``: load datasets etc. (runs once, before anything else).
+        * ``postprocess_histories(trajectories)``: last edit of a group before sending.
+        * ``wandb_log(metrics)``: add metrics, then ``await super().wandb_log(metrics)``.
+        * ``save_checkpoint(step, data)`` / ``load_checkpoint()``: env state across restarts.
+        * ``cleanup()``: runs after every item.
+
+    Class attributes: ``name`` (used for wandb/registration names and default file names),
+    ``env_config_cls`` (your ``BaseEnvConfig`` subclass) and ``server_cls`` (``APIServer`` =
+    choose by ``server_type``).
+
+    Available inside hooks: ``self.config``, ``self.tokenizer`` (HF tokenizer of
+    ``config.tokenizer_name``, loaded lazily), ``self.server`` (a ``ServerManager``; use
+    ``self.server.chat_completion(...)`` or ``self.server.managed_server(tokenizer=...)``),
+    ``self.curr_step`` and ``self.stats`` (counters of sent and dropped groups).
+
+    Returning None, raising inside ``collect_trajectories``/``collect_trajectory``, or (while
+    ``ensure_scores_are_not_same``) returning identical scores drops the group; drops are
+    logged and counted in ``self.stats``, never turned into reward 0.
+    """
+
+    name: str | None = None
+    env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
+    server_cls: type[APIServer] = APIServer
+
+    def __init__(
+        self,
+        config: BaseEnvConfig,
+        server_configs: list[APIServerConfig | APIServer] | APIServerConfig | ServerBaseline | APIServer,
+        slurm: bool = False,
+        testing: bool = False,
+    ):
+        """Build the env (no network I/O; the tokenizer loads on first use).
+
+        Args:
+            config: an instance of ``env_config_cls``.
+            server_configs: inference servers: configs and/or ready ``APIServer`` instances
+                (e.g. ``FakeServer``); a single config is honoured as given.
+            slurm: derive inference URLs from SLURM variables.
+            testing: use an in-process ``FakeServer`` instead of real inference.
+
+        Raises:
+            TypeError: ``config`` is not a ``BaseEnvConfig``.
+        """
+        if not isinstance(config, BaseEnvConfig):
+            raise TypeError(
+                f"config must be a {self.env_config_cls.__name__} instance, got "
+                f"{type(config).__name__}"
+            )
+        self.config = config
+        self.server_configs = server_configs
+        self.reasoning_config = ReasoningConfig(
+            enabled=config.thinking_mode,
+            effort=config.reasoning_effort,
+            max_tokens=config.max_reasoning_tokens,
+        )
+        self.server = ServerManager(
+            server_configs,
+            server_class=self.server_cls,
+            slurm=slurm,
+            testing=testing,
+            reasoning_config=self.reasoning_config if self.reasoning_config.enabled else None,
+        )
+        for server in self.server.servers:
+            if hasattr(server, "set_tokenizer_factory"):
+                server.set_tokenizer_factory(lambda: self.tokenizer)
+        self._tokenizer: Any = None
+        self.max_num_workers = self._compute_max_num_workers()
+        self.curr_step = 0
+        self.max_token_len = -1
+        self.env_id: int | None = None
+        self.wandb_prepend: str | None = None
+        self.status_dict: dict[str, Any] = {}
+        self.checkpoint_dir: str | None = None
+        self.checkpoint_interval = -1
+        self.items_sent_this_step = 0
+        self.stats: Counter[str] = Counter()
+        self.completion_lengths: list[int] = []
+        self.rollouts_for_wandb: deque[list[tuple[str, float]]] = deque(
+            maxlen=max(1, config.num_rollouts_to_keep)
+        )
+        self.task_durations: deque[float] = deque(maxlen=1000)
+        self._eval_metrics_path: Path | None = None
+        self._eval_dir: Path | None = None
+        self._jsonl_path: Path | None = (
+            _dedup_path(Path(config.data_path_to_save_groups))
+            if config.data_path_to_save_groups
+            else None
+        )
+        self._jsonl_file: Any = None
+        self._wandb_run: Any = None
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def config_init(
+        cls,
+    ) -> tuple[BaseEnvConfig, list[APIServerConfig] | APIServerConfig | ServerBaseline]:
+        """Return default ``(env_config, server_configs)``; override in subclasses."""
+        return cls.env_config_cls(), ServerBaseline()
+
+    def _compute_max_num_workers(self) -> int:
+        if self.config.max_num_workers > 0:
+            return self.config.max_num_workers
+        return self.config.max_num_workers_per_node * max(1, len(self.server.servers))
+
+    @property
+    def tokenizer(self) -> Any:
+        """HF tokenizer of ``config.tokenizer_name`` (loaded once, on first use).
+
+        Raises:
+            OSError: the tokenizer is neither a local directory nor in the HF cache (offline).
+        """
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_name)
+            except OSError as exc:
+                raise OSError(
+                    f"cannot load tokenizer {self.config.tokenizer_name!r}: {exc}. Pass a local "
+                    "tokenizer directory with --env.tokenizer_name DIR (e.g. the bundled model: "
+                    "`atropos-bundled-model` prints its path)"
+                ) from exc
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    # ------------------------------------------------------------------ hooks
+    async def setup(self) -> None:
+        """Load datasets and state; runs once before anything else. Default: nothing."""
+
+    async def get_next_item(self) -> Item | None:
+        """Return the next item to roll out, or None when there is nothing to do now.
+
+        Raises:
+            NotImplementedError: the subclass did not implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement get_next_item()")
+
+    async def collect_trajectory(self, item: Item) -> tuple[ScoredDataItem | None, list[Item]]:
+        """Roll out and score ONE trajectory (alternative to ``collect_trajectories``).
+
+        Raises:
+            NotImplementedError: neither collect_trajectory nor collect_trajectories exists.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement collect_trajectories(item) or "
+            "collect_trajectory(item)"
+        )
+
+    async def collect_trajectories(
+        self, item: Item
+    ) -> tuple[ScoredDataGroup | list[ScoredDataGroup] | None, list[Item]]:
+        """Roll out and score one group; default: ``collect_trajectory`` x ``group_size``.
+
+        The default runs ``collect_trajectory(item)`` ``group_size`` times concurrently and
+        aggregates the items into one group: ``tokens``/``masks``/``scores`` always, each
+        optional per-sequence field (``inference_logprobs``, ``advantages``, ``messages`` ...)
+        when every item has it (None when no item has it), and merged ``group_overrides``.
+
+        Returns:
+            ``(group or None, backlog_items)``: None when any rollout returned None.
+
+        Raises:
+            RolloutError: an item is not a dict, or items disagree on an optional field.
+        """
+        results = await asyncio.gather(
+            *(self.collect_trajectory(item) for _ in range(self.config.group_size))
+        )
+        backlog: list[Item] = []
+        items: list[ScoredDataItem] = []
+        for result in results:
+            if not isinstance(result, tuple) or len(result) != 2:
+                raise RolloutError(
+                    "collect_trajectory must return (ScoredDataItem | None, backlog_items), "
+                    f"got {type(result).__name__}"
+                )
+            scored, extra = result
+            backlog.extend(extra or [])
+            if scored is None:
+                self.stats["rollouts_returned_none"] += 1
+                return None, backlog
+            if not isinstance(scored, dict):
+                raise RolloutError(
+                    f"collect_trajectory returned {type(scored).__name__}; return a "
+                    "ScoredDataItem dict with tokens, masks and scores"
+                )
+            items.append(scored)
+        return self._aggregate_items(items), backlog
+
+    @staticmethod
+    def _aggregate_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
+        group = ScoredDataGroup(
+            tokens=[list(i["tokens"]) for i in items],
+            masks=[list(i["masks"]) for i in items],
+            scores=[float(i["scores"]) for i in items],
+        )
+        for key in _ITEM_LIST_FIELDS:
+            values = [i.get(key) for i in items]
+            present = [v is not None for v in values]
+            if all(present):
+                group[key] = values
+            elif any(present):
+                raise RolloutError(
+                    f"{sum(present)} of {len(items)} rollouts set {key!r} and the others did "
+                    f"not; set {key} on every ScoredDataItem or on none"
+                )
+            else:
+                group[key] = None
+        overrides: dict[str, Any] = {}
+        for item in items:
+            overrides.update(item.get("group_overrides") or {})
+        group["group_overrides"] = overrides or None
+        group["generation_params"] = None
+        return group
+
+    async def postprocess_histories(
+        self, trajectories: ScoredDataGroup | list[ScoredDataGroup]
+    ) -> ScoredDataGroup | list[ScoredDataGroup]:
+        """Last edit of a group before validation and sending; identity by default."""
+        return trajectories
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float] | None:
+        """Evaluate the current policy; return metrics (and/or call ``evaluate_log``).
+
+        Raises:
+            NotImplementedError: the subclass did not implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement evaluate()")
+
+    async def cleanup(self) -> None:
+        """Runs after every item (serve and process modes); default: nothing."""
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_path(self, step: int) -> Path | None:
+        if not self.checkpoint_dir:
+            return None
+        name = self.wandb_prepend or self.name or "env"
+        return Path(self.checkpoint_dir) / "env_checkpoints" / name / f"step-{step}.json"
+
+    def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:
+        """Write ``data`` as JSON to ``{checkpoint_dir}/env_checkpoints/{name}/step-{step}.json``.
+
+        Subclasses call ``super().save_checkpoint(step, {"iter": self.iter})``. Nothing is
+        written when ``data`` is None or no checkpoint dir is known.
+        """
+        path = self._checkpoint_path(step)
+        if data is None or path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+
+    def load_checkpoint(self) -> None:
+        """Restore attributes from the newest checkpoint at or before ``curr_step``."""
+        path = self._checkpoint_path(self.curr_step)
+        if path is None:
+            return
+        candidates = []
+        if path.parent.is_dir():
+            for p in path.parent.glob("step-*.json"):
+                try:
+                    step = int(p.stem.split("-", 1)[1])
+                except ValueError:
+                    continue
+                if step <= self.curr_step:
+                    candidates.append((step, p))
+        if not candidates:
+            return
+        step, best = max(candidates)
+        data = json.loads(best.read_text())
+        for key, value in data.items():
+            setattr(self, key, value)
+        logger.info("loaded env checkpoint %s (step %d)", best, step)
+
+    # ------------------------------------------------------------------ group validation & sinks
+    def _expected_group_size(self, group: ScoredDataGroup) -> int:
+        overrides = group.get("group_overrides") or {}
+        return int(overrides.get("group_size", self.config.group_size))
+
+    def _reject_reason(
+        self, group: ScoredDataGroup, abort_on_any_max_length_exceeded: bool
+    ) -> tuple[str, str] | None:
+        """Return ``(counter_key, message)`` when a group must be dropped, else None."""
+        for key in ("tokens", "masks", "scores"):
+            if key not in group or group[key] is None:
+                return "invalid", f"group has no {key!r}"
+        problem = group_shape_error(group)  # type: ignore[arg-type]
+        if problem:
+            return "invalid", problem
+        expected = self._expected_group_size(group)
+        if len(group["tokens"]) != expected:
+            return (
+                "wrong_size",
+                f"group has {len(group['tokens'])} sequences, expected {expected} "
+                "(set group_overrides['group_size'] for variable-size groups)",
+            )
+        if self.config.ensure_scores_are_not_same and len(set(group["scores"])) <= 1 and len(
+            group["scores"]
+        ) > 1:
+            return "same_scores", "all scores are identical (no learning signal)"
+        if self.max_token_len > 0 and abort_on_any_max_length_exceeded:
+            longest = max(len(t) for t in group["tokens"])
+            if longest >= self.max_token_len:
+                return (
+                    "too_long",
+                    f"a sequence has {longest} tokens >= max_token_len {self.max_token_len}",
+                )
+        return None
+
+    def _normalise_group(self, group: ScoredDataGroup) -> ScoredDataGroup:
+        for key in _OPTIONAL_GROUP_KEYS:
+            group.setdefault(key, None)  # type: ignore[misc]
+        group["scores"] = [float(s) for s in group["scores"]]
+        if self.config.include_messages and group.get("messages") is None:
+            group["messages"] = [
+                [{"role": "user", "content": self.tokenizer.decode(tokens)}]
+                for tokens in group["tokens"]
+            ]
+        return group
+
+    def _record_group(self, group: ScoredDataGroup) -> None:
+        lengths = [sum(1 for m in masks if m != IGNORE_INDEX) for masks in group["masks"]]
+        self.completion_lengths.extend(lengths)
+        if len(self.completion_lengths) > 10_000:
+            del self.completion_lengths[: len(self.completion_lengths) - 10_000]
+        keep = self.config.num_rollouts_per_group_for_logging
+        keep = len(group["tokens"]) if keep == -1 else keep
+        if self.config.use_wandb and keep > 0:
+            rows = []
+            for i in range(min(keep, len(group["tokens"]))):
+                rows.append((self._decode_for_log(group, i), group["scores"][i]))
+            self.rollouts_for_wandb.append(rows)
+
+    def _decode_for_log(self, group: ScoredDataGroup, index: int) -> str:
+        messages = group.get("messages")
+        if messages:
+            return "\n\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages[index])
+        try:
+            return self.tokenizer.decode(group["tokens"][index])
+        except Exception:  # noqa: BLE001 - logging text is best-effort
+            return str(group["tokens"][index][:64])
+
+    def _write_jsonl(self, group: ScoredDataGroup) -> None:
+        if self._jsonl_path is None:
+            return
+        if self._jsonl_file is None:
+            self._jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+            self._jsonl_file = open(self._jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
+        from atroposlib.utils.io import dumps_line
+
+        self._jsonl_file.write(dumps_line(group))
+        self._jsonl_file.flush()
+
+    def _close_jsonl(self) -> None:
+        if self._jsonl_file is not None:
+            self._jsonl_file.close()
+            self._jsonl_file = None
+
+    def accept_groups(
+        self,
+        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
+        abort_on_any_max_length_exceeded: bool = True,
+    ) -> list[ScoredDataGroup]:
+        """Validate groups, drop (log + count) bad ones, record and write the rest to JSONL.
+
+        Args:
+            scored_data: one group, a list of groups (None entries are skipped), or None.
+            abort_on_any_max_length_exceeded: drop groups with a sequence of
+                ``>= max_token_len`` tokens (only when the API told us ``max_token_len``).
+
+        Returns:
+            The accepted groups, with every optional key present (None when absent).
+        """
+        if scored_data is None:
+            return []
+        groups = scored_data if isinstance(scored_data, list) else [scored_data]
+        accepted = []
+        for group in groups:
+            if group is None:
+                continue
+            if not isinstance(group, dict):
+                self.stats["groups_dropped_invalid"] += 1
+                logger.warning("dropping a %s: groups must be ScoredDataGroup dicts", type(group))
+                continue
+            reason = self._reject_reason(group, abort_on_any_max_length_exceeded)
+            if reason is not None:
+                key, message = reason
+                self.stats[f"groups_dropped_{key}"] += 1
+                log = logger.debug if key == "same_scores" else logger.warning
+                log("dropping group: %s", message)
+                continue
+            group = self._normalise_group(group)
+            self._record_group(group)
+            self._write_jsonl(group)
+            self.stats["groups_accepted"] += 1
+            accepted.append(group)
+        return accepted
+
+    async def handle_send_to_api(
+        self,
+        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
+        item: Item = None,
+        do_send_to_api: bool = True,
+        abort_on_any_max_length_exceeded: bool = True,
+    ) -> list[ScoredDataGroup]:
+        """Validate, record and (in serve mode) queue groups for sending to the API.
+
+        Groups go to a bounded local outbox drained by the serve loop, so a finished group is
+        never lost to an API outage. Returns the accepted groups.
+        """
+        accepted = self.accept_groups(scored_data, abort_on_any_max_length_exceeded)
+        if do_send_to_api and accepted:
+            outbox = getattr(self, "_outbox", None)
+            if outbox is None:
+                raise RuntimeError(
+                    "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
+                    "do_send_to_api=False outside `serve`"
+                )
+            for group in accepted:
+                await outbox.put(group)
+        return accepted
+
+    async def _run_item(self, item: Item, abort_on_any_max_length_exceeded: bool = True) -> Any:
+        """Collect -> postprocess for one item; exceptions are logged, counted, and give None."""
+        start = time.perf_counter()
+        try:
+            result, backlog = await self.collect_trajectories(item)
+            if result is not None:
+                result = await self.postprocess_histories(result)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bad rollout is data: log, count, drop
+            self.stats["groups_dropped_error"] += 1
+            logger.warning(
+                "rollout failed, dropping its group (%s: %s)", type(exc).__name__, exc,
+                exc_info=logger.isEnabledFor(logging.DEBUG),
+            )
+            return None, []
+        finally:
+            self.task_durations.append(time.perf_counter() - start)
+        if result is None:
+            self.stats["groups_dropped_none"] += 1
+        return result, list(backlog or [])
+
+    # ------------------------------------------------------------------ process mode
+    async def process_manager(self, show_progress: bool = True) -> Path | None:
+        """Generate ``config.total_steps`` groups without an API and write them to JSONL + HTML.
+
+        Returns:
+            The JSONL path written, or None when no path was configured.
+
+        Raises:
+            RuntimeError: ``get_next_item`` ran dry before any group was produced.
+        """
+        from tqdm.auto import tqdm
+
+        await self.setup()
+        self._maybe_init_wandb()
+        target = self.config.total_steps
+        done = 0
+        consecutive_failures = 0
+        backlog: list[Item] = []
+        progress = tqdm(total=target, desc=f"{self.name or 'env'} groups", disable=not show_progress)
+        try:
+            while done < target:
+                item = backlog.pop(0) if backlog else await self.get_next_item()
+                if item is None:
+                    logger.info("get_next_item returned None: stopping after %d groups", done)
+                    break
+                result, more = await self._run_item(item, abort_on_any_max_length_exceeded=False)
+                backlog.extend(more)
+                accepted = self.accept_groups(result, abort_on_any_max_length_exceeded=False)
+                await self.cleanup()
+                if not accepted:
+                    consecutive_failures += 1
+                    if consecutive_failures in (10, 100, 1000):
+                        logger.warning(
+                            "%d items in a row produced no usable group; stats: %s",
+                            consecutive_failures,
+                            dict(self.stats),
+                        )
+                    continue
+                consecutive_failures = 0
+                done += len(accepted)
+                progress.update(len(accepted))
+                await self.wandb_log({})
+        finally:
+            progress.close()
+            self._close_jsonl()
+            await self.server.aclose()
+        if self._jsonl_path is not None and self._jsonl_path.exists():
+            from atroposlib.frontend.jsonl2html import generate_html
+
+            html = generate_html(self._jsonl_path)
+            logger.info("wrote %d groups to %s and %s", done, self._jsonl_path, html)
+        self._finish_wandb()
+        return self._jsonl_path
+
+    # ------------------------------------------------------------------ evaluation
+    def _eval_dir_path(self) -> Path:
+        if self._eval_dir is None:
+            if self.config.data_dir_to_save_evals:
+                self._eval_dir = Path(self.config.data_dir_to_save_evals)
+            else:
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                self._eval_dir = Path("evals") / f"{self.name or 'env'}-{stamp}"
+        return self._eval_dir
+
+    def evaluate_log(
+        self,
+        metrics: dict[str, float],
+        task_name: str | None = None,
+        model_name: str | None = None,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        generation_parameters: dict[str, Any] | None = None,
+        samples: list[dict[str, Any]] | None = None,
+        verbose: bool = True,
+    ) -> Path:
+        """Write ``metrics.json`` (and ``samples.jsonl``) to the eval directory and log them.
+
+        ``metrics.json`` = ``{"config_general": {model_name, total_evaluation_time_seconds,
+        generation_parameters}, "results": {"atropos|<task>|0": metrics, "all": metrics}}``.
+
+        Args:
+            metrics: metric name -> value.
+            task_name: defaults to the env name.
+            model_name: defaults to the first server's model name.
+            start_time: ``time.time()`` at the start (for the duration).
+            end_time: ``time.time()`` at the end (default now).
+            generation_parameters: sampling settings used.
+            samples: per-example records written to ``samples.jsonl``.
+            verbose: print a metrics table.
+
+        Returns:
+            The path of ``metrics.json``.
+        """
+        out_dir = self._eval_dir_path()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        end_time = time.time() if end_time is None else end_time
+        task = task_name or self.name or "env"
+        model = model_name or self.server.servers[0].config.model_name
+        payload = {
+            "config_general": {
+                "model_name": model,
+                "total_evaluation_time_seconds": str(
+                    end_time - start_time if start_time is not None else 0.0
+                ),
+                "generation_parameters": {
+                    **(generation_parameters or {}),
+                    "max_new_tokens": self.config.max_token_length,
+                },
+            },
+            "results": {f"atropos|{task}|0": dict(metrics), "all": dict(metrics)},
+        }
+        path = out_dir / "metrics.json"
+        path.write_text(json.dumps(payload, indent=2, default=str))
+        if samples:
+            from atroposlib.utils.io import dumps_line
+
+            with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as fh:
+                for sample in samples:
+                    fh.write(dumps_line(sample))
+        self._eval_metrics_path = path
+        if verbose:
+            from atroposlib.utils.metrics import format_metrics_table
+
+            print(format_metrics_table(metrics, title=f"{task} ({model})"))
+        return path
+
+    async def _evaluate_and_save(self) -> Path:
+        """Run ``setup`` and ``evaluate``; make sure ``metrics.json`` exists; return its path."""
+        await self.setup()
+        start = time.time()
+        try:
+            metrics = await self.evaluate()
+        finally:
+            await self.server.aclose()
+        if self._eval_metrics_path is None:
+            self.evaluate_log(dict(metrics or {}), start_time=start)
+        elif metrics:
+            existing = json.loads(self._eval_metrics_path.read_text())
+            if not existing["results"]["all"]:
+                self.evaluate_log(dict(metrics), start_time=start)
+        assert self._eval_metrics_path is not None
+        if self.config.use_wandb:
+            self._maybe_init_wandb()
+            await self.wandb_log({f"eval/{k}" if "/" not in k else k: v for k, v in (metrics or {}).items()})
+            self._finish_wandb()
+        return self._eval_metrics_path
+
+    # ------------------------------------------------------------------ logging
+    def _maybe_init_wandb(self, project: str | None = None, group: str | None = None) -> None:
+        if not self.config.use_wandb or self._wandb_run is not None:
+            return
+        import random
+        import string
+
+        import wandb
+
+        base = self.config.wandb_name or self.name or "env"
+        suffix = "".join(random.choices(string.ascii_lowercase, k=6))
+        self._wandb_run = wandb.init(
+            project=project,
+            group=group,
+            name=f"{base}-{time.strftime('%Y-%m-%d')}-{suffix}",
+            config=self.config.model_dump(mode="json"),
+            reinit="finish_previous",
+        )
+
+    def _finish_wandb(self) -> None:
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+    def perf_stats(self) -> dict[str, float]:
+        """Mean/std/max/min of recent rollout-group durations (seconds)."""
+        from atroposlib.utils.metrics import get_std_min_max_avg
+
+        if not self.task_durations:
+            return {}
+        return get_std_min_max_avg("train_perf/task_duration", list(self.task_durations))
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Log the usual metrics (plus ``metrics``) to W&B when ``use_wandb``.
+
+        Subclasses add their own keys and call ``await super().wandb_log(metrics)`` last.
+        Logged: ``train/completion_lengths`` (+ ``_std``, ``_max``, ``_min``,
+        ``_frac_over_95pct_max``), the ``train/rollouts`` table, ``train_perf/*``,
+        ``train/groups_*`` counters and every server's request metrics.
+        """
+        metrics = dict(metrics or {})
+        if not self.config.use_wandb:
+            self.completion_lengths.clear()
+            return
+        from atroposlib.utils.metrics import get_std_min_max_avg
+
+        prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
+        if self.completion_lengths:
+            lengths = list(self.completion_lengths)
+            stats = get_std_min_max_avg("train/completion_lengths", lengths)
+            metrics["train/completion_lengths"] = stats.pop("train/completion_lengths_mean")
+            metrics.update(stats)
+            limit = self.max_token_len if self.max_token_len > 0 else self.config.max_token_length
+            metrics["train/completion_lengths_frac_over_95pct_max"] = sum(
+                1 for x in lengths if x > 0.95 * limit
+            ) / len(lengths)
+            self.completion_lengths.clear()
+        metrics.update(self.perf_stats())
+        for key, value in self.stats.items():
+            metrics[f"train/{key}"] = value
+        metrics = {f"{prefix}{k}": v for k, v in metrics.items()}
+        metrics.update(self.server.wandb_metrics())
+        import wandb
+
+        if wandb.run is None:
+            return
+        if self.rollouts_for_wandb:
+            table = wandb.Table(columns=["text", "score"])
+            for rows in self.rollouts_for_wandb:
+                for text, score in rows:
+                    table.add_data(text, score)
+            metrics[f"{prefix}train/rollouts"] = table
+            self.rollouts_for_wandb.clear()
+        wandb.log(metrics, step=self.curr_step if self.curr_step > 0 else None)
+
+    # ------------------------------------------------------------------ serve mode
+    async def env_manager(self) -> None:
+        """Serve mode: register with the API and keep it fed with groups until told to stop."""
+        from atroposlib.envs.serve import ServeLoop
+
+        await ServeLoop(self).run()
+
+    # ------------------------------------------------------------------ CLI
+    @classmethod
+    def cli(cls, argv: list[str] | None = None) -> None:
+        """Run the command line: ``python my_env.py serve|process|evaluate [--env.* ...]``."""
+        from atroposlib.envs.cli import run_cli
+
+        run_cli(cls, argv)
+
+
+__all__ = [
+    "APIServerConfig",
+    "BaseEnv",
+    "BaseEnvConfig",
+    "EvalHandlingEnum",
+    "MASKED_LOGPROB",
+    "OpenaiConfig",
+    "ScoredDataGroup",
+    "ScoredDataItem",
+    "ServerBaseline",
+    "ServerManagerConfig",
+]

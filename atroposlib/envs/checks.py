@@ -1,0 +1,163 @@
+"""``check_env``: drive an environment against a fake server and assert the group contract."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import BaseEnv, ScoredDataGroup
+
+
+def check_group(
+    group: dict[str, Any], expected_size: int, where: str = "group", tokenizer: Any = None
+) -> None:
+    """Assert the ``ScoredDataGroup`` invariants on one group.
+
+    Checked: tokens/masks/scores present with ``expected_size`` rows (or
+    ``group_overrides["group_size"]``); every per-token field (masks, inference_logprobs,
+    advantages, ref_logprobs) has the row's length; ``masks[i][t]`` is ``-100`` or equals
+    ``tokens[i][t]``; at least one trained position per sequence; ``inference_logprobs`` is
+    ``1.0`` at masked positions and a finite value <= 0 elsewhere; scores are finite;
+    ``messages``/``overrides`` have one entry per sequence; token ids fit the vocabulary.
+
+    Args:
+        group: the group to check.
+        expected_size: sequences expected (config ``group_size``).
+        where: label used in messages.
+        tokenizer: when given, token ids must be < ``len(tokenizer)``.
+
+    Raises:
+        AssertionError: with a message naming the field, the row and how to fix it.
+    """
+    assert isinstance(group, dict), f"{where}: expected a ScoredDataGroup dict, got {type(group).__name__}"
+    for key in ("tokens", "masks", "scores"):
+        assert group.get(key) is not None, f"{where}: missing {key!r}; every group needs tokens, masks and scores"
+    problem = group_shape_error(group)
+    assert problem is None, f"{where}: {problem}"
+    size = int((group.get("group_overrides") or {}).get("group_size", expected_size))
+    n = len(group["tokens"])
+    assert n == size, (
+        f"{where}: has {n} sequences but group_size is {size}; return group_size rollouts or set "
+        "group_overrides['group_size']"
+    )
+    vocab = len(tokenizer) if tokenizer is not None else None
+    for i in range(n):
+        tokens, masks = group["tokens"][i], group["masks"][i]
+        assert all(isinstance(t, int) for t in tokens), f"{where}: tokens[{i}] must be ints"
+        if vocab is not None:
+            bad = [t for t in tokens if not 0 <= t < vocab]
+            assert not bad, f"{where}: tokens[{i}] has ids outside the vocabulary (size {vocab}): {bad[:5]}"
+        for t, (tok, mask) in enumerate(zip(tokens, masks, strict=True)):
+            assert mask in (IGNORE_INDEX, tok), (
+                f"{where}: masks[{i}][{t}] is {mask}; a mask holds -100 (not trained) or the token "
+                f"id itself ({tok}), it is a label vector, not 0/1"
+            )
+        assert any(m != IGNORE_INDEX for m in masks), (
+            f"{where}: masks[{i}] trains on no token (all -100); mask only the prompt"
+        )
+        score = group["scores"][i]
+        assert isinstance(score, (int, float)) and math.isfinite(score), (
+            f"{where}: scores[{i}] = {score!r} is not a finite number"
+        )
+    logprobs = group.get("inference_logprobs")
+    if logprobs is not None:
+        for i in range(n):
+            for t, (lp, mask) in enumerate(zip(logprobs[i], group["masks"][i], strict=True)):
+                if mask == IGNORE_INDEX:
+                    assert lp == MASKED_LOGPROB, (
+                        f"{where}: inference_logprobs[{i}][{t}] = {lp} at a masked position; use "
+                        "1.0 there (managed_server does this)"
+                    )
+                else:
+                    assert math.isfinite(lp) and lp <= 0, (
+                        f"{where}: inference_logprobs[{i}][{t}] = {lp} at a trained position; "
+                        "it must be the sampler's log-prob (finite, <= 0)"
+                    )
+
+
+async def check_env(
+    env_cls: type[BaseEnv],
+    server: Any = None,
+    config_overrides: dict[str, Any] | None = None,
+    num_groups: int = 1,
+    max_items: int | None = None,
+    tokenizer: Any = None,
+) -> list[ScoredDataGroup]:
+    """Drive ``setup -> get_next_item -> collect_trajectories`` and assert the group contract.
+
+    Args:
+        env_cls: the environment class.
+        server: an ``APIServer`` (typically ``FakeServer``) or a list of them; default a
+            ``FakeServer()`` with a fixed reply.
+        config_overrides: env config fields to change (e.g. ``{"tokenizer_name": dir}``).
+        num_groups: how many valid groups to collect.
+        max_items: give up after this many items (default ``10 * num_groups``).
+        tokenizer: use this tokenizer instead of loading ``config.tokenizer_name``.
+
+    Returns:
+        The groups collected (after ``postprocess_histories``), each checked by
+        :func:`check_group`.
+
+    Raises:
+        AssertionError: an invariant is violated, ``collect_trajectories`` raised or returned
+            the wrong shape, or no group was produced within ``max_items`` items.
+    """
+    from atroposlib.testing.fake_server import FakeServer
+
+    env_config, _ = env_cls.config_init()
+    values = {**env_config.model_dump(), "use_wandb": False, **(config_overrides or {})}
+    config = env_cls.env_config_cls(**values)
+    servers = server if isinstance(server, list) else [server or FakeServer()]
+    env = env_cls(config, servers)
+    if tokenizer is not None:
+        env.tokenizer = tokenizer
+    await env.setup()
+    groups: list[ScoredDataGroup] = []
+    max_items = max_items if max_items is not None else 10 * num_groups
+    tried = 0
+    try:
+        while len(groups) < num_groups:
+            assert tried < max_items, (
+                f"{env_cls.__name__}: no valid group after {tried} items (got {len(groups)} of "
+                f"{num_groups}); collect_trajectories kept returning None"
+            )
+            tried += 1
+            item = await env.get_next_item()
+            assert item is not None, f"{env_cls.__name__}.get_next_item() returned None after setup()"
+            try:
+                result = await env.collect_trajectories(item)
+            except Exception as exc:
+                raise AssertionError(
+                    f"{env_cls.__name__}.collect_trajectories raised {type(exc).__name__}: {exc}"
+                ) from exc
+            assert isinstance(result, tuple) and len(result) == 2, (
+                f"{env_cls.__name__}.collect_trajectories must return (group | list | None, "
+                f"backlog_items), got {type(result).__name__}"
+            )
+            scored, backlog = result
+            assert backlog is None or isinstance(backlog, list), (
+                f"backlog must be a list of items, got {type(backlog).__name__}"
+            )
+            if scored is None:
+                continue
+            scored = await env.postprocess_histories(scored)
+            batch = scored if isinstance(scored, list) else [scored]
+            for k, group in enumerate(batch):
+                if group is None:
+                    continue
+                check_group(
+                    group,
+                    env.config.group_size,
+                    where=f"{env_cls.__name__} group {len(groups)}" + (f"[{k}]" if len(batch) > 1 else ""),
+                    tokenizer=env._tokenizer,
+                )
+                groups.append(group)
+    finally:
+        await env.server.aclose()
+    return groups
+
+
+__all__ = ["check_env", "check_group"]

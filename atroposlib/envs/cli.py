@@ -1,0 +1,260 @@
+"""The env command line: ``python my_env.py serve|process|evaluate`` with layered configuration.
+
+Layering, lowest to highest (spec 3.7, with upstream's bugs fixed):
+
+1. ``config_init()`` of the env class (then mode defaults: ``process`` sets
+   ``include_messages=True``, ``ensure_scores_are_not_same=False``, ``use_wandb=False`` and
+   ``data_path_to_save_groups=data/<name>.jsonl`` when unset; ``evaluate`` sets
+   ``use_wandb=False``; ``serve`` defaults ``wandb_name`` to the env's ``name``);
+2. ``--config FILE.yaml`` with top-level keys ``env:``, ``openai:`` (a mapping, or a list for
+   several servers), ``slurm:``, ``testing:`` (and ``max_n_completions:``, ``proxy_url:``);
+3. flags: ``--env.<field>``, ``--openai.<field>``, ``--slurm``, ``--testing`` ...
+
+A single server config always stays a list of one ``APIServerConfig`` with the given URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    ServerBaseline,
+)
+from atroposlib.envs.server_handling.server_manager import ServerManagerConfig
+from atroposlib.errors import ConfigError
+from atroposlib.utils.cli import (
+    add_model_options,
+    collect_overrides,
+    unknown_flag_message,
+    validation_error_message,
+)
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import BaseEnv
+
+logger = logging.getLogger(__name__)
+
+MODES = ("serve", "process", "evaluate")
+_YAML_KEYS = ("env", "openai", "slurm", "testing", "max_n_completions", "proxy_url")
+_MODE_HELP = {
+    "serve": "Register with the trajectory API and keep it supplied with scored groups.",
+    "process": "Generate groups offline (no API) into a JSONL file plus an HTML viewer.",
+    "evaluate": "Run evaluate() once and write metrics.json.",
+}
+
+
+def mode_env_defaults(env_cls: type[BaseEnv], mode: str, base: dict[str, Any]) -> dict[str, Any]:
+    """Return the env-config overrides a mode applies on top of ``config_init`` values."""
+    if mode == "process":
+        out: dict[str, Any] = {
+            "include_messages": True,
+            "ensure_scores_are_not_same": False,
+            "use_wandb": False,
+        }
+        if not base.get("data_path_to_save_groups"):
+            out["data_path_to_save_groups"] = f"data/{env_cls.name or 'groups'}.jsonl"
+        return out
+    if mode == "evaluate":
+        return {"use_wandb": False}
+    if mode == "serve" and not base.get("wandb_name") and env_cls.name:
+        return {"wandb_name": env_cls.name}
+    return {}
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--config {path}: file not found")
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: the top level must be a mapping with keys {_YAML_KEYS}")
+    unknown = sorted(set(data) - set(_YAML_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"--config {path}: unknown top-level key(s) {unknown}; allowed: {', '.join(_YAML_KEYS)}"
+        )
+    if data.get("env") is not None and not isinstance(data["env"], dict):
+        raise ConfigError(f"--config {path}: `env:` must be a mapping of BaseEnvConfig fields")
+    openai = data.get("openai")
+    if openai is not None and not isinstance(openai, (dict, list)):
+        raise ConfigError(f"--config {path}: `openai:` must be a mapping or a list of mappings")
+    return data
+
+
+def _validated(cls: type, values: dict[str, Any], prefix: str | None, source: str) -> Any:
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        raise ConfigError(validation_error_message(exc, prefix, source)) from exc
+
+
+def resolve_server_configs(
+    init_servers: Any, yaml_openai: Any, cli_openai: dict[str, Any]
+) -> list[APIServerConfig | APIServer] | ServerBaseline:
+    """Merge server configs: ``config_init`` < YAML ``openai:`` < ``--openai.*`` flags.
+
+    Returns:
+        A list of configs (a single server is a list of one, its URL honoured), or a bare
+        ``ServerBaseline`` when nothing gives a URL.
+
+    Raises:
+        ConfigError: ``--openai.*`` flags combined with several servers, or invalid values.
+    """
+    init_list = list(init_servers) if isinstance(init_servers, (list, tuple)) else None
+    yaml_list = yaml_openai if isinstance(yaml_openai, list) else None
+    if (yaml_list is not None and len(yaml_list) >= 2) or (init_list is not None and len(init_list) >= 2):
+        if cli_openai:
+            flags = ", ".join(f"--openai.{k}" for k in cli_openai)
+            raise ConfigError(
+                f"{flags} cannot be combined with several inference servers; edit the "
+                "`openai:` list in the YAML config instead"
+            )
+        if yaml_list is not None and len(yaml_list) >= 2:
+            return [
+                _validated(APIServerConfig, dict(d), "openai", f"--config openai[{i}]")
+                for i, d in enumerate(yaml_list)
+            ]
+        return list(init_list or [])
+    if init_list is not None:
+        if not init_list:
+            raise ConfigError("config_init returned an empty server list; return at least one")
+        base = init_list[0]
+    else:
+        base = init_servers
+    if isinstance(base, APIServer):
+        if yaml_openai or cli_openai:
+            raise ConfigError("config_init returned a server instance; --openai.* cannot change it")
+        return [base]
+    if yaml_list is not None:
+        yaml_dict = dict(yaml_list[0]) if yaml_list else {}
+    else:
+        yaml_dict = dict(yaml_openai or {})
+    if isinstance(base, APIServerConfig) or yaml_dict or cli_openai:
+        merged = {**base.model_dump(), **yaml_dict, **cli_openai}
+        return [_validated(APIServerConfig, merged, "openai", "server configuration")]
+    return base
+
+
+def build_configs(
+    env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
+) -> tuple[BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
+    """Apply the layering (module docstring) to parsed arguments.
+
+    Raises:
+        ConfigError: bad YAML, unknown keys or invalid values (the message names the flag).
+    """
+    init_env, init_servers = env_cls.config_init()
+    data = _load_yaml(namespace.config) if getattr(namespace, "config", None) else {}
+    overrides = collect_overrides(namespace, ["env", "openai", ""])
+    base_env = init_env.model_dump()
+    env_values = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
+    env_values.update(data.get("env") or {})
+    env_values.update(overrides["env"])
+    env_config = _validated(env_cls.env_config_cls, env_values, "env", "env configuration")
+    servers = resolve_server_configs(init_servers, data.get("openai"), overrides["openai"])
+    manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
+    manager_values.update({k: v for k, v in overrides[""].items() if k not in ("config", "mode")})
+    manager = _validated(ServerManagerConfig, manager_values, None, "server manager configuration")
+    return env_config, servers, manager
+
+
+def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
+    """Build the ``serve|process|evaluate`` parser; every option shows its description/default."""
+    init_env, init_servers = env_cls.config_init()
+    base_env = init_env.model_dump()
+    server_defaults: dict[str, Any] = {}
+    first = init_servers[0] if isinstance(init_servers, (list, tuple)) and init_servers else init_servers
+    if isinstance(first, ServerBaseline):
+        server_defaults = first.model_dump()
+    parser = argparse.ArgumentParser(
+        prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else env_cls.__name__,
+        description=f"{env_cls.__name__} ({env_cls.name or 'unnamed env'}): "
+        "serve | process | evaluate. Layering: config_init < --config YAML < flags.",
+    )
+    sub = parser.add_subparsers(dest="mode", metavar="{serve,process,evaluate}", required=True)
+    for mode in MODES:
+        mode_parser = sub.add_parser(mode, help=_MODE_HELP[mode], description=_MODE_HELP[mode])
+        mode_parser.add_argument(
+            "--config",
+            default=None,
+            metavar="YAML",
+            help="YAML with keys env:, openai: (mapping or list), slurm:, testing:.",
+        )
+        env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
+        add_model_options(mode_parser, env_cls.env_config_cls, "env", env_defaults, "env options")
+        add_model_options(
+            mode_parser, APIServerConfig, "openai", server_defaults, "inference server (--openai.*)"
+        )
+        add_model_options(mode_parser, ServerManagerConfig, None, None, "server manager")
+    return parser
+
+
+def parse_args(
+    env_cls: type[BaseEnv], argv: list[str] | None = None
+) -> tuple[str, BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
+    """Parse ``argv`` into ``(mode, env_config, server_configs, manager_config)``.
+
+    Raises:
+        SystemExit: code 2 on unknown flags or invalid values (message on stderr).
+    """
+    parser = build_parser(env_cls)
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(unknown_flag_message(unknown, parser))
+    try:
+        env_config, servers, manager = build_configs(env_cls, namespace.mode, namespace)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return namespace.mode, env_config, servers, manager
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+            pass
+
+
+async def _run_mode(env: BaseEnv, mode: str) -> Any:
+    if mode == "process":
+        return await env.process_manager()
+    if mode == "evaluate":
+        path = await env._evaluate_and_save()
+        print(f"metrics written to {path}")
+        return path
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    env._stop_event = stop
+    return await env.env_manager()
+
+
+def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
+    """Entry point behind ``BaseEnv.cli()``: parse, build the env, run the chosen mode."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    mode, env_config, servers, manager = parse_args(env_cls, argv)
+    env = env_cls(env_config, servers, slurm=manager.slurm, testing=manager.testing)
+    env.server.max_n_completions = manager.max_n_completions
+    asyncio.run(_run_mode(env, mode))
+
+
+__all__ = ["build_configs", "build_parser", "parse_args", "resolve_server_configs", "run_cli"]

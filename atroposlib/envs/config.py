@@ -1,0 +1,145 @@
+"""``BaseEnvConfig``: the pydantic settings every environment shares (spec 2.5)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class EvalHandlingEnum(StrEnum):
+    """What training rollouts do while an evaluation runs in serve mode."""
+
+    STOP_TRAIN = "STOP_TRAIN"
+    LIMIT_TRAIN = "LIMIT_TRAIN"
+    NONE = "NONE"
+
+
+class BaseEnvConfig(BaseModel):
+    """Settings shared by every environment. Subclass it to add env-specific fields.
+
+    Every field appears on the CLI as ``--env.<field>`` and in YAML under ``env:``. Unknown
+    keys are rejected (``extra="forbid"``), so a typo is an error rather than a silent no-op.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+    group_size: int = Field(default=4, ge=1, description="Rollouts (responses) per group.")
+    max_num_workers: int = Field(
+        default=-1,
+        description="Rollout groups in flight at once; -1 = max_num_workers_per_node x "
+        "number of inference servers.",
+    )
+    max_eval_workers: int = Field(default=16, description="Concurrent evaluation tasks.")
+    max_num_workers_per_node: int = Field(
+        default=8, description="Groups in flight per inference server when max_num_workers=-1."
+    )
+    steps_per_eval: int = Field(
+        default=100, description="Run evaluate() every this many trainer steps (serve mode)."
+    )
+    max_token_length: int = Field(
+        default=2048, description="Longest sequence (prompt + completion) in tokens."
+    )
+    eval_handling: EvalHandlingEnum = Field(
+        default=EvalHandlingEnum.STOP_TRAIN,
+        description="While evaluating: STOP_TRAIN pauses rollouts, LIMIT_TRAIN caps them at "
+        "eval_limit_ratio, NONE keeps going.",
+    )
+    eval_limit_ratio: float = Field(
+        default=0.5, description="Fraction of workers kept during eval under LIMIT_TRAIN."
+    )
+    inference_weight: float = Field(
+        default=1.0,
+        description="Sampling weight sent to the API at registration (scales this env's "
+        "share of inference concurrency).",
+    )
+    batch_size: int = Field(
+        default=-1, description="Trainer batch size in sequences; -1 = read from the API /info."
+    )
+    max_batches_offpolicy: int = Field(
+        default=3,
+        description="Stop spawning rollouts while the API queue holds this many batches "
+        "(bounds off-policy lag); <= 0 disables.",
+    )
+    tokenizer_name: str = Field(
+        default="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
+        description="HF tokenizer name or local directory (loaded offline when "
+        "HF_HUB_OFFLINE=1).",
+    )
+    use_wandb: bool = Field(default=True, description="Log metrics to Weights & Biases.")
+    rollout_server_url: str = Field(
+        default="http://localhost:8000", description="Trajectory API (run-api) base URL."
+    )
+    total_steps: int = Field(
+        default=1000,
+        description="serve: stop after this trainer step (-1 = the trainer's num_steps); "
+        "process: number of groups to generate.",
+    )
+    wandb_name: str | None = Field(
+        default=None, description="Run name; defaults to the env's `name` when registering."
+    )
+    num_rollouts_to_keep: int = Field(
+        default=32, description="Rollouts kept for the W&B rollout table."
+    )
+    num_rollouts_per_group_for_logging: int = Field(
+        default=1, description="Rollouts per group added to the W&B table (-1 = all)."
+    )
+    ensure_scores_are_not_same: bool = Field(
+        default=True,
+        description="Drop groups whose scores are all identical (they carry no GRPO signal).",
+    )
+    data_path_to_save_groups: str | None = Field(
+        default=None,
+        description="Also write every group to this JSONL file (an existing file gets _1, _2 "
+        "... appended); process mode writes a sibling .html too.",
+    )
+    data_dir_to_save_evals: str | None = Field(
+        default=None,
+        description="Directory for evaluation metrics.json / samples.jsonl (evaluate mode "
+        "default: evals/<name>-<timestamp>/).",
+    )
+    min_items_sent_before_logging: int = Field(
+        default=2, description="Groups sent in a step before wandb_log is called."
+    )
+    include_messages: bool = Field(
+        default=False, description="Attach chat messages to each group (for viewing)."
+    )
+    min_batch_allocation: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Minimum fraction of every batch reserved for this env (null = none).",
+    )
+    worker_timeout: float = Field(
+        default=600,
+        description="Seconds before a rollout group is cancelled (its item is re-queued); "
+        "<= 0 disables.",
+    )
+    thinking_mode: bool = Field(default=False, description="Enable reasoning/thinking output.")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        default=None, description="Reasoning effort sent to reasoning-capable servers."
+    )
+    max_reasoning_tokens: int | None = Field(
+        default=None, ge=1024, le=32000, description="Reasoning token budget."
+    )
+    custom_thinking_prompt: str | None = Field(
+        default=None, description="System prompt used for thinking mode instead of the default."
+    )
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> BaseEnvConfig:
+        if self.batch_size > 0 and self.group_size > self.batch_size:
+            raise ValueError(
+                f"group_size ({self.group_size}) is larger than batch_size "
+                f"({self.batch_size}): a group could never fit in a batch; lower group_size "
+                "or raise batch_size"
+            )
+        if self.max_num_workers == 0 or self.max_num_workers < -1:
+            raise ValueError(
+                f"max_num_workers must be -1 (automatic) or >= 1, got {self.max_num_workers}"
+            )
+        return self
+
+
+__all__ = ["BaseEnvConfig", "EvalHandlingEnum"]

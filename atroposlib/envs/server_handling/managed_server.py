@@ -1,0 +1,366 @@
+"""``ManagedServer``: OpenAI-style calls that record the exact sampled token ids and log-probs.
+
+Why (spec 4.8): a trainer must see exactly the tokens the sampler produced, with aligned
+sampler log-probs; re-tokenising decoded text can differ. ``ManagedServer`` renders the chat
+template itself, generates from token ids through ``APIServer.tokens_and_logprobs_completion``
+and keeps one :class:`SequenceNode` per sampled sequence:
+
+* ``tokens``        ``[T]`` prompt + completion token ids;
+* ``masked_tokens`` ``[T]`` ``-100`` at prompt positions, the token id at generated positions;
+* ``logprobs``      ``[T]`` ``1.0`` at prompt positions, the sampler's log-prob elsewhere.
+
+Multi-turn: a new prompt whose text starts with an existing node's ``full_text`` *extends*
+that node (its tokens are reused verbatim, earlier completions stay trained), in both chat and
+completion mode (upstream re-masked earlier turns in completion mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+
+logger = logging.getLogger(__name__)
+
+_FINISH_REASONS = {"stop", "length", "tool_calls", "content_filter", "function_call"}
+
+
+@dataclass
+class SequenceNode:
+    """One tracked sequence (prompt + completion), aligned position by position.
+
+    Attributes:
+        full_text: the prompt text followed by the decoded completion (special tokens kept).
+        tokens: ``[T]`` token ids.
+        masked_tokens: ``[T]`` ``-100`` where not trained (prompt), else the token id.
+        logprobs: ``[T]`` ``1.0`` where masked, else the sampler's log-prob of the token.
+        metadata: at least ``{"finish_reason": str}``.
+    """
+
+    full_text: str
+    tokens: list[int]
+    masked_tokens: list[int]
+    logprobs: list[float]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def model_dump(self) -> dict[str, Any]:
+        """Return the node as a plain dict (pydantic-style name kept for compatibility)."""
+        return {
+            "full_text": self.full_text,
+            "tokens": list(self.tokens),
+            "masked_tokens": list(self.masked_tokens),
+            "logprobs": list(self.logprobs),
+            "metadata": dict(self.metadata),
+        }
+
+
+def _finish_reason(raw: Any) -> str:
+    if isinstance(raw, dict):
+        raw = raw.get("type", "stop")
+    raw = str(raw or "stop")
+    return raw if raw in _FINISH_REASONS else ("length" if raw == "length" else "stop")
+
+
+def _fit(values: list[float], length: int) -> list[float]:
+    """Pad with 1.0 or truncate a per-token list to ``length`` entries."""
+    values = [float(v) for v in values[:length]]
+    return values + [MASKED_LOGPROB] * (length - len(values))
+
+
+class ManagedServer:
+    """Wraps one :class:`APIServer` and tracks every sampled sequence (see module docstring).
+
+    Use through ``ServerManager.managed_server(tokenizer=...)``::
+
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(messages=msgs, n=4, max_tokens=64)
+            nodes = managed.get_state()["nodes"]   # one per choice, same order
+    """
+
+    def __init__(
+        self,
+        server: Any,
+        tokenizer: Any,
+        track_tree: bool = False,
+        tool_parser: Any = None,
+        preserve_think_blocks: bool = False,
+    ):
+        """Create a tracker.
+
+        Args:
+            server: an ``APIServer`` implementing ``tokens_and_logprobs_completion``.
+            tokenizer: the HF tokenizer of the served model (chat template + encode/decode).
+            track_tree: keep every node keyed by ``full_text`` instead of replacing extended
+                nodes (for branching rollouts).
+            tool_parser: reserved for tool-call parsing (accepted for compatibility).
+            preserve_think_blocks: accepted for compatibility; templates render verbatim.
+
+        Raises:
+            ValueError: ``tokenizer`` is None.
+        """
+        if tokenizer is None:
+            raise ValueError(
+                "ManagedServer needs the model's tokenizer: pass "
+                "managed_server(tokenizer=self.tokenizer)"
+            )
+        self.server = server
+        self.tokenizer = tokenizer
+        self.track_tree = track_tree
+        self.tool_parser = tool_parser
+        self.preserve_think_blocks = preserve_think_blocks
+        self.current_nodes: list[SequenceNode] = []
+        self.sequences: dict[str, SequenceNode] = {}
+        self.tree: dict[str, str | None] = {}
+
+    # ------------------------------------------------------------------ state
+    def get_state(self) -> dict[str, Any]:
+        """Return the tracked sequences.
+
+        Returns:
+            ``{"nodes": [SequenceNode, ...]}`` (default mode, in creation order; the choices
+            of the latest call are in choice order), or ``{"sequences": {full_text: node},
+            "tree": {full_text: parent_full_text | None}}`` in tree mode.
+        """
+        if self.track_tree:
+            return {"sequences": dict(self.sequences), "tree": dict(self.tree)}
+        return {"nodes": list(self.current_nodes)}
+
+    def reset(self) -> None:
+        """Forget every tracked sequence."""
+        self.current_nodes = []
+        self.sequences = {}
+        self.tree = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _render_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+        add_generation_prompt = not messages or messages[-1].get("role") != "assistant"
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if tools:
+            kwargs["tools"] = tools
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+    def _find_parent(self, prompt: str) -> tuple[int | None, SequenceNode | None]:
+        candidates = (
+            list(enumerate(self.current_nodes))
+            if not self.track_tree
+            else [(None, node) for node in self.sequences.values()]
+        )
+        best: tuple[int | None, SequenceNode | None] = (None, None)
+        for index, node in candidates:
+            if node.full_text and prompt.startswith(node.full_text):
+                if best[1] is None or len(node.full_text) > len(best[1].full_text):
+                    best = (index, node)
+        return best
+
+    def _input_ids(self, prompt: str, parent: SequenceNode | None) -> list[int]:
+        if parent is not None:
+            suffix = prompt[len(parent.full_text):]
+            return list(parent.tokens) + list(
+                self.tokenizer.encode(suffix, add_special_tokens=False) if suffix else []
+            )
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    def _make_node(
+        self,
+        prompt: str,
+        prompt_tokens: list[int],
+        parent: SequenceNode | None,
+        output_tokens: list[int],
+        output_logprobs: list[float],
+        finish_reason: str,
+    ) -> SequenceNode:
+        completion_text = self.tokenizer.decode(output_tokens, skip_special_tokens=False)
+        n_prompt = len(prompt_tokens)
+        if parent is not None and prompt_tokens[: len(parent.tokens)] == list(parent.tokens):
+            masks = list(parent.masked_tokens) + [IGNORE_INDEX] * (n_prompt - len(parent.tokens))
+            logprobs = list(parent.logprobs) + [MASKED_LOGPROB] * (n_prompt - len(parent.tokens))
+        else:
+            masks = [IGNORE_INDEX] * n_prompt
+            logprobs = [MASKED_LOGPROB] * n_prompt
+        masks += list(output_tokens)
+        logprobs += _fit(list(output_logprobs), len(output_tokens))
+        return SequenceNode(
+            full_text=prompt + completion_text,
+            tokens=list(prompt_tokens) + list(output_tokens),
+            masked_tokens=masks,
+            logprobs=logprobs,
+            metadata={"finish_reason": finish_reason},
+        )
+
+    async def _generate(
+        self, prompt: str, kwargs: dict[str, Any]
+    ) -> tuple[list[SequenceNode], list[str]]:
+        parent_index, parent = self._find_parent(prompt)
+        input_ids = self._input_ids(prompt, parent)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("prompt", "input_ids")}
+        prompt_tokens, outputs, logprobs, finish_reasons = (
+            await self.server.tokens_and_logprobs_completion(
+                input_ids=input_ids, prompt=prompt, **kwargs
+            )
+        )
+        prompt_tokens = list(prompt_tokens) if prompt_tokens else input_ids
+        reasons = [_finish_reason(r) for r in finish_reasons]
+        nodes = [
+            self._make_node(prompt, prompt_tokens, parent, out, lps, reason)
+            for out, lps, reason in zip(outputs, logprobs, reasons, strict=True)
+        ]
+        texts = [self.tokenizer.decode(out, skip_special_tokens=True) for out in outputs]
+        self._record(nodes, parent_index, parent)
+        return nodes, texts
+
+    def _record(
+        self, nodes: list[SequenceNode], parent_index: int | None, parent: SequenceNode | None
+    ) -> None:
+        if self.track_tree:
+            for node in nodes:
+                self.sequences[node.full_text] = node
+                self.tree[node.full_text] = parent.full_text if parent is not None else None
+            return
+        if parent_index is not None and nodes:
+            self.current_nodes[parent_index] = nodes[0]
+            self.current_nodes.extend(nodes[1:])
+        else:
+            self.current_nodes.extend(nodes)
+
+    # ------------------------------------------------------------------ OpenAI-style calls
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        """Chat completion from exact token ids; returns an ``openai`` ``ChatCompletion``.
+
+        Args:
+            **kwargs: ``messages`` (required), ``n``, ``max_tokens``, ``temperature``, ``stop``,
+                ``tools`` (passed to the chat template), ``split`` ...
+
+        Returns:
+            A ChatCompletion with ``n`` choices; ``get_state()`` holds one node per choice.
+
+        Raises:
+            ValueError: ``messages`` missing or empty.
+            NotImplementedError: the server cannot return token ids and log-probs.
+        """
+        from openai.types.chat import ChatCompletion, ChatCompletionMessage
+        from openai.types.chat.chat_completion import Choice
+
+        kwargs = dict(kwargs)
+        messages = kwargs.pop("messages", None)
+        if not messages:
+            raise ValueError("chat_completion needs a non-empty `messages` list")
+        tools = kwargs.pop("tools", None)
+        kwargs.pop("tool_choice", None)
+        prompt = self._render_chat(messages, tools)
+        nodes, texts = await self._generate(prompt, kwargs)
+        choices = [
+            Choice.model_construct(
+                index=i,
+                message=ChatCompletionMessage.model_construct(role="assistant", content=text),
+                finish_reason=node.metadata["finish_reason"],
+                logprobs=None,
+            )
+            for i, (node, text) in enumerate(zip(nodes, texts, strict=True))
+        ]
+        return ChatCompletion.model_construct(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            choices=choices,
+            created=int(time.time()),
+            model=str(kwargs.get("model") or self.server.config.model_name),
+            object="chat.completion",
+        )
+
+    async def completion(self, **kwargs: Any) -> Any:
+        """Text completion from exact token ids; returns an ``openai`` ``Completion``.
+
+        Args:
+            **kwargs: ``prompt`` (str, required), ``n``, ``max_tokens``, ``temperature`` ...
+
+        Raises:
+            ValueError: ``prompt`` is not a string.
+        """
+        from openai.types import Completion, CompletionChoice
+
+        kwargs = dict(kwargs)
+        prompt = kwargs.pop("prompt", None)
+        if not isinstance(prompt, str):
+            raise ValueError("completion needs `prompt` as a string")
+        nodes, texts = await self._generate(prompt, kwargs)
+        choices = [
+            CompletionChoice.model_construct(
+                index=i, text=text, finish_reason=node.metadata["finish_reason"], logprobs=None
+            )
+            for i, (node, text) in enumerate(zip(nodes, texts, strict=True))
+        ]
+        return Completion.model_construct(
+            id=f"cmpl-{uuid.uuid4().hex}",
+            choices=choices,
+            created=int(time.time()),
+            model=str(kwargs.get("model") or self.server.config.model_name),
+            object="text_completion",
+        )
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Prompt log-probs for ``messages`` (rendered with the chat template) or ``prompt``."""
+        kwargs = dict(kwargs)
+        messages = kwargs.pop("messages", None)
+        if messages is not None:
+            kwargs["prompt"] = self._render_chat(messages)
+        return await self.server.get_logprobs(**kwargs)
+
+
+class DummyManagedServer(ManagedServer):
+    """Managed-mode stand-in for servers without token log-probs (opt-in, for prototyping only).
+
+    Enabled by ``ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1``. It calls ordinary chat/completion and
+    records placeholder nodes (``tokens = range(128)``, ``logprobs = -0.5``,
+    ``metadata["dummy_tokens"] = True``): never train on them.
+    """
+
+    def __init__(self, server: Any, tokenizer: Any = None, **kwargs: Any):
+        """Create the stand-in; ``tokenizer`` is unused."""
+        self.server = server
+        self.tokenizer = tokenizer
+        self.track_tree = False
+        self.tool_parser = None
+        self.preserve_think_blocks = False
+        self.current_nodes = []
+        self.sequences = {}
+        self.tree = {}
+
+    def _dummy_nodes(self, text_prefix: str, texts: list[str], reasons: list[str]) -> None:
+        for text, reason in zip(texts, reasons, strict=True):
+            self.current_nodes.append(
+                SequenceNode(
+                    full_text=text_prefix + text,
+                    tokens=list(range(128)),
+                    masked_tokens=[IGNORE_INDEX] + list(range(1, 128)),
+                    logprobs=[-0.5] * 128,
+                    metadata={"finish_reason": reason, "dummy_tokens": True},
+                )
+            )
+
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        """Plain chat completion; records placeholder nodes."""
+        result = await self.server.chat_completion(**kwargs)
+        prefix = "\n\n".join(f"{m['role']}:{m['content']}" for m in kwargs.get("messages", []))
+        texts = [c.message.content or "" for c in result.choices]
+        self._dummy_nodes(prefix + "\n\nassistant:", texts, [c.finish_reason for c in result.choices])
+        return result
+
+    async def completion(self, **kwargs: Any) -> Any:
+        """Plain completion; records placeholder nodes."""
+        result = await self.server.completion(**kwargs)
+        texts = [c.text for c in result.choices]
+        self._dummy_nodes(str(kwargs.get("prompt", "")), texts, [c.finish_reason for c in result.choices])
+        return result
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Not available for dummy nodes.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError("DummyManagedServer cannot compute log-probs")
+
+
+__all__ = ["DummyManagedServer", "ManagedServer", "SequenceNode"]

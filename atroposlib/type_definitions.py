@@ -1,0 +1,112 @@
+"""Shared type aliases of environments: messages, items, agent/game histories and eval schemas.
+
+Import-compatible with Atropos 0.4 ``atroposlib.type_definitions`` (spec section 2.4).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+#: Content of a chat message: plain text, or a list of OpenAI content parts
+#: (``{"type": "text", "text": ...}``, ``{"type": "image_url", ...}``).
+Content = str | list[dict[str, Any]]
+
+
+class Message(TypedDict):
+    """One chat message as envs pass it around and send it in ``ScoredDataGroup.messages``.
+
+    The API does not enforce this shape beyond ``role`` and ``content`` being present.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Content
+    reward: NotRequired[float | None]
+
+
+#: Whatever ``get_next_item`` returns; opaque to the framework.
+Item = Any
+#: A plain scalar.
+number = int | float
+#: A string identifier.
+UUID = str
+
+
+class AgentStep(TypedDict, total=False):
+    """One step of an agent rollout: what it saw, what it did, and what it got."""
+
+    observation: Any
+    action: Any
+    reward: float | None
+    messages: list[Message]
+    info: dict[str, Any]
+
+
+#: An agent's trajectory, step by step.
+AgentHistory = list[AgentStep]
+#: An observation returned by a game/env step (free-form).
+Observation = Any
+
+
+class GameStep(TypedDict, total=False):
+    """One step of a game played by the policy (text games, gymnasium wrappers)."""
+
+    observation: Observation
+    action: str
+    reward: float
+    done: bool
+    messages: list[Message]
+    info: dict[str, Any]
+
+
+#: A whole game, step by step.
+GameHistory = list[GameStep]
+
+
+class EvaluationConfigGeneral(TypedDict, total=False):
+    """``config_general`` block of ``metrics.json`` written by ``BaseEnv.evaluate_log``."""
+
+    model_name: str
+    total_evaluation_time_seconds: str
+    generation_parameters: dict[str, Any]
+    start_time: float
+    end_time: float
+
+
+#: Metric name -> value, e.g. ``{"eval/percent_correct": 0.42}``.
+EvaluationMetrics = dict[str, float]
+
+
+class EvaluationResults(TypedDict):
+    """``results`` block of ``metrics.json``: ``{"atropos|<task>|0": metrics, "all": metrics}``."""
+
+    all: EvaluationMetrics
+
+
+class EvaluationSample(TypedDict, total=False):
+    """One line of ``samples.jsonl`` written next to ``metrics.json``."""
+
+    messages: list[Message]
+    question: str
+    gold_answer: str
+    model_answer: str
+    score: float
+    correct: bool
+    finish_reason: str
+
+
+__all__ = [
+    "AgentHistory",
+    "AgentStep",
+    "Content",
+    "EvaluationConfigGeneral",
+    "EvaluationMetrics",
+    "EvaluationResults",
+    "EvaluationSample",
+    "GameHistory",
+    "GameStep",
+    "Item",
+    "Message",
+    "Observation",
+    "UUID",
+    "number",
+]
