@@ -141,8 +141,8 @@ class ScoredData(BaseModel):
 
     @model_validator(mode="after")
     def _rows_agree(self) -> ScoredData:
-        problem = group_shape_error(self.model_dump(include=set(PER_TOKEN_FIELDS) | {
-            "tokens", "masks", "scores", "overrides", "messages"}))
+        # attribute access, not model_dump: no copy of the (large) token lists
+        problem = group_shape_error({name: getattr(self, name) for name in _SHAPE_FIELDS})
         if problem:
             raise ValueError(problem)
         return self
@@ -150,6 +150,7 @@ class ScoredData(BaseModel):
 
 #: Optional fields with one entry per token of each sequence.
 PER_TOKEN_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
+_SHAPE_FIELDS = ("tokens", "masks", "scores", *PER_TOKEN_FIELDS, "overrides", "messages")
 #: Every field of a stored group, in wire order (the 14 keys upstream returns).
 GROUP_FIELDS = tuple(ScoredData.model_fields)
 

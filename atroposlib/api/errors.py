@@ -1,0 +1,54 @@
+"""Errors the API state raises for requests it refuses; ``app.py`` maps each to its HTTP status.
+
+::
+
+    AtroposError
+    └── ApiRequestError            a request the server refuses (status_code, detail)
+        ├── UnknownEnvError        404: env_id was never registered (or the API was reset)
+        ├── InvalidGroupError      422: a scored group cannot be queued as sent
+        ├── PayloadTooLargeError   413: a group larger than the queue itself
+        └── QueueFullError         429: the queue is at its limit; retry after ``retry_after`` s
+"""
+
+from __future__ import annotations
+
+from atroposlib.errors import AtroposError
+
+
+class ApiRequestError(AtroposError):
+    """A request the API refuses; ``detail`` says what is wrong and how to fix it."""
+
+    status_code = 400
+
+    def __init__(self, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers or {}
+
+
+class UnknownEnvError(ApiRequestError):
+    """The env_id is not registered (404)."""
+
+    status_code = 404
+
+
+class InvalidGroupError(ApiRequestError):
+    """A scored group is malformed for this server (422)."""
+
+    status_code = 422
+
+
+class PayloadTooLargeError(ApiRequestError):
+    """A group can never fit the configured queue limits (413)."""
+
+    status_code = 413
+
+
+class QueueFullError(ApiRequestError):
+    """The queue is full (429); the answer carries ``Retry-After``."""
+
+    status_code = 429
+
+    def __init__(self, detail: str, retry_after: int):
+        super().__init__(detail, {"Retry-After": str(retry_after)})
+        self.retry_after = retry_after

@@ -1,0 +1,124 @@
+"""ApiSettings: every knob of the trajectory API server, documented once (CLI help comes from here)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+#: Environment variable holding the bearer token when ``--api-key`` is not given.
+API_KEY_ENV = "ATROPOS_API_KEY"
+#: Environment variable used to hand settings to a ``--reload`` worker process (JSON).
+SETTINGS_ENV = "ATROPOS_API_SETTINGS"
+
+
+class ApiSettings(BaseModel):
+    """Configuration of ``run-api``; each field is also a ``--flag`` of the CLI."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(
+        default="127.0.0.1",
+        description="Interface to bind. Default 127.0.0.1 (local only; safer than upstream's "
+        "0.0.0.0). Use 0.0.0.0 to accept envs/trainers on other machines, ideally with --api-key.",
+    )
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
+    reload: bool = Field(
+        default=False,
+        description="Restart the server when source files change (development only; without "
+        "--db the queue is lost on every reload).",
+    )
+    db: Path | None = Field(
+        default=None,
+        description="SQLite file for a durable queue: accepted groups, registrations, envs and the "
+        "step survive a crash or restart. Default: in memory only.",
+    )
+    db_synchronous: Literal["NORMAL", "FULL"] = Field(
+        default="NORMAL",
+        description="SQLite synchronous mode (WAL journal). NORMAL survives a crash or kill -9 of "
+        "the server; FULL also survives power loss / OS crash at the cost of one fsync per write.",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description=f"Bearer token required on every endpoint except GET / (and the docs). "
+        f"Default: ${API_KEY_ENV}, else no authentication.",
+    )
+    max_queued_groups: int = Field(
+        default=10_000, gt=0,
+        description="Back-pressure: POST /scored_data answers 429 once this many groups are queued.",
+    )
+    max_queued_tokens: int = Field(
+        default=50_000_000, gt=0,
+        description="Back-pressure: POST /scored_data answers 429 once this many tokens are queued "
+        "(about 16 bytes of memory per token without --db).",
+    )
+    retry_after_s: int = Field(
+        default=1, ge=0, description="Retry-After (seconds) sent with 429 answers."
+    )
+    max_body_bytes: int = Field(
+        default=256 * 2**20, gt=0,
+        description="Largest request body accepted as sent on the wire (bytes); larger -> 413.",
+    )
+    max_decompressed_bytes: int = Field(
+        default=1024 * 2**20, gt=0,
+        description="Largest request body after gunzip (bytes); larger -> 413 (gzip-bomb guard).",
+    )
+    max_buffered_groups_per_env: int = Field(
+        default=64, gt=0,
+        description="Partial groups (fewer sequences than the env's group_size) wait to be merged "
+        "into a full group; past this many per env the oldest is queued on its own.",
+    )
+    observe_retention_groups: int = Field(
+        default=1000, ge=0,
+        description="GET /observe keeps this many recently served groups readable (queued groups "
+        "are always readable).",
+    )
+    observe_retention_tokens: int = Field(
+        default=4_000_000, ge=0,
+        description="Token budget of the served groups kept for GET /observe.",
+    )
+    env_heartbeat_timeout_s: float | None = Field(
+        default=600.0,
+        description="An env silent this long (no /status-env poll, no data) stops counting for "
+        "weights and min_batch_allocation, so a dead env cannot stall batching. 0 disables.",
+    )
+    gzip_batch: bool = Field(
+        default=False,
+        description="Allow gzip on GET /batch responses. Off by default: on a LAN the compression "
+        "time costs more than the bytes it saves (see benchmarks/bench_api.py).",
+    )
+    gzip_level: int = Field(
+        default=1, ge=1, le=9, description="Compression level for gzip responses (>= 1000 bytes)."
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins allowed by CORS (browser dashboards). Default none; credentials are "
+        "never allowed.",
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="Log level (one line per state change at info)."
+    )
+    access_log: bool = Field(
+        default=False, description="Log every HTTP request (uvicorn access log)."
+    )
+
+    def api_key_value(self) -> str | None:
+        """Return the effective bearer token: the setting, else ``$ATROPOS_API_KEY``, else None."""
+        if self.api_key is not None and self.api_key.get_secret_value():
+            return self.api_key.get_secret_value()
+        return os.environ.get(API_KEY_ENV) or None
+
+    def to_env_json(self) -> str:
+        """Serialise for a ``--reload`` worker (see :func:`settings_from_env`)."""
+        data = self.model_dump(mode="json")
+        data["api_key"] = self.api_key.get_secret_value() if self.api_key else None
+        return orjson.dumps(data).decode()
+
+
+def settings_from_env() -> ApiSettings:
+    """Return the settings a parent ``run-api --reload`` put in ``$ATROPOS_API_SETTINGS``, else defaults."""
+    raw = os.environ.get(SETTINGS_ENV)
+    return ApiSettings.model_validate(orjson.loads(raw)) if raw else ApiSettings()

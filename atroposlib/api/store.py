@@ -1,0 +1,324 @@
+"""Storage of the API's state: in memory, or durable in SQLite (``run-api --db PATH``).
+
+The :class:`~atroposlib.api.state.ApiState` keeps the small metadata of every group in memory
+(id, env, sizes) and asks a store for the group payloads (compact blobs, see
+:mod:`atroposlib.api.codec`) only when it serves or shows them. :class:`MemoryStore` keeps the
+blobs in a dict; :class:`SqliteStore` keeps them on disk, so with ``--db`` the server's memory
+does not grow with the queue.
+
+SQLite runs in WAL mode. ``synchronous=NORMAL`` (the default) makes every committed transaction
+survive a crash or ``kill -9`` of the server (the WAL is in the OS page cache); only power loss or
+an OS crash can lose the last commits. ``synchronous=FULL`` fsyncs every commit and survives those
+too, at the cost of one fsync per accepted POST. Every mutating request is one transaction that
+commits before the response is sent, so a 200 means "stored". Serving a batch marks its groups
+served in the same transaction that advances the step, so after a restart nothing is served twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["GroupMeta", "MemoryStore", "PartialMeta", "Snapshot", "SqliteStore", "open_store"]
+
+
+@dataclass(slots=True)
+class GroupMeta:
+    """What the server keeps in memory about one stored group (the payload stays in the store).
+
+    Attributes:
+        id: the group's cursor (monotonic across resets and restarts).
+        env_id: sender's env id, or None.
+        n_seqs: sequences in the group (its size).
+        n_tokens: total tokens over its sequences.
+        received_at: UNIX time it entered the queue.
+        served_step: the step whose batch contained it; None while queued.
+    """
+
+    id: int
+    env_id: int | None
+    n_seqs: int
+    n_tokens: int
+    received_at: float
+    served_step: int | None = None
+
+
+@dataclass(slots=True)
+class PartialMeta:
+    """A buffered partial group waiting to be merged into a full group of ``target`` sequences."""
+
+    id: int
+    env_id: int
+    target: int
+    signature: str
+    n_seqs: int
+    n_tokens: int
+    received_at: float
+
+
+@dataclass
+class Snapshot:
+    """Everything a store holds except payload blobs (read once at start-up)."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    envs: list[dict[str, Any]] = field(default_factory=list)
+    groups: list[GroupMeta] = field(default_factory=list)
+    partials: list[PartialMeta] = field(default_factory=list)
+
+
+class MemoryStore:
+    """Process-memory store (the default): lost when the server stops."""
+
+    durable = False
+
+    def __init__(self) -> None:
+        self._meta: dict[str, Any] = {}
+        self._envs: dict[int, dict[str, Any]] = {}
+        self._groups: dict[int, tuple[GroupMeta, bytes]] = {}
+        self._partials: dict[int, tuple[PartialMeta, bytes]] = {}
+
+    def load(self) -> Snapshot:
+        """Return the current contents (metadata only)."""
+        return Snapshot(
+            dict(self._meta),
+            [self._envs[k] for k in sorted(self._envs)],
+            [m for m, _ in self._groups.values()],
+            [m for m, _ in self._partials.values()],
+        )
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """No-op: memory writes are immediate."""
+        yield
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store a small JSON-able value (registration, step, ...)."""
+        self._meta[key] = value
+
+    def put_env(self, env_id: int, record: dict[str, Any]) -> None:
+        """Insert or replace an env record."""
+        self._envs[env_id] = record
+
+    def put_group(self, meta: GroupMeta, blob: bytes) -> None:
+        """Store a queued group."""
+        self._groups[meta.id] = (meta, blob)
+
+    def group_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
+        """Return ``{id: blob}`` for the given group ids."""
+        return {i: self._groups[i][1] for i in ids}
+
+    def mark_served(self, ids: Iterable[int], step: int) -> None:
+        """Record that these groups went out in the batch of ``step``."""
+        for i in ids:
+            self._groups[i][0].served_step = step
+
+    def delete_groups(self, ids: Iterable[int]) -> None:
+        """Forget served groups that left the observe retention window."""
+        for i in ids:
+            self._groups.pop(i, None)
+
+    def put_partial(self, meta: PartialMeta, blob: bytes) -> None:
+        """Store a buffered partial group."""
+        self._partials[meta.id] = (meta, blob)
+
+    def partial_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
+        """Return ``{id: blob}`` for the given partial ids."""
+        return {i: self._partials[i][1] for i in ids}
+
+    def delete_partials(self, ids: Iterable[int]) -> None:
+        """Remove partials (merged or flushed into the queue)."""
+        for i in ids:
+            self._partials.pop(i, None)
+
+    def reset(self) -> None:
+        """Drop everything (``/reset_data``)."""
+        self._meta.clear()
+        self._envs.clear()
+        self._groups.clear()
+        self._partials.clear()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS envs (id INTEGER PRIMARY KEY, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS groups (
+    id INTEGER PRIMARY KEY, env_id INTEGER, n_seqs INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
+    received_at REAL NOT NULL, served_step INTEGER, blob BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS partials (
+    id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, target INTEGER NOT NULL,
+    signature TEXT NOT NULL, n_seqs INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
+    received_at REAL NOT NULL, blob BLOB NOT NULL);
+"""
+_SCHEMA_VERSION = 1
+
+
+def _chunks(ids: Iterable[int], size: int = 500) -> Iterator[list[int]]:
+    batch: list[int] = []
+    for i in ids:
+        batch.append(i)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class SqliteStore:
+    """Durable store in one SQLite file (WAL journal); see the module docstring for guarantees."""
+
+    durable = True
+
+    def __init__(self, path: str | Path, synchronous: str = "NORMAL"):
+        """Open (or create) the database.
+
+        Args:
+            path: the SQLite file; its directory is created if missing.
+            synchronous: ``"NORMAL"`` or ``"FULL"`` (see the module docstring).
+
+        Raises:
+            ValueError: the file was written by a newer, incompatible schema.
+        """
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'FULL' else 'NORMAL'}")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > _SCHEMA_VERSION:
+            raise ValueError(
+                f"{self.path} has schema version {version}, newer than this atroposlib "
+                f"({_SCHEMA_VERSION}); upgrade atroposlib or use another --db file"
+            )
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+        self._depth = 0
+
+    def load(self) -> Snapshot:
+        """Read all metadata (no payloads)."""
+        db = self._db
+        return Snapshot(
+            {k: orjson.loads(v) for k, v in db.execute("SELECT key, value FROM meta")},
+            [orjson.loads(r) for (r,) in db.execute("SELECT record FROM envs ORDER BY id")],
+            [
+                GroupMeta(*row)
+                for row in db.execute(
+                    "SELECT id, env_id, n_seqs, n_tokens, received_at, served_step "
+                    "FROM groups ORDER BY id"
+                )
+            ],
+            [
+                PartialMeta(*row)
+                for row in db.execute(
+                    "SELECT id, env_id, target, signature, n_seqs, n_tokens, received_at "
+                    "FROM partials ORDER BY id"
+                )
+            ],
+        )
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Run the block as one transaction (nested blocks join the outer one)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self._db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self._db.execute("COMMIT")
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store a small JSON-able value (registration, step, ...)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, orjson.dumps(value))
+        )
+
+    def put_env(self, env_id: int, record: dict[str, Any]) -> None:
+        """Insert or replace an env record."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO envs (id, record) VALUES (?, ?)", (env_id, orjson.dumps(record))
+        )
+
+    def put_group(self, meta: GroupMeta, blob: bytes) -> None:
+        """Store a queued group."""
+        self._db.execute(
+            "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (meta.id, meta.env_id, meta.n_seqs, meta.n_tokens, meta.received_at,
+             meta.served_step, blob),
+        )
+
+    def group_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
+        """Return ``{id: blob}`` for the given group ids."""
+        out: dict[int, bytes] = {}
+        for chunk in _chunks(ids):
+            marks = ",".join("?" * len(chunk))
+            out.update(self._db.execute(f"SELECT id, blob FROM groups WHERE id IN ({marks})", chunk))
+        return out
+
+    def mark_served(self, ids: Iterable[int], step: int) -> None:
+        """Record that these groups went out in the batch of ``step``."""
+        for chunk in _chunks(ids):
+            marks = ",".join("?" * len(chunk))
+            self._db.execute(
+                f"UPDATE groups SET served_step = ? WHERE id IN ({marks})", [step, *chunk]
+            )
+
+    def delete_groups(self, ids: Iterable[int]) -> None:
+        """Forget served groups that left the observe retention window."""
+        for chunk in _chunks(ids):
+            self._db.execute(f"DELETE FROM groups WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+
+    def put_partial(self, meta: PartialMeta, blob: bytes) -> None:
+        """Store a buffered partial group."""
+        self._db.execute(
+            "INSERT INTO partials VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (meta.id, meta.env_id, meta.target, meta.signature, meta.n_seqs, meta.n_tokens,
+             meta.received_at, blob),
+        )
+
+    def partial_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
+        """Return ``{id: blob}`` for the given partial ids."""
+        out: dict[int, bytes] = {}
+        for chunk in _chunks(ids):
+            marks = ",".join("?" * len(chunk))
+            out.update(self._db.execute(f"SELECT id, blob FROM partials WHERE id IN ({marks})", chunk))
+        return out
+
+    def delete_partials(self, ids: Iterable[int]) -> None:
+        """Remove partials (merged or flushed into the queue)."""
+        for chunk in _chunks(ids):
+            self._db.execute(f"DELETE FROM partials WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+
+    def reset(self) -> None:
+        """Drop everything (``/reset_data``)."""
+        for table in ("meta", "envs", "groups", "partials"):
+            self._db.execute(f"DELETE FROM {table}")
+
+    def close(self) -> None:
+        """Checkpoint the WAL and close the file."""
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._db.close()
+
+
+def open_store(db: str | Path | None, synchronous: str = "NORMAL") -> MemoryStore | SqliteStore:
+    """Return a :class:`SqliteStore` for ``db``, or a :class:`MemoryStore` when ``db`` is None."""
+    return SqliteStore(db, synchronous) if db else MemoryStore()

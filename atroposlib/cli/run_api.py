@@ -1,0 +1,131 @@
+"""``run-api``: start the trajectory API server in the foreground (uvicorn).
+
+Examples::
+
+    run-api                                   # 127.0.0.1:8000, in memory
+    run-api --host 0.0.0.0 --api-key s3cret --db runs/queue.db
+    python -m atroposlib.cli.run_api --port 8001 --max-queued-groups 2000
+
+Every flag is a field of :class:`atroposlib.api.settings.ApiSettings` (the help text comes from
+its descriptions). SIGTERM and SIGINT stop it cleanly (exit code 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from atroposlib.api.settings import SETTINGS_ENV, ApiSettings
+
+
+def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
+    """Argparse ``type`` and extra kwargs for a settings field annotation."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _flag_type(args[0])
+    if origin is typing.Literal:
+        return str, {"choices": list(args)}
+    if origin is list:
+        return str, {"nargs": "*"}
+    if annotation in (int, float, str):
+        return annotation, {}
+    if annotation is Path:
+        return str, {}
+    return str, {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``run-api`` argument parser (one flag per ApiSettings field)."""
+    parser = argparse.ArgumentParser(
+        prog="run-api",
+        description="Run the atroposlib trajectory API (Atropos 0.4 compatible) in the foreground.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for name, info in ApiSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        default = None if info.default_factory else info.default
+        help_text = (info.description or "").replace("%", "%%")
+        if info.annotation is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                                default=default, help=help_text)
+            continue
+        kind, extra = _flag_type(info.annotation)
+        if name == "api_key":
+            default = None
+        parser.add_argument(flag, dest=name, type=kind, default=default, help=help_text, **extra)
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> ApiSettings:
+    """Parse CLI flags into validated settings; exits with a clear message on bad values."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    values = {k: v for k, v in vars(ns).items() if v is not None}
+    if values.get("env_heartbeat_timeout_s") == 0:
+        values["env_heartbeat_timeout_s"] = None
+    try:
+        return ApiSettings(**values)
+    except ValidationError as exc:
+        lines = [f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                 for e in exc.errors()]
+        parser.error("; ".join(lines))
+        raise  # unreachable: parser.error exits
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """Uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; turn that into exit code 0."""
+    raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``run-api`` / ``python -m atroposlib.cli.run_api``; returns the exit code."""
+    settings = parse_settings(argv)
+    import uvicorn
+
+    level = settings.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("atroposlib").setLevel(level)
+    common = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        "access_log": settings.access_log,
+        "timeout_graceful_shutdown": 5,
+        "server_header": False,
+    }
+    where = f"db={settings.db}" if settings.db else "in memory (use --db PATH to persist)"
+    logging.getLogger("atroposlib.api").info(
+        "run-api on http://%s:%d, queue %s, auth %s", settings.host, settings.port, where,
+        "on" if settings.api_key_value() else "off",
+    )
+    if settings.reload:
+        os.environ[SETTINGS_ENV] = settings.to_env_json()
+        uvicorn.run("atroposlib.api.server:app", reload=True, **common)
+        return 0
+    from atroposlib.api.app import build_app
+
+    try:
+        app = build_app(settings)
+    except ValueError as exc:
+        print(f"run-api: {exc}", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    uvicorn.run(app, **common)
+    logging.getLogger("atroposlib.api").info("run-api stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
