@@ -195,6 +195,23 @@ class AtroposClient(_ClientBase):
         """``GET /latest_example``."""
         return self.request("GET", "/latest_example")
 
+    def observe(self, after: int = 0, limit: int = 100, env_id: int | None = None) -> dict[str, Any]:
+        """``GET /observe``: read accepted groups without taking them from the trainer's queue.
+
+        Args:
+            after: return groups with a cursor greater than this (0: the oldest still kept).
+            limit: most groups to return (1..1000).
+            env_id: only this env's groups.
+
+        Returns:
+            ``{"groups": [{"cursor", "env_id", "received_at", "group"}], "next_cursor"}``;
+            pass ``next_cursor`` as ``after`` on the next call to tail the run.
+        """
+        params: dict[str, int] = {"after": after, "limit": limit}
+        if env_id is not None:
+            params["env_id"] = env_id
+        return self.request("GET", "/observe", params=params)
+
     def reset_data(self) -> None:
         """``GET /reset_data`` (wipes the queue and registrations)."""
         self.request("GET", "/reset_data")
@@ -298,3 +315,12 @@ class AsyncAtroposClient(_ClientBase):
     async def latest_example(self) -> dict[str, Any]:
         """``GET /latest_example``."""
         return await self.request("GET", "/latest_example")
+
+    async def observe(
+        self, after: int = 0, limit: int = 100, env_id: int | None = None
+    ) -> dict[str, Any]:
+        """``GET /observe`` (see :meth:`AtroposClient.observe`)."""
+        params: dict[str, int] = {"after": after, "limit": limit}
+        if env_id is not None:
+            params["env_id"] = env_id
+        return await self.request("GET", "/observe", params=params)
