@@ -111,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if settings.reload:
         os.environ[SETTINGS_ENV] = settings.to_env_json()
-        uvicorn.run("atroposlib.api.server:app", reload=True, **common)
+        package_dir = str(Path(__file__).resolve().parents[1])  # watch atroposlib/, not the cwd
+        uvicorn.run("atroposlib.api.server:app", reload=True, reload_dirs=[package_dir], **common)
         return 0
     from atroposlib.api.app import build_app
 
