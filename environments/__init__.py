@@ -1,0 +1,1 @@
+"""The environment collection: runnable ``BaseEnv`` scripts (``python environments/X.py serve``)."""

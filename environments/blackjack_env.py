@@ -1,0 +1,57 @@
+"""Blackjack (gymnasium ``Blackjack-v1``) played turn by turn in text: hit or stick."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as `python environments/blackjack_env.py ...`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from environments.common import default_server, default_tokenizer_name  # noqa: E402
+from environments.gym_text import GymTextConfig, GymTextEnv  # noqa: E402
+
+
+def _card(value: int) -> str:
+    return "A" if value == 1 else str(value)
+
+
+class BlackjackEnv(GymTextEnv):
+    """Blackjack against the dealer; score = +1 win, -1 loss, 0 draw (+ invalid penalties)."""
+
+    name = "blackjack"
+    gym_id = "Blackjack-v1"
+    gym_kwargs = {"natural": False, "sab": False}
+    actions = {"stick": 0, "stand": 0, "hit": 1}
+
+    @classmethod
+    def config_init(cls):
+        return (
+            GymTextConfig(
+                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
+                max_turns=6, wandb_name=cls.name, use_wandb=False,
+            ),
+            default_server(),
+        )
+
+    def intro(self) -> str:
+        return (
+            "You are playing Blackjack against the dealer. Get a hand total closer to 21 than "
+            "the dealer without going over. Face cards count 10, an ace counts 1 or 11. Each "
+            "turn, think briefly, then end your reply with exactly one word: hit (take a card) "
+            "or stick (stop and let the dealer play)."
+        )
+
+    def describe(self, game: Any, obs: Any) -> str:
+        player_sum, dealer_card, usable_ace = obs
+        hand = ", ".join(_card(c) for c in game.unwrapped.player)
+        ace = " (one ace counts as 11)" if usable_ace else ""
+        return (
+            f"Your cards: {hand}; total {player_sum}{ace}. The dealer shows {_card(dealer_card)}. "
+            "hit or stick?"
+        )
+
+
+if __name__ == "__main__":
+    BlackjackEnv.cli()

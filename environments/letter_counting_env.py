@@ -1,0 +1,162 @@
+"""Letter counting: "how many r's in 'strawberry'?" on procedurally generated words."""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+from pathlib import Path
+
+from pydantic import Field
+
+if __package__ in (None, ""):  # run as `python environments/letter_counting_env.py ...`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from environments.common import (  # noqa: E402
+    add_rollout,
+    default_server,
+    default_tokenizer_name,
+    extract_answer_tag,
+    make_word,
+    new_group,
+    run_eval,
+)
+
+SYSTEM_PROMPT = (
+    "You count letters carefully. Spell the word letter by letter, count, then give only the "
+    "final number(s) inside <answer></answer>, e.g. <answer>3</answer>."
+)
+
+
+def make_question(rng: random.Random, min_len: int, max_len: int, n_letters: int) -> dict:
+    """One item: ``{"word", "letters", "counts", "question"}``.
+
+    Letters are mostly drawn from the word (so counts above 1 are common) and sometimes from
+    the whole alphabet (count 0).
+    """
+    word = make_word(rng, min_len, max_len)
+    letters: list[str] = []
+    while len(letters) < n_letters:
+        pool = word if rng.random() < 0.8 else "abcdefghijklmnopqrstuvwxyz"
+        letter = rng.choice(pool)
+        if letter not in letters:
+            letters.append(letter)
+    counts = [word.count(letter) for letter in letters]
+    quoted = ", ".join(f"'{letter}'" for letter in letters)
+    if n_letters == 1:
+        question = f"How many times does the letter {quoted} appear in the word '{word}'?"
+    else:
+        question = (
+            f"How many times does each of the letters {quoted} appear in the word '{word}'? "
+            "Give the counts in the same order, separated by commas."
+        )
+    return {"word": word, "letters": letters, "counts": counts, "question": question}
+
+
+def score_answer(text: str, counts: list[int]) -> float:
+    """Score a reply against the true counts.
+
+    Returns:
+        1.0 for the right count(s) inside ``<answer>`` tags, 0.5 for the right count(s) as
+        the last number(s) of an untagged reply, else 0.0.
+    """
+    tagged = extract_answer_tag(text)
+    if tagged is not None:
+        numbers = [int(x) for x in re.findall(r"-?\d+", tagged)]
+        return 1.0 if numbers == counts else 0.0
+    numbers = [int(x) for x in re.findall(r"-?\d+", text)]
+    return 0.5 if numbers[-len(counts):] == counts else 0.0
+
+
+class LetterCountingConfig(BaseEnvConfig):
+    """Settings of :class:`LetterCountingEnv`."""
+
+    min_word_length: int = Field(default=5, ge=1, description="Shortest generated word.")
+    max_word_length: int = Field(default=12, ge=1, description="Longest generated word.")
+    letters_per_question: int = Field(
+        default=1, ge=1, le=5, description="How many different letters each question asks about."
+    )
+    max_tokens: int = Field(default=128, ge=1, description="Completion budget per rollout.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+    seed: int = Field(default=0, description="Seed of the training-question generator.")
+    eval_size: int = Field(default=50, ge=1, description="Questions in the evaluation set.")
+
+
+class LetterCountingEnv(BaseEnv):
+    """Counts letters in pseudo-words; reward 1 / 0.5 (right but untagged) / 0."""
+
+    name = "letter_counting"
+    env_config_cls = LetterCountingConfig
+
+    @classmethod
+    def config_init(cls):
+        return (
+            LetterCountingConfig(
+                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=1024,
+                wandb_name=cls.name, use_wandb=False,
+            ),
+            default_server(),
+        )
+
+    async def setup(self) -> None:
+        cfg = self.config
+        if cfg.min_word_length > cfg.max_word_length:
+            raise ValueError("min_word_length must be <= max_word_length; swap or adjust them")
+        self.rng = random.Random(cfg.seed)
+        self.iter = 0
+        eval_rng = random.Random(cfg.seed + 1_000_003)
+        self.eval_items = [
+            make_question(eval_rng, cfg.min_word_length, cfg.max_word_length,
+                          cfg.letters_per_question)
+            for _ in range(cfg.eval_size)
+        ]
+        self.percent_correct: list[float] = []
+
+    async def get_next_item(self):
+        self.iter += 1
+        cfg = self.config
+        return make_question(self.rng, cfg.min_word_length, cfg.max_word_length,
+                             cfg.letters_per_question)
+
+    @staticmethod
+    def _messages(item):
+        return [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": item["question"]}]
+
+    async def collect_trajectories(self, item):
+        messages = self._messages(item)
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(
+                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
+            )
+            nodes = managed.get_state()["nodes"]
+        group = new_group()
+        for choice, node in zip(completion.choices, nodes, strict=True):
+            text = choice.message.content or ""
+            score = score_answer(text, item["counts"])
+            self.percent_correct.append(1.0 if score == 1.0 else 0.0)
+            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
+        return group, []
+
+    async def evaluate(self, *args, **kwargs):
+        return await run_eval(
+            self, self.eval_items, self._messages,
+            lambda item, text, _reason: float(score_answer(text, item["counts"]) == 1.0),
+            max_tokens=self.config.max_tokens,
+        )
+
+    async def wandb_log(self, metrics=None):
+        metrics = dict(metrics or {})
+        if self.percent_correct:
+            metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
+            self.percent_correct = []
+        await super().wandb_log(metrics)
+
+    def save_checkpoint(self, step, data=None):
+        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
+
+
+if __name__ == "__main__":
+    LetterCountingEnv.cli()
