@@ -1,0 +1,1 @@
+"""Inference infrastructure: the bundled model and local vLLM process control."""

@@ -1,0 +1,169 @@
+"""VLLMProcess lifecycle: command line, environment, health wait, failures, process-group stop.
+
+The lifecycle tests run a tiny stand-in HTTP server through ``VLLMProcess`` (by overriding
+``command()``), so they are fast and need no vLLM; the real-vLLM behaviour (reload_weights,
+restart) is in ``test_vllm_reload.py`` (e2e).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+
+from atroposlib.errors import InferenceError, InferenceUnavailableError
+from atroposlib.inference import vllm_process
+from atroposlib.inference.vllm_process import VLLMProcess
+
+# A stand-in server: spawns a grandchild (like vLLM's engine core), answers /health after
+# READY_AFTER seconds, and records the pid of its child so the test can check it was stopped.
+STANDIN = textwrap.dedent(
+    """
+    import http.server, subprocess, sys, time, os
+    port, ready_after, child_file = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(child_file, "w").write(str(child.pid))
+    start = time.monotonic()
+    if ready_after < 0:
+        print("boom: cannot load model", flush=True)
+        sys.exit(3)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.path == "/health" and time.monotonic() - start > ready_after
+            self.send_response(200 if ok else 503)
+            self.end_headers()
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+class StandIn(VLLMProcess):
+    def __init__(self, tmp_path, ready_after: float, **kwargs):
+        super().__init__(tmp_path, log_path=tmp_path / "log.txt", **kwargs)
+        self.ready_after = ready_after
+        self.script = tmp_path / "standin.py"
+        self.script.write_text(STANDIN)
+        self.child_file = tmp_path / "child.pid"
+
+    def command(self):
+        return [
+            sys.executable,
+            str(self.script),
+            str(self.port),
+            str(self.ready_after),
+            str(self.child_file),
+        ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_cpu_command_line_and_environment(tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm_process, "vllm_is_cpu_build", lambda: True)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    proc = VLLMProcess(tmp_path, port=1234, extra_args=["--seed", "7"], env={"FOO": "bar"})
+    cmd = proc.command()
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--dtype") + 1] == "float32"  # auto -> fp32 on CPU (exact logprobs)
+    assert cmd[cmd.index("--served-model-name") + 1] == "smollm2"
+    assert cmd[cmd.index("--max-model-len") + 1] == "2048"
+    assert "--enforce-eager" in cmd and "--gpu-memory-utilization" not in cmd
+    assert cmd[-2:] == ["--seed", "7"]
+    env = proc.environment()
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_HOST_IP"] == "127.0.0.1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_NO_USAGE_STATS"] == "1"
+    assert env["FOO"] == "bar"
+    assert proc.base_url == "http://127.0.0.1:1234/v1"
+    no_dev = VLLMProcess(tmp_path, port=1, dev_mode=False, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert "VLLM_SERVER_DEV_MODE" not in no_dev.environment() or os.environ.get(
+        "VLLM_SERVER_DEV_MODE"
+    )
+    assert no_dev.environment()["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_gpu_command_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm_process, "vllm_is_cpu_build", lambda: False)
+    cmd = VLLMProcess(tmp_path, port=1, dtype="bfloat16").command()
+    assert "--enforce-eager" not in cmd
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.45"
+    cmd = VLLMProcess(tmp_path, port=1, extra_args=["--gpu-memory-utilization=0.9"]).command()
+    assert cmd.count("--gpu-memory-utilization") == 0 and cmd[-1] == "--gpu-memory-utilization=0.9"
+    assert cmd[cmd.index("--dtype") + 1] == "auto"
+
+
+def test_bad_arguments_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match="dtype"):
+        VLLMProcess(tmp_path, dtype="int3")
+    with pytest.raises(ValueError, match="max_model_len"):
+        VLLMProcess(tmp_path, max_model_len=0)
+    with pytest.raises(RuntimeError, match="start"):
+        VLLMProcess(tmp_path).base_url  # noqa: B018 - the port is only chosen at start()
+
+
+def test_start_waits_for_health_and_stop_kills_the_whole_group(tmp_path):
+    proc = StandIn(tmp_path, ready_after=1.0)
+    begin = time.monotonic()
+    with proc:
+        assert time.monotonic() - begin >= 1.0  # waited for /health, not just the port
+        assert httpx.get(proc.root_url + "/health").status_code == 200
+        assert proc.port is not None and proc.is_running()
+        child = int(proc.child_file.read_text())
+        leader = proc.proc.pid
+        assert os.getpgid(child) == leader  # its own process group
+        assert os.getpgid(leader) != os.getpgid(0)
+    assert not proc.is_running()
+    time.sleep(0.2)
+    assert not _alive(child), "the server's child process survived stop()"
+    proc.stop()  # idempotent
+
+
+def test_start_raises_with_log_tail_when_the_server_dies(tmp_path):
+    proc = StandIn(tmp_path, ready_after=-1)
+    with pytest.raises(InferenceError, match="(?s)exited with code 3.*boom: cannot load model"):
+        proc.start(timeout=30)
+    assert not proc.is_running()
+
+
+def test_start_times_out_and_stops_the_server(tmp_path):
+    proc = StandIn(tmp_path, ready_after=3600)
+    with pytest.raises(InferenceUnavailableError, match="not healthy after 2 s"):
+        proc.start(timeout=2)
+    assert proc.proc is None
+    child = int(proc.child_file.read_text())
+    time.sleep(0.2)
+    assert not _alive(child)
+
+
+def test_restart_returns_seconds_and_serves_again(tmp_path):
+    proc = StandIn(tmp_path, ready_after=0.2)
+    with proc:
+        first_pid, port = proc.proc.pid, proc.port
+        seconds = proc.restart()
+        assert seconds > 0.2
+        assert proc.proc.pid != first_pid and proc.port == port
+        assert httpx.get(proc.root_url + "/health").status_code == 200
+
+
+def test_reload_weights_validates_its_input(tmp_path):
+    proc = VLLMProcess(tmp_path, port=1)
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        proc.reload_weights(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(RuntimeError, match="not running"):
+        proc.reload_weights(tmp_path)
