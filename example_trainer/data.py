@@ -1,0 +1,294 @@
+"""Turn one ``GET /batch`` (a list of scored groups) into padded, shifted training tensors.
+
+Wire conventions (spec 2.1): ``tokens[i]`` is prompt + completion; ``masks[i]`` holds -100 where
+not trained and the token id where trained; ``inference_logprobs[i]`` holds 1.0 at masked
+positions and the sampler's log-prob at generated ones; ``advantages[i]`` (optional) is
+per-token. Position ``t`` of the model input predicts token ``t + 1``, so every per-token field
+is shifted by one: ``input = tokens[:-1]``, ``labels = masks[1:]``, ``old = logprobs[1:]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+IGNORE_INDEX = -100
+
+
+def group_advantages(scores: Sequence[float], eps: float = 1e-8) -> list[float]:
+    """GRPO outcome advantages: scores standardised within their group.
+
+    ``A_i = (s_i - mean(s)) / max(std(s), eps)`` with the population std (Shao et al. 2024,
+    arXiv:2402.03300, section 4.1.2). A group of one sequence keeps its raw score (as Atropos
+    0.4); a group whose scores are all equal gets zeros.
+
+    Args:
+        scores: ``[G]`` rewards of one group.
+        eps: floor for the std.
+
+    Returns:
+        ``[G]`` advantages.
+    """
+    n = len(scores)
+    if n == 0:
+        return []
+    if n == 1:
+        return [float(scores[0])]
+    mean = sum(scores) / n
+    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / n)
+    return [(s - mean) / max(std, eps) for s in scores]
+
+
+def sequence_temperature(group: dict[str, Any], i: int) -> float:
+    """Sampling temperature of sequence ``i``: overrides > generation_params > group_overrides > 1.
+
+    Args:
+        group: one scored group (wire dict).
+        i: sequence index in the group.
+
+    Returns:
+        The temperature (a positive float; non-positive or missing values give 1.0).
+    """
+    candidates = []
+    overrides = group.get("overrides") or []
+    if i < len(overrides) and overrides[i]:
+        candidates.append(overrides[i].get("temperature"))
+    candidates.append((group.get("generation_params") or {}).get("temperature"))
+    candidates.append((group.get("group_overrides") or {}).get("temperature"))
+    for value in candidates:
+        if value is not None:
+            value = float(value)
+            return value if value > 0 else 1.0
+    return 1.0
+
+
+@dataclass
+class TrainSequence:
+    """One training sequence, unpadded and already shifted (length ``T_i - 1``).
+
+    Attributes:
+        input_ids: model input ids.
+        labels: target ids, -100 where not trained.
+        advantages: per-target advantage.
+        old_logprobs: sampler log-prob per target, ``nan`` where unknown.
+        ref_logprobs: reference log-prob per target, or None.
+        temperature: sampling temperature.
+        score: the sequence's reward (for logging).
+    """
+
+    input_ids: list[int]
+    labels: list[int]
+    advantages: list[float]
+    old_logprobs: list[float]
+    ref_logprobs: list[float] | None
+    temperature: float
+    score: float
+
+
+@dataclass
+class MicroBatch:
+    """Padded tensors of up to ``micro_batch_size`` sequences (``T`` a multiple of ``pad_multiple``).
+
+    Attributes:
+        input_ids: ``[B, T]`` long, padded with ``pad_token_id``.
+        attention_mask: ``[B, T]`` long, 1 on real tokens.
+        labels: ``[B, T]`` long, -100 on prompt and padding.
+        advantages: ``[B, T]`` float32.
+        old_logprobs: ``[B, T]`` float32, ``nan`` where the sampler log-prob is unknown.
+        ref_logprobs: ``[B, T]`` float32 (``nan`` where unknown) or None when no sequence
+            carried them.
+        temperatures: ``[B]`` float32.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    temperatures: torch.Tensor
+
+    def to(self, device: Any) -> MicroBatch:
+        """Return a copy with every tensor moved to ``device``."""
+        moved = {
+            name: (value.to(device) if value is not None else None)
+            for name, value in self.__dict__.items()
+        }
+        return MicroBatch(**moved)
+
+
+@dataclass
+class BatchStats:
+    """Statistics of a batch before padding (for logging).
+
+    Attributes:
+        num_sequences: sequences in the batch.
+        num_groups: groups in the batch.
+        scores: every sequence's reward.
+        advantages: every sequence's (mean) advantage.
+        has_inference_logprobs: how many sequences carried sampler log-probs.
+        max_len: longest sequence in tokens.
+    """
+
+    num_sequences: int = 0
+    num_groups: int = 0
+    scores: list[float] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    has_inference_logprobs: int = 0
+    max_len: int = 0
+
+
+def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | None = None) -> tuple[list[TrainSequence], BatchStats]:
+    """Compute advantages and shift every sequence of a ``/batch`` into a :class:`TrainSequence`.
+
+    Advantages: the env's per-token ``advantages`` when the group carries them, else
+    :func:`group_advantages` of the group's ``scores``. ``overrides[i].set_advantage_to_zero``
+    zeroes sequence ``i``'s advantage.
+
+    Args:
+        groups: the list returned by ``GET /batch`` (wire dicts).
+        max_token_len: if given, sequences longer than this are truncated to it (the API should
+            never send longer ones; truncation keeps the step alive).
+
+    Returns:
+        ``(sequences, stats)``.
+
+    Raises:
+        ValueError: a group's rows disagree in length (message names the field).
+    """
+    sequences: list[TrainSequence] = []
+    stats = BatchStats(num_groups=len(groups))
+    for g, group in enumerate(groups):
+        tokens, masks, scores = group["tokens"], group["masks"], group["scores"]
+        if not (len(tokens) == len(masks) == len(scores)):
+            raise ValueError(
+                f"group {g}: tokens/masks/scores have {len(tokens)}/{len(masks)}/{len(scores)} "
+                "rows; every group needs one row per sequence"
+            )
+        seq_adv = group_advantages(scores)
+        token_adv = group.get("advantages")
+        inf_lps = group.get("inference_logprobs")
+        ref_lps = group.get("ref_logprobs")
+        overrides = group.get("overrides") or []
+        for i, (toks, mask) in enumerate(zip(tokens, masks, strict=True)):
+            if len(toks) != len(mask):
+                raise ValueError(f"group {g} sequence {i}: tokens has {len(toks)} entries but masks has {len(mask)}")
+            if max_token_len is not None and len(toks) > max_token_len:
+                toks, mask = toks[:max_token_len], mask[:max_token_len]
+            n = len(toks)
+            zero = bool(i < len(overrides) and overrides[i] and overrides[i].get("set_advantage_to_zero"))
+            if token_adv is not None and token_adv[i] is not None:
+                adv = [float(a) for a in token_adv[i][1:n]]
+            else:
+                adv = [seq_adv[i]] * (n - 1)
+            if zero:
+                adv = [0.0] * (n - 1)
+            if inf_lps is not None and inf_lps[i] is not None:
+                old = [float(v) for v in inf_lps[i][1:n]]
+                # 1.0 is the wire placeholder for "no sampler log-prob here".
+                old = [v if v <= 0.0 else math.nan for v in old]
+                stats.has_inference_logprobs += 1
+            else:
+                old = [math.nan] * (n - 1)
+            ref = [float(v) for v in ref_lps[i][1:n]] if ref_lps is not None and ref_lps[i] is not None else None
+            sequences.append(
+                TrainSequence(
+                    input_ids=list(toks[:-1]),
+                    labels=list(mask[1:]),
+                    advantages=adv,
+                    old_logprobs=old,
+                    ref_logprobs=ref,
+                    temperature=sequence_temperature(group, i),
+                    score=float(scores[i]),
+                )
+            )
+            stats.scores.append(float(scores[i]))
+            stats.advantages.append(sum(adv) / max(len(adv), 1))
+            stats.max_len = max(stats.max_len, n)
+    stats.num_sequences = len(sequences)
+    return sequences, stats
+
+
+def padded_length(length: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``length`` (and >= ``multiple``)."""
+    if multiple < 1:
+        raise ValueError(f"pad multiple must be >= 1, got {multiple}")
+    return max(multiple, -(-length // multiple) * multiple)
+
+
+def collate(sequences: Sequence[TrainSequence], pad_token_id: int = 0, pad_multiple: int = 32) -> MicroBatch:
+    """Right-pad sequences to a common length that is a multiple of ``pad_multiple``.
+
+    Padding: ``input_ids`` with ``pad_token_id``, ``labels`` with -100, advantages with 0,
+    log-probs with ``nan`` (unknown); ``attention_mask`` is 0 on padding.
+
+    Args:
+        sequences: shifted sequences from :func:`batch_to_sequences` (at least one).
+        pad_token_id: id used for padding inputs (masked out by ``attention_mask``).
+        pad_multiple: the padded length ``T`` is a multiple of this.
+
+    Returns:
+        A :class:`MicroBatch` with ``B = len(sequences)``.
+
+    Raises:
+        ValueError: ``sequences`` is empty.
+    """
+    import torch
+
+    if not sequences:
+        raise ValueError("collate needs at least one sequence")
+    T = padded_length(max(len(s.input_ids) for s in sequences), pad_multiple)
+    B = len(sequences)
+    input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((B, T), dtype=torch.long)
+    labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
+    adv = torch.zeros((B, T), dtype=torch.float32)
+    old = torch.full((B, T), math.nan, dtype=torch.float32)
+    any_ref = any(s.ref_logprobs is not None for s in sequences)
+    ref = torch.full((B, T), math.nan, dtype=torch.float32) if any_ref else None
+    for b, s in enumerate(sequences):
+        n = len(s.input_ids)
+        input_ids[b, :n] = torch.tensor(s.input_ids, dtype=torch.long)
+        attention[b, :n] = 1
+        labels[b, :n] = torch.tensor(s.labels, dtype=torch.long)
+        adv[b, :n] = torch.tensor(s.advantages, dtype=torch.float32)
+        old[b, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        if ref is not None and s.ref_logprobs is not None:
+            ref[b, :n] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
+    temps = torch.tensor([s.temperature for s in sequences], dtype=torch.float32)
+    return MicroBatch(input_ids, attention, labels, adv, old, ref, temps)
+
+
+def make_micro_batches(
+    sequences: Sequence[TrainSequence],
+    micro_batch_size: int,
+    pad_token_id: int = 0,
+    pad_multiple: int = 32,
+) -> list[MicroBatch]:
+    """Split sequences into padded micro-batches, grouping similar lengths to waste less padding.
+
+    Args:
+        sequences: the step's sequences.
+        micro_batch_size: sequences per forward/backward pass (>= 1).
+        pad_token_id: padding id for inputs.
+        pad_multiple: each micro-batch's length is a multiple of this.
+
+    Returns:
+        ``ceil(len(sequences) / micro_batch_size)`` micro-batches covering every sequence once.
+
+    Raises:
+        ValueError: ``micro_batch_size`` < 1.
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    order = sorted(range(len(sequences)), key=lambda k: len(sequences[k].input_ids))
+    ordered = [sequences[k] for k in order]
+    return [
+        collate(ordered[start : start + micro_batch_size], pad_token_id, pad_multiple)
+        for start in range(0, len(ordered), micro_batch_size)
+    ]

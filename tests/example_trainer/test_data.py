@@ -1,0 +1,80 @@
+"""Batch -> padded, shifted tensors: advantages, overrides, placeholders, padding."""
+
+import math
+
+import pytest
+import torch
+
+from example_trainer.data import (
+    batch_to_sequences,
+    group_advantages,
+    make_micro_batches,
+    padded_length,
+    sequence_temperature,
+)
+
+
+def _group(scores, **extra):
+    n = len(scores)
+    tokens = [[10, 11, 12 + i, 13 + i] for i in range(n)]
+    masks = [[-100, -100, 12 + i, 13 + i] for i in range(n)]
+    lps = [[1.0, 1.0, -0.5, -0.25] for _ in range(n)]
+    return {"tokens": tokens, "masks": masks, "scores": scores, "inference_logprobs": lps, **extra}
+
+
+def test_group_advantages_standardise_with_population_std():
+    adv = group_advantages([1.0, 0.0, 0.0, 1.0])
+    assert adv == pytest.approx([1.0, -1.0, -1.0, 1.0])
+    assert group_advantages([0.5, 0.5, 0.5]) == [0.0, 0.0, 0.0]
+    assert group_advantages([0.7]) == [0.7]  # singleton keeps its raw score
+    assert sum(group_advantages([3.0, 1.0, 0.0])) == pytest.approx(0.0)
+
+
+def test_shift_labels_logprobs_and_placeholders():
+    seqs, stats = batch_to_sequences([_group([1.0, 0.0])])
+    s = seqs[0]
+    assert s.input_ids == [10, 11, 12]
+    assert s.labels == [-100, 12, 13]
+    assert math.isnan(s.old_logprobs[0]) and s.old_logprobs[1:] == [-0.5, -0.25]
+    assert s.advantages == [1.0, 1.0, 1.0] and seqs[1].advantages == [-1.0] * 3
+    assert stats.num_sequences == 2 and stats.has_inference_logprobs == 2 and stats.max_len == 4
+
+
+def test_env_per_token_advantages_and_zero_override_win():
+    g = _group([1.0, 0.0], advantages=[[0, 0, 0.3, 0.4], [0, 0, -0.1, -0.2]],
+               overrides=[{}, {"set_advantage_to_zero": True}])
+    seqs, _ = batch_to_sequences([g])
+    assert seqs[0].advantages == pytest.approx([0.0, 0.3, 0.4])
+    assert seqs[1].advantages == [0.0, 0.0, 0.0]
+
+
+def test_temperature_precedence():
+    g = _group([1.0, 0.0], overrides=[{"temperature": 0.5}, {}],
+               generation_params={"temperature": 0.7}, group_overrides={"temperature": 0.9})
+    assert sequence_temperature(g, 0) == 0.5
+    assert sequence_temperature(g, 1) == 0.7
+    assert sequence_temperature({"group_overrides": {"temperature": 0.9}}, 0) == 0.9
+    assert sequence_temperature({}, 0) == 1.0
+    assert sequence_temperature({"generation_params": {"temperature": 0}}, 0) == 1.0
+
+
+def test_padding_to_multiple_and_micro_batches_cover_everything():
+    long = {"tokens": [list(range(1, 41))], "masks": [[-100] * 20 + list(range(21, 41))], "scores": [1.0]}
+    seqs, _ = batch_to_sequences([_group([1.0, 0.0, 0.5]), long])
+    mbs = make_micro_batches(seqs, micro_batch_size=2, pad_token_id=0, pad_multiple=16)
+    assert [mb.input_ids.shape[0] for mb in mbs] == [2, 2]
+    assert mbs[0].input_ids.shape[1] == 16 and mbs[1].input_ids.shape[1] == 48
+    last = mbs[1]
+    row = int(torch.argmax(last.attention_mask.sum(1)))
+    assert last.attention_mask[row].sum() == 39 and last.labels[row, 39:].eq(-100).all()
+    assert torch.isnan(last.old_logprobs[row]).all()  # long group had no inference_logprobs
+    assert sum(int((mb.labels != -100).sum()) for mb in mbs) == 3 * 2 + 20
+    assert padded_length(65, 64) == 128 and padded_length(3, 64) == 64
+
+
+def test_mismatched_rows_raise_with_field_names():
+    bad = {"tokens": [[1, 2]], "masks": [[1, 2], [1]], "scores": [1.0]}
+    with pytest.raises(ValueError, match="tokens/masks/scores"):
+        batch_to_sequences([bad])
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        make_micro_batches([], 0)

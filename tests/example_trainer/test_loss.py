@@ -1,0 +1,120 @@
+"""GRPO loss: PPO sign for every advantage, clipping, masking, KL, accumulation."""
+
+import math
+
+import pytest
+import torch
+
+from example_trainer.loss import clipped_policy_loss, grpo_loss, k3_kl, token_logprobs
+
+
+def _grad_wrt_logprob(logp: float, old: float, adv: float, eps: float = 0.2) -> float:
+    lp = torch.tensor([[logp]], requires_grad=True)
+    loss, _, _ = clipped_policy_loss(lp, torch.tensor([[old]]), torch.tensor([[adv]]), eps)
+    loss.sum().backward()
+    return lp.grad.item()
+
+
+def test_positive_advantage_pushes_up_until_ratio_above_one_plus_eps():
+    assert _grad_wrt_logprob(0.0, 0.0, 1.0) < 0  # descending the loss raises logp
+    assert _grad_wrt_logprob(math.log(1.5), 0.0, 1.0) == 0.0  # r=1.5 > 1.2: clipped
+    assert _grad_wrt_logprob(math.log(0.5), 0.0, 1.0) < 0  # r=0.5: still pushed up
+
+
+def test_negative_advantage_uses_pessimistic_bound_not_upstream_inversion():
+    # r > 1 + eps with A < 0: PPO keeps penalising (upstream stopped the gradient here).
+    assert _grad_wrt_logprob(math.log(1.5), 0.0, -1.0) > 0
+    # r < 1 - eps with A < 0: PPO stops (upstream kept pushing the token down).
+    assert _grad_wrt_logprob(math.log(0.5), 0.0, -1.0) == 0.0
+    assert _grad_wrt_logprob(0.0, 0.0, -1.0) > 0
+
+
+def test_loss_value_is_min_of_surrogates():
+    lp = torch.tensor([[math.log(1.5), math.log(0.5)]])
+    loss, ratio, clipped = clipped_policy_loss(lp, torch.zeros(1, 2), torch.tensor([[-2.0, -2.0]]), 0.2)
+    # A<0: -min(rA, clip(r)A) = -A*max(r, clip(r)) -> 2*1.5 and 2*0.8
+    assert loss.tolist()[0] == pytest.approx([3.0, 1.6])
+    assert clipped.tolist() == [[False, True]]
+    assert ratio[0, 0].item() == pytest.approx(1.5)
+
+
+def test_k3_kl_is_zero_at_equality_and_positive_elsewhere():
+    lp = torch.tensor([[-1.0, -2.0, -0.5]])
+    assert torch.allclose(k3_kl(lp, lp), torch.zeros_like(lp))
+    kl = k3_kl(lp, torch.tensor([[-1.5, -1.0, -3.0]]))
+    assert (kl > 0).all()
+    # exact formula for one entry: exp(d) - d - 1 with d = ref - logp
+    d = -1.5 - -1.0
+    assert kl[0, 0].item() == pytest.approx(math.exp(d) - d - 1)
+
+
+def test_token_logprobs_match_log_softmax_and_temperature():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7)
+    labels = torch.tensor([[1, -100, 3], [0, 6, -100]])
+    lp = token_logprobs(logits, labels, torch.tensor([1.0, 2.0]))
+    ref0 = torch.log_softmax(logits[0, 0], -1)[1]
+    ref1 = torch.log_softmax(logits[1, 1] / 2.0, -1)[6]
+    assert lp[0, 0].item() == pytest.approx(ref0.item(), abs=1e-5)
+    assert lp[1, 1].item() == pytest.approx(ref1.item(), abs=1e-5)
+    assert lp[0, 1].item() == 0.0 and lp[1, 2].item() == 0.0
+
+
+def test_masked_positions_get_no_gradient_and_sequences_are_token_means():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 5, requires_grad=True)
+    labels = torch.tensor([[-100, 2, 3, -100], [-100, -100, 4, -100]])
+    adv = torch.tensor([[1.0] * 4, [-1.0] * 4])
+    out = grpo_loss(logits, labels, adv, None, num_sequences=2)
+    out.loss.backward()
+    assert logits.grad[0, 0].abs().sum() == 0 and logits.grad[0, 3].abs().sum() == 0
+    assert logits.grad[1, :2].abs().sum() == 0
+    assert logits.grad[0, 1].abs().sum() > 0
+    # on-policy (no sampler logprobs): ratio 1, loss = -mean_i(A_i) = 0 here
+    assert out.loss.item() == pytest.approx(0.0, abs=1e-6)
+    assert out.metrics["tokens"] == 3
+    assert out.metrics["ratio"] == pytest.approx(2.0)  # sum over 2 sequences of ratio 1
+
+
+def test_gradient_accumulation_equals_full_batch():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 3, 6)
+    labels = torch.randint(0, 6, (4, 3))
+    adv = torch.randn(4, 1).expand(4, 3).contiguous()
+    old = torch.log_softmax(logits + 0.1 * torch.randn_like(logits), -1).gather(-1, labels[..., None])[..., 0]
+    full_logits = logits.clone().requires_grad_(True)
+    grpo_loss(full_logits, labels, adv, old, num_sequences=4).loss.backward()
+    parts = logits.clone().requires_grad_(True)
+    for sl in (slice(0, 1), slice(1, 4)):
+        grpo_loss(parts[sl], labels[sl], adv[sl], old[sl], num_sequences=4).loss.backward()
+    assert torch.allclose(full_logits.grad, parts.grad, atol=1e-6)
+
+
+def test_nan_old_logprobs_fall_back_to_on_policy_ratio():
+    logits = torch.zeros(1, 2, 4, requires_grad=True)
+    labels = torch.tensor([[1, 2]])
+    old = torch.tensor([[math.nan, math.log(0.25) - 1.0]])  # second token: ratio e^1 > 1.2
+    out = grpo_loss(logits, labels, torch.ones(1, 2), old, num_sequences=1)
+    out.loss.backward()
+    assert logits.grad[0, 0].abs().sum() > 0  # nan -> ratio 1, gradient flows
+    assert logits.grad[0, 1].abs().sum() == 0  # clipped for A > 0
+    assert out.metrics["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_kl_term_pulls_towards_reference():
+    logits = torch.zeros(1, 1, 3, requires_grad=True)
+    labels = torch.tensor([[0]])
+    ref = torch.tensor([[math.log(0.9)]])  # reference likes token 0 more than uniform
+    out = grpo_loss(logits, labels, torch.zeros(1, 1), None, num_sequences=1, ref_logprobs=ref, kl_coef=1.0)
+    assert out.metrics["kl"] > 0
+    out.loss.backward()
+    assert logits.grad[0, 0, 0] < 0  # descending raises token 0's logit toward the reference
+    off = grpo_loss(logits, labels, torch.zeros(1, 1), None, num_sequences=1, ref_logprobs=ref, kl_coef=0.0)
+    assert off.loss.item() == 0.0
+
+
+def test_bad_shapes_raise_clear_error():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        grpo_loss(torch.zeros(1, 2, 3), torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3), None, num_sequences=1)
+    with pytest.raises(ValueError, match="num_sequences"):
+        grpo_loss(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2), None, num_sequences=0)
