@@ -219,6 +219,7 @@ class BaseEnv:
         self.task_durations: deque[float] = deque(maxlen=1000)
         self._eval_metrics_path: Path | None = None
         self._eval_dir: Path | None = None
+        self._eval_mode = False
         self._jsonl_path: Path | None = (
             _dedup_path(Path(config.data_path_to_save_groups))
             if config.data_path_to_save_groups
@@ -497,7 +498,7 @@ class BaseEnv:
             self._jsonl_file.close()
             self._jsonl_file = None
 
-    def accept_groups(
+    def _accept_groups(
         self,
         scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
         abort_on_any_max_length_exceeded: bool = True,
@@ -549,7 +550,7 @@ class BaseEnv:
         Groups go to a bounded local outbox drained by the serve loop, so a finished group is
         never lost to an API outage. Returns the accepted groups.
         """
-        accepted = self.accept_groups(scored_data, abort_on_any_max_length_exceeded)
+        accepted = self._accept_groups(scored_data, abort_on_any_max_length_exceeded)
         if do_send_to_api and accepted:
             outbox = getattr(self, "_outbox", None)
             if outbox is None:
@@ -610,7 +611,7 @@ class BaseEnv:
                     break
                 result, more = await self._run_item(item, abort_on_any_max_length_exceeded=False)
                 backlog.extend(more)
-                accepted = self.accept_groups(result, abort_on_any_max_length_exceeded=False)
+                accepted = self._accept_groups(result, abort_on_any_max_length_exceeded=False)
                 await self.cleanup()
                 if not accepted:
                     consecutive_failures += 1
@@ -657,8 +658,12 @@ class BaseEnv:
         generation_parameters: dict[str, Any] | None = None,
         samples: list[dict[str, Any]] | None = None,
         verbose: bool = True,
-    ) -> Path:
+    ) -> Path | None:
         """Write ``metrics.json`` (and ``samples.jsonl``) to the eval directory and log them.
+
+        Files are written when ``data_dir_to_save_evals`` is set, and always in ``evaluate``
+        mode (default directory ``evals/<name>-<timestamp>/``); otherwise (e.g. periodic evals
+        in serve mode) the metrics are only printed.
 
         ``metrics.json`` = ``{"config_general": {model_name, total_evaluation_time_seconds,
         generation_parameters}, "results": {"atropos|<task>|0": metrics, "all": metrics}}``.
@@ -674,10 +679,8 @@ class BaseEnv:
             verbose: print a metrics table.
 
         Returns:
-            The path of ``metrics.json``.
+            The path of ``metrics.json``, or None when no file was written.
         """
-        out_dir = self._eval_dir_path()
-        out_dir.mkdir(parents=True, exist_ok=True)
         end_time = time.time() if end_time is None else end_time
         task = task_name or self.name or "env"
         model = model_name or self.server.servers[0].config.model_name
@@ -694,6 +697,14 @@ class BaseEnv:
             },
             "results": {f"atropos|{task}|0": dict(metrics), "all": dict(metrics)},
         }
+        if verbose:
+            from atroposlib.utils.metrics import format_metrics_table
+
+            print(format_metrics_table(metrics, title=f"{task} ({model})"))
+        if not (self.config.data_dir_to_save_evals or self._eval_mode):
+            return None
+        out_dir = self._eval_dir_path()
+        out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / "metrics.json"
         path.write_text(json.dumps(payload, indent=2, default=str))
         if samples:
@@ -703,26 +714,19 @@ class BaseEnv:
                 for sample in samples:
                     fh.write(dumps_line(sample))
         self._eval_metrics_path = path
-        if verbose:
-            from atroposlib.utils.metrics import format_metrics_table
-
-            print(format_metrics_table(metrics, title=f"{task} ({model})"))
         return path
 
     async def _evaluate_and_save(self) -> Path:
         """Run ``setup`` and ``evaluate``; make sure ``metrics.json`` exists; return its path."""
+        self._eval_mode = True
         await self.setup()
         start = time.time()
         try:
             metrics = await self.evaluate()
         finally:
             await self.server.aclose()
-        if self._eval_metrics_path is None:
+        if self._eval_metrics_path is None:  # evaluate() did not call evaluate_log itself
             self.evaluate_log(dict(metrics or {}), start_time=start)
-        elif metrics:
-            existing = json.loads(self._eval_metrics_path.read_text())
-            if not existing["results"]["all"]:
-                self.evaluate_log(dict(metrics), start_time=start)
         assert self._eval_metrics_path is not None
         if self.config.use_wandb:
             self._maybe_init_wandb()

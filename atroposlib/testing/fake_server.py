@@ -9,9 +9,10 @@ and can simulate outages. ``fake_openai_app()`` serves the same script over HTTP
 a real socket.
 
 Log-probs are deterministic: token ``t`` gets ``-(1 + t % 10) / 10`` so alignment bugs show.
-"""
 
-from __future__ import annotations
+(No ``from __future__ import annotations`` here: FastAPI must see the real ``Request`` type of
+the route functions defined inside ``fake_openai_app``.)
+"""
 
 import asyncio
 import itertools
@@ -25,6 +26,13 @@ from atroposlib.envs.server_handling.server_baseline import APIServer, APIServer
 
 #: A scripted response: text, or (text, finish_reason).
 Response = str | tuple[str, str]
+#: Default script: replies of different lengths, so length-based scores differ within a group.
+DEFAULT_RESPONSES = (
+    "This is a fake response.",
+    "Yes.",
+    "A somewhat longer fake response, written for tests.",
+    "No idea, sorry.",
+)
 
 
 @dataclass
@@ -88,7 +96,7 @@ class FakeServer(APIServer):
             )
         )
         if responses is None:
-            responses = ["This is a fake response."]
+            responses = list(DEFAULT_RESPONSES)
         if not callable(responses) and not responses:
             raise ValueError("FakeServer needs at least one scripted response")
         self._script = responses
@@ -321,4 +329,70 @@ def fake_openai_app(server: FakeServer | None = None) -> Any:
     return app
 
 
-__all__ = ["FakeRequest", "FakeServer", "fake_logprob", "fake_openai_app"]
+class FakeOpenAIServer:
+    """Serve :func:`fake_openai_app` with uvicorn in a background thread on 127.0.0.1.
+
+    Use as a context manager; ``base_url`` is ``http://127.0.0.1:PORT/v1``. ``stop()`` and
+    ``start()`` again (same port) simulate an inference-server outage.
+    """
+
+    def __init__(self, server: FakeServer | None = None, port: int | None = None):
+        """Prepare (not start) the server; ``port`` None picks a free port."""
+        import socket
+
+        self.server = server or FakeServer()
+        if port is None:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self._uvicorn: Any = None
+        self._thread: Any = None
+
+    def start(self, timeout: float = 20.0) -> "FakeOpenAIServer":
+        """Start serving; returns when the socket accepts requests.
+
+        Raises:
+            RuntimeError: the server did not start within ``timeout`` seconds.
+        """
+        import threading
+
+        import uvicorn
+
+        config = uvicorn.Config(
+            fake_openai_app(self.server), host="127.0.0.1", port=self.port, log_level="warning",
+            lifespan="off",
+        )
+        self._uvicorn = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._uvicorn.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._uvicorn.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"fake OpenAI server did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (connections are refused until ``start()``)."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            self._thread.join(timeout)
+            self._uvicorn = None
+
+    def __enter__(self) -> "FakeOpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = [
+    "DEFAULT_RESPONSES",
+    "FakeOpenAIServer",
+    "FakeRequest",
+    "FakeServer",
+    "fake_logprob",
+    "fake_openai_app",
+]

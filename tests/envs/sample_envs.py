@@ -101,5 +101,52 @@ class SingleRolloutEnv(BaseEnv):
         return {"eval/dummy": 1.0}
 
 
+class ChatLengthEnv(BaseEnv):
+    """Plain chat completions (works with any OpenAI-compatible server); score = reply length."""
+
+    name = "chat_length"
+
+    @classmethod
+    def config_init(cls):
+        return (
+            BaseEnvConfig(group_size=4, use_wandb=False, max_token_length=512),
+            APIServerConfig(model_name="fake", base_url="http://127.0.0.1:9/v1", api_key="x"),
+        )
+
+    async def setup(self) -> None:
+        self.count = 0
+
+    async def get_next_item(self):
+        self.count += 1
+        return f"Question number {self.count}?"
+
+    async def collect_trajectories(self, item):
+        from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+
+        messages = [{"role": "user", "content": item}]
+        completion = await self.server.chat_completion(
+            messages=messages, n=self.config.group_size, max_tokens=32
+        )
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
+        for choice in completion.choices:
+            chat = messages + [{"role": "assistant", "content": choice.message.content or ""}]
+            out = tokenize_for_trainer(self.tokenizer, chat, finish_reason=choice.finish_reason)
+            group["tokens"].append(out["tokens"])
+            group["masks"].append(out["masks"])
+            group["scores"].append(float(len(choice.message.content or "")))
+            group["messages"].append(chat)
+        return group, []
+
+    async def evaluate(self, *args, **kwargs):
+        completion = await self.server.chat_completion(
+            messages=[{"role": "user", "content": "eval"}], n=2, max_tokens=8, split="eval"
+        )
+        lengths = [len(c.message.content or "") for c in completion.choices]
+        return {"eval/mean_length": sum(lengths) / len(lengths)}
+
+
 if __name__ == "__main__":
-    ArithmeticEnv.cli()
+    import sys
+
+    # `python -m tests.envs.sample_envs ENV_CLASS MODE [flags]`
+    globals()[sys.argv.pop(1)].cli()

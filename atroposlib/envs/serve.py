@@ -1,0 +1,585 @@
+"""Serve mode: register with the trajectory API and keep it supplied with scored groups.
+
+The loop (spec 3.3, with upstream's weaknesses fixed, see spec 10.6):
+
+* registers with ``POST /register-env`` (waiting while the API says "wait for trainer to
+  start"), reads ``GET /info``, then polls ``GET /status-env`` every ``status_interval`` s with
+  ONE reused HTTP client;
+* keeps at most ``max_num_workers`` rollout groups in flight and stops SPAWNING (never
+  cancels) while the API queue plus our unsent groups reach ``max_batches_offpolicy`` batches;
+* finished groups go to a bounded local outbox; one sender task posts them with retries and
+  backoff (gzip via the client) and keeps them through API outages; when the API has forgotten
+  this env (404, e.g. after a restart) it re-registers and resends;
+* an inference outage re-queues the item and backs off instead of dropping it; a rollout that
+  raises is logged, counted and dropped;
+* timed-out rollouts are cancelled and their item re-queued (FIFO backlog);
+* SIGINT/SIGTERM (``env._stop_event``) or reaching ``total_steps`` stops spawning, flushes the
+  outbox (bounded wait) and calls ``POST /disconnect-env``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from atroposlib.api.client import AsyncAtroposClient
+from atroposlib.api.models import RegisterEnv
+from atroposlib.envs.config import EvalHandlingEnum
+from atroposlib.envs.server_handling.server_baseline import is_transient_error
+from atroposlib.errors import (
+    ApiBackpressureError,
+    ApiRejectedError,
+    ApiUnavailableError,
+    ConfigError,
+    InferenceError,
+)
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import BaseEnv
+
+logger = logging.getLogger(__name__)
+
+#: Finished groups kept locally while the API is unreachable; workers wait when it is full.
+OUTBOX_MAX_GROUPS = 256
+
+
+class _NotRegistered(Exception):
+    """The API does not know our env_id any more (404); re-register and retry."""
+
+
+def offpolicy_room(
+    status: dict[str, Any],
+    batch_size: int,
+    group_size: int,
+    max_batches_offpolicy: int,
+    min_batch_allocation: float | None,
+    unsent_groups: int = 0,
+) -> int | None:
+    """How many more groups this env may have in flight without exceeding the staleness window.
+
+    ``room = max_batches_offpolicy * derived_batch_size // group_size - queue_size - unsent``,
+    raised to the minimum-allocation floor of spec 3.3 when ``min_batch_allocation`` is set.
+
+    Args:
+        status: the ``/status-env`` response.
+        batch_size: trainer batch size in sequences (> 0).
+        group_size: this env's group size.
+        max_batches_offpolicy: staleness window in batches; <= 0 disables the limit.
+        min_batch_allocation: this env's reserved fraction of each batch, or None.
+        unsent_groups: finished groups the status does not count yet (local outbox, and
+            groups sent since the status was read).
+
+    Returns:
+        The room in groups (may be <= 0), or None when there is no limit.
+    """
+    if max_batches_offpolicy <= 0 or batch_size <= 0:
+        return None
+    derived = int(batch_size * (status.get("unallocated_fraction", 1.0) + (min_batch_allocation or 0)))
+    room = max_batches_offpolicy * derived // group_size - int(status.get("queue_size", 0)) - unsent_groups
+    if min_batch_allocation is not None:
+        m = max(1, int(status.get("max_group_size", group_size)))
+        s = int(status.get("self_queue_size", 0))
+        floor = max(
+            0,
+            math.ceil(
+                (
+                    (math.ceil(min_batch_allocation * batch_size * max_batches_offpolicy / m) + m // group_size) * m
+                    - math.floor(m * s / (m / group_size))
+                )
+                / group_size
+            ),
+        )
+        room = max(room, floor - unsent_groups)
+    return room
+
+
+class ServeLoop:
+    """Runs one env in serve mode (see module docstring). ``await ServeLoop(env).run()``."""
+
+    def __init__(
+        self,
+        env: BaseEnv,
+        status_interval: float = 1.0,
+        register_interval: float = 1.0,
+        flush_timeout: float = 30.0,
+        inference_backoff_max: float = 30.0,
+    ):
+        """Prepare the loop (no I/O).
+
+        Args:
+            env: the environment to run.
+            status_interval: seconds between ``/status-env`` polls.
+            register_interval: seconds between ``/register-env`` attempts while waiting.
+            flush_timeout: seconds allowed at shutdown to send unsent groups.
+            inference_backoff_max: longest pause (s) before retrying after an inference outage.
+        """
+        self.env = env
+        self.config = env.config
+        self.status_interval = status_interval
+        self.register_interval = register_interval
+        self.flush_timeout = flush_timeout
+        self.inference_backoff_max = inference_backoff_max
+        self.client = AsyncAtroposClient(env.config.rollout_server_url, max_attempts=3, max_retry_seconds=30)
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=OUTBOX_MAX_GROUPS)
+        self.backlog: deque[Any] = deque()
+        self.workers: dict[asyncio.Task, tuple[Any, float]] = {}
+        self.eval_task: asyncio.Task | None = None
+        self.sender_task: asyncio.Task | None = None
+        self.wake = asyncio.Event()
+        self.stop_event: asyncio.Event = getattr(env, "_stop_event", None) or asyncio.Event()
+        self.register_lock = asyncio.Lock()
+        self.batch_size = env.config.batch_size
+        self.status: dict[str, Any] = {}
+        self.last_status_at = 0.0
+        self.inference_pause_until = 0.0
+        self.inference_backoff = 1.0
+        self.consecutive_errors = 0
+        self.sent_since_status = 0
+        self.finished = False
+
+    # ------------------------------------------------------------------ registration
+    async def register(self, first: bool = True) -> None:
+        """Register (or re-register) with the API, waiting for the trainer to start."""
+        env = self.env
+        desired = self.config.wandb_name or env.name or type(env).__name__
+        payload = RegisterEnv(
+            max_token_length=self.config.max_token_length,
+            desired_name=desired,
+            weight=self.config.inference_weight,
+            group_size=self.config.group_size,
+            min_batch_allocation=self.config.min_batch_allocation,
+        )
+        waited = 0
+        while not self.stop_event.is_set():
+            try:
+                response = await self.client.register_env(payload)
+            except (ApiUnavailableError, ApiBackpressureError) as exc:
+                logger.warning("cannot register with %s yet (%s); retrying", self.client.base_url, exc)
+                await self._sleep(min(10.0, self.register_interval * 5))
+                continue
+            if response.get("status") == "success":
+                break
+            if waited % 30 == 0:
+                logger.info("API says %r; waiting for the trainer", response.get("status"))
+            waited += 1
+            await self._sleep(self.register_interval)
+        else:
+            return
+        env.env_id = int(response["env_id"])
+        env.wandb_prepend = response.get("wandb_name")
+        env.checkpoint_dir = response.get("checkpoint_dir")
+        env.checkpoint_interval = int(response.get("checkpoint_interval") or -1)
+        if first:
+            env.curr_step = int(response.get("starting_step") or 0)
+            if self.config.total_steps == -1:
+                num_steps = int(response.get("num_steps") or -1)
+                if num_steps == -1:
+                    raise ConfigError(
+                        "total_steps is -1 (take it from the trainer) but the trainer registered "
+                        "num_steps=-1; set --env.total_steps"
+                    )
+                env.config.total_steps = num_steps
+            if env.curr_step > 0:
+                env.load_checkpoint()
+        logger.info(
+            "%s as env_id=%d (%s) at step %d",
+            "registered" if first else "re-registered",
+            env.env_id,
+            env.wandb_prepend,
+            env.curr_step,
+        )
+
+    async def reregister(self, stale_env_id: int | None) -> None:
+        """Re-register once per loss of registration (concurrent callers share one attempt)."""
+        async with self.register_lock:
+            if self.env.env_id != stale_env_id:
+                return
+            logger.warning("API no longer knows env_id=%s (restarted?); re-registering", stale_env_id)
+            await self.register(first=False)
+            await self.read_info()
+
+    async def read_info(self) -> None:
+        """Adopt ``batch_size`` and ``max_token_len`` from ``GET /info``.
+
+        Raises:
+            ConfigError: ``group_size`` exceeds the trainer's batch size.
+        """
+        info = await self.client.info()
+        if int(info.get("batch_size", -1)) != -1:
+            self.batch_size = int(info["batch_size"])
+            self.env.config.batch_size = self.batch_size
+        if int(info.get("max_token_len", -1)) != -1:
+            self.env.max_token_len = int(info["max_token_len"])
+        if self.batch_size == -1:
+            logger.warning("batch size unknown (trainer did not report it); off-policy limit off")
+        elif self.config.group_size > self.batch_size:
+            raise ConfigError(
+                f"group_size {self.config.group_size} > trainer batch_size {self.batch_size}: the "
+                "groups could never be batched; lower --env.group_size"
+            )
+
+    async def setup_wandb(self) -> None:
+        """Start a W&B run in the trainer's project/group (waits up to 60 s for them)."""
+        if not self.config.use_wandb:
+            return
+        project = group = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            try:
+                info = await self.client.wandb_info()
+            except (ApiUnavailableError, ApiRejectedError):
+                info = {}
+            project, group = info.get("project"), info.get("group")
+            if project:
+                break
+            await self._sleep(1.0)
+        if not project:
+            logger.warning("trainer did not publish a W&B project; logging without one")
+        self.env._maybe_init_wandb(project=project, group=group)
+
+    # ------------------------------------------------------------------ sending
+    async def _post(self, group: dict[str, Any]) -> None:
+        env_id = self.env.env_id
+        group["env_id"] = env_id
+        try:
+            await self.client.post_scored_data(group)
+        except ApiRejectedError as exc:
+            if exc.status_code == 404 and not isinstance(exc, ApiBackpressureError):
+                raise _NotRegistered(str(exc)) from exc
+            raise
+
+    async def send_group(self, group: dict[str, Any], deadline: float | None = None) -> bool:
+        """Post one group, surviving outages and re-registrations; True when the API took it.
+
+        Transient failures (unreachable API, 5xx, 429) are retried with random exponential
+        backoff up to 30 s per wait, indefinitely (or until ``deadline``); a 404 for our env_id
+        triggers re-registration; other 4xx mean the group itself is invalid: logged, counted
+        and dropped.
+        """
+        stop = stop_after_delay(max(0.0, deadline - time.monotonic())) if deadline else (lambda _s: False)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type((ApiUnavailableError, ApiBackpressureError, _NotRegistered)),
+            wait=wait_random_exponential(multiplier=0.5, max=30),
+            stop=stop,
+            reraise=True,
+            before_sleep=self._log_send_retry,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    try:
+                        await self._post(group)
+                    except _NotRegistered:
+                        await self.reregister(group.get("env_id"))
+                        raise
+        except (ApiUnavailableError, ApiBackpressureError, _NotRegistered) as exc:
+            logger.error("could not send a group before the deadline (%s)", exc)
+            return False
+        except ApiRejectedError as exc:
+            self.env.stats["groups_rejected_by_api"] += 1
+            logger.error("API rejected a group, dropping it: %s", exc)
+            return True
+        self.env.stats["groups_sent"] += 1
+        self.env.items_sent_this_step += 1
+        self.sent_since_status += 1
+        return True
+
+    def _log_send_retry(self, state: Any) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        self.env.stats["send_retries"] += 1
+        logger.warning("sending a group failed (%s); %d unsent, retrying", exc, self.outbox.qsize() + 1)
+
+    async def sender(self) -> None:
+        """Drain the outbox forever, one group at a time, in order."""
+        while True:
+            group = await self.outbox.get()
+            try:
+                await self.send_group(group)
+            finally:
+                self.outbox.task_done()
+
+    async def flush(self) -> int:
+        """Send what is left in the outbox within ``flush_timeout``; return groups left unsent."""
+        if self.sender_task is not None:
+            self.sender_task.cancel()
+            await asyncio.gather(self.sender_task, return_exceptions=True)
+            self.sender_task = None
+        deadline = time.monotonic() + self.flush_timeout
+        left = 0
+        while not self.outbox.empty():
+            group = self.outbox.get_nowait()
+            if time.monotonic() >= deadline or not await self.send_group(group, deadline=deadline):
+                left += 1
+        if left:
+            logger.error("%d finished group(s) could not be sent before shutdown", left)
+        return left
+
+    # ------------------------------------------------------------------ workers
+    async def _worker(self, item: Any) -> None:
+        env = self.env
+        try:
+            result, backlog = await self._collect(item)
+            self.backlog.extend(backlog)
+            if result is not None:
+                await env.handle_send_to_api(result, item)
+        finally:
+            try:
+                await env.cleanup()
+            except Exception:  # noqa: BLE001 - cleanup failures must not kill the worker loop
+                logger.exception("cleanup() failed")
+
+    async def _collect(self, item: Any) -> tuple[Any, list[Any]]:
+        env = self.env
+        start = time.perf_counter()
+        try:
+            result, backlog = await env.collect_trajectories(item)
+            if result is not None:
+                result = await env.postprocess_histories(result)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classify: infrastructure vs bad rollout
+            if isinstance(exc, InferenceError) or is_transient_error(exc):
+                env.stats["rollouts_failed_inference"] += 1
+                self.backlog.appendleft(item)
+                delay = self.inference_backoff
+                self.inference_backoff = min(self.inference_backoff * 2, self.inference_backoff_max)
+                self.inference_pause_until = time.monotonic() + delay
+                logger.warning(
+                    "inference failed (%s: %s); item re-queued, pausing new rollouts %.1f s",
+                    type(exc).__name__, exc, delay,
+                )
+                return None, []
+            env.stats["groups_dropped_error"] += 1
+            self.consecutive_errors += 1
+            # Back off when every rollout fails (a bug or a misconfigured server), instead of
+            # spinning: 0.1 s, 0.2 s, ... up to 10 s between spawns; reset by a success.
+            delay = min(10.0, 0.1 * 2 ** min(self.consecutive_errors - 1, 7))
+            self.inference_pause_until = max(self.inference_pause_until, time.monotonic() + delay)
+            logger.warning(
+                "rollout failed, dropping its group (%s: %s)%s", type(exc).__name__, exc,
+                f"; {self.consecutive_errors} failures in a row" if self.consecutive_errors > 1 else "",
+                exc_info=logger.isEnabledFor(logging.DEBUG),
+            )
+            return None, []
+        finally:
+            env.task_durations.append(time.perf_counter() - start)
+        self.inference_backoff = 1.0
+        self.consecutive_errors = 0
+        if result is None:
+            env.stats["groups_dropped_none"] += 1
+        return result, list(backlog or [])
+
+    def _on_worker_done(self, task: asyncio.Task) -> None:
+        self.workers.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self.env.stats["worker_crashes"] += 1
+            logger.error("worker crashed: %r", exc, exc_info=exc)
+        self.wake.set()
+
+    def worker_cap(self) -> int:
+        """Groups allowed in flight now (max_num_workers, eval handling, off-policy room)."""
+        env = self.env
+        cap = env.max_num_workers
+        if self.eval_task is not None and not self.eval_task.done():
+            if self.config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
+                return 0
+            if self.config.eval_handling == EvalHandlingEnum.LIMIT_TRAIN:
+                cap = int(cap * self.config.eval_limit_ratio)
+        if self.status:
+            room = offpolicy_room(
+                self.status,
+                self.batch_size,
+                self.config.group_size,
+                self.config.max_batches_offpolicy,
+                self.config.min_batch_allocation,
+                unsent_groups=self.outbox.qsize() + self.sent_since_status,
+            )
+            if room is not None:
+                cap = min(cap, max(0, room))
+        return cap
+
+    async def spawn_workers(self) -> None:
+        """Start rollouts until the cap is reached or no item is available."""
+        if time.monotonic() < self.inference_pause_until:
+            return
+        cap = self.worker_cap()
+        while len(self.workers) < cap and not self.stop_event.is_set():
+            if self.backlog:
+                item = self.backlog.popleft()
+            else:
+                item = await self.env.get_next_item()
+                if item is None:
+                    return
+            task = asyncio.get_running_loop().create_task(self._worker(item))
+            self.workers[task] = (item, time.monotonic())
+            task.add_done_callback(self._on_worker_done)
+
+    def reap_timeouts(self) -> None:
+        """Cancel rollouts older than ``worker_timeout`` and re-queue their items."""
+        timeout = self.config.worker_timeout
+        if timeout <= 0:
+            return
+        now = time.monotonic()
+        for task, (item, started) in list(self.workers.items()):
+            if now - started > timeout and not task.done():
+                task.cancel()
+                self.backlog.append(item)
+                self.env.stats["rollouts_timed_out"] += 1
+                logger.warning("rollout exceeded worker_timeout=%ss; cancelled, item re-queued", timeout)
+
+    # ------------------------------------------------------------------ status & step events
+    async def poll_status(self) -> None:
+        """Fetch ``/status-env`` (re-registering on 404) and react to step changes."""
+        env = self.env
+        try:
+            status = await self.client.status_env(env.env_id)
+        except ApiRejectedError as exc:
+            if exc.status_code == 404:
+                await self.reregister(env.env_id)
+                return
+            raise
+        except ApiUnavailableError as exc:
+            logger.warning("cannot read /status-env (%s); continuing with the last status", exc)
+            return
+        self.last_status_at = time.monotonic()
+        self.sent_since_status = 0
+        self.status = status
+        env.status_dict = status
+        env.server.update_weight(float(status.get("env_weight", 1.0)))
+        new_step = int(status.get("current_step", env.curr_step))
+        if new_step != env.curr_step:
+            await self.on_step(env.curr_step, new_step)
+
+    async def on_step(self, old: int, new: int) -> None:
+        """Evaluation / checkpoint / logging triggers when the trainer step moves."""
+        env = self.env
+        every = self.config.steps_per_eval
+        if every > 0 and new // every > old // every:
+            if self.eval_task is not None and not self.eval_task.done():
+                logger.warning("previous evaluation still running at step %d; skipping this one", new)
+            else:
+                self.eval_task = asyncio.get_running_loop().create_task(self._run_eval())
+        interval = env.checkpoint_interval
+        if interval and interval > 0 and new // interval > old // interval:
+            try:
+                env.save_checkpoint((new // interval) * interval)
+            except Exception:  # noqa: BLE001 - a failed checkpoint must not stop serving
+                logger.exception("save_checkpoint failed")
+        env.curr_step = new
+        if env.items_sent_this_step >= self.config.min_items_sent_before_logging:
+            env.items_sent_this_step = 0
+            try:
+                await env.wandb_log({})
+            except Exception:  # noqa: BLE001 - logging must not stop serving
+                logger.exception("wandb_log failed")
+
+    async def _run_eval(self) -> None:
+        try:
+            metrics = await self.env.evaluate()
+            if metrics:
+                await self.env.wandb_log(dict(metrics))
+        except Exception:  # noqa: BLE001 - a failing eval is logged, serving goes on
+            self.env.stats["eval_failures"] += 1
+            logger.exception("evaluate() failed")
+
+    def reached_total_steps(self) -> bool:
+        """True when already-queued data will carry the trainer past ``total_steps``."""
+        total = self.config.total_steps
+        if total <= 0 or not self.status:
+            return False
+        ahead = 0
+        if self.batch_size > 0:
+            ahead = int(self.status.get("queue_size", 0)) * self.config.group_size // self.batch_size
+        return self.env.curr_step + ahead >= total
+
+    # ------------------------------------------------------------------ main
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    async def run(self) -> None:
+        """Register, then loop until stopped or ``total_steps`` is reached; always clean up."""
+        env = self.env
+        env._outbox = self.outbox
+        try:
+            await env.setup()
+            await self.setup_wandb()
+            await self.register(first=True)
+            if self.stop_event.is_set():
+                return
+            await self.read_info()
+            self.sender_task = asyncio.get_running_loop().create_task(self.sender())
+            while not self.stop_event.is_set():
+                if time.monotonic() - self.last_status_at >= self.status_interval:
+                    await self.poll_status()
+                    if self.reached_total_steps():
+                        logger.info("total_steps=%d reached; finishing", self.config.total_steps)
+                        self.finished = True
+                        break
+                await self.spawn_workers()
+                self.reap_timeouts()
+                if self.sender_task.done() and not self.sender_task.cancelled():
+                    exc = self.sender_task.exception()
+                    logger.error("sender stopped (%r); restarting it", exc)
+                    self.sender_task = asyncio.get_running_loop().create_task(self.sender())
+                self.wake.clear()
+                wait = max(0.05, self.status_interval - (time.monotonic() - self.last_status_at))
+                if time.monotonic() < self.inference_pause_until:
+                    wait = min(wait, self.inference_pause_until - time.monotonic() + 0.01)
+                stop_wait = asyncio.ensure_future(self.stop_event.wait())
+                wake_wait = asyncio.ensure_future(self.wake.wait())
+                await asyncio.wait({stop_wait, wake_wait}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                for fut in (stop_wait, wake_wait):
+                    fut.cancel()
+        finally:
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stop workers, flush unsent groups, disconnect from the API, close clients."""
+        env = self.env
+        if self.finished and self.workers:
+            # Finished normally: let in-flight groups complete (bounded by worker_timeout).
+            timeout = self.config.worker_timeout if self.config.worker_timeout > 0 else None
+            await asyncio.wait(list(self.workers), timeout=timeout)
+        for task in list(self.workers):
+            task.cancel()
+        if self.workers:
+            await asyncio.gather(*self.workers, return_exceptions=True)
+        if self.eval_task is not None and not self.eval_task.done():
+            self.eval_task.cancel()
+            await asyncio.gather(self.eval_task, return_exceptions=True)
+        if env.env_id is not None:
+            await self.flush()
+            try:
+                await self.client.disconnect_env(env.env_id)
+                logger.info("disconnected env_id=%d from the API", env.env_id)
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                logger.warning("disconnect-env failed: %s", exc)
+        elif self.sender_task is not None:
+            self.sender_task.cancel()
+        try:
+            await env.wandb_log({})
+        except Exception:  # noqa: BLE001
+            logger.exception("final wandb_log failed")
+        env._finish_wandb()
+        env._close_jsonl()
+        await env.server.aclose()
+        await self.client.aclose()
+        logger.info("serve stopped; stats: %s", dict(env.stats))
+
+
+__all__ = ["OUTBOX_MAX_GROUPS", "ServeLoop", "offpolicy_room"]

@@ -1,0 +1,180 @@
+"""Serve mode end to end: an env subprocess, a real run-api, a fake trainer and fake inference."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from atroposlib.api.client import AtroposClient
+from atroposlib.api.models import Registration
+from atroposlib.testing.fake_server import FakeOpenAIServer
+from tests.fixtures.api_server import start_run_api
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _register_trainer(url: str, tmp_path: Path, batch_size: int = 8) -> AtroposClient:
+    trainer = AtroposClient(url)
+    trainer.register(Registration(
+        wandb_group="g", wandb_project="p", batch_size=batch_size, max_token_len=512,
+        checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoint_interval=-1, starting_step=0,
+        num_steps=1000,
+    ))
+    assert trainer.get_batch() is None  # the first /batch lets envs register
+    return trainer
+
+
+def _start_env(api_url: str, inference_url: str, tokenizer_dir: Path, log: Path, *extra: str):
+    args = [
+        sys.executable, "-m", "tests.envs.sample_envs", "ChatLengthEnv", "serve",
+        "--env.tokenizer_name", str(tokenizer_dir), "--env.rollout_server_url", api_url,
+        "--openai.base_url", inference_url, "--env.use_wandb", "false",
+        "--env.max_batches_offpolicy", "2", *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(args, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
+def _pull_batches(trainer: AtroposClient, count: int, timeout: float) -> list:
+    batches, deadline = [], time.monotonic() + timeout
+    while len(batches) < count and time.monotonic() < deadline:
+        batch = trainer.get_batch()
+        if batch:
+            batches.append(batch)
+        else:
+            time.sleep(0.2)
+    return batches
+
+
+def _stop(proc: subprocess.Popen, log: Path) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=45)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return log.read_text(errors="replace")
+
+
+def _check_batch(batch: list, group_size: int = 4) -> None:
+    for group in batch:
+        assert len(group["tokens"]) == group_size
+        assert [len(t) for t in group["tokens"]] == [len(m) for m in group["masks"]]
+        assert len(set(group["scores"])) > 1  # identical-score groups are dropped env-side
+        assert group["env_id"] is not None
+        assert group["messages"][0][-1]["role"] == "assistant"
+        for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
+            assert masks[0] == -100 and masks[-1] == tokens[-1]
+
+
+def test_serve_feeds_the_trainer_and_disconnects_on_sigint(tiny_tokenizer_dir, tmp_path):
+    api = start_run_api()
+    log = tmp_path / "env.log"
+    try:
+        with FakeOpenAIServer() as inference:
+            trainer = _register_trainer(api.url, tmp_path)
+            proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
+            try:
+                batches = _pull_batches(trainer, 3, timeout=90)
+            finally:
+                output = _stop(proc, log)
+            assert len(batches) == 3, output[-3000:]
+            for batch in batches:
+                assert sum(len(g["tokens"]) for g in batch) == 8
+                _check_batch(batch)
+            assert proc.returncode == 0, output[-3000:]
+            assert "disconnected env_id=0" in output
+            # Health checks are GET /models, never completions: every chat request made a group.
+            assert all(r.kind == "chat" for r in inference.server.requests)
+    finally:
+        api.stop()
+
+
+def test_serve_pauses_spawning_at_the_offpolicy_limit(tiny_tokenizer_dir, tmp_path):
+    """With nobody pulling batches, the env stops at max_batches_offpolicy batches queued."""
+    api = start_run_api()
+    log = tmp_path / "env.log"
+    try:
+        with FakeOpenAIServer() as inference:
+            trainer = _register_trainer(api.url, tmp_path)
+            proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log,
+                              "--env.max_num_workers", "2")
+            try:
+                deadline = time.monotonic() + 60
+                queued = 0
+                while time.monotonic() < deadline and queued < 4:
+                    queued = trainer.status()["queue_size"]
+                    time.sleep(0.2)
+                time.sleep(4)  # several status polls later, nothing more was spawned
+                requests_before = len(inference.server.requests)
+                time.sleep(3)
+                requests_after = len(inference.server.requests)
+                queued = trainer.status()["queue_size"]
+            finally:
+                output = _stop(proc, log)
+            # 2 batches x 8 sequences / group_size 4 = 4 groups, plus at most the in-flight ones.
+            assert 4 <= queued <= 6, output[-3000:]
+            assert requests_after == requests_before, output[-3000:]
+    finally:
+        api.stop()
+
+
+def test_serve_survives_api_restart_and_inference_outage(tiny_tokenizer_dir, tmp_path):
+    api = start_run_api()
+    port = api.port
+    log = tmp_path / "env.log"
+    proc = None
+    try:
+        with FakeOpenAIServer() as inference:
+            trainer = _register_trainer(api.url, tmp_path)
+            proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
+            assert len(_pull_batches(trainer, 1, timeout=90)) == 1, log.read_text()[-3000:]
+
+            # 1) The API restarts and forgets everything: the env must re-register.
+            api.stop()
+            time.sleep(2)
+            api = start_run_api(port=port)
+            trainer = _register_trainer(api.url, tmp_path)
+            batches = _pull_batches(trainer, 2, timeout=90)
+            assert len(batches) == 2, log.read_text()[-3000:]
+            for batch in batches:
+                _check_batch(batch)
+
+            # 2) Inference goes away for a while, then comes back: the env resumes.
+            inference.stop()
+            time.sleep(4)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            inference.start()
+            batches = _pull_batches(trainer, 2, timeout=90)
+            assert len(batches) == 2, log.read_text()[-3000:]
+            output = _stop(proc, log)
+            assert proc.returncode == 0, output[-3000:]
+            assert "re-registered" in output
+            assert "item re-queued" in output  # the outage re-queued items instead of dropping
+            assert "groups_dropped_error" not in output
+    finally:
+        if proc is not None and proc.poll() is None:
+            _stop(proc, log)
+        api.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM])
+def test_serve_stops_cleanly_on_sigterm_while_waiting_for_trainer(tiny_tokenizer_dir, tmp_path, sig):
+    api = start_run_api()  # no trainer: the env keeps hearing "wait for trainer to start"
+    log = tmp_path / "env.log"
+    try:
+        proc = _start_env(api.url, "http://127.0.0.1:9/v1", tiny_tokenizer_dir, log)
+        time.sleep(4)
+        assert proc.poll() is None
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == 0, log.read_text()[-3000:]
+    finally:
+        api.stop()
