@@ -129,6 +129,14 @@ def add_rollout(group: ScoredDataGroup, node: Any, score: float, messages: list[
     group["messages"].append(messages)
 
 
+def _template_ids(tokenizer: Any, chat: list[Message], add_generation_prompt: bool) -> list[int]:
+    """Token ids of the rendered chat (works whether the tokenizer returns ids or a dict)."""
+    text = tokenizer.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def tokenize_chat(tokenizer: Any, chat: list[Message]) -> tuple[list[int], list[int]]:
     """Tokens and masks of a chat whose LAST message (the assistant's) is trained.
 
@@ -139,13 +147,11 @@ def tokenize_chat(tokenizer: Any, chat: list[Message]) -> tuple[list[int], list[
     Returns:
         ``(tokens [T], masks [T])``.
     """
-    tokens = list(tokenizer.apply_chat_template(chat, tokenize=True))
-    if tokens and isinstance(tokens[0], list):  # some tokenizers return a batch
-        tokens = tokens[0]
-    prefix = tokenizer.apply_chat_template(chat[:-1], tokenize=True, add_generation_prompt=True)
-    if prefix and isinstance(prefix[0], list):
-        prefix = prefix[0]
-    n = len(prefix) if list(tokens[: len(prefix)]) == list(prefix) else 0
+    tokens = _template_ids(tokenizer, chat, add_generation_prompt=False)
+    prefix = _template_ids(tokenizer, chat[:-1], add_generation_prompt=True)
+    n = 0  # longest common prefix: everything the assistant turn did not add stays masked
+    while n < min(len(tokens), len(prefix)) and tokens[n] == prefix[n]:
+        n += 1
     return tokens, [IGNORE_INDEX] * n + tokens[n:]
 
 
@@ -172,6 +178,34 @@ def extract_answer_tag(text: str) -> str | None:
     """The content of the LAST ``<answer>...</answer>`` in ``text`` (stripped), or None."""
     found = _ANSWER_TAG.findall(text)
     return found[-1].strip() if found else None
+
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL | re.IGNORECASE)
+
+
+def extract_tool_calls(text: str) -> tuple[list[dict[str, Any]], int]:
+    """Parse every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in ``text``.
+
+    ``arguments`` may also be a JSON string (OpenAI style); it is decoded.
+
+    Returns:
+        ``(calls, malformed)``: the well-formed calls as ``{"name", "arguments"}`` dicts, and
+        how many blocks were not valid JSON objects with a string ``name`` and dict arguments.
+    """
+    calls, malformed = [], 0
+    for raw in _TOOL_CALL.findall(text):
+        try:
+            call = json.loads(raw.strip())
+            args = call.get("arguments", call.get("parameters", {}))
+            args = json.loads(args) if isinstance(args, str) else args
+        except (json.JSONDecodeError, AttributeError):
+            malformed += 1
+            continue
+        if not isinstance(call.get("name"), str) or not isinstance(args, dict):
+            malformed += 1
+            continue
+        calls.append({"name": call["name"], "arguments": args})
+    return calls, malformed
 
 
 # ----------------------------------------------------------------------------- multi-turn
@@ -331,6 +365,7 @@ __all__ = [
     "default_server",
     "default_tokenizer_name",
     "extract_answer_tag",
+    "extract_tool_calls",
     "load_rows",
     "masked_only_prompt",
     "make_word",

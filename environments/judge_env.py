@@ -1,0 +1,251 @@
+"""RLAIF: completions are scored by an LLM judge (rubric or pairwise) through the same servers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+if __package__ in (None, ""):  # run as `python environments/judge_env.py ...`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.errors import RolloutError  # noqa: E402
+from environments.common import (  # noqa: E402
+    add_rollout,
+    default_server,
+    default_tokenizer_name,
+    load_rows,
+    new_group,
+)
+
+#: Offline prompts used when dataset_name is 'builtin'.
+BUILTIN_PROMPTS = [
+    "Explain why the sky is blue in two sentences.",
+    "Give three tips for writing clear emails.",
+    "Write a haiku about autumn rain.",
+    "What is the difference between a list and a tuple in Python?",
+    "Suggest a name for a bakery that sells only bread, and say why.",
+    "Summarise the plot of Romeo and Juliet in one sentence.",
+    "How do I boil an egg so the yolk stays soft?",
+    "Describe a cat to someone who has never seen one.",
+    "Why should you back up your files? Answer briefly.",
+    "Write a polite message declining a meeting invitation.",
+    "List four renewable sources of energy.",
+    "What does a compiler do?",
+]
+
+DEFAULT_RUBRIC = (
+    "helpful (answers exactly what was asked), correct, clear and concise; "
+    "penalise rambling, repetition and made-up facts"
+)
+
+RUBRIC_JUDGE = (
+    "You are a strict judge. Rate the RESPONSE to the INSTRUCTION from 1 (useless) to 10 "
+    "(excellent) for being: {rubric}.\n\nINSTRUCTION:\n{prompt}\n\nRESPONSE:\n{response}\n\n"
+    "Reply with only 'Score: N'."
+)
+PAIRWISE_JUDGE = (
+    "You are a strict judge. Which response follows the INSTRUCTION better, being: {rubric}?"
+    "\n\nINSTRUCTION:\n{prompt}\n\nRESPONSE A:\n{a}\n\nRESPONSE B:\n{b}\n\n"
+    "Reply with only \\boxed{{A}} or \\boxed{{B}}."
+)
+
+
+def parse_rating(text: str, low: int = 1, high: int = 10) -> float | None:
+    r"""The rating in a judge reply: "Score: N", "\boxed{N}", "N/10", else a lone number."""
+    patterns = (r"score\s*[:=]?\s*(\d+(?:\.\d+)?)", r"\\boxed\{\s*(\d+(?:\.\d+)?)\s*\}",
+                r"(\d+(?:\.\d+)?)\s*/\s*10", r"^\s*(\d+(?:\.\d+)?)\s*$")
+    for pattern in patterns:
+        found = re.findall(pattern, text, re.IGNORECASE | re.MULTILINE)
+        for value in reversed(found):
+            rating = float(value)
+            if low <= rating <= high:
+                return rating
+    return None
+
+
+def parse_preference(text: str) -> str | None:
+    r"""Return "A" or "B" from ``\boxed{A}``, "Response A" or a lone letter; None if unclear."""
+    for pattern in (r"\\boxed\{\s*([AB])\s*\}", r"response\s+([AB])\b", r"^\s*([AB])\s*\.?\s*$"):
+        found = set(re.findall(pattern, text, re.IGNORECASE | re.MULTILINE))
+        if len(found) == 1:
+            return found.pop().upper()
+    return None
+
+
+class JudgeConfig(BaseEnvConfig):
+    """Settings of :class:`JudgeEnv`."""
+
+    dataset_name: str = Field(
+        default="builtin",
+        description="'builtin' (a small offline prompt list), or a hub id / local file with "
+        "instructions in prompt_field.",
+    )
+    dataset_config: str | None = Field(default=None, description="Hub dataset configuration.")
+    split: str = Field(default="train", description="Split to read.")
+    prompt_field: str = Field(default="prompt", description="Field with the instruction.")
+    limit: int | None = Field(default=None, description="Use at most this many prompts.")
+    seed: int = Field(default=42, description="Shuffle seed.")
+    mode: Literal["rubric", "pairwise"] = Field(
+        default="rubric",
+        description="rubric: each response rated 1-10 (mean of judge_samples); pairwise: every "
+        "pair judged in both orders, score = win rate.",
+    )
+    rubric: str = Field(default=DEFAULT_RUBRIC, description="What the judge rewards.")
+    judge_samples: int = Field(default=1, ge=1, description="Judge ratings averaged (rubric).")
+    judge_max_tokens: int = Field(default=16, ge=1, description="Judge reply budget.")
+    judge_temperature: float = Field(default=0.0, ge=0, description="Judge temperature.")
+    judge_retries: int = Field(
+        default=2, ge=0,
+        description="Extra judge attempts when no verdict can be parsed; after them the group "
+        "is dropped (RolloutError), never scored 0.",
+    )
+    max_tokens: int = Field(default=128, ge=1, description="Policy completion budget.")
+    temperature: float = Field(default=1.0, ge=0, description="Policy sampling temperature.")
+    eval_size: int = Field(default=8, ge=1, description="Prompts rated greedily in evaluate.")
+
+
+class JudgeEnv(BaseEnv):
+    """Policy answers instructions; an LLM judge on the same ServerManager scores them."""
+
+    name = "judge"
+    env_config_cls = JudgeConfig
+
+    @classmethod
+    def config_init(cls):
+        return (
+            JudgeConfig(
+                tokenizer_name=default_tokenizer_name(), group_size=4, max_token_length=2048,
+                wandb_name=cls.name, use_wandb=False,
+            ),
+            default_server(),
+        )
+
+    async def setup(self) -> None:
+        c = self.config
+        if c.dataset_name == "builtin":
+            prompts = list(BUILTIN_PROMPTS)
+        else:
+            rows = load_rows(c.dataset_name, c.split, c.dataset_config, c.limit)
+            missing = [r for r in rows if c.prompt_field not in r]
+            if missing:
+                raise KeyError(f"rows lack {c.prompt_field!r} (fields: {sorted(missing[0])}); "
+                               "set --env.prompt_field")
+            prompts = [str(r[c.prompt_field]) for r in rows]
+        if not prompts:
+            raise ValueError("the judge env needs at least one prompt")
+        random.Random(c.seed).shuffle(prompts)
+        n_eval = min(c.eval_size, max(1, len(prompts) // 5))
+        self.eval_prompts, self.train = prompts[:n_eval], prompts[n_eval:] or prompts
+        self.iter = 0
+        self.judge_stats: list[float] = []
+
+    async def get_next_item(self):
+        prompt = self.train[self.iter % len(self.train)]
+        self.iter += 1
+        return {"prompt": prompt}
+
+    async def _judge(self, content: str, parse, n: int) -> list[Any]:
+        """Ask the judge ``n`` verdicts; retry unparseable ones; raise RolloutError if none."""
+        c = self.config
+        verdicts: list[Any] = []
+        for _attempt in range(c.judge_retries + 1):
+            completion = await self.server.chat_completion(
+                messages=[{"role": "user", "content": content}], n=n - len(verdicts),
+                max_tokens=c.judge_max_tokens, temperature=c.judge_temperature, split="eval",
+            )
+            verdicts += [v for v in (parse(ch.message.content or "") for ch in completion.choices)
+                         if v is not None]
+            if len(verdicts) >= n:
+                return verdicts[:n]
+        if verdicts:
+            return verdicts
+        raise RolloutError(
+            f"the judge gave no parseable verdict in {c.judge_retries + 1} attempts; use a "
+            "stronger judge model, raise judge_max_tokens or judge_retries"
+        )
+
+    async def rate(self, prompt: str, response: str) -> float:
+        """Rubric score in [0, 1]: (mean rating - 1) / 9."""
+        content = RUBRIC_JUDGE.format(rubric=self.config.rubric, prompt=prompt, response=response)
+        ratings = await self._judge(content, parse_rating, self.config.judge_samples)
+        return (sum(ratings) / len(ratings) - 1.0) / 9.0
+
+    async def pairwise_scores(self, prompt: str, responses: list[str]) -> list[float]:
+        """Win rate of each response over every other, each pair judged in both orders."""
+        wins = [0.0] * len(responses)
+        games = [0] * len(responses)
+
+        async def duel(i: int, j: int) -> None:
+            content = PAIRWISE_JUDGE.format(rubric=self.config.rubric, prompt=prompt,
+                                            a=responses[i], b=responses[j])
+            winner = (await self._judge(content, parse_preference, 1))[0]
+            wins[i if winner == "A" else j] += 1.0
+            games[i] += 1
+            games[j] += 1
+
+        await asyncio.gather(*(duel(i, j) for i, j in itertools.permutations(range(len(responses)), 2)))
+        return [w / g if g else 0.5 for w, g in zip(wins, games, strict=True)]
+
+    @staticmethod
+    def _messages(item):
+        return [{"role": "user", "content": item["prompt"]}]
+
+    async def collect_trajectories(self, item):
+        messages = self._messages(item)
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(
+                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
+            )
+            nodes = managed.get_state()["nodes"]
+        texts = [c.message.content or "" for c in completion.choices]
+        if self.config.mode == "pairwise":
+            scores = await self.pairwise_scores(item["prompt"], texts)
+        else:
+            scores = await asyncio.gather(*(self.rate(item["prompt"], t) for t in texts))
+        self.judge_stats.extend(scores)
+        group = new_group()
+        for text, node, score in zip(texts, nodes, scores, strict=True):
+            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
+        return group, []
+
+    async def evaluate(self, *args, **kwargs):
+        start = time.time()
+
+        async def one(prompt: str):
+            completion = await self.server.chat_completion(
+                messages=self._messages({"prompt": prompt}), n=1,
+                max_tokens=self.config.max_tokens, temperature=0.0, split="eval",
+            )
+            text = completion.choices[0].message.content or ""
+            return {"prompt": prompt, "completion": text, "score": await self.rate(prompt, text)}
+
+        samples = await asyncio.gather(*(one(p) for p in self.eval_prompts))
+        metrics = {"eval/judge_score": sum(s["score"] for s in samples) / len(samples)}
+        self.evaluate_log(metrics, start_time=start, samples=list(samples),
+                          generation_parameters={"temperature": 0.0,
+                                                 "max_tokens": self.config.max_tokens})
+        return metrics
+
+    async def wandb_log(self, metrics=None):
+        metrics = dict(metrics or {})
+        if self.judge_stats:
+            metrics["train/judge_score"] = sum(self.judge_stats) / len(self.judge_stats)
+            self.judge_stats = []
+        await super().wandb_log(metrics)
+
+    def save_checkpoint(self, step, data=None):
+        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
+
+
+if __name__ == "__main__":
+    JudgeEnv.cli()

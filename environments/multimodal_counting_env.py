@@ -1,0 +1,196 @@
+"""Multimodal counting: "how many red circles?" about Pillow-drawn images sent as data URIs."""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+if __package__ in (None, ""):  # run as `python environments/multimodal_counting_env.py ...`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from environments.common import (  # noqa: E402
+    default_server,
+    default_tokenizer_name,
+    extract_answer_tag,
+    new_group,
+    run_eval,
+    tokenize_chat,
+)
+
+COLORS = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 70, 220),
+          "yellow": (235, 200, 20)}
+SHAPES = ("circle", "square", "triangle")
+BACKGROUND = (255, 255, 255)
+#: Placeholder for the image in the text-only transcript used for tokens/masks.
+IMAGE_PLACEHOLDER = "<image>"
+
+
+def draw_scene(rng: random.Random, image_size: int, grid: int, max_objects: int):
+    """Draw shapes on a ``grid x grid`` board, at most one per cell, without overlap.
+
+    Returns:
+        ``(PIL.Image, objects)`` with objects as ``[(row, col, color, shape)]``.
+    """
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (image_size, image_size), BACKGROUND)
+    pen = ImageDraw.Draw(image)
+    cell = image_size // grid
+    cells = rng.sample([(r, c) for r in range(grid) for c in range(grid)],
+                       rng.randint(1, min(max_objects, grid * grid)))
+    objects = []
+    for row, col in cells:
+        color, shape = rng.choice(list(COLORS)), rng.choice(SHAPES)
+        pad = max(2, cell // 6)
+        box = (col * cell + pad, row * cell + pad, (col + 1) * cell - pad, (row + 1) * cell - pad)
+        if shape == "circle":
+            pen.ellipse(box, fill=COLORS[color])
+        elif shape == "square":
+            pen.rectangle(box, fill=COLORS[color])
+        else:
+            pen.polygon([((box[0] + box[2]) // 2, box[1]), (box[0], box[3]), (box[2], box[3])],
+                        fill=COLORS[color])
+        objects.append((row, col, color, shape))
+    return image, objects
+
+
+def to_data_uri(image: Any) -> str:
+    """PNG-encode a PIL image as a ``data:image/png;base64,...`` URI."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def make_item(rng: random.Random, image_size: int, grid: int, max_objects: int) -> dict[str, Any]:
+    """One question: ``{"image", "question", "answer", "color", "shape"}``.
+
+    The asked-about (color, shape) is usually present; sometimes any (count may be 0).
+    """
+    image, objects = draw_scene(rng, image_size, grid, max_objects)
+    if rng.random() < 0.8:
+        _, _, color, shape = rng.choice(objects)
+    else:
+        color, shape = rng.choice(list(COLORS)), rng.choice(SHAPES)
+    answer = sum(1 for _, _, c, s in objects if c == color and s == shape)
+    question = (f"How many {color} {shape}s are in the image? Give only the number inside "
+                "<answer></answer>.")
+    return {"image": to_data_uri(image), "question": question, "answer": answer,
+            "color": color, "shape": shape}
+
+
+def score_count(text: str, answer: int) -> float:
+    """1.0 when the number in ``<answer>`` equals the true count, else 0.0."""
+    tagged = extract_answer_tag(text)
+    numbers = re.findall(r"\d+", tagged or "")
+    return 1.0 if numbers and int(numbers[-1]) == answer else 0.0
+
+
+class MultimodalCountingConfig(BaseEnvConfig):
+    """Settings of :class:`MultimodalCountingEnv`."""
+
+    image_size: int = Field(default=256, ge=32, description="Image width = height, pixels.")
+    grid: int = Field(default=4, ge=2, le=10, description="Board cells per side.")
+    max_objects: int = Field(default=8, ge=1, description="Shapes per image at most.")
+    max_tokens: int = Field(default=64, ge=1, description="Completion budget per rollout.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+    seed: int = Field(default=0, description="Seed of the scene generator.")
+    eval_size: int = Field(default=30, ge=1, description="Questions in evaluate.")
+
+
+class MultimodalCountingEnv(BaseEnv):
+    """Image + text questions via OpenAI ``image_url`` parts; images posted with the group.
+
+    Needs a vision-language model behind an OpenAI-compatible server (e.g. vLLM serving
+    Qwen2-VL); the bundled SmolLM2 is text-only. Completions come through plain
+    ``chat_completion`` (image tokens are the server's), so groups carry ``tokens``/``masks``
+    of the text transcript with the image replaced by ``<image>``, ``images`` (one data URI per
+    sequence) and no ``inference_logprobs``.
+    """
+
+    name = "multimodal_counting"
+    env_config_cls = MultimodalCountingConfig
+
+    @classmethod
+    def config_init(cls):
+        return (
+            MultimodalCountingConfig(
+                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
+                wandb_name=cls.name, use_wandb=False,
+            ),
+            default_server(server_type="openai"),
+        )
+
+    def _make(self, rng: random.Random) -> dict[str, Any]:
+        c = self.config
+        return make_item(rng, c.image_size, c.grid, c.max_objects)
+
+    async def setup(self) -> None:
+        self.rng = random.Random(self.config.seed)
+        eval_rng = random.Random(self.config.seed + 1_000_003)
+        self.eval_items = [self._make(eval_rng) for _ in range(self.config.eval_size)]
+        self.iter = 0
+        self.percent_correct: list[float] = []
+
+    async def get_next_item(self):
+        self.iter += 1
+        return self._make(self.rng)
+
+    @staticmethod
+    def _messages(item):
+        return [{"role": "user", "content": [
+            {"type": "text", "text": item["question"]},
+            {"type": "image_url", "image_url": {"url": item["image"]}},
+        ]}]
+
+    @staticmethod
+    def _text_messages(item):
+        return [{"role": "user", "content": f"{IMAGE_PLACEHOLDER}\n{item['question']}"}]
+
+    async def collect_trajectories(self, item):
+        completion = await self.server.chat_completion(
+            messages=self._messages(item), n=self.config.group_size,
+            max_tokens=self.config.max_tokens, temperature=self.config.temperature,
+        )
+        group = new_group(with_logprobs=False)
+        group["images"] = []
+        for choice in completion.choices:
+            text = choice.message.content or ""
+            transcript = self._text_messages(item) + [{"role": "assistant", "content": text}]
+            tokens, masks = tokenize_chat(self.tokenizer, transcript)
+            score = score_count(text, item["answer"])
+            self.percent_correct.append(score)
+            group["tokens"].append(tokens)
+            group["masks"].append(masks)
+            group["scores"].append(score)
+            group["messages"].append(self._messages(item) + [{"role": "assistant", "content": text}])
+            group["images"].append(item["image"])
+        return group, []
+
+    async def evaluate(self, *args, **kwargs):
+        return await run_eval(
+            self, self.eval_items, self._messages,
+            lambda item, text, _r: score_count(text, item["answer"]),
+            max_tokens=self.config.max_tokens,
+        )
+
+    async def wandb_log(self, metrics=None):
+        metrics = dict(metrics or {})
+        if self.percent_correct:
+            metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
+            self.percent_correct = []
+        await super().wandb_log(metrics)
+
+    def save_checkpoint(self, step, data=None):
+        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
+
+
+if __name__ == "__main__":
+    MultimodalCountingEnv.cli()

@@ -1,0 +1,231 @@
+"""Function calling: answer a request with the right ``<tool_call>`` JSON for the given tools."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+if __package__ in (None, ""):  # run as `python environments/tool_calling_env.py ...`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from environments.common import (  # noqa: E402
+    add_rollout,
+    default_server,
+    default_tokenizer_name,
+    extract_tool_calls,
+    load_rows,
+    maybe_json,
+    new_group,
+    run_eval,
+)
+
+SYSTEM_TEMPLATE = (
+    "You are a function-calling assistant. You may call these tools:\n<tools>\n{tools}\n</tools>\n"
+    "Answer the user's request ONLY with the tool call(s) it needs, one per block:\n"
+    '<tool_call>{{"name": "tool_name", "arguments": {{"arg": "value"}}}}</tool_call>'
+)
+
+# ---------------------------------------------------------------- built-in offline task set
+_TOOLS = {
+    "get_weather": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"]},
+    },
+    "convert_currency": {
+        "name": "convert_currency",
+        "description": "Convert an amount between currencies (ISO codes).",
+        "parameters": {"type": "object", "properties": {
+            "amount": {"type": "number"}, "from_currency": {"type": "string"},
+            "to_currency": {"type": "string"}},
+            "required": ["amount", "from_currency", "to_currency"]},
+    },
+    "set_timer": {
+        "name": "set_timer",
+        "description": "Start a countdown timer.",
+        "parameters": {"type": "object", "properties": {"minutes": {"type": "integer"}},
+                       "required": ["minutes"]},
+    },
+}
+_CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Hanoi", "Perth"]
+_CURRENCIES = ["USD", "EUR", "JPY", "GBP", "CHF", "CAD"]
+
+
+def builtin_example(rng: random.Random) -> dict[str, Any]:
+    """A procedurally generated request in the xLAM schema (``query``, ``tools``, ``answers``)."""
+    kind = rng.choice(["weather", "currency", "timer", "two"])
+    if kind in ("weather", "two"):
+        city, unit = rng.choice(_CITIES), rng.choice(["celsius", "fahrenheit"])
+        calls = [{"name": "get_weather", "arguments": {"city": city, "unit": unit}}]
+        query = f"What's the weather in {city} right now, in {unit}?"
+        if kind == "two":
+            minutes = rng.randint(2, 90)
+            calls.append({"name": "set_timer", "arguments": {"minutes": minutes}})
+            query = f"Check the weather in {city} in {unit} and set a {minutes} minute timer."
+    elif kind == "currency":
+        amount = rng.choice([5, 20, 75, 120, 1000])
+        src, dst = rng.sample(_CURRENCIES, 2)
+        calls = [{"name": "convert_currency",
+                  "arguments": {"amount": amount, "from_currency": src, "to_currency": dst}}]
+        query = f"How much is {amount} {src} in {dst}?"
+    else:
+        minutes = rng.randint(1, 120)
+        calls = [{"name": "set_timer", "arguments": {"minutes": minutes}}]
+        query = f"Set a timer for {minutes} minutes, please."
+    return {"query": query, "tools": list(_TOOLS.values()), "answers": calls}
+
+
+# ---------------------------------------------------------------- scoring
+def _canonical(value: Any) -> Any:
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    return value
+
+
+def _key(call: dict[str, Any]) -> str:
+    return json.dumps({"name": call["name"], "arguments": _canonical(call["arguments"])},
+                      sort_keys=True)
+
+
+def calls_match(predicted: list[dict[str, Any]], expected: list[dict[str, Any]]) -> bool:
+    """Same multiset of calls (name + arguments; order-free; ``1`` equals ``1.0``)."""
+    return Counter(map(_key, predicted)) == Counter(map(_key, expected))
+
+
+def score_tool_calls(text: str, expected: list[dict[str, Any]]) -> float:
+    """+1.0 when the reply's tool calls equal the expected ones exactly, else -1.0."""
+    calls, malformed = extract_tool_calls(text)
+    return 1.0 if not malformed and calls_match(calls, expected) else -1.0
+
+
+class ToolCallingConfig(BaseEnvConfig):
+    """Settings of :class:`ToolCallingEnv`."""
+
+    dataset_name: str = Field(
+        default="Salesforce/xlam-function-calling-60k",
+        description="Hub id or local file with fields query, tools, answers (xLAM schema; "
+        "tools/answers may be JSON strings), or 'builtin' for generated offline tasks.",
+    )
+    dataset_config: str | None = Field(default=None, description="Hub dataset configuration.")
+    split: str = Field(default="train", description="Split to read.")
+    eval_fraction: float = Field(
+        default=0.05, gt=0, lt=1, description="Rows held out (seeded) for evaluate."
+    )
+    eval_limit: int = Field(default=100, ge=1, description="Evaluate on at most this many rows.")
+    limit: int | None = Field(default=None, description="Read at most this many rows.")
+    builtin_size: int = Field(default=500, ge=10, description="Rows generated for 'builtin'.")
+    seed: int = Field(default=42, description="Shuffle/generation seed.")
+    max_tokens: int = Field(default=256, ge=1, description="Completion budget per rollout.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+
+
+class ToolCallingEnv(BaseEnv):
+    """Single-turn tool calling scored against the reference calls (+1 exact, -1 otherwise)."""
+
+    name = "tool_calling"
+    env_config_cls = ToolCallingConfig
+
+    @classmethod
+    def config_init(cls):
+        return (
+            ToolCallingConfig(
+                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
+                wandb_name=cls.name, use_wandb=False,
+            ),
+            default_server(),
+        )
+
+    @staticmethod
+    def _item(row: dict[str, Any]) -> dict[str, Any]:
+        for field in ("query", "tools", "answers"):
+            if field not in row:
+                raise KeyError(f"row has no {field!r} (fields: {sorted(row)}); the tool-calling "
+                               "env reads the xLAM schema: query, tools, answers")
+        answers = maybe_json(row["answers"])
+        if isinstance(answers, dict):
+            answers = [answers]
+        for call in answers:
+            call["arguments"] = maybe_json(call.get("arguments", {}))
+        return {"query": str(row["query"]), "tools": maybe_json(row["tools"]), "answers": answers}
+
+    async def setup(self) -> None:
+        c = self.config
+        rng = random.Random(c.seed)
+        if c.dataset_name == "builtin":
+            rows = [builtin_example(rng) for _ in range(c.builtin_size)]
+        else:
+            rows = load_rows(c.dataset_name, c.split, c.dataset_config, c.limit)
+        items = [self._item(r) for r in rows]
+        rng.shuffle(items)
+        n_eval = min(c.eval_limit, max(1, int(len(items) * c.eval_fraction)))
+        if len(items) < 2:
+            raise ValueError("the tool-calling dataset needs at least 2 rows (train + eval)")
+        self.eval_items, self.train = items[:n_eval], items[n_eval:]
+        self.iter = 0
+        self.percent_correct: list[float] = []
+
+    async def get_next_item(self):
+        item = self.train[self.iter % len(self.train)]
+        self.iter += 1
+        return item
+
+    @staticmethod
+    def _messages(item):
+        tools = "\n".join(json.dumps(t) for t in item["tools"])
+        return [{"role": "system", "content": SYSTEM_TEMPLATE.format(tools=tools)},
+                {"role": "user", "content": item["query"]}]
+
+    async def collect_trajectories(self, item):
+        messages = self._messages(item)
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(
+                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
+            )
+            nodes = managed.get_state()["nodes"]
+        group = new_group()
+        for choice, node in zip(completion.choices, nodes, strict=True):
+            text = choice.message.content or ""
+            score = score_tool_calls(text, item["answers"])
+            self.percent_correct.append(float(score > 0))
+            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
+        return group, []
+
+    async def evaluate(self, *args, **kwargs):
+        return await run_eval(
+            self, self.eval_items, self._messages,
+            lambda item, text, _r: float(score_tool_calls(text, item["answers"]) > 0),
+            max_tokens=self.config.max_tokens,
+        )
+
+    async def wandb_log(self, metrics=None):
+        metrics = dict(metrics or {})
+        if self.percent_correct:
+            metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
+            self.percent_correct = []
+        await super().wandb_log(metrics)
+
+    def save_checkpoint(self, step, data=None):
+        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
+
+
+if __name__ == "__main__":
+    ToolCallingEnv.cli()
