@@ -17,7 +17,6 @@ Blob layout (little-endian)::
 
 from __future__ import annotations
 
-import itertools
 import struct
 from typing import Any
 
@@ -36,16 +35,20 @@ _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 _I32 = np.iinfo(np.int32)
 
 
-def _pack_ints(rows: list[list[int]], total: int) -> np.ndarray | None:
+def _pack_ints(rows: list[list[int]]) -> np.ndarray | None:
     """Flatten int rows to int32 (or int64); None when a value does not fit int64."""
-    flat = itertools.chain.from_iterable(rows)
     try:
-        arr = np.fromiter(flat, dtype=np.int64, count=total)
+        arr = np.concatenate([np.array(r, dtype=np.int64) for r in rows])
     except (OverflowError, ValueError, TypeError):
         return None
-    if total and (arr.min() < _I32.min or arr.max() > _I32.max):
+    if arr.size and (arr.min() < _I32.min or arr.max() > _I32.max):
         return arr
     return arr.astype(np.int32)
+
+
+def _pack_floats(rows: list[list[float]]) -> np.ndarray:
+    """Flatten float rows to float64 (exact for Python floats)."""
+    return np.concatenate([np.array(r, dtype=np.float64) for r in rows])
 
 
 def encode_group(group: Any) -> bytes:
@@ -62,16 +65,15 @@ def encode_group(group: Any) -> bytes:
     get = group.get if isinstance(group, dict) else (lambda k: getattr(group, k))
     tokens = get("tokens")
     rows = [len(r) for r in tokens]
-    total = sum(rows)
     arrays: list[tuple[str, np.ndarray]] = []
     rest: dict[str, Any] = {}
     for name in GROUP_FIELDS:
         value = get(name)
         packed = None
         if value is not None and name in INT_FIELDS:
-            packed = _pack_ints(value, total)
+            packed = _pack_ints(value)
         elif value is not None and name in FLOAT_FIELDS:
-            packed = np.fromiter(itertools.chain.from_iterable(value), np.float64, count=total)
+            packed = _pack_floats(value)
         if packed is None:
             rest[name] = value
         else:
