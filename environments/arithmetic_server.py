@@ -1,0 +1,286 @@
+"""Procedurally generated arithmetic ("What is 7 + 12?") scored with math-verify: a CPU-sized RL task.
+
+Designed so the bundled SmolLM2-135M-Instruct shows learning within minutes on a CPU: at
+difficulty 2 (operands 1..20, addition) its greedy accuracy is about 35% and about 10% of
+temperature-1.0 samples are right, with about half of the groups of 8 holding at least one right
+answer, so the GRPO reward is not sparse. A reply counts as correct when it ends on its own
+(``finish_reason == "stop"``, within ``max_tokens``) and math-verify finds the right number
+(the last number of the reply).
+
+No dataset: problems come from a seeded generator. Operand pairs are split into train and
+held-out pairs by a fixed hash, so ``evaluate`` (greedy, temperature 0) measures accuracy on
+problems the policy never trains on.
+
+Run it (see ``atropos-launch configs/quickstart-cpu.yaml`` for the whole loop)::
+
+    python environments/arithmetic_server.py serve --env.difficulty 2 \
+        --openai.base_url http://127.0.0.1:9100/v1 --openai.model_name smollm2
+    python environments/arithmetic_server.py evaluate --openai.base_url http://127.0.0.1:9100/v1
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+if __package__ in (None, ""):  # run as `python environments/arithmetic_server.py ...`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB  # noqa: E402
+from atroposlib.envs.base import (  # noqa: E402
+    APIServerConfig,
+    BaseEnv,
+    BaseEnvConfig,
+    ScoredDataGroup,
+)
+
+#: difficulty -> (smallest operand, largest operand, operators)
+DIFFICULTIES: dict[int, tuple[int, int, tuple[str, ...]]] = {
+    1: (1, 9, ("+",)),
+    2: (1, 20, ("+",)),
+    3: (1, 50, ("+", "-")),
+    4: (1, 99, ("+", "-")),
+    5: (2, 30, ("+", "-", "*")),
+}
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+PROMPT = "What is {a} {op} {b}? Answer with just the number."
+
+
+def _bundled_dir() -> str:
+    root = os.environ.get("ATROPOS_CACHE_DIR") or str(Path.home() / ".cache" / "atroposlib")
+    return str(Path(root) / "bundled" / "SmolLM2-135M-Instruct")
+
+
+def is_heldout(a: int, op: str, b: int, fraction: float) -> bool:
+    """Whether problem ``a op b`` belongs to the held-out (evaluation) split.
+
+    A fixed multiplicative hash of the operands, independent of any seed, so train and eval
+    never share a problem.
+
+    Args:
+        a: first operand.
+        op: operator symbol.
+        b: second operand.
+        fraction: share of problems held out, in [0, 1).
+
+    Returns:
+        True for held-out problems.
+    """
+    h = (a * 1_000_003 + b * 7_919 + ord(op) * 104_729) * 2_654_435_761 % 2**32
+    return h / 2**32 < fraction
+
+
+def make_problem(rng: random.Random, difficulty: int, heldout: bool, fraction: float) -> dict[str, Any]:
+    """Draw one problem of the requested split.
+
+    Args:
+        rng: random source.
+        difficulty: key of :data:`DIFFICULTIES`.
+        heldout: draw from the held-out split (True) or the training split (False).
+        fraction: held-out share (see :func:`is_heldout`).
+
+    Returns:
+        ``{"a", "op", "b", "answer", "question"}``.
+
+    Raises:
+        ValueError: unknown difficulty.
+    """
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTIES)}, got {difficulty}")
+    lo, hi, ops = DIFFICULTIES[difficulty]
+    while True:
+        a, b, op = rng.randint(lo, hi), rng.randint(lo, hi), rng.choice(ops)
+        if op == "-" and b > a:
+            a, b = b, a
+        if is_heldout(a, op, b, fraction) == heldout:
+            answer = _OPS[op](a, b)
+            return {"a": a, "op": op, "b": b, "answer": answer,
+                    "question": PROMPT.format(a=a, op=op, b=b)}
+
+
+def heldout_problems(difficulty: int, fraction: float, size: int, seed: int) -> list[dict[str, Any]]:
+    """The evaluation set: up to ``size`` DISTINCT held-out problems in a seeded order.
+
+    Args:
+        difficulty: key of :data:`DIFFICULTIES`.
+        fraction: held-out share (see :func:`is_heldout`).
+        size: problems wanted (fewer when the held-out split is smaller).
+        seed: shuffling seed.
+
+    Returns:
+        Problems as in :func:`make_problem`.
+
+    Raises:
+        ValueError: unknown difficulty.
+    """
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTIES)}, got {difficulty}")
+    lo, hi, ops = DIFFICULTIES[difficulty]
+    problems = [
+        {"a": a, "op": op, "b": b, "answer": _OPS[op](a, b),
+         "question": PROMPT.format(a=a, op=op, b=b)}
+        for op in ops for a in range(lo, hi + 1) for b in range(lo, hi + 1)
+        if not (op == "-" and b > a) and is_heldout(a, op, b, fraction)
+    ]
+    random.Random(seed).shuffle(problems)
+    return problems[:size]
+
+
+def score_reply(text: str, answer: int, finish_reason: str | None) -> float:
+    """1.0 when the reply stopped by itself and its final number equals ``answer``, else 0.0.
+
+    The final number is extracted and compared with math-verify (``parse`` / ``verify``).
+
+    Args:
+        text: the assistant reply.
+        answer: the true result.
+        finish_reason: the sampler's finish reason ("stop" or "length").
+
+    Returns:
+        1.0 or 0.0.
+    """
+    if finish_reason == "length":
+        return 0.0
+    from math_verify import parse, verify
+
+    # math-verify's timeouts use signal.alarm, which only works in the main thread.
+    kw: dict[str, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        kw = {"parsing_timeout": None}
+    predicted = parse(text, **kw)
+    if not predicted:
+        return 0.0
+    gold = parse(str(answer), **kw)
+    vkw = {"timeout_seconds": None} if kw else {}
+    return 1.0 if verify(gold, predicted, **vkw) else 0.0
+
+
+class ArithmeticEnvConfig(BaseEnvConfig):
+    """Settings of :class:`ArithmeticEnv`."""
+
+    difficulty: int = Field(default=2, ge=1, le=max(DIFFICULTIES),
+                            description="1: a+b with 1..9; 2: 1..20; 3: +,- with 1..50; "
+                            "4: +,- with 1..99; 5: +,-,* with 2..30.")
+    max_tokens: int = Field(default=24, ge=1, description="Completion budget per rollout; "
+                            "a reply cut off by it scores 0.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for training rollouts.")
+    seed: int = Field(default=0, description="Seed of the training-problem generator.")
+    eval_size: int = Field(default=100, ge=1, description="Distinct held-out problems in the evaluation "
+                           "set (all of them when the split is smaller).")
+    eval_seed: int = Field(default=1234, description="Seed of the evaluation-set generator.")
+    eval_temperature: float = Field(default=0.0, ge=0, description="Evaluation temperature (0 = greedy).")
+    heldout_fraction: float = Field(default=0.25, gt=0, lt=1,
+                                    description="Share of operand pairs reserved for evaluation.")
+
+
+class ArithmeticEnv(BaseEnv):
+    """Arithmetic questions; reward 1 for the right number in a reply that stops by itself."""
+
+    name = "arithmetic"
+    env_config_cls = ArithmeticEnvConfig
+
+    @classmethod
+    def config_init(cls) -> tuple[ArithmeticEnvConfig, list[APIServerConfig]]:
+        """Defaults: bundled tokenizer, groups of 8, the dev vLLM at 127.0.0.1:9100."""
+        config = ArithmeticEnvConfig(
+            tokenizer_name=_bundled_dir(), group_size=8, max_token_length=256,
+            wandb_name=cls.name, use_wandb=False, steps_per_eval=10_000,
+        )
+        server = APIServerConfig(model_name="smollm2", base_url="http://127.0.0.1:9100/v1",
+                                 api_key="x", server_type="vllm", num_requests_for_eval=64)
+        return config, [server]
+
+    async def setup(self) -> None:
+        """Seed the training generator and build the fixed held-out evaluation set."""
+        cfg = self.config
+        self.rng = random.Random(cfg.seed)
+        self.eval_items = heldout_problems(cfg.difficulty, cfg.heldout_fraction, cfg.eval_size,
+                                           cfg.eval_seed)
+        self.iter = 0
+        self.train_correct: list[float] = []
+
+    async def get_next_item(self) -> dict[str, Any]:
+        """A fresh training-split problem."""
+        self.iter += 1
+        return make_problem(self.rng, self.config.difficulty, False, self.config.heldout_fraction)
+
+    @staticmethod
+    def messages(item: dict[str, Any]) -> list[dict[str, str]]:
+        """The chat prompt of a problem (the model's default system prompt is kept)."""
+        return [{"role": "user", "content": item["question"]}]
+
+    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredDataGroup | None, list]:
+        """Sample ``group_size`` replies with exact tokens and sampler log-probs, then score them."""
+        messages = self.messages(item)
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(
+                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
+            )
+            nodes = managed.get_state()["nodes"]
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[],
+                                messages=[] if self.config.include_messages else None,
+                                generation_params={"temperature": self.config.temperature})
+        for choice, node in zip(completion.choices, nodes, strict=True):
+            text = choice.message.content or ""
+            score = score_reply(text, item["answer"], choice.finish_reason)
+            self.train_correct.append(score)
+            self.completion_lengths.append(sum(1 for m in node.masked_tokens if m != IGNORE_INDEX))
+            group["tokens"].append(list(node.tokens))
+            group["masks"].append(list(node.masked_tokens))
+            group["inference_logprobs"].append(
+                [lp if m != IGNORE_INDEX else MASKED_LOGPROB
+                 for lp, m in zip(node.logprobs, node.masked_tokens, strict=True)])
+            group["scores"].append(score)
+            if group["messages"] is not None:
+                group["messages"].append(messages + [{"role": "assistant", "content": text}])
+        return group, []
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """Accuracy on the held-out set (greedy by default); writes metrics via ``evaluate_log``."""
+        cfg = self.config
+        start = time.time()
+        sem = asyncio.Semaphore(max(1, cfg.max_eval_workers))
+
+        async def one(item: dict[str, Any]) -> dict[str, Any]:
+            async with sem:
+                completion = await self.server.chat_completion(
+                    messages=self.messages(item), n=1, max_tokens=cfg.max_tokens,
+                    temperature=cfg.eval_temperature, split="eval",
+                )
+            choice = completion.choices[0]
+            text = choice.message.content or ""
+            return {"question": item["question"], "answer": item["answer"], "reply": text,
+                    "finish_reason": choice.finish_reason,
+                    "correct": score_reply(text, item["answer"], choice.finish_reason)}
+
+        samples = await asyncio.gather(*(one(item) for item in self.eval_items))
+        accuracy = sum(s["correct"] for s in samples) / len(samples)
+        stopped = sum(s["finish_reason"] != "length" for s in samples) / len(samples)
+        metrics = {"eval/accuracy": accuracy, "eval/stopped_fraction": stopped,
+                   "eval/num_problems": float(len(samples))}
+        self.evaluate_log(metrics, start_time=start, samples=samples,
+                          generation_parameters={"temperature": cfg.eval_temperature,
+                                                 "max_tokens": cfg.max_tokens})
+        return metrics
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Add the training accuracy of the rollouts since the last call."""
+        metrics = dict(metrics or {})
+        if self.train_correct:
+            metrics["train/percent_correct"] = sum(self.train_correct) / len(self.train_correct)
+            self.train_correct = []
+        await super().wandb_log(metrics)
+
+
+if __name__ == "__main__":
+    ArithmeticEnv.cli()
