@@ -185,12 +185,25 @@ class SqliteStore:
             synchronous: ``"NORMAL"`` or ``"FULL"`` (see the module docstring).
 
         Raises:
-            ValueError: the file was written by a newer, incompatible schema.
+            ValueError: the file is locked by another server, or was written by a newer,
+                incompatible schema.
         """
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=0.5)
+        # one server per file: a second run-api on the same --db would serve the same groups
+        self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            self._db.close()
+            raise ValueError(
+                f"cannot lock {self.path} ({exc}): another run-api is probably using this --db; "
+                "stop it or pass a different --db file"
+            ) from exc
         self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'FULL' else 'NORMAL'}")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > _SCHEMA_VERSION:

@@ -383,3 +383,48 @@ async def test_openapi_documents_every_endpoint(client: httpx.AsyncClient) -> No
     assert all(p.get("description") for p in scored["properties"].values())
     assert "$ref" in str(paths["/scored_data"]["post"]["requestBody"])
     assert "ObserveResponse" in schema["components"]["schemas"]
+
+
+async def test_silent_env_stops_holding_its_minimum() -> None:
+    import asyncio
+
+    app = make_app(env_heartbeat_timeout_s=0.3)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:
+        await start_trainer(c, batch_size=2)
+        a = await register_env(c, group_size=1, name="a")
+        b = await register_env(c, group_size=1, name="b", min_batch_allocation=0.5)
+        for i in range(2):
+            await c.post("/scored_data", json=make_group(1, env_id=a, seed=i))
+        assert (await c.get("/batch")).json() == {"batch": None}  # waiting for b
+        for _ in range(3):  # a keeps polling; b stays silent past the heartbeat timeout
+            await asyncio.sleep(0.15)
+            await c.get("/status-env", params={"env_id": a})
+        assert len((await c.get("/batch")).json()["batch"]) == 2
+        # b speaks again: its minimum applies again
+        await c.get("/status-env", params={"env_id": b})
+        for i in range(2):
+            await c.post("/scored_data", json=make_group(1, env_id=a, seed=5 + i))
+        assert (await c.get("/batch")).json() == {"batch": None}
+
+
+async def test_cors_is_off_by_default_and_never_allows_credentials() -> None:
+    preflight = {"Origin": "http://evil.example", "Access-Control-Request-Method": "GET"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=make_app()),
+                                 base_url="http://api") as c:
+        response = await c.get("/info", headers={"Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in response.headers
+    app = make_app(cors_origins=["http://dash.local"], api_key="k")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:
+        ok = await c.options("/info", headers={**preflight, "Origin": "http://dash.local"})
+        assert ok.headers["access-control-allow-origin"] == "http://dash.local"
+        assert "access-control-allow-credentials" not in ok.headers
+        evil = await c.options("/info", headers=preflight)
+        assert evil.headers.get("access-control-allow-origin") != "http://evil.example"
+
+
+async def test_batch_reports_server_timing_and_step_in_status(client) -> None:
+    await start_trainer(client, batch_size=2)
+    await client.post("/scored_data", json=make_group(2))
+    response = await client.get("/batch")
+    assert response.headers["server-timing"].startswith("app;dur=")
+    assert (await client.get("/status")).json() == {"current_step": 1, "queue_size": 0}

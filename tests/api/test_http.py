@@ -137,10 +137,16 @@ def test_kill_9_loses_no_acked_group_and_serves_none_twice(tmp_path) -> None:
         everything = served_before + served_after
         assert len(everything) == len(set(everything)), "a group was served twice"
         assert set(acked) <= set(everything), "an acknowledged group was lost"
+        # /observe survived: cursors are persisted and keep increasing after the restart
+        observed = get(again, "/observe", params={"after": 0, "limit": 1000}).json()
+        cursors = [g["cursor"] for g in observed["groups"]]
+        assert cursors == sorted(set(cursors)) and observed["next_cursor"] >= len(acked)
         # the registered env and its buffered partial group survived too
         merged = post(again, "/scored_data", make_group(1, env_id=env, seed=10_001))
         assert merged.json() == {"status": "buffered", "buffer_size": 0}
         assert get(again, "/status-env", params={"env_id": env}).status_code == 200
+        after_restart = get(again, "/observe", params={"after": observed["next_cursor"]}).json()
+        assert [g["cursor"] for g in after_restart["groups"]] == [observed["next_cursor"] + 1]
         [merged_group] = drain(again)
         assert merged_group["tokens"] == (make_group(1, seed=10_000)["tokens"]
                                           + make_group(1, seed=10_001)["tokens"])
@@ -168,5 +174,19 @@ def test_reload_mode_starts(flag: str, tmp_path) -> None:
     try:
         assert post(api, "/scored_data", make_group(1)).json() == {"status": "received"}
         assert get(api, "/status").json()["queue_size"] == 1
+    finally:
+        api.stop()
+
+
+def test_second_server_on_same_db_is_refused(tmp_path) -> None:
+    db = tmp_path / "one.db"
+    api = start_run_api(db=db)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "atroposlib.cli.run_api", "--port", "0", "--db", str(db)],
+            capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2
+        assert "another run-api" in result.stderr
+        assert get(api, "/status").status_code == 200
     finally:
         api.stop()
