@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
 from atroposlib.envs.base import APIServerConfig, ScoredDataGroup
 from atroposlib.errors import ConfigError
 from atroposlib.type_definitions import Message
@@ -127,32 +126,6 @@ def add_rollout(group: ScoredDataGroup, node: Any, score: float, messages: list[
     group["inference_logprobs"].append(list(node.logprobs))
     group["scores"].append(float(score))
     group["messages"].append(messages)
-
-
-def _template_ids(tokenizer: Any, chat: list[Message], add_generation_prompt: bool) -> list[int]:
-    """Token ids of the rendered chat (works whether the tokenizer returns ids or a dict)."""
-    text = tokenizer.apply_chat_template(
-        chat, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def tokenize_chat(tokenizer: Any, chat: list[Message]) -> tuple[list[int], list[int]]:
-    """Tokens and masks of a chat whose LAST message (the assistant's) is trained.
-
-    For completions that did not come through ``managed_server`` (e.g. multimodal chat, where
-    the image tokens are the server's business): ``tokens = template(chat)``, ``masks`` are
-    ``-100`` over ``template(chat[:-1], add_generation_prompt=True)`` and the token ids after.
-
-    Returns:
-        ``(tokens [T], masks [T])``.
-    """
-    tokens = _template_ids(tokenizer, chat, add_generation_prompt=False)
-    prefix = _template_ids(tokenizer, chat[:-1], add_generation_prompt=True)
-    n = 0  # longest common prefix: everything the assistant turn did not add stays masked
-    while n < min(len(tokens), len(prefix)) and tokens[n] == prefix[n]:
-        n += 1
-    return tokens, [IGNORE_INDEX] * n + tokens[n:]
 
 
 # ----------------------------------------------------------------------------- procedural words
@@ -352,26 +325,18 @@ async def run_eval(
     return metrics
 
 
-def masked_only_prompt(node: Any) -> bool:
-    """True when a node trains on no token (e.g. an empty completion)."""
-    return all(m == IGNORE_INDEX for m in node.masked_tokens)
-
-
 __all__ = [
     "DEFAULT_BASE_URL",
     "Episode",
-    "MASKED_LOGPROB",
     "add_rollout",
     "default_server",
     "default_tokenizer_name",
     "extract_answer_tag",
     "extract_tool_calls",
     "load_rows",
-    "masked_only_prompt",
     "make_word",
     "maybe_json",
     "new_group",
     "run_episode",
     "run_eval",
-    "tokenize_chat",
 ]

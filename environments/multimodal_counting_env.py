@@ -16,13 +16,13 @@ if __package__ in (None, ""):  # run as `python environments/multimodal_counting
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer  # noqa: E402
 from environments.common import (  # noqa: E402
     default_server,
     default_tokenizer_name,
     extract_answer_tag,
     new_group,
     run_eval,
-    tokenize_chat,
 )
 
 COLORS = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 70, 220),
@@ -164,7 +164,9 @@ class MultimodalCountingEnv(BaseEnv):
         for choice in completion.choices:
             text = choice.message.content or ""
             transcript = self._text_messages(item) + [{"role": "assistant", "content": text}]
-            tokens, masks = tokenize_chat(self.tokenizer, transcript)
+            tokenized = tokenize_for_trainer(self.tokenizer, transcript,
+                                             finish_reason=str(choice.finish_reason))
+            tokens, masks = tokenized["tokens"], tokenized["masks"]
             score = score_count(text, item["answer"])
             self.percent_correct.append(score)
             group["tokens"].append(tokens)
