@@ -188,8 +188,10 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
         "serve | process | evaluate. Layering: config_init < --config YAML < flags.",
     )
     sub = parser.add_subparsers(dest="mode", metavar="{serve,process,evaluate}", required=True)
+    parser.mode_parsers = {}  # type: ignore[attr-defined]
     for mode in MODES:
         mode_parser = sub.add_parser(mode, help=_MODE_HELP[mode], description=_MODE_HELP[mode])
+        parser.mode_parsers[mode] = mode_parser  # type: ignore[attr-defined]
         mode_parser.add_argument(
             "--config",
             default=None,
@@ -215,12 +217,13 @@ def parse_args(
     """
     parser = build_parser(env_cls)
     namespace, unknown = parser.parse_known_args(argv)
+    mode_parser = parser.mode_parsers[namespace.mode]  # type: ignore[attr-defined]
     if unknown:
-        parser.error(unknown_flag_message(unknown, parser))
+        mode_parser.error(unknown_flag_message(unknown, mode_parser))
     try:
         env_config, servers, manager = build_configs(env_cls, namespace.mode, namespace)
     except ConfigError as exc:
-        parser.error(str(exc))
+        mode_parser.error(str(exc))
     return namespace.mode, env_config, servers, manager
 
 

@@ -181,3 +181,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 __all__ = ["generate_html", "main", "render_groups"]
+
+
+if __name__ == "__main__":
+    main()

@@ -77,6 +77,7 @@ class FakeServer(APIServer):
         model_name: str = "fake",
         config: APIServerConfig | None = None,
         latency: float = 0.0,
+        ignore_n: bool = False,
     ):
         """Create a fake server.
 
@@ -88,6 +89,8 @@ class FakeServer(APIServer):
             model_name: the model name reported in responses.
             config: server settings (defaults: no health checks, no URL).
             latency: seconds each request sleeps (to exercise concurrency limits).
+            ignore_n: answer every chat/completion request with ONE choice, like servers that
+                ignore ``n`` (exercises the fan-out fallback).
         """
         super().__init__(
             config
@@ -104,6 +107,7 @@ class FakeServer(APIServer):
         self._tokenizer = tokenizer
         self._tokenizer_factory: Callable[[], Any] | None = None
         self.latency = latency
+        self.ignore_n = ignore_n
         self.requests: list[FakeRequest] = []
         self.healthy = True
         self._failures: list[BaseException] = []
@@ -161,7 +165,7 @@ class FakeServer(APIServer):
 
     def _choices(self, request: FakeRequest, max_tokens: int | None) -> list[tuple[str, str]]:
         out = []
-        for index in range(request.n):
+        for index in range(1 if self.ignore_n else request.n):
             request.index = index
             text, reason = self._reply(request)
             if max_tokens is not None and self.tokenizer is not None:

@@ -128,14 +128,21 @@ def collect_overrides(namespace: argparse.Namespace, prefixes: list[str]) -> dic
 
 
 def unknown_flag_message(unknown: list[str], parser: argparse.ArgumentParser) -> str:
-    """Build an error naming each unknown flag and the closest known ones."""
+    """Build an error naming each unknown flag and the closest known ones.
+
+    A bare value right after an unknown flag (``--env.typo 8``) is taken as that flag's value.
+    """
     known = [s for action in parser._actions for s in action.option_strings]
     lines = []
+    previous_was_flag = False
     for arg in unknown:
         if not arg.startswith("-"):
-            lines.append(f"unexpected argument {arg!r}")
+            if not previous_was_flag:
+                lines.append(f"unexpected argument {arg!r}")
+            previous_was_flag = False
             continue
         flag = arg.split("=", 1)[0]
+        previous_was_flag = "=" not in arg
         close = difflib.get_close_matches(flag, known, n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else "; see --help for all options"
         lines.append(f"unknown option {flag}{hint}")

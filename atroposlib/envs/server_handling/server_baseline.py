@@ -329,6 +329,9 @@ class APIServer(ABC):
     retried once per request layer (3 attempts in total).
     """
 
+    #: Backoff between attempts (tenacity wait); tests may set ``wait_none()`` on an instance.
+    retry_wait: Any = wait_random_exponential(multiplier=1, max=10)
+
     def __init__(
         self,
         config: APIServerConfig | ServerBaseline,
@@ -517,7 +520,7 @@ class APIServer(ABC):
             async with sem:
                 async for attempt in AsyncRetrying(
                     stop=stop_after_attempt(REQUEST_ATTEMPTS),
-                    wait=wait_random_exponential(multiplier=1, max=10),
+                    wait=self.retry_wait,
                     retry=retry_if_exception(is_transient_error),
                     reraise=True,
                 ):

@@ -1,0 +1,218 @@
+"""APIServer / ServerManager / OpenAIServer / ManagedServer behaviour (fake backends, real HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from tenacity import wait_none
+
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServerConfig,
+    AsyncSemWithAdaptiveWeight,
+    ReasoningConfig,
+    ServerBaseline,
+)
+from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.errors import InferenceUnavailableError
+from atroposlib.testing.fake_server import FakeOpenAIServer, FakeServer, fake_logprob
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _fake(**kw) -> FakeServer:
+    server = FakeServer(**kw)
+    server.retry_wait = wait_none()
+    return server
+
+
+def test_single_config_is_honoured_not_replaced_by_localhost_ports():
+    manager = ServerManager(APIServerConfig(base_url="http://myhost:9001/v1", api_key="secret"))
+    assert len(manager.servers) == 1
+    server = manager.servers[0]
+    assert isinstance(server, OpenAIServer)
+    assert server.config.base_url == "http://myhost:9001/v1" and server.config.api_key == "secret"
+
+
+def test_bare_baseline_synthesises_urls_and_slurm_parses_infer_tp(monkeypatch):
+    manager = ServerManager(ServerBaseline(model_name="m"))
+    assert [s.config.base_url for s in manager.servers] == [
+        f"http://localhost:{p}/v1" for p in (9004, 9005, 9006, 9007)]
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "train0,infer1,infer2")
+    monkeypatch.setenv("NUM_TRAINING_NODES", "1")
+    monkeypatch.setenv("INFER_TP", "2")  # a string: upstream crashed with a TypeError here
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: fall back to the comma list
+    manager = ServerManager(ServerBaseline(model_name="m"))
+    urls = [s.config.base_url for s in manager.servers]
+    assert urls == [f"http://infer{n}:{9000 + i}/v1" for n in (1, 2) for i in range(4)]
+
+
+async def test_large_n_is_split_and_merged():
+    server = _fake(responses=[f"r{i}" for i in range(20)])
+    manager = ServerManager([server], max_n_completions=8)
+    completion = await manager.chat_completion(messages=MSG, n=20)
+    assert [c.index for c in completion.choices] == list(range(20))
+    assert sorted(r.n for r in server.requests) == [4, 8, 8]
+
+
+async def test_least_busy_routing_and_per_server_concurrency_limit():
+    config = APIServerConfig(base_url=None, health_check=False, num_max_requests_at_once=2)
+    a, b = _fake(config=config, latency=0.2), _fake(config=config.model_copy(), latency=0.2)
+    manager = ServerManager([a, b])
+    start = time.perf_counter()
+    await asyncio.gather(*(manager.chat_completion(messages=MSG, n=1) for _ in range(8)))
+    elapsed = time.perf_counter() - start
+    assert len(a.requests) == 4 and len(b.requests) == 4
+    assert a.max_concurrency_seen == 2 and b.max_concurrency_seen == 2
+    assert elapsed >= 0.4  # 8 requests / (2 servers x 2 slots) x 0.2 s
+
+
+async def test_unhealthy_server_is_skipped():
+    a, b = _fake(), _fake()
+    a.set_healthy(False)
+    manager = ServerManager([a, b])
+    for _ in range(3):
+        await manager.chat_completion(messages=MSG)
+    assert len(a.requests) == 0 and len(b.requests) == 3
+
+
+async def test_waiting_for_health_has_a_timeout():
+    server = _fake(config=APIServerConfig(base_url=None, health_check=False, timeout=1))
+    server.set_healthy(False)
+    start = time.perf_counter()
+    with pytest.raises(InferenceUnavailableError, match="stayed unhealthy"):
+        await ServerManager([server]).chat_completion(messages=MSG)
+    assert 0.9 <= time.perf_counter() - start < 5
+
+
+async def test_transient_errors_retried_three_times_total_and_others_not_at_all():
+    server = _fake()
+    server.fail_next(5)
+    with pytest.raises(httpx.ConnectError):
+        await ServerManager([server]).chat_completion(messages=MSG)
+    assert len(server.requests) == 3  # one retry layer (upstream stacked up to 9 attempts)
+    server = _fake()
+    server.fail_next(2)
+    completion = await ServerManager([server]).chat_completion(messages=MSG)
+    assert len(completion.choices) == 1 and len(server.requests) == 3
+    server = _fake()
+    server.fail_next(1, ValueError("bad request shape"))
+    with pytest.raises(ValueError):
+        await ServerManager([server]).chat_completion(messages=MSG)
+    assert len(server.requests) == 1
+    metrics = ServerManager([server, _fake()]).wandb_metrics()
+    assert "server/server_0_failed_requests" in metrics and "server/server_1_failed_requests" in metrics
+
+
+async def test_adaptive_semaphore_weight_limits_concurrency():
+    sem = AsyncSemWithAdaptiveWeight(4)
+    sem.update_weight(0.5)
+    active = peak = 0
+
+    async def job():
+        nonlocal active, peak
+        async with sem:
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.02)
+            active -= 1
+
+    await asyncio.gather(*(job() for _ in range(10)))
+    assert peak == 2
+    sem.update_weight(1.0)
+    peak = 0
+    await asyncio.gather(*(job() for _ in range(10)))
+    assert peak == 4 and sem.value == 4
+
+
+async def test_openai_server_over_http_health_is_get_models_and_n_fallback():
+    fake = FakeServer(ignore_n=True)
+    with FakeOpenAIServer(fake) as http_server:
+        config = APIServerConfig(base_url=http_server.base_url, api_key="k", model_name="fake")
+        manager = ServerManager(config)
+        server = manager.servers[0]
+        assert await server.check_health() is True
+        assert fake.requests == []  # the health check sent no completion
+        completion = await manager.chat_completion(messages=MSG, n=3, max_tokens=5)
+        assert len(completion.choices) == 3 and [c.index for c in completion.choices] == [0, 1, 2]
+        assert server.config.n_kwarg_is_ignored is True
+        assert len(fake.requests) == 3  # 1 probe + 2 fan-out
+        fake.requests.clear()
+        await manager.chat_completion(messages=MSG, n=1)
+        assert len(fake.requests) == 1  # upstream sent a second, wasted request here
+        text = await manager.completion(prompt="Once", n=2)
+        assert len(text.choices) == 2
+        http_server.stop()
+        assert await server.check_health() is False
+        await manager.aclose()
+
+
+async def test_managed_server_requires_token_logprobs_unless_dummy_allowed(monkeypatch):
+    manager = ServerManager(APIServerConfig(base_url="http://127.0.0.1:9/v1", health_check=False))
+    with pytest.raises(NotImplementedError, match="server_type 'vllm'"):
+        async with manager.managed_server(tokenizer=object()):
+            pass
+    monkeypatch.setenv("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "1")
+    async with manager.managed_server(tokenizer=object()) as managed:
+        assert isinstance(managed, DummyManagedServer)
+    await manager.aclose()
+
+
+async def test_managed_multi_turn_extends_nodes_and_keeps_earlier_turns_trained(tiny_tokenizer):
+    server = _fake(responses=["first answer", "second answer"], tokenizer=tiny_tokenizer)
+    manager = ServerManager([server])
+    async with manager.managed_server(tokenizer=tiny_tokenizer) as managed:
+        first = await managed.chat_completion(messages=MSG, n=1, max_tokens=50)
+        node1 = managed.get_state()["nodes"][0]
+        turn2 = MSG + [{"role": "assistant", "content": first.choices[0].message.content},
+                       {"role": "user", "content": "more"}]
+        await managed.chat_completion(messages=turn2, n=1, max_tokens=50)
+        nodes = managed.get_state()["nodes"]
+    assert len(nodes) == 1  # extended in place
+    node2 = nodes[0]
+    assert node2.tokens[: len(node1.tokens)] == node1.tokens  # exact earlier tokens reused
+    assert node2.masked_tokens[: len(node1.tokens)] == node1.masked_tokens  # turn 1 still trained
+    assert node2.logprobs[: len(node1.tokens)] == node1.logprobs
+    trained = [t for t, m in zip(node2.tokens, node2.masked_tokens, strict=True) if m != IGNORE_INDEX]
+    text = tiny_tokenizer.decode(trained)
+    assert "first answer" in text and "second answer" in text and "more" not in text
+    for tok, mask, lp in zip(node2.tokens, node2.masked_tokens, node2.logprobs, strict=True):
+        assert lp == (MASKED_LOGPROB if mask == IGNORE_INDEX else fake_logprob(tok))
+    assert node2.metadata["finish_reason"] == "stop"
+    # The second request was sent as token ids that start with the first node's tokens.
+    assert server.requests[-1].kwargs["input_ids"][: len(node1.tokens)] == node1.tokens
+
+
+async def test_managed_completion_mode_also_extends(tiny_tokenizer):
+    server = _fake(responses=[" world", "!"], tokenizer=tiny_tokenizer)
+    managed = ManagedServer(server, tiny_tokenizer)
+    c1 = await managed.completion(prompt="hello", max_tokens=20)
+    node1 = managed.get_state()["nodes"][0]
+    await managed.completion(prompt="hello" + c1.choices[0].text + "<|im_end|> again", max_tokens=20)
+    node2 = managed.get_state()["nodes"][0]
+    assert node2.masked_tokens[: len(node1.tokens)] == node1.masked_tokens  # upstream re-masked
+
+
+async def test_max_tokens_truncation_reports_length(tiny_tokenizer):
+    server = _fake(responses=["a long answer indeed"], tokenizer=tiny_tokenizer)
+    async with ServerManager([server]).managed_server(tokenizer=tiny_tokenizer) as managed:
+        completion = await managed.chat_completion(messages=MSG, n=2, max_tokens=3)
+        nodes = managed.get_state()["nodes"]
+    assert [c.finish_reason for c in completion.choices] == ["length", "length"]
+    assert all(sum(m != IGNORE_INDEX for m in n.masked_tokens) == 3 for n in nodes)
+
+
+def test_reasoning_config_extra_body():
+    assert ReasoningConfig().build_extra_body("http://x") is None
+    cfg = ReasoningConfig(effort="high")
+    assert cfg.enabled is True
+    assert cfg.build_extra_body("https://api.openai.com/v1") == {"reasoning_effort": "high"}
+    assert cfg.build_extra_body("http://x", use_max_tokens=True) == {
+        "reasoning": {"enabled": True, "max_tokens": 25600}}
+    with pytest.raises(ValueError, match="not one of"):
+        ReasoningConfig(effort="extreme")
