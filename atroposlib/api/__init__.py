@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return app
     if name == "build_app":
-        from atroposlib.api.app import build_app
+        from atroposlib.api.factory import build_app
 
         return build_app
     raise AttributeError(f"module 'atroposlib.api' has no attribute {name!r}")

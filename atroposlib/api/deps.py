@@ -10,7 +10,7 @@ from atroposlib.api.state import ApiState
 
 
 def get_state(request: Request) -> ApiState:
-    """Return the ApiState that :func:`atroposlib.api.app.build_app` attached to the app."""
+    """Return the ApiState that :func:`atroposlib.api.factory.build_app` attached to the app."""
     return request.app.state.api
 
 

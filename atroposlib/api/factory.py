@@ -1,4 +1,8 @@
-"""build_app(): the FastAPI application of the trajectory API (routers, middleware, handlers)."""
+"""build_app(): the FastAPI application factory of the trajectory API (routers, middleware, handlers).
+
+Named factory.py, not app.py: a submodule named `app` would shadow the `atroposlib.api.app`
+attribute that `uvicorn atroposlib.api:app` and `from atroposlib.api import app` expect.
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """The uvicorn import target: ``uvicorn atroposlib.api.server:app``.
 
 Settings come from ``$ATROPOS_API_SETTINGS`` (set by ``run-api --reload``), else defaults.
-Code and tests should call :func:`atroposlib.api.app.build_app` instead.
+Code and tests should call :func:`atroposlib.api.factory.build_app` instead.
 """
 
 from __future__ import annotations
 
-from atroposlib.api.app import build_app
+from atroposlib.api.factory import build_app
 from atroposlib.api.settings import settings_from_env
 
 app = build_app(settings_from_env())

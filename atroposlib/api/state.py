@@ -113,7 +113,7 @@ def merge_partials(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class ApiState:
-    """The server's state; one instance per app (see :func:`atroposlib.api.app.build_app`)."""
+    """The server's state; one instance per app (see :func:`atroposlib.api.factory.build_app`)."""
 
     def __init__(self, settings: ApiSettings | None = None, store: MemoryStore | SqliteStore | None = None):
         """Open the store named by ``settings.db`` (or use ``store``) and load what it holds."""

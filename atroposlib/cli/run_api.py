@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         package_dir = str(Path(__file__).resolve().parents[1])  # watch atroposlib/, not the cwd
         uvicorn.run("atroposlib.api.server:app", reload=True, reload_dirs=[package_dir], **common)
         return 0
-    from atroposlib.api.app import build_app
+    from atroposlib.api.factory import build_app
 
     try:
         app = build_app(settings)

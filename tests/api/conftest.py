@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from atroposlib.api.app import build_app
+from atroposlib.api.factory import build_app
 from atroposlib.api.settings import ApiSettings
 
 REGISTRATION = {

@@ -428,3 +428,11 @@ async def test_batch_reports_server_timing_and_step_in_status(client) -> None:
     response = await client.get("/batch")
     assert response.headers["server-timing"].startswith("app;dur=")
     assert (await client.get("/status")).json() == {"current_step": 1, "queue_size": 0}
+
+
+def test_package_exposes_the_uvicorn_app() -> None:
+    import atroposlib.api as api_pkg
+    from atroposlib.api import app, build_app
+
+    assert app.title == "AtroposLib API"
+    assert api_pkg.app is app and callable(build_app)
