@@ -88,6 +88,7 @@ class TokenDecoder:
         """
         self.tokenizer_name = tokenizer_name
         self._tokenizer: Any = None
+        self._error: ConfigError | None = None
 
     @property
     def tokenizer(self) -> Any:
@@ -96,6 +97,8 @@ class TokenDecoder:
         Raises:
             ConfigError: no tokenizer was configured, or it cannot be loaded (offline, typo).
         """
+        if self._error is not None:
+            raise self._error  # failed once: do not retry a slow hub lookup on every rollout
         if self._tokenizer is None:
             if not self.tokenizer_name:
                 raise ConfigError(
@@ -107,11 +110,12 @@ class TokenDecoder:
             try:
                 self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_name)
             except Exception as exc:  # noqa: BLE001 - re-raised with the fix
-                raise ConfigError(
+                self._error = ConfigError(
                     f"cannot load tokenizer {self.tokenizer_name!r} ({type(exc).__name__}: {exc}); "
                     "pass --tokenizer with a local tokenizer directory or a hub id available "
                     "offline (HF_HUB_OFFLINE=1 needs it in the cache)"
-                ) from exc
+                )
+                raise self._error from exc
         return self._tokenizer
 
     def decode(self, tokens: Sequence[int]) -> str:

@@ -41,3 +41,21 @@ def make_group(
     if with_messages:
         group["messages"] = messages
     return group
+
+
+def register_trainer_and_envs(url: str, n_envs: int, batch_size: int = 4, group_size: int = 2) -> list[int]:
+    """Register a trainer (and take its first, empty batch) so envs can register; return env ids."""
+    import httpx
+
+    reg = {"wandb_group": "g", "wandb_project": "p", "batch_size": batch_size,
+           "max_token_len": 2048, "checkpoint_dir": "ckpt", "save_checkpoint_interval": 10,
+           "starting_step": 0, "num_steps": 100}
+    httpx.post(url + "/register", json=reg, timeout=10).raise_for_status()
+    httpx.get(url + "/batch", timeout=10).raise_for_status()
+    ids = []
+    for i in range(n_envs):
+        r = httpx.post(url + "/register-env", json={"max_token_length": 2048, "desired_name": f"env{i}",
+                                                    "weight": 1.0, "group_size": group_size}, timeout=10)
+        r.raise_for_status()
+        ids.append(r.json()["env_id"])
+    return ids

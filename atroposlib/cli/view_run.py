@@ -1,0 +1,160 @@
+"""``view-run``: a local Gradio page showing the groups arriving at a running trajectory API.
+
+Unlike Atropos 0.4's viewer it never registers as the trainer, never resets the API and never
+opens a public share link: it tails the read-only ``GET /observe`` cursor, so it can watch a live
+training run. Rollout text is rendered as markdown and sanitised (rollouts are untrusted).
+
+Example::
+
+    view-run --api-url http://127.0.0.1:8000 --tokenizer ~/.cache/atroposlib/bundled/SmolLM2-135M-Instruct
+    # then open http://127.0.0.1:9001
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+_NOOP = "accepted for compatibility with Atropos 0.4 and ignored: view-run does not register"
+_ALL = "all envs"
+_NO_ENV = "no env id"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``view-run``."""
+    parser = argparse.ArgumentParser(
+        prog="view-run",
+        description="Show the rollout groups arriving at a running trajectory API in a local web "
+        "page (Gradio): chat messages, scores, a per-env filter, refresh and auto refresh. Reads "
+        "the API's read-only GET /observe tap, so it does not take data from the trainer.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--api-url", default="http://localhost:8000", help="base URL of run-api")
+    parser.add_argument("--api-key", default=None,
+                        help="bearer token of run-api; None falls back to $ATROPOS_API_KEY")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="interface the page listens on (the page has no login: keep it local)")
+    parser.add_argument("--port", type=int, default=9001, help="port of the page")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer (hub id or local dir) to decode groups that carry no chat "
+                        "messages; None shows token counts")
+    parser.add_argument("--refresh-seconds", type=float, default=2.0,
+                        help="auto-refresh period of the page")
+    parser.add_argument("--max-groups", type=int, default=200,
+                        help="most recent groups kept in memory by the viewer")
+    parser.add_argument("--after", type=int, default=0,
+                        help="start after this /observe cursor (0: the oldest group the API retains)")
+    parser.add_argument("--group-size", type=int, default=2, help=_NOOP)
+    parser.add_argument("--max-token-len", type=int, default=2048, help=_NOOP)
+    return parser
+
+
+def _env_filter(choice: str | None) -> tuple[bool, int | None]:
+    """Map a dropdown choice to (filter on, env id)."""
+    if not choice or choice == _ALL:
+        return False, None
+    if choice == _NO_ENV:
+        return True, None
+    return True, int(choice.removeprefix("env "))
+
+
+def refresh_view(
+    feed: Any, decoder: Any, api_url: str, env_choice: str | None, shown: float
+) -> tuple[list[str], str, str, str]:
+    """Pull new groups and render the page state (pure Python: no Gradio objects).
+
+    Args:
+        feed: a :class:`~atroposlib.tools.observe.RecentGroups`.
+        decoder: a :class:`~atroposlib.tools.rollouts.TokenDecoder` or None.
+        api_url: shown in the status line.
+        env_choice: the env dropdown's value (``"all envs"``, ``"env N"`` or ``"no env id"``).
+        shown: how many groups to show, newest first.
+
+    Returns:
+        ``(env_choices, env_value, status_markdown, groups_html)``.
+    """
+    from atroposlib.tools.render import render_groups
+
+    feed.refresh()
+    filtered, env_id = _env_filter(env_choice)
+    everything = feed.snapshot()
+    groups = [g for g in everything if not filtered or g.env_id == env_id][: max(1, int(shown))]
+    choices = [_ALL] + [_NO_ENV if i is None else f"env {i}" for i in feed.env_ids()]
+    value = env_choice if env_choice in choices else _ALL
+    status = f"{len(everything)} groups received · showing {len(groups)} · API {api_url}"
+    if feed.last_error:
+        status += f" · **API error:** {feed.last_error}"
+    empty = "No groups yet: waiting for environments to POST /scored_data."
+    return choices, value, status, render_groups(groups, decoder, empty_message=empty)
+
+
+def build_ui(feed: Any, decoder: Any = None, *, api_url: str = "", refresh_seconds: float = 2.0) -> Any:
+    """Build the Gradio Blocks page over a :class:`~atroposlib.tools.observe.RecentGroups` feed.
+
+    Args:
+        feed: the group window (``refresh()``, ``snapshot()``, ``env_ids()``, ``last_error``).
+        decoder: a :class:`~atroposlib.tools.rollouts.TokenDecoder` for token-only groups, or None.
+        api_url: shown in the header.
+        refresh_seconds: auto-refresh period (the "Auto refresh" checkbox toggles it).
+
+    Returns:
+        A ``gradio.Blocks`` (call ``.launch(css=CSS, ...)``).
+    """
+    import gradio as gr  # lazy: heavy import
+
+    def update(env_choice: str | None, shown: float) -> tuple[Any, str, str]:
+        choices, value, status, body = refresh_view(feed, decoder, api_url, env_choice, shown)
+        return gr.Dropdown(choices=choices, value=value), status, body
+
+    with gr.Blocks(title="Atropos run viewer") as demo:
+        gr.Markdown("## Atropos run viewer")
+        with gr.Row():
+            env = gr.Dropdown(choices=[_ALL], value=_ALL, label="Environment", interactive=True)
+            shown = gr.Slider(1, 200, value=20, step=1, label="Groups shown (newest first)")
+            auto = gr.Checkbox(value=True, label=f"Auto refresh every {refresh_seconds:g} s")
+            refresh = gr.Button("Refresh", variant="primary")
+        status = gr.Markdown(elem_id="atr-status")
+        view = gr.HTML(elem_id="atr-groups")
+        timer = gr.Timer(refresh_seconds, active=True)
+        outputs = [env, status, view]
+        refresh.click(update, [env, shown], outputs, api_name="refresh")
+        # a slow refresh must not pile up ticks: keep only the latest pending one
+        timer.tick(update, [env, shown], outputs, show_progress="hidden", trigger_mode="always_last")
+        env.change(update, [env, shown], outputs)
+        demo.load(update, [env, shown], outputs)
+        auto.change(lambda on: gr.Timer(active=on), auto, timer)
+    return demo
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``view-run``; see ``view-run --help``."""
+    args = build_parser().parse_args(argv)
+    if args.refresh_seconds <= 0:
+        print("view-run: error: --refresh-seconds must be > 0", file=sys.stderr)
+        return 2
+    from atroposlib.api.client import AtroposClient
+    from atroposlib.tools.observe import GroupObserver, RecentGroups
+    from atroposlib.tools.render import CSS
+    from atroposlib.tools.rollouts import TokenDecoder
+
+    client = AtroposClient(args.api_url, api_key=args.api_key, max_attempts=2, max_retry_seconds=5)
+    feed = RecentGroups(GroupObserver(client, after=args.after), max_groups=args.max_groups)
+    decoder = TokenDecoder(args.tokenizer) if args.tokenizer else None
+    if decoder is not None:  # load it now, not inside the first page refresh
+        try:
+            _ = decoder.tokenizer
+        except Exception as exc:  # noqa: BLE001 - the page shows token counts instead
+            print(f"view-run: warning: {exc}", file=sys.stderr)
+    feed.refresh()
+    demo = build_ui(feed, decoder, api_url=args.api_url, refresh_seconds=args.refresh_seconds)
+    print(f"view-run: watching {args.api_url} on http://{args.host}:{args.port}", file=sys.stderr)
+    demo.queue(default_concurrency_limit=1).launch(
+        server_name=args.host, server_port=args.port, share=False, css=CSS, ssr_mode=False,
+        footer_links=[], quiet=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

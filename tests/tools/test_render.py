@@ -1,0 +1,41 @@
+from atroposlib.tools.observe import ObservedGroup
+from atroposlib.tools.render import render_group, render_groups, render_markdown
+from atroposlib.tools.rollouts import TokenDecoder
+from tests.tools.groups import make_group
+
+
+def test_markdown_is_rendered_and_html_is_escaped_not_run():
+    out = render_markdown("**bold** <script>alert(1)</script> <img src=x onerror=alert(2)>\n"
+                          "[x](javascript:alert(3))\n```\nif a<b: pass\n```")
+    assert "<strong>bold</strong>" in out
+    assert "<script" not in out and "<img" not in out and "javascript:" not in out.split("[x]")[0]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in out  # shown as the model wrote it
+    assert "if a&lt;b: pass" in out
+    assert 'href="javascript' not in out
+
+
+def test_group_shows_messages_scores_best_first(tokenizer):
+    g = make_group(tokenizer, "Pick <b>one</b>", ["low answer", "high answer"], [-0.5, 2.0])
+    html = render_group(ObservedGroup(cursor=7, env_id=3, received_at=1.7e9, group=g))
+    assert "Group #7" in html and "env 3" in html and "2 rollouts" in html
+    assert html.index("high answer") < html.index("low answer")
+    assert "atr-score atr-pos" in html and "atr-score atr-neg" in html
+    assert "Pick &lt;b&gt;one&lt;/b&gt;" in html and "<b>one</b>" not in html
+    assert html.count('class="atr-msg atr-assistant"') == 2
+
+
+def test_token_only_group_is_decoded_with_a_tokenizer(tokenizer, bundled_model_dir):
+    g = make_group(tokenizer, "decode <me>", ["tok answer"], [0.0], with_messages=False)
+    observed = ObservedGroup(cursor=1, env_id=None, received_at=0, group=g)
+    html = render_group(observed, TokenDecoder(str(bundled_model_dir)))
+    assert "tok answer&lt;|im_end|&gt;" in html and "decode &lt;me&gt;" in html
+    assert "atr-zero" in html and "no env id" in html
+    plain = render_group(observed, None)
+    assert "tokens (start view-run with --tokenizer" in plain and "tok answer" not in plain
+    broken = render_group(observed, TokenDecoder("/nonexistent/tok"))
+    assert "cannot decode" in broken
+
+
+def test_empty_state():
+    assert "waiting" in render_groups([], empty_message="waiting <for> data")
+    assert "&lt;for&gt;" in render_groups([], empty_message="waiting <for> data")
