@@ -43,9 +43,13 @@ def test_incomplete_dir_is_not_prepared(tmp_path):
     assert not is_prepared(tmp_path)
 
 
-def test_fresh_build_is_atomic_idempotent_and_reproducible(
+def test_fresh_build_is_atomic_idempotent_reproducible_and_exact(
     monkeypatch, tmp_path, bundled_model_dir
 ):
+    """Build into a new cache root; the result equals the session dir and the GGUF's logits."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     # Reuse the already extracted GGUF (no second 93 MB download) in a brand-new cache root.
     gguf = bundled_gguf_path()
     root = tmp_path / "cache"
@@ -53,14 +57,20 @@ def test_fresh_build_is_atomic_idempotent_and_reproducible(
     os.symlink(gguf.parent, root / "gguf" / gguf.parent.name)
     monkeypatch.setenv("ATROPOS_CACHE_DIR", str(root))
     seen_during_build = []
-    real_convert = bundled._convert
+    loaded = []
+    real_convert, real_load = bundled._convert, bundled.load_gguf_model
 
     def spying_convert(gguf_path, out_dir):
         real_convert(gguf_path, out_dir)
         # Before the rename the final directory must not exist: readers never see half a model.
         seen_during_build.append(bundled.bundled_model_dir().exists())
 
+    def spying_load(*args, **kwargs):
+        loaded.append(real_load(*args, **kwargs))
+        return loaded[-1]
+
     monkeypatch.setattr(bundled, "_convert", spying_convert)
+    monkeypatch.setattr(bundled, "load_gguf_model", spying_load)
     out = prepare_bundled_model()
     assert out == root / "bundled" / "SmolLM2-135M-Instruct"
     assert seen_during_build == [False]
@@ -79,14 +89,10 @@ def test_fresh_build_is_atomic_idempotent_and_reproducible(
     assert seen_during_build == [False]
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime
 
-
-def test_saved_model_gives_identical_logits_to_the_gguf(bundled_model_dir):
-    torch = pytest.importorskip("torch")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf_model, gguf_tokenizer = bundled.load_gguf_model()
-    model = AutoModelForCausalLM.from_pretrained(bundled_model_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir)
+    # Reloading the saved directory gives exactly the GGUF model's logits (and tokenization).
+    ((gguf_model, gguf_tokenizer),) = loaded
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 12 + 30? Answer in \\boxed{}."}],
         tokenize=False,

@@ -1,0 +1,106 @@
+"""Real vLLM (e2e): served log-probs equal HF fp32, hot weight reload changes them, restart works."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _greedy(server, prompt_ids: list[int], max_tokens: int = 6) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their sampler log-probs, exact ids via return_tokens_as_token_ids."""
+    response = httpx.post(
+        server.base_url + "/completions",
+        json={
+            "model": server.model_name,
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+        },
+        timeout=300,
+    )
+    response.raise_for_status()
+    logprobs = response.json()["choices"][0]["logprobs"]
+    tokens = [int(t.removeprefix("token_id:")) for t in logprobs["tokens"]]
+    return tokens, [float(x) for x in logprobs["token_logprobs"]]
+
+
+def _hf_logprobs(model_dir, prompt_ids: list[int], tokens: list[int], scale_norm: float = 1.0):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.model.norm.weight.mul_(scale_norm)
+        ids = torch.tensor([prompt_ids + tokens])
+        logp = torch.log_softmax(model(ids).logits[0].double(), dim=-1)
+    return [logp[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(bundled_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(bundled_model_dir)(PROMPT).input_ids
+
+
+@pytest.fixture
+def perturbed_dir(bundled_model_dir, tmp_path):
+    """The bundled weights with the final RMSNorm scaled by 0.5 (flatter next-token distribution)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(bundled_model_dir / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 0.5
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(bundled_model_dir / "config.json", tmp_path / "config.json")
+    return tmp_path
+
+
+def _own_process(vllm_server):
+    if vllm_server.process is None:
+        pytest.skip("vllm_server is an external server (ATROPOS_TEST_VLLM_URL); not changing it")
+    return vllm_server.process
+
+
+def test_fp32_logprobs_match_transformers(vllm_server, prompt_ids):
+    tokens, logprobs = _greedy(vllm_server, prompt_ids)
+    expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, tokens)
+    assert len(tokens) == 6
+    assert max(abs(a - b) for a, b in zip(logprobs, expected, strict=True)) < 1e-3
+
+
+def test_reload_weights_changes_generations_and_restores(vllm_server, prompt_ids, perturbed_dir):
+    process = _own_process(vllm_server)
+    tokens, before = _greedy(vllm_server, prompt_ids)
+    try:
+        seconds = process.reload_weights(perturbed_dir)
+        assert 0 < seconds < 120
+        new_tokens, after = _greedy(vllm_server, prompt_ids, max_tokens=len(tokens))
+        # The served policy is now the perturbed one: its log-probs are what HF computes for it.
+        expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, new_tokens, scale_norm=0.5)
+        assert max(abs(a - b) for a, b in zip(after, expected, strict=True)) < 1e-3
+        assert max(abs(a - b) for a, b in zip(after, before, strict=False)) > 0.05
+    finally:
+        process.reload_weights(vllm_server.model_dir)
+    restored_tokens, restored = _greedy(vllm_server, prompt_ids)
+    assert restored_tokens == tokens
+    assert max(abs(a - b) for a, b in zip(restored, before, strict=True)) < 1e-4
+
+
+def test_restart_serves_the_same_model_on_the_same_url(vllm_server, prompt_ids):
+    process = _own_process(vllm_server)
+    base_url = process.base_url
+    tokens, before = _greedy(vllm_server, prompt_ids)
+    seconds = process.restart(timeout=600)
+    assert seconds > 0 and process.is_running() and process.base_url == base_url
+    assert httpx.get(process.root_url + "/health").status_code == 200
+    after_tokens, after = _greedy(vllm_server, prompt_ids)
+    assert after_tokens == tokens
+    assert max(abs(a - b) for a, b in zip(after, before, strict=True)) < 1e-4
