@@ -12,8 +12,6 @@ from atroposlib.api.models import GROUP_FIELDS
 
 from .conftest import REGISTRATION, make_app, make_group, register, register_env, start_trainer
 
-pytestmark = pytest.mark.asyncio
-
 
 async def test_root_info_wandb_status_before_registration(client: httpx.AsyncClient) -> None:
     assert (await client.get("/")).json() == {"message": "AtroposLib API"}
