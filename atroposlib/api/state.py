@@ -159,6 +159,7 @@ class ApiState:
         self.latest_id: int | None = max(self.groups) if self.groups else None
         self.version = 0
         self._no_batch_key: tuple | None = None
+        self._no_batch_reason = ""
 
     def _index_queued(self, g: GroupMeta) -> None:
         self.queue[g.id] = g
@@ -442,7 +443,7 @@ class ApiState:
         needs = self._needs(reg.batch_size, metas)
         key = (self.version, reg.batch_size, tuple(sorted(needs.items())))
         if key == self._no_batch_key:
-            return b'{"batch":null}', {}
+            return b'{"batch":null}', {"reason": self._no_batch_reason}
         sizes = [g.n_seqs for g in metas]
         if needs:
             picked = pack_with_minimums(sizes, [g.env_id for g in metas], reg.batch_size, needs)
@@ -450,7 +451,8 @@ class ApiState:
             picked = find_subset(sizes, reg.batch_size)
         if picked is None:
             self._no_batch_key = key
-            return b'{"batch":null}', {}
+            self._no_batch_reason = self._why_no_batch(reg.batch_size, metas, needs)
+            return b'{"batch":null}', {"reason": self._no_batch_reason}
         chosen = [metas[i] for i in picked]
         blobs = self.store.group_blobs(g.id for g in chosen)
         body = b'{"batch":[' + b",".join(group_json(blobs[g.id]) for g in chosen) + b"]}"
@@ -477,6 +479,20 @@ class ApiState:
         log.info("batch served: step=%d groups=%d sequences=%d tokens=%d queued_groups=%d",
                  step, info["groups"], reg.batch_size, info["tokens"], len(self.queue))
         return body, info
+
+    def _why_no_batch(self, batch_size: int, metas: list[GroupMeta], needs: dict[int, int]) -> str:
+        """One line telling the trainer's operator why ``/batch`` answered null."""
+        total = sum(g.n_seqs for g in metas)
+        if total < batch_size:
+            return (f"{total} sequences queued in {len(metas)} groups; batch_size is {batch_size}"
+                    f" ({self.buffered_groups} partial groups buffered)")
+        if needs and find_subset([g.n_seqs for g in metas], batch_size) is not None:
+            short = [f"env {e} needs >= {n} sequences, has {self.queued_seqs_by_env.get(e, 0)}"
+                     for e, n in needs.items()]
+            return "min_batch_allocation not met: " + "; ".join(short)
+        sizes = sorted(Counter(g.n_seqs for g in metas).items())
+        return (f"no combination of the queued group sizes {dict(sizes)} (size: count) sums to "
+                f"batch_size {batch_size}")
 
     def _prune_served(self) -> list[GroupMeta]:
         """Drop the oldest served groups past the observe retention window (never the latest)."""

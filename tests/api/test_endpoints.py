@@ -108,8 +108,16 @@ async def test_mixed_group_sizes_never_wedge(client: httpx.AsyncClient) -> None:
         await client.post("/scored_data", json=make_group(n, seed=i))
     first = (await client.get("/batch")).json()["batch"]
     assert [len(g["tokens"]) for g in first] == [1, 1, 1, 1]
+    await client.post("/scored_data", json=make_group(3, seed=9))  # queue now 1 + 3 + 3
     second = (await client.get("/batch")).json()["batch"]
     assert [len(g["tokens"]) for g in second] == [1, 3]
+    assert "3 sequences queued" in (await client.get("/batch")).headers["x-atropos-wait-reason"]
+    await client.post("/scored_data", json=make_group(3, seed=11))  # 3 + 3: no batch of 4
+    stuck = await client.get("/batch")
+    assert "no combination" in stuck.headers["x-atropos-wait-reason"]
+    await client.post("/scored_data", json=make_group(1, seed=10))
+    third = (await client.get("/batch")).json()["batch"]
+    assert [len(g["tokens"]) for g in third] == [3, 1]
 
 
 async def test_partial_groups_are_merged_into_one(client: httpx.AsyncClient) -> None:
@@ -235,7 +243,9 @@ async def test_min_batch_allocation_shapes_batches(client: httpx.AsyncClient) ->
     b = await register_env(client, group_size=1, name="b", min_batch_allocation=0.5)
     for i in range(4):
         await client.post("/scored_data", json=make_group(1, env_id=a, seed=i))
-    assert (await client.get("/batch")).json() == {"batch": None}  # b's minimum not met yet
+    waiting = await client.get("/batch")
+    assert waiting.json() == {"batch": None}  # b's minimum not met yet
+    assert "min_batch_allocation" in waiting.headers["x-atropos-wait-reason"]
     assert (await client.get("/status-env", params={"env_id": a})).json()["unallocated_fraction"] == 0.5
     for i in range(2):
         await client.post("/scored_data", json=make_group(1, env_id=b, seed=10 + i))

@@ -22,9 +22,14 @@ async def batch(state: StateDep) -> Response:
     ``min_batch_allocation`` minimums are honoured. The first call also lets envs register.
     Before ``/register`` the answer is
     ``{"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}``.
-    The ``Server-Timing`` header gives the server time spent (ms).
+    The ``Server-Timing`` header gives the server time spent (ms); with a null batch,
+    ``X-Atropos-Wait-Reason`` says why (too few sequences, no combination of group sizes fits,
+    or an env's minimum allocation is not met).
     """
     start = time.perf_counter()
-    body, _ = state.next_batch()
+    body, info = state.next_batch()
     elapsed_ms = (time.perf_counter() - start) * 1e3
-    return json_response(body, headers={"Server-Timing": f"app;dur={elapsed_ms:.2f}"})
+    headers = {"Server-Timing": f"app;dur={elapsed_ms:.2f}"}
+    if info.get("reason"):
+        headers["X-Atropos-Wait-Reason"] = info["reason"]
+    return json_response(body, headers=headers)
