@@ -13,6 +13,7 @@ Usage::
     python benchmarks/bench_api.py --with-db             # also ours with --db (SQLite)
     python benchmarks/bench_api.py --url http://127.0.0.1:8000 --no-upstream
     python benchmarks/bench_api.py --json-out runs/bench_api.json
+    python benchmarks/bench_api.py --no-upstream --with-db --ours-arg=--db-synchronous --ours-arg=FULL
 
 The upstream server runs from ``.bench/upstream-venv`` (created on first use with
 ``pip install atroposlib==0.4.0``; if that would pull torch/CUDA, it installs with ``--no-deps``
@@ -302,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--json-out", type=Path, help="write all results and ratios as JSON")
+    parser.add_argument("--ours-arg", action="append", default=[],
+                        help="extra run-api flag for our server (repeat), e.g. "
+                        "--ours-arg=--db-synchronous --ours-arg=FULL")
     args = parser.parse_args(argv)
 
     print(f"[bench] building {args.groups} groups of {args.group_size} x {args.seq_len} tokens")
@@ -309,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     big = make_bodies(8, 8, 4096, 1024, seed=1)
     targets: list[tuple[str, callable]] = []
     ours_cmd = [sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1",
-                "--log-level", "warning"]
+                "--log-level", "warning", *args.ours_arg]
     scratch = Path(tempfile.mkdtemp(prefix="bench-api-"))
     if args.url:
         targets.append(("ours", lambda: _External("ours", args.url)))
