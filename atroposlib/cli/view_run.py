@@ -107,7 +107,7 @@ def build_ui(feed: Any, decoder: Any = None, *, api_url: str = "", refresh_secon
         choices, value, status, body = refresh_view(feed, decoder, api_url, env_choice, shown)
         return gr.Dropdown(choices=choices, value=value), status, body
 
-    with gr.Blocks(title="Atropos run viewer") as demo:
+    with gr.Blocks(title="Atropos run viewer", analytics_enabled=False) as demo:
         gr.Markdown("## Atropos run viewer")
         with gr.Row():
             env = gr.Dropdown(choices=[_ALL], value=_ALL, label="Environment", interactive=True)
@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"view-run: warning: {exc}", file=sys.stderr)
     feed.refresh()
     demo = build_ui(feed, decoder, api_url=args.api_url, refresh_seconds=args.refresh_seconds)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"view-run: warning: listening on {args.host}: the page has no login, so anyone who "
+              "can reach it reads the rollouts", file=sys.stderr)
     print(f"view-run: watching {args.api_url} on http://{args.host}:{args.port}", file=sys.stderr)
     demo.queue(default_concurrency_limit=1).launch(
         server_name=args.host, server_port=args.port, share=False, css=CSS, ssr_mode=False,

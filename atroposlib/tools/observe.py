@@ -73,10 +73,7 @@ class GroupObserver:
             ApiError: the API cannot be reached after retries, or rejected the request
                 (e.g. 401: wrong or missing ``--api-key``).
         """
-        params: dict[str, int] = {"after": self.cursor or 0, "limit": self.page_size}
-        if self.env_id is not None:
-            params["env_id"] = self.env_id
-        body = self.client.request("GET", "/observe", params=params)
+        body = self.client.observe(after=self.cursor or 0, limit=self.page_size, env_id=self.env_id)
         page = [
             ObservedGroup(
                 cursor=int(item["cursor"]),
