@@ -83,6 +83,9 @@ def refresh_view(
     choices = [_ALL] + [_NO_ENV if i is None else f"env {i}" for i in feed.env_ids()]
     value = env_choice if env_choice in choices else _ALL
     status = f"{len(everything)} groups received · showing {len(groups)} · API {api_url}"
+    if feed.observer.missed:
+        status += (f" · {feed.observer.missed} groups left the API's retention window before "
+                   "they could be shown")
     if feed.last_error:
         status += f" · **API error:** {feed.last_error}"
     empty = "No groups yet: waiting for environments to POST /scored_data."
@@ -139,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     from atroposlib.tools.rollouts import TokenDecoder
 
     client = AtroposClient(args.api_url, api_key=args.api_key, max_attempts=2, max_retry_seconds=5)
-    feed = RecentGroups(GroupObserver(client, after=args.after), max_groups=args.max_groups)
+    observer = GroupObserver(client, after=args.after or None)
+    feed = RecentGroups(observer, max_groups=args.max_groups)
     decoder = TokenDecoder(args.tokenizer) if args.tokenizer else None
     if decoder is not None:  # load it now, not inside the first page refresh
         try:

@@ -143,8 +143,11 @@ def run(kind: str, argv: list[str] | None = None) -> int:
             observer = GroupObserver(client, after=args.after, env_id=args.env_id)
             groups = observer.follow(poll_interval=args.poll_interval,
                                      idle_timeout=args.idle_timeout)
-            collect(groups, build, output, resolver, target=args.num_seqs_to_save,
-                    progress=bar, stats=stats)
+            try:
+                collect(groups, build, output, resolver, target=args.num_seqs_to_save,
+                        progress=bar, stats=stats)
+            finally:
+                stats.missed_groups = observer.missed
     except KeyboardInterrupt:
         print(f"interrupted; {stats.summary()}", file=sys.stderr)
         return 130

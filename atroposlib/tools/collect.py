@@ -30,6 +30,7 @@ class CollectStats:
         lines_written: lines written to the output file by this run.
         skipped: ``{reason: count}`` of selected rollouts or pairs that could not be written.
         last_cursor: cursor of the last group read (resume with ``--after``), or None.
+        missed_groups: groups that left the API's retention window before being read.
     """
 
     groups_seen: int = 0
@@ -37,13 +38,17 @@ class CollectStats:
     lines_written: int = 0
     skipped: Counter = field(default_factory=Counter)
     last_cursor: int | None = None
+    missed_groups: int = 0
 
     def summary(self) -> str:
         """One human-readable line."""
         skipped = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items())) or "none"
+        missed = (f"; MISSED {self.missed_groups} groups that left the API's retention window "
+                  "(raise run-api --observe-retention-groups/--observe-retention-tokens)"
+                  if self.missed_groups else "")
         return (
             f"wrote {self.lines_written} lines from {self.groups_used} of {self.groups_seen} "
-            f"groups; skipped: {skipped}; last cursor: {self.last_cursor}"
+            f"groups; skipped: {skipped}; last cursor: {self.last_cursor}{missed}"
         )
 
 

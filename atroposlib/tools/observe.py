@@ -59,12 +59,21 @@ class GroupObserver:
                 still retains.
             env_id: only groups from this env; None reads all envs.
             page_size: groups per request (``limit``).
+
+        Attributes:
+            missed: groups that left the API's retention window (``run-api
+                --observe-retention-groups``) before they could be read; counted only when
+                reading all envs.
         """
         self.client = client
         self.cursor = after
         self.env_id = env_id
         self.page_size = page_size
         self.groups_read = 0
+        self.missed = 0
+        # group cursors are contiguous, so after a known position any jump that returned fewer
+        # groups than it skipped means groups left the API's retention window unread
+        self._anchored = after is not None
 
     def poll(self) -> list[ObservedGroup]:
         """Fetch the next page of groups (possibly empty) and advance the cursor.
@@ -83,11 +92,15 @@ class GroupObserver:
             )
             for item in body.get("groups", [])
         ]
+        before = self.cursor or 0
         next_cursor = body.get("next_cursor")
         if next_cursor is not None:
             self.cursor = int(next_cursor)
         elif page:
             self.cursor = page[-1].cursor
+        if self._anchored and self.env_id is None and self.cursor is not None:
+            self.missed += max(0, self.cursor - before - len(page))
+        self._anchored = True
         self.groups_read += len(page)
         return page
 

@@ -135,3 +135,11 @@ def test_dpo_is_reproducible_with_a_seed(tmp_path, tokenizer, bundled_model_dir)
     a, _ = run_dpo(tmp_path, [g], OutputFormat.CHAT, "s1.jsonl", seed=3)
     b, _ = run_dpo(tmp_path, [g], OutputFormat.CHAT, "s2.jsonl", seed=3)
     assert a.read_text() == b.read_text() and len(a.read_text().splitlines()) == 3
+
+
+def test_summary_reports_missed_groups_with_the_fix():
+    from atroposlib.tools.collect import CollectStats
+
+    assert "MISSED" not in CollectStats().summary()
+    text = CollectStats(missed_groups=2).summary()
+    assert "MISSED 2 groups" in text and "--observe-retention-groups" in text

@@ -74,3 +74,24 @@ def test_recent_groups_filters_by_env_and_survives_api_errors():
             assert "ApiUnavailableError" in feed.last_error
     finally:
         api.stop()
+
+
+def test_groups_that_leave_the_retention_window_are_counted_as_missed():
+    api = start_run_api("--observe-retention-groups", "1", "--observe-retention-tokens", "1000000")
+    try:
+        register_trainer_and_envs(api.url, 0, batch_size=2)
+        with AtroposClient(api.url) as client:
+            obs = GroupObserver(client)
+            client.post_scored_data(group("first"))
+            assert [g.group["messages"][0][0]["content"] for g in obs.poll()] == ["first"]
+            for i in range(4):  # served at once: only the newest served group stays readable
+                client.post_scored_data(group(f"late-{i}"))
+                assert client.get_batch() is not None
+            tags = [g.group["messages"][0][0]["content"] for g in obs.poll()]
+            assert 1 <= len(tags) < 4 and tags == [f"late-{i}" for i in range(4 - len(tags), 4)]
+            assert obs.missed == 4 - len(tags)  # every group is either read or counted missed
+            # starting fresh (no --after) is not a miss: the reader begins at the oldest kept
+            fresh = GroupObserver(client)
+            assert len(fresh.poll()) == len(tags) and fresh.missed == 0
+    finally:
+        api.stop()
