@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -252,7 +253,10 @@ class BaseEnv:
             from transformers import AutoTokenizer
 
             try:
-                self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_name)
+                name = self.config.tokenizer_name
+                if name.startswith("~"):
+                    name = os.path.expanduser(name)
+                self._tokenizer = AutoTokenizer.from_pretrained(name)
             except OSError as exc:
                 raise OSError(
                     f"cannot load tokenizer {self.config.tokenizer_name!r}: {exc}. Pass a local "
@@ -627,15 +631,16 @@ class BaseEnv:
                 progress.update(len(accepted))
                 await self.wandb_log({})
         finally:
+            # Also on Ctrl-C: what was generated stays on disk, with its HTML view.
             progress.close()
             self._close_jsonl()
             await self.server.aclose()
-        if self._jsonl_path is not None and self._jsonl_path.exists():
-            from atroposlib.frontend.jsonl2html import generate_html
+            if self._jsonl_path is not None and self._jsonl_path.exists():
+                from atroposlib.frontend.jsonl2html import generate_html
 
-            html = generate_html(self._jsonl_path)
-            logger.info("wrote %d groups to %s and %s", done, self._jsonl_path, html)
-        self._finish_wandb()
+                html = generate_html(self._jsonl_path)
+                logger.info("wrote %d groups to %s and %s", done, self._jsonl_path, html)
+            self._finish_wandb()
         return self._jsonl_path
 
     # ------------------------------------------------------------------ evaluation

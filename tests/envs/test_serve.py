@@ -98,35 +98,6 @@ def test_serve_feeds_the_trainer_and_disconnects_on_sigint(tiny_tokenizer_dir, t
         api.stop()
 
 
-def test_serve_pauses_spawning_at_the_offpolicy_limit(tiny_tokenizer_dir, tmp_path):
-    """With nobody pulling batches, the env stops at max_batches_offpolicy batches queued."""
-    api = start_run_api()
-    log = tmp_path / "env.log"
-    try:
-        with FakeOpenAIServer() as inference:
-            trainer = _register_trainer(api.url, tmp_path)
-            proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log,
-                              "--env.max_num_workers", "2")
-            try:
-                deadline = time.monotonic() + 60
-                queued = 0
-                while time.monotonic() < deadline and queued < 4:
-                    queued = trainer.status()["queue_size"]
-                    time.sleep(0.2)
-                time.sleep(4)  # several status polls later, nothing more was spawned
-                requests_before = len(inference.server.requests)
-                time.sleep(3)
-                requests_after = len(inference.server.requests)
-                queued = trainer.status()["queue_size"]
-            finally:
-                output = _stop(proc, log)
-            # 2 batches x 8 sequences / group_size 4 = 4 groups, plus at most the in-flight ones.
-            assert 4 <= queued <= 6, output[-3000:]
-            assert requests_after == requests_before, output[-3000:]
-    finally:
-        api.stop()
-
-
 def test_serve_survives_api_restart_and_inference_outage(tiny_tokenizer_dir, tmp_path):
     api = start_run_api()
     port = api.port

@@ -1,0 +1,123 @@
+"""ServeLoop in-process against a real run-api: eval/checkpoint triggers, timeouts, total_steps."""
+
+from __future__ import annotations
+
+import asyncio
+
+from atroposlib.api.client import AsyncAtroposClient
+from atroposlib.api.models import Registration
+from atroposlib.envs.base import BaseEnvConfig
+from atroposlib.envs.serve import ServeLoop
+from atroposlib.testing.fake_server import FakeServer
+from tests.envs.sample_envs import ChatLengthEnv
+
+
+class CountingEnv(ChatLengthEnv):
+    evals = 0
+    saved: list[int] = []
+
+    async def evaluate(self, *args, **kwargs):
+        type(self).evals += 1
+        return {"eval/n": float(type(self).evals)}
+
+    def save_checkpoint(self, step, data=None):
+        type(self).saved.append(step)
+        super().save_checkpoint(step, {"count": self.count})
+
+
+async def _trainer(url: str, tmp_path, batch_size: int = 8, num_steps: int = 100) -> AsyncAtroposClient:
+    client = AsyncAtroposClient(url)
+    await client.register(Registration(
+        wandb_group="g", wandb_project="p", batch_size=batch_size, max_token_len=512,
+        checkpoint_dir=str(tmp_path), save_checkpoint_interval=2, starting_step=0, num_steps=num_steps,
+    ))
+    assert await client.get_batch() is None
+    return client
+
+
+async def test_serve_loop_runs_evals_checkpoints_and_stops_at_total_steps(run_api, tiny_tokenizer, tmp_path):
+    CountingEnv.evals, CountingEnv.saved = 0, []
+    config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
+                           steps_per_eval=2, total_steps=4, max_batches_offpolicy=1)
+    env = CountingEnv(config, [FakeServer()])
+    env.tokenizer = tiny_tokenizer
+    trainer = await _trainer(run_api.url, tmp_path)
+    loop = ServeLoop(env, status_interval=0.2)
+    serving = asyncio.create_task(loop.run())
+    pulled = 0
+    async with asyncio.timeout(60):
+        while not serving.done():
+            if await trainer.get_batch():
+                pulled += 1
+            await asyncio.sleep(0.05)
+    await serving  # returned by itself: total_steps reached
+    assert pulled >= 3
+    assert CountingEnv.evals >= 1  # crossing steps 2 (and 4)
+    assert 2 in CountingEnv.saved
+    ckpt = tmp_path / "env_checkpoints" / "chat_length_0" / "step-2.json"
+    assert ckpt.exists()
+    assert env.stats["groups_sent"] >= 2 * pulled
+    await trainer.aclose()
+
+
+async def test_slow_rollouts_time_out_and_their_items_are_retried(run_api, tiny_tokenizer, tmp_path):
+    slow_first = {"calls": 0}
+
+    def script(request):
+        return "short" if request.index % 2 else "a longer reply"
+
+    class SlowOnce(FakeServer):
+        async def _chat_completion_wrapper(self, **kwargs):
+            slow_first["calls"] += 1
+            if slow_first["calls"] == 1:
+                await asyncio.sleep(30)  # far beyond worker_timeout
+            return await super()._chat_completion_wrapper(**kwargs)
+
+    config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=run_api.url,
+                           worker_timeout=1, max_num_workers=1, total_steps=1000)
+    env = ChatLengthEnv(config, [SlowOnce(script)])
+    env.tokenizer = tiny_tokenizer
+    trainer = await _trainer(run_api.url, tmp_path, batch_size=2)
+    loop = ServeLoop(env, status_interval=0.2)
+    serving = asyncio.create_task(loop.run())
+    items = []
+    async with asyncio.timeout(30):
+        while len(items) < 2:
+            batch = await trainer.get_batch()
+            if batch:
+                items.append(batch[0]["messages"][0][0]["content"])
+            await asyncio.sleep(0.05)
+    loop.stop_event.set()
+    await serving
+    assert env.stats["rollouts_timed_out"] == 1
+    assert items[0] == "Question number 1?"  # the timed-out item was re-queued, not dropped
+    await trainer.aclose()
+
+
+async def test_spawning_pauses_at_the_offpolicy_limit_without_cancelling(run_api, tiny_tokenizer, tmp_path):
+    """With nobody pulling batches, the env stops at max_batches_offpolicy batches queued."""
+    server = FakeServer(latency=0.05)
+    config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
+                           max_batches_offpolicy=2, max_num_workers=2)
+    env = ChatLengthEnv(config, [server])
+    env.tokenizer = tiny_tokenizer
+    trainer = await _trainer(run_api.url, tmp_path, batch_size=8)
+    loop = ServeLoop(env, status_interval=0.2)
+    serving = asyncio.create_task(loop.run())
+    async with asyncio.timeout(30):
+        while (await trainer.status())["queue_size"] < 4:
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)  # several status polls later ...
+    requests = len(server.requests)
+    await asyncio.sleep(1.0)
+    assert len(server.requests) == requests  # ... nothing new was spawned
+    # 2 batches x 8 sequences / group_size 4 = 4 groups (+ at most the 2 in flight then)
+    assert 4 <= (await trainer.status())["queue_size"] <= 6
+    assert env.stats["rollouts_timed_out"] == 0 and not loop.workers
+    await trainer.get_batch()  # the trainer consumes a batch: the env resumes
+    async with asyncio.timeout(30):
+        while len(server.requests) == requests:
+            await asyncio.sleep(0.1)
+    loop.stop_event.set()
+    await serving
+    await trainer.aclose()
