@@ -69,10 +69,12 @@ class RegisterEnvResponse(BaseModel):
     status: str = Field(description='"success", or "wait for trainer to start".')
     env_id: int | None = Field(default=None, description="Id to put in every scored group.")
     wandb_name: str | None = Field(default=None, description="Unique name `<desired>_<k>`.")
-    checkpoint_dir: str | None = None
+    checkpoint_dir: str | None = Field(default=None, description="The trainer's checkpoint dir.")
     starting_step: int | None = Field(default=None, description="The server's current step.")
-    checkpoint_interval: int | None = None
-    num_steps: int | None = None
+    checkpoint_interval: int | None = Field(
+        default=None, description="The trainer's save_checkpoint_interval, in steps."
+    )
+    num_steps: int | None = Field(default=None, description="Total steps the trainer will run.")
 
 
 class EnvIdentifier(BaseModel):
@@ -212,7 +214,9 @@ class ScoredDataListResponse(BaseModel):
     status: str = Field(description='Always "received".')
     groups_processed: int = Field(description="Number of groups in the request.")
     buffered: int | None = Field(default=None, description="How many of them were buffered.")
-    last_buffer_size: int | None = None
+    last_buffer_size: int | None = Field(
+        default=None, description="buffer_size reported for the last buffered group."
+    )
 
 
 class Batch(BaseModel):
@@ -233,7 +237,7 @@ class Status(BaseModel):
 class EnvStatus(BaseModel):
     """``GET /status-env`` response (formulas: spec section 1.7)."""
 
-    current_step: int
+    current_step: int = Field(description="Batches served so far (plus starting_step).")
     queue_size: int = Field(description="Sequences ahead of this env, in units of its group size.")
     unallocated_fraction: float = Field(description="1 - sum of connected envs' minimums.")
     self_queue_size: int = Field(description="This env's own queued groups.")
@@ -244,12 +248,12 @@ class EnvStatus(BaseModel):
 class Info(BaseModel):
     """``GET /info`` response; -1 sentinels before registration."""
 
-    batch_size: int
-    max_token_len: int
+    batch_size: int = Field(description="Sequences per batch (-1 before /register).")
+    max_token_len: int = Field(description="Trainer's max sequence length (-1 before /register).")
 
 
 class WandbInfo(BaseModel):
     """``GET /wandb_info`` response; nulls before registration."""
 
-    group: str | None
-    project: str | None
+    group: str | None = Field(description="W&B group of the run (null before /register).")
+    project: str | None = Field(description="W&B project of the run (null before /register).")
