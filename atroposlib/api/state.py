@@ -295,6 +295,12 @@ class ApiState:
                 "could never be served; send groups of at most batch_size sequences"
             )
         target = self._target_size(group)
+        if target is not None and reg is not None and target > reg.batch_size:
+            raise InvalidGroupError(
+                f"env {group.env_id}'s group_size {target} is larger than the trainer's batch_size "
+                f"{reg.batch_size}: full groups could never be served; use a group_size (or "
+                "group_overrides.group_size) of at most batch_size"
+            )
         if target is not None and n > target:
             raise InvalidGroupError(
                 f"group has {n} sequences but env {group.env_id} registered group_size={target}: "

@@ -144,6 +144,9 @@ async def test_oversize_group_is_rejected_with_reason(client: httpx.AsyncClient)
     assert (await client.post("/scored_data", json=ok)).json() == {"status": "received"}
     too_big = await client.post("/scored_data", json=make_group(9))
     assert too_big.status_code == 422 and "batch_size" in too_big.json()["detail"]
+    partial_of_huge = make_group(2, env_id=env_id, group_overrides={"group_size": 16})
+    response = await client.post("/scored_data", json=partial_of_huge)
+    assert response.status_code == 422 and "batch_size" in response.json()["detail"]
 
 
 async def test_partial_buffer_is_bounded_and_loses_nothing() -> None:
