@@ -152,12 +152,14 @@ async def test_oversize_group_is_rejected_with_reason(client: httpx.AsyncClient)
 async def test_partial_buffer_is_bounded_and_loses_nothing() -> None:
     app = make_app(max_buffered_groups_per_env=2)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:
-        await start_trainer(c, batch_size=3)
+        await start_trainer(c, batch_size=6)
         env_id = await register_env(c, group_size=4)
         for i in range(3):  # 3+3 never makes 4
             await c.post("/scored_data", json=make_group(3, env_id=env_id, seed=i))
         assert (await c.get("/status")).json()["queue_size"] == 1  # oldest flushed, unmerged
-        assert len((await c.get("/batch")).json()["batch"][0]["tokens"]) == 3
+        await c.post("/scored_data", json=make_group(3, env_id=env_id, seed=3))
+        batch = (await c.get("/batch")).json()["batch"]
+        assert [g["tokens"] for g in batch] == [make_group(3, seed=i)["tokens"] for i in (0, 1)]
 
 
 @pytest.mark.parametrize(
