@@ -109,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run-api on http://%s:%d, queue %s, auth %s", settings.host, settings.port, where,
         "on" if settings.api_key_value() else "off",
     )
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key_value():
+        logging.getLogger("atroposlib.api").warning(
+            "listening on %s without --api-key: anyone who can reach this port can read and wipe "
+            "the queue", settings.host)
     if settings.reload:
         os.environ[SETTINGS_ENV] = settings.to_env_json()
         package_dir = str(Path(__file__).resolve().parents[1])  # watch atroposlib/, not the cwd
