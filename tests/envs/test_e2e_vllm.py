@@ -1,0 +1,105 @@
+"""End to end with real vLLM serving the bundled SmolLM2 (marked e2e; short generations)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atroposlib.api.models import ScoredData
+from atroposlib.envs.checks import check_env
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from tests.envs.sample_envs import ArithmeticEnv, ChatLengthEnv
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_check_env_with_real_vllm_chat_completions(vllm_server):
+    server = OpenAIServer(APIServerConfig(base_url=vllm_server.base_url, api_key="x",
+                                          model_name=vllm_server.model_name))
+    groups = await check_env(ChatLengthEnv, server=server,
+                             config_overrides={"tokenizer_name": str(vllm_server.model_dir)})
+    group = groups[0]
+    assert len(group["tokens"]) == 4
+    assert all(m["content"] for m in (chat[-1] for chat in group["messages"]))
+    assert server.config.n_kwarg_is_ignored is False  # vLLM honours n: one request per group
+
+
+def test_process_cli_with_real_vllm_writes_jsonl_and_html(vllm_server, tmp_path):
+    out = tmp_path / "groups.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.envs.sample_envs", "ChatLengthEnv", "process",
+         "--openai.base_url", vllm_server.base_url, "--openai.model_name", vllm_server.model_name,
+         "--env.tokenizer_name", str(vllm_server.model_dir), "--env.total_steps", "2",
+         "--env.data_path_to_save_groups", str(out)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    groups = [ScoredData.model_validate_json(line) for line in out.read_text().splitlines()]
+    assert len(groups) == 2 and all(len(g.tokens) == 4 for g in groups)
+    page = out.with_suffix(".html").read_text()
+    assert "Question number 1?" in page
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("atroposlib.envs.server_handling.vllm_server") is None,
+    reason="VLLMServer backend not available yet",
+)
+async def test_managed_groups_from_real_vllm_have_aligned_sampler_logprobs(vllm_server):
+    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+
+    server = VLLMServer(APIServerConfig(base_url=vllm_server.base_url, api_key="x",
+                                        model_name=vllm_server.model_name, server_type="vllm",
+                                        tokenizer_name=str(vllm_server.model_dir)))
+    groups = await check_env(ArithmeticEnv, server=server,
+                             config_overrides={"tokenizer_name": str(vllm_server.model_dir),
+                                               "max_tokens": 8})
+    group = groups[0]
+    for tokens, masks, logprobs in zip(group["tokens"], group["masks"], group["inference_logprobs"],
+                                       strict=True):
+        generated = [i for i, m in enumerate(masks) if m != -100]
+        assert 1 <= len(generated) <= 8
+        assert all(logprobs[i] <= 0 for i in generated)
+        assert all(logprobs[i] == 1.0 for i in range(len(tokens)) if masks[i] == -100)
+
+
+def test_serve_managed_env_with_real_vllm_delivers_aligned_logprobs(vllm_server, tmp_path):
+    """collect_trajectory + default aggregation, served as a subprocess, real vLLM and run-api."""
+    from tests.envs.test_serve import _pull_batches, _register_trainer, _stop
+    from tests.fixtures.api_server import start_run_api
+
+    api = start_run_api()
+    log = tmp_path / "env.log"
+    try:
+        trainer = _register_trainer(api.url, tmp_path, batch_size=8)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.envs.sample_envs", "SingleRolloutEnv", "serve",
+             "--openai.server_type", "vllm", "--openai.base_url", vllm_server.base_url,
+             "--openai.model_name", vllm_server.model_name,
+             "--env.tokenizer_name", str(vllm_server.model_dir), "--env.group_size", "4",
+             "--env.rollout_server_url", api.url, "--env.use_wandb", "false"],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log.open("wb"),
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        try:
+            batches = _pull_batches(trainer, 1, timeout=180)
+        finally:
+            output = _stop(proc, log)
+        assert len(batches) == 1, output[-3000:]
+        assert proc.returncode == 0, output[-3000:]
+        for group in batches[0]:
+            assert len(group["tokens"]) == 4
+            for tokens, masks, logprobs in zip(group["tokens"], group["masks"],
+                                               group["inference_logprobs"], strict=True):
+                assert len(tokens) == len(masks) == len(logprobs)
+                for tok, mask, lp in zip(tokens, masks, logprobs, strict=True):
+                    assert (mask == -100 and lp == 1.0) or (mask == tok and lp <= 0)
+    finally:
+        api.stop()
