@@ -1,0 +1,135 @@
+"""``TrainerConfig``: every setting of the GRPO example trainer (CLI flags, YAML, env vars)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_model_dir() -> str:
+    """The bundled SmolLM2-135M-Instruct directory (``atropos-bundled-model`` prepares it)."""
+    root = os.environ.get("ATROPOS_CACHE_DIR") or str(Path.home() / ".cache" / "atroposlib")
+    return str(Path(root) / "bundled" / "SmolLM2-135M-Instruct")
+
+
+class TrainerConfig(BaseSettings):
+    """Settings of ``atropos-grpo``.
+
+    Each field is a kebab-case flag (``--training-steps 20``), a YAML key under ``trainer:`` in an ``atropos-launch`` config, or an environment variable
+    ``ATROPOS_GRPO_<FIELD>``; precedence: defaults < env vars < YAML/flags.
+    """
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        env_prefix="ATROPOS_GRPO_",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_prog_name="atropos-grpo",
+        validate_assignment=True,
+    )
+
+    # ---------------------------------------------------------------- model and run
+    model: str = Field(default_factory=default_model_dir,
+                       description="Policy to train: a local HF model directory or hub id "
+                       "(default: the bundled SmolLM2-135M-Instruct).")
+    run_dir: str | None = Field(default=None, description="Directory for checkpoints, logs, "
+                                "metrics.jsonl, plot.png and summary.json (default: "
+                                "runs/<UTC timestamp>).")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Training device; "
+                                                   "auto = cuda when available.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="Training "
+                                                          "dtype; auto = float32 on CPU, bfloat16 "
+                                                          "on CUDA.")
+    seed: int = Field(default=0, description="Torch seed.")
+    torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads "
+                                      "(default: torch's choice).")
+    gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
+    attn_implementation: str | None = Field(default=None, description="HF attention kernel; "
+                                            "default eager on CPU (fast for short padded "
+                                            "batches), sdpa on CUDA.")
+
+    # ---------------------------------------------------------------- trajectory API
+    api_url: str = Field(default="http://127.0.0.1:8000", description="run-api base URL.")
+    api_key: str | None = Field(default=None, description="Bearer token for run-api (default: "
+                                "the ATROPOS_API_KEY environment variable).")
+    batch_timeout: float = Field(default=900.0, gt=0, description="Seconds to wait for one "
+                                 "batch before failing with a hint (are the envs running?).")
+    wandb_project: str | None = Field(default=None, description="W&B project (also sent to "
+                                      "the envs through /register).")
+    wandb_group: str | None = Field(default=None, description="W&B group.")
+    use_wandb: bool = Field(default=False, description="Log to Weights & Biases (lazy import; "
+                            "set WANDB_MODE=offline to stay off the network).")
+
+    # ---------------------------------------------------------------- optimisation
+    training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "
+                                "exactly one GET /batch.")
+    batch_size: int = Field(default=32, ge=1, description="Sequences per step (registered with "
+                            "the API; a multiple of the envs' group_size).")
+    micro_batch_size: int = Field(default=8, ge=1, description="Sequences per forward/backward "
+                                  "(gradient accumulation over batch_size / micro_batch_size).")
+    max_token_len: int = Field(default=2048, ge=2, description="Longest sequence accepted, in "
+                               "tokens (registered with the API).")
+    pad_multiple: int = Field(default=32, ge=1, description="Pad each micro-batch's length to a "
+                              "multiple of this.")
+    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear LR warm-up steps.")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient-norm clip.")
+    clip_eps: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip range.")
+    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty coefficient (0 = off). "
+                           "Uses the batch's ref_logprobs where sent, else a frozen copy of the "
+                           "starting model.")
+
+    # ---------------------------------------------------------------- checkpoints
+    checkpoint_interval: int = Field(default=0, ge=0, description="Save a checkpoint every N "
+                                     "steps (0: only the final one).")
+
+    # ---------------------------------------------------------------- vLLM
+    vllm_url: str | None = Field(default=None, description="Use this already-running vLLM "
+                                 "(e.g. http://127.0.0.1:9100/v1; weight sync needs it in dev "
+                                 "mode, reload only) instead of launching one.")
+    vllm_port: int | None = Field(default=None, description="Port of the vLLM the trainer "
+                                  "launches (default: a free one).")
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="dtype of the launched vLLM (auto: float32 on CPU).")
+    vllm_max_model_len: int = Field(default=2048, ge=1, description="Context of the launched vLLM.")
+    vllm_extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` "
+                                       "flags for the launched server.")
+    vllm_start_timeout: float = Field(default=600.0, gt=0, description="Seconds to wait for "
+                                      "the launched vLLM to become healthy.")
+    served_model_name: str = Field(default="smollm2", description="Model name vLLM serves.")
+    weight_sync: Literal["reload", "restart", "none"] = Field(
+        default="reload", description="reload: save safetensors and hot-reload them in the "
+        "running vLLM (no restart); restart: save a checkpoint and restart vLLM on it (the "
+        "upstream way); none: never update vLLM.")
+    weight_sync_interval: int = Field(default=1, ge=1, description="Sync vLLM every N steps "
+                                      "(and always after the last step).")
+
+    # ---------------------------------------------------------------- evaluation
+    eval_command: str | None = Field(default=None, description="Shell command run before "
+                                     "training, every eval_interval steps and after the last "
+                                     "step; it must write {out_dir}/metrics.json (BaseEnv "
+                                     "evaluate format). Placeholders: {base_url}, {model_name}, "
+                                     "{out_dir}, {step}.")
+    eval_interval: int = Field(default=0, ge=0, description="Evaluate every N steps (0: only "
+                               "before and after training).")
+    eval_metric: str = Field(default="eval/accuracy", description="Key in metrics.json "
+                             "results.all reported as eval accuracy.")
+    eval_timeout: float = Field(default=600.0, gt=0, description="Seconds one evaluation may take.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.micro_batch_size > self.batch_size:
+            raise ValueError(
+                f"micro_batch_size ({self.micro_batch_size}) is larger than batch_size "
+                f"({self.batch_size}); lower micro_batch_size or raise batch_size")
+        if self.vllm_url is not None and self.weight_sync == "restart":
+            raise ValueError(
+                "weight_sync=restart needs the trainer to own vLLM; drop --vllm-url or use "
+                "--weight-sync reload")
+        return self

@@ -1,0 +1,317 @@
+"""GRPO example trainer: register with run-api, then per step pull ONE batch, train, sync vLLM.
+
+Meant to be read top to bottom and copied (nanoGPT style). The loop::
+
+    register -> eval (before) -> for step: GET /batch -> GRPO loss -> optimizer step
+             -> sync vLLM (reload / restart) -> [checkpoint] -> [eval] -> final eval, summary
+
+Loss: GRPO (Shao et al. 2024, arXiv:2402.03300) with the PPO clipped ratio per token against
+the sampler's log-probs, pessimistic for every advantage sign, optional k3 KL
+(``example_trainer/loss.py``). Batches: ``example_trainer/data.py``.
+
+Launch everything with one command (run-api, vLLM, the arithmetic env, this trainer)::
+
+    atropos-launch configs/quickstart-cpu.yaml
+
+Or by hand, in four terminals::
+
+    run-api --host 127.0.0.1 --port 8000
+    atropos-grpo --training-steps 20 --batch-size 32 --lr 2e-5 --vllm-port 9001 \
+        --eval-command "python environments/arithmetic_server.py evaluate \
+            --openai.base_url {base_url} --env.data_dir_to_save_evals {out_dir}"
+    python environments/arithmetic_server.py serve --openai.base_url http://127.0.0.1:9001/v1 \
+        --env.rollout_server_url http://127.0.0.1:8000
+
+The trainer launches its own vLLM (``--vllm-port``) unless ``--vllm-url`` names one; the
+environments retry until it is up. Every run writes ``runs/<timestamp>/`` (or ``--run-dir``):
+``checkpoints/``, ``metrics.jsonl``, ``plot.png``, ``summary.json``, ``logs/``.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from example_trainer.config import TrainerConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script ``atropos-grpo``: parse flags (``--help`` lists them) and train."""
+    from pydantic_settings import CliApp
+
+    config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv)
+    summary = train(config)
+    return 0 if summary.get("steps") == config.training_steps else 1
+
+
+def train(config: TrainerConfig) -> dict[str, Any]:
+    """Run GRPO training as configured; return the summary (also written to summary.json).
+
+    Raises:
+        ApiError: run-api unreachable or refusing the registration.
+        InferenceError: vLLM did not start or refused a weight update.
+        TimeoutError: no batch arrived within ``batch_timeout`` seconds.
+    """
+    import torch
+
+    from atroposlib.api.client import AtroposClient
+    from atroposlib.api.models import Registration
+    from example_trainer.data import batch_to_sequences, make_micro_batches
+    from example_trainer.loss import grpo_loss, token_logprobs
+    from example_trainer.report import RunLog, run_eval_command, write_summary
+    from example_trainer.vllm_sync import VLLMSync, save_weights
+
+    wall_start = time.perf_counter()
+    # ------------------------------------------------------------------ run directory
+    run_dir = Path(config.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "trainer_config.json").write_text(config.model_dump_json(indent=2))
+    print(f"[grpo] run directory: {run_dir}", flush=True)
+
+    # ------------------------------------------------------------------ model and optimizer
+    torch.manual_seed(config.seed)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    device = torch.device("cuda" if config.device == "cuda" or (
+        config.device == "auto" and torch.cuda.is_available()) else "cpu")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        config.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model, tokenizer = load_policy(config.model, device, dtype, config.attn_implementation)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.adam_betas,
+                                  weight_decay=config.weight_decay)
+    reference = None  # frozen starting policy for the KL term, loaded on first need
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    # ------------------------------------------------------------------ vLLM + bookkeeping
+    vllm = VLLMSync(config, run_dir)
+    runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
+                    config.model_dump(mode="json"))
+    stop = _install_stop_handler()
+    steps_done = 0
+    eval_before = eval_after = math.nan
+    train_seconds = 0.0
+    try:
+        print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
+        vllm_seconds = vllm.start()
+        print(f"[grpo] vLLM ready at {vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
+
+        def evaluate(step: int) -> float:
+            if not config.eval_command:
+                return math.nan
+            metrics = run_eval_command(
+                config.eval_command, base_url=vllm.base_url, model_name=config.served_model_name,
+                out_dir=run_dir / "evals" / f"step_{step}", step=step, metric=config.eval_metric,
+                timeout=config.eval_timeout, log_path=run_dir / "logs" / "eval.log")
+            runlog.log_eval(step, metrics, config.eval_metric)
+            return metrics[config.eval_metric]
+
+        eval_before = evaluate(0)
+
+        # -------------------------------------------------------------- register with run-api
+        client = AtroposClient(config.api_url, api_key=config.api_key)
+        client.register(Registration(
+            wandb_group=config.wandb_group or "", wandb_project=config.wandb_project or "",
+            batch_size=config.batch_size, max_token_len=config.max_token_len,
+            checkpoint_dir=str(run_dir / "checkpoints"),
+            save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
+            starting_step=0, num_steps=config.training_steps))
+        print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
+
+        train_start = time.perf_counter()
+        for step in range(1, config.training_steps + 1):
+            if stop.requested:
+                print("[grpo] stop requested: finishing early", flush=True)
+                break
+            # ---------------------------------------------------------- 1. one batch
+            wait_start = time.perf_counter()
+            batch = wait_for_batch(client, config.batch_timeout, stop)
+            if batch is None:
+                break
+            wait_s = time.perf_counter() - wait_start
+            step_start = time.perf_counter()
+            sequences, stats = batch_to_sequences(batch, config.max_token_len)
+            micro_batches = make_micro_batches(sequences, config.micro_batch_size, pad_id,
+                                               config.pad_multiple)
+
+            # ---------------------------------------------------------- 2. loss and backward
+            if config.kl_coef > 0 and reference is None and any(
+                    mb.ref_logprobs is None for mb in micro_batches):
+                reference, _ = load_policy(config.model, device, dtype, config.attn_implementation)
+                reference.eval().requires_grad_(False)
+            sums: dict[str, float] = {}
+            for mb in micro_batches:
+                mb = mb.to(device)
+                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+                ref_lp = mb.ref_logprobs
+                if config.kl_coef > 0 and ref_lp is None:
+                    with torch.no_grad():
+                        ref_logits = reference(input_ids=mb.input_ids,
+                                               attention_mask=mb.attention_mask).logits
+                        ref_lp = token_logprobs(ref_logits, mb.labels, mb.temperatures)
+                out = grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs,
+                                num_sequences=stats.num_sequences, clip_eps=config.clip_eps,
+                                temperature=mb.temperatures, ref_logprobs=ref_lp,
+                                kl_coef=config.kl_coef)
+                out.loss.backward()
+                for key, value in out.metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                sums["loss"] = sums.get("loss", 0.0) + out.loss.item()
+
+            # ---------------------------------------------------------- 3. optimizer step
+            lr = config.lr * min(1.0, step / config.warmup_steps) if config.warmup_steps else config.lr
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            compute_s = time.perf_counter() - step_start
+
+            # ---------------------------------------------------------- 4. sync vLLM
+            sync_metrics: dict[str, float] = {}
+            if step % config.weight_sync_interval == 0 or step == config.training_steps:
+                sync_metrics = vllm.sync(model, tokenizer)
+
+            # ---------------------------------------------------------- 5. checkpoint
+            if config.checkpoint_interval and step % config.checkpoint_interval == 0:
+                save_weights(model, tokenizer, run_dir / "checkpoints" / f"step_{step}", True)
+            steps_done = step
+
+            # ---------------------------------------------------------- 6. log
+            n = stats.num_sequences
+            scores = stats.scores
+            runlog.log(step, {
+                "loss": sums["loss"], "pg_loss": sums["pg_loss"] / n, "kl": sums["kl"] / n,
+                "ratio": sums["ratio"] / n, "clip_fraction": sums["clip_fraction"] / n,
+                "logprob": sums["logprob"] / n, "grad_norm": float(grad_norm), "lr": lr,
+                "reward/mean": sum(scores) / n, "reward/max": max(scores), "reward/min": min(scores),
+                "advantage/mean": sum(stats.advantages) / n,
+                "advantage/abs_mean": sum(abs(a) for a in stats.advantages) / n,
+                "sampler_logprob_diff": sums["sampler_logprob_diff_sum"] / max(sums["sampler_tokens"], 1.0),
+                "trained_tokens": sums["tokens"], "sequences": n, "groups": stats.num_groups,
+                "max_len": stats.max_len,
+                "tokens_per_second": sum(int(mb.attention_mask.sum()) for mb in micro_batches) / compute_s,
+                "step_seconds": compute_s, "batch_wait_seconds": wait_s, **sync_metrics,
+            })
+
+            # ---------------------------------------------------------- 7. periodic eval
+            if config.eval_interval and step % config.eval_interval == 0 and step != config.training_steps:
+                if step % config.weight_sync_interval != 0:
+                    vllm.sync(model, tokenizer)
+                evaluate(step)
+        train_seconds = time.perf_counter() - train_start
+
+        # -------------------------------------------------------------- final checkpoint + eval
+        save_weights(model, tokenizer, run_dir / "checkpoints" / "final", True)
+        if steps_done and config.eval_command:
+            if steps_done != config.training_steps:  # stopped early: vLLM may be behind
+                vllm.sync(model, tokenizer)
+            eval_after = evaluate(steps_done)
+    finally:
+        vllm.stop()
+        wall = time.perf_counter() - wall_start
+        if runlog.history:
+            runlog.plot(run_dir / "plot.png")
+        summary = write_summary(
+            run_dir / "summary.json", steps=steps_done, training_steps=config.training_steps,
+            wall_seconds=wall, train_loop_seconds=train_seconds,
+            eval_accuracy_before=eval_before, eval_accuracy_after=eval_after,
+            eval_accuracy_delta=eval_after - eval_before,
+            evals=[{"step": s, "accuracy": a} for s, a in runlog.evals],
+            final_checkpoint=str(run_dir / "checkpoints" / "final"),
+            weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
+            mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
+            mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
+        )
+        runlog.close()
+        print(f"[grpo] summary: {summary}", flush=True)
+    return summary
+
+
+def load_policy(model_dir: str, device: Any, dtype: Any, attn_implementation: str | None) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer for training.
+
+    Args:
+        model_dir: HF model directory or hub id.
+        device: torch device.
+        dtype: torch dtype of the weights.
+        attn_implementation: HF attention kernel; None = eager on CPU, sdpa on CUDA.
+
+    Returns:
+        ``(model, tokenizer)``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    attn = attn_implementation or ("sdpa" if device.type == "cuda" else "eager")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+    return model.to(device), tokenizer
+
+
+def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any]] | None:
+    """Poll ``GET /batch`` until it returns a batch (one batch only: no draining).
+
+    Args:
+        client: an :class:`~atroposlib.api.client.AtroposClient`.
+        timeout: seconds before giving up.
+        stop: object whose ``requested`` turns True on SIGINT/SIGTERM.
+
+    Returns:
+        The batch (list of groups), or None when a stop was requested.
+
+    Raises:
+        TimeoutError: no batch within ``timeout`` seconds; the message says what to check.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while not stop.requested:
+        batch = client.get_batch()
+        if batch:
+            return batch
+        if time.monotonic() > deadline:
+            status = client.status()
+            raise TimeoutError(
+                f"no batch from the API within {timeout:.0f}s (queue: {status.get('queue_size')} "
+                "groups). Are the environments running and pointed at this API and vLLM? Is "
+                "batch_size a multiple of their group_size? Raise --batch-timeout if rollouts "
+                "are just slow.")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+    return None
+
+
+class _StopFlag:
+    requested = False
+
+
+def _install_stop_handler() -> _StopFlag:
+    """First SIGINT/SIGTERM: finish the current step, save, evaluate. Second: exit at once."""
+    flag = _StopFlag()
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag.requested:
+            raise KeyboardInterrupt
+        flag.requested = True
+        print(f"[grpo] got signal {signum}: stopping after this step (again to abort)", flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread (e.g. called from a test thread)
+            pass
+    return flag
+
+
+def _mean(values: Any) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

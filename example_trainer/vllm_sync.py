@@ -1,0 +1,136 @@
+"""Keep the sampling vLLM on the trainer's current weights: launch it, then reload or restart it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from atroposlib.errors import InferenceError
+
+
+def save_weights(model: Any, tokenizer: Any, out_dir: Path, with_tokenizer: bool) -> float:
+    """Write ``model`` as a HF directory (``model.safetensors`` + config) and return the seconds.
+
+    Args:
+        model: a ``transformers`` PreTrainedModel (any device/dtype; saved as is).
+        tokenizer: its tokenizer (saved when ``with_tokenizer``; vLLM needs it to start).
+        out_dir: target directory (created; files overwritten).
+        with_tokenizer: also save the tokenizer files.
+
+    Returns:
+        Seconds spent saving.
+    """
+    begin = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    if with_tokenizer:
+        tokenizer.save_pretrained(out_dir)
+    return time.perf_counter() - begin
+
+
+class VLLMSync:
+    """The inference server the environments sample from, and how it gets new weights.
+
+    Modes (``TrainerConfig.weight_sync``):
+
+    * ``reload``: save safetensors into ``<run_dir>/vllm_weights`` and ask the running vLLM to
+      load them (``POST /collective_rpc reload_weights`` + ``/reset_prefix_cache``): ~1 s on CPU.
+    * ``restart``: save a full checkpoint there and restart vLLM on it (~30 s on CPU; the
+      environments retry while it is down).
+    * ``none``: never touch vLLM.
+
+    With ``vllm_url`` the server is external (only ``reload`` and ``none``); otherwise
+    :class:`~atroposlib.inference.vllm_process.VLLMProcess` launches it with the policy.
+    """
+
+    def __init__(self, config: Any, run_dir: Path):
+        """Describe the server; nothing starts until :meth:`start`.
+
+        Args:
+            config: the :class:`~example_trainer.config.TrainerConfig`.
+            run_dir: the run directory (weights and the vLLM log go there).
+        """
+        self.config = config
+        self.weights_dir = run_dir / "vllm_weights"
+        self.log_path = run_dir / "logs" / "vllm.log"
+        self.process: Any = None
+        self._external_url = config.vllm_url.rstrip("/") if config.vllm_url else None
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI-compatible base URL (``http://127.0.0.1:PORT/v1``)."""
+        if self._external_url:
+            return self._external_url
+        if self.process is None:
+            raise RuntimeError("vLLM was not started; call start() first")
+        return self.process.base_url
+
+    def start(self) -> float:
+        """Launch vLLM on the starting policy (no-op for an external server); return seconds.
+
+        Raises:
+            InferenceError: vLLM did not become healthy (the message has its log tail).
+        """
+        if self._external_url:
+            return 0.0
+        from atroposlib.inference.vllm_process import VLLMProcess
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cfg = self.config
+        self.process = VLLMProcess(
+            cfg.model, served_model_name=cfg.served_model_name, port=cfg.vllm_port,
+            dtype=cfg.vllm_dtype, max_model_len=cfg.vllm_max_model_len,
+            extra_args=cfg.vllm_extra_args, log_path=self.log_path, dev_mode=True,
+        )
+        begin = time.perf_counter()
+        self.process.start(timeout=cfg.vllm_start_timeout)
+        return time.perf_counter() - begin
+
+    def sync(self, model: Any, tokenizer: Any) -> dict[str, float]:
+        """Push the current weights to vLLM according to ``weight_sync``.
+
+        Args:
+            model: the policy being trained.
+            tokenizer: its tokenizer (needed by ``restart``).
+
+        Returns:
+            ``{"sync/save_seconds", "sync/update_seconds"}`` (zeros for ``none``).
+
+        Raises:
+            InferenceError: the server refused the update or did not come back.
+        """
+        mode = self.config.weight_sync
+        if mode == "none":
+            return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
+        save_s = save_weights(model, tokenizer, self.weights_dir, with_tokenizer=mode == "restart")
+        if mode == "restart":
+            update_s = self.process.restart(model=self.weights_dir, timeout=self.config.vllm_start_timeout)
+        elif self.process is not None:
+            update_s = self.process.reload_weights(self.weights_dir)
+        else:
+            update_s = self._reload_external()
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+
+    def _reload_external(self) -> float:
+        import httpx
+
+        root = self._external_url.removesuffix("/v1")
+        begin = time.perf_counter()
+        with httpx.Client(timeout=600.0, trust_env=False) as client:
+            for path, payload in (
+                ("/collective_rpc", {"method": "reload_weights",
+                                     "kwargs": {"weights_path": str(self.weights_dir.resolve())}}),
+                ("/reset_prefix_cache", None),
+            ):
+                response = client.post(root + path, json=payload)
+                if response.status_code != 200:
+                    raise InferenceError(
+                        f"POST {root}{path} answered {response.status_code}: {response.text[:500]}; "
+                        "start that vLLM with VLLM_SERVER_DEV_MODE=1 to allow weight reloads")
+        return time.perf_counter() - begin
+
+    def stop(self) -> None:
+        """Stop the launched vLLM (its own process group only); no-op for an external server."""
+        if self.process is not None:
+            self.process.stop()
