@@ -22,6 +22,26 @@ def test_group_shows_messages_scores_best_first(tokenizer):
     assert "atr-score atr-pos" in html and "atr-score atr-neg" in html
     assert "Pick &lt;b&gt;one&lt;/b&gt;" in html and "<b>one</b>" not in html
     assert html.count('class="atr-msg atr-assistant"') == 2
+    # the shared prompt is shown once, above the completions
+    assert "prompt shared by all 2 rollouts" in html
+    assert html.count('class="atr-msg atr-user"') == 1
+    assert html.index("Pick &lt;b&gt;") < html.index("high answer")
+
+
+def test_different_prompts_are_shown_per_rollout(tokenizer):
+    a = make_group(tokenizer, "first question", ["x"], [1.0])
+    b = make_group(tokenizer, "second question", ["y"], [0.0])
+    mixed = {k: a[k] + b[k] for k in ("tokens", "masks", "scores", "messages")}
+    html = render_group(ObservedGroup(cursor=1, env_id=None, received_at=0, group=mixed))
+    assert "prompt shared" not in html and html.count('class="atr-msg atr-user"') == 2
+
+
+def test_token_only_shared_prompt_is_decoded_once(tokenizer, bundled_model_dir):
+    g = make_group(tokenizer, "decode <me>", ["one", "two"], [1.0, 0.0], with_messages=False)
+    html = render_group(ObservedGroup(cursor=1, env_id=None, received_at=0, group=g),
+                        TokenDecoder(str(bundled_model_dir)))
+    assert html.count("decode &lt;me&gt;") == 1 and "prompt shared by all 2 rollouts" in html
+    assert "one&lt;|im_end|&gt;" in html and "two&lt;|im_end|&gt;" in html
 
 
 def test_token_only_group_is_decoded_with_a_tokenizer(tokenizer, bundled_model_dir):
