@@ -750,13 +750,21 @@ class BaseEnv:
 
         base = self.config.wandb_name or self.name or "env"
         suffix = "".join(random.choices(string.ascii_lowercase, k=6))
-        self._wandb_run = wandb.init(
-            project=project,
-            group=group,
-            name=f"{base}-{time.strftime('%Y-%m-%d')}-{suffix}",
-            config=self.config.model_dump(mode="json"),
-            reinit="finish_previous",
-        )
+        try:
+            self._wandb_run = wandb.init(
+                project=project,
+                group=group,
+                name=f"{base}-{time.strftime('%Y-%m-%d')}-{suffix}",
+                config=self.config.model_dump(mode="json"),
+                reinit="finish_previous",
+            )
+        except Exception as exc:  # noqa: BLE001 - metrics must not stop data generation
+            logger.warning(
+                "W&B init failed (%s); continuing without W&B. Log in (`wandb login`), set "
+                "WANDB_MODE=offline, or pass --env.use_wandb false",
+                exc,
+            )
+            self.config.use_wandb = False
 
     def _finish_wandb(self) -> None:
         if self._wandb_run is not None:

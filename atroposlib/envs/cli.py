@@ -151,6 +151,12 @@ def resolve_server_configs(
     return base
 
 
+def _env_config_class(env_cls: type[BaseEnv], init_env: BaseEnvConfig) -> type[BaseEnvConfig]:
+    """The config class whose fields become ``--env.*``: ``config_init``'s when more specific."""
+    declared = env_cls.env_config_cls
+    return type(init_env) if isinstance(init_env, declared) else declared
+
+
 def build_configs(
     env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
 ) -> tuple[BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
@@ -166,7 +172,7 @@ def build_configs(
     env_values = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
     env_values.update(data.get("env") or {})
     env_values.update(overrides["env"])
-    env_config = _validated(env_cls.env_config_cls, env_values, "env", "env configuration")
+    env_config = _validated(_env_config_class(env_cls, init_env), env_values, "env", "env configuration")
     servers = resolve_server_configs(init_servers, data.get("openai"), overrides["openai"])
     manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
     manager_values.update({k: v for k, v in overrides[""].items() if k not in ("config", "mode")})
@@ -199,7 +205,9 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
             help="YAML with keys env:, openai: (mapping or list), slurm:, testing:.",
         )
         env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
-        add_model_options(mode_parser, env_cls.env_config_cls, "env", env_defaults, "env options")
+        add_model_options(
+            mode_parser, _env_config_class(env_cls, init_env), "env", env_defaults, "env options"
+        )
         add_model_options(
             mode_parser, APIServerConfig, "openai", server_defaults, "inference server (--openai.*)"
         )

@@ -230,7 +230,10 @@ class ServeLoop:
             )
 
     async def setup_wandb(self) -> None:
-        """Start a W&B run in the trainer's project/group (waits up to 60 s for them)."""
+        """Start a W&B run in the trainer's project/group (waits up to 60 s for them).
+
+        Called after registration, when the trainer has normally published them already.
+        """
         if not self.config.use_wandb:
             return
         project = group = None
@@ -517,10 +520,10 @@ class ServeLoop:
         env._outbox = self.outbox
         try:
             await env.setup()
-            await self.setup_wandb()
-            await self.register(first=True)
+            await self.register(first=True)  # waits for the trainer, which publishes W&B info
             if self.stop_event.is_set():
                 return
+            await self.setup_wandb()
             await self.read_info()
             self.sender_task = asyncio.get_running_loop().create_task(self.sender())
             while not self.stop_event.is_set():

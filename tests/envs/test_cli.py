@@ -148,3 +148,20 @@ def test_evaluate_writes_metrics_json_and_prints_its_path(tiny_tokenizer_dir, tm
     assert metrics["results"]["all"]["eval/mean_length"] > 0
     assert metrics["results"]["atropos|chat_length|0"] == metrics["results"]["all"]
     assert metrics["config_general"]["model_name"] == "fake"
+
+
+def test_config_init_subclass_fields_become_flags_even_without_env_config_cls():
+    from pydantic import Field
+
+    from atroposlib.envs.base import BaseEnvConfig
+
+    class Extra(BaseEnvConfig):
+        difficulty: int = Field(default=1, description="How hard.")
+
+    class Forgetful(ChatLengthEnv):  # returns Extra from config_init, env_config_cls not set
+        @classmethod
+        def config_init(cls):
+            return Extra(use_wandb=False), APIServerConfig(base_url="http://127.0.0.1:9/v1")
+
+    _, env, _, _ = parse_args(Forgetful, ["process", "--env.difficulty", "3"])
+    assert isinstance(env, Extra) and env.difficulty == 3
