@@ -102,11 +102,21 @@ class JudgeConfig(BaseEnvConfig):
     rubric: str = Field(default=DEFAULT_RUBRIC, description="What the judge rewards.")
     judge_samples: int = Field(default=1, ge=1, description="Judge ratings averaged (rubric).")
     judge_max_tokens: int = Field(default=16, ge=1, description="Judge reply budget.")
-    judge_temperature: float = Field(default=0.0, ge=0, description="Judge temperature.")
+    judge_temperature: float = Field(
+        default=0.0, ge=0,
+        description="Judge temperature of the first attempt; retries use at least 0.7 so a "
+        "deterministic judge can change its answer.",
+    )
     judge_retries: int = Field(
         default=2, ge=0,
         description="Extra judge attempts when no verdict can be parsed; after them the group "
         "is dropped (RolloutError), never scored 0.",
+    )
+    judge_prefill: bool = Field(
+        default=True,
+        description="Render the judge chat with the tokenizer's template and let the judge "
+        "continue after 'Score:' (or '\\boxed{') through the completion API: makes small "
+        "judges answer in format. Turn off for chat-only APIs.",
     )
     max_tokens: int = Field(default=128, ge=1, description="Policy completion budget.")
     temperature: float = Field(default=1.0, ge=0, description="Policy sampling temperature.")
@@ -153,17 +163,33 @@ class JudgeEnv(BaseEnv):
         self.iter += 1
         return {"prompt": prompt}
 
-    async def _judge(self, content: str, parse, n: int) -> list[Any]:
-        """Ask the judge ``n`` verdicts; retry unparseable ones; raise RolloutError if none."""
+    async def _judge(self, content: str, parse, n: int, prefix: str) -> list[Any]:
+        """Ask the judge ``n`` verdicts; retry unparseable ones; raise RolloutError if none.
+
+        Args:
+            content: the judge prompt (one user message).
+            parse: reply text -> verdict or None.
+            n: verdicts wanted.
+            prefix: start of the judge's reply, prefilled when ``judge_prefill``.
+        """
         c = self.config
+        prompt = None
+        if c.judge_prefill:
+            prompt = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+            ) + prefix
         verdicts: list[Any] = []
-        for _attempt in range(c.judge_retries + 1):
-            completion = await self.server.chat_completion(
-                messages=[{"role": "user", "content": content}], n=n - len(verdicts),
-                max_tokens=c.judge_max_tokens, temperature=c.judge_temperature, split="eval",
-            )
-            verdicts += [v for v in (parse(ch.message.content or "") for ch in completion.choices)
-                         if v is not None]
+        for attempt in range(c.judge_retries + 1):
+            kwargs = {"n": n - len(verdicts), "max_tokens": c.judge_max_tokens, "split": "eval",
+                      "temperature": c.judge_temperature if attempt == 0 else max(0.7, c.judge_temperature)}
+            if prompt is not None:
+                completion = await self.server.completion(prompt=prompt, **kwargs)
+                replies = [prefix + (ch.text or "") for ch in completion.choices]
+            else:
+                completion = await self.server.chat_completion(
+                    messages=[{"role": "user", "content": content}], **kwargs)
+                replies = [ch.message.content or "" for ch in completion.choices]
+            verdicts += [v for v in map(parse, replies) if v is not None]
             if len(verdicts) >= n:
                 return verdicts[:n]
         if verdicts:
@@ -176,7 +202,7 @@ class JudgeEnv(BaseEnv):
     async def rate(self, prompt: str, response: str) -> float:
         """Rubric score in [0, 1]: (mean rating - 1) / 9."""
         content = RUBRIC_JUDGE.format(rubric=self.config.rubric, prompt=prompt, response=response)
-        ratings = await self._judge(content, parse_rating, self.config.judge_samples)
+        ratings = await self._judge(content, parse_rating, self.config.judge_samples, "Score:")
         return (sum(ratings) / len(ratings) - 1.0) / 9.0
 
     async def pairwise_scores(self, prompt: str, responses: list[str]) -> list[float]:
@@ -187,7 +213,7 @@ class JudgeEnv(BaseEnv):
         async def duel(i: int, j: int) -> None:
             content = PAIRWISE_JUDGE.format(rubric=self.config.rubric, prompt=prompt,
                                             a=responses[i], b=responses[j])
-            winner = (await self._judge(content, parse_preference, 1))[0]
+            winner = (await self._judge(content, parse_preference, 1, "\\boxed{"))[0]
             wins[i if winner == "A" else j] += 1.0
             games[i] += 1
             games[j] += 1
@@ -227,10 +253,17 @@ class JudgeEnv(BaseEnv):
                 max_tokens=self.config.max_tokens, temperature=0.0, split="eval",
             )
             text = completion.choices[0].message.content or ""
-            return {"prompt": prompt, "completion": text, "score": await self.rate(prompt, text)}
+            try:
+                score = await self.rate(prompt, text)
+            except RolloutError:
+                score = None  # counted in eval/judge_failure_rate, not averaged in as 0
+            return {"prompt": prompt, "completion": text, "score": score}
 
         samples = await asyncio.gather(*(one(p) for p in self.eval_prompts))
-        metrics = {"eval/judge_score": sum(s["score"] for s in samples) / len(samples)}
+        judged = [s["score"] for s in samples if s["score"] is not None]
+        metrics = {"eval/judge_failure_rate": 1 - len(judged) / len(samples)}
+        if judged:
+            metrics["eval/judge_score"] = sum(judged) / len(judged)
         self.evaluate_log(metrics, start_time=start, samples=list(samples),
                           generation_parameters={"temperature": 0.0,
                                                  "max_tokens": self.config.max_tokens})

@@ -54,19 +54,29 @@ def make_question(rng: random.Random, min_len: int, max_len: int, n_letters: int
     return {"word": word, "letters": letters, "counts": counts, "question": question}
 
 
+_NUMBER_WORDS = {"zero": 0, "none": 0, "no": 0, "once": 1, "one": 1, "twice": 2, "two": 2,
+                 "thrice": 3, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+                 "eight": 8, "nine": 9, "ten": 10}
+_NUMBER = re.compile(r"-?\d+|\b(?:" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
+
+
+def numbers_in(text: str) -> list[int]:
+    """Integers in ``text`` in order: digits and number words ("twice", "three", "no")."""
+    return [int(tok) if tok.lstrip("-").isdigit() else _NUMBER_WORDS[tok.lower()]
+            for tok in _NUMBER.findall(text)]
+
+
 def score_answer(text: str, counts: list[int]) -> float:
     """Score a reply against the true counts.
 
     Returns:
         1.0 for the right count(s) inside ``<answer>`` tags, 0.5 for the right count(s) as
-        the last number(s) of an untagged reply, else 0.0.
+        the last number(s) of an untagged reply ("appears twice" counts), else 0.0.
     """
     tagged = extract_answer_tag(text)
     if tagged is not None:
-        numbers = [int(x) for x in re.findall(r"-?\d+", tagged)]
-        return 1.0 if numbers == counts else 0.0
-    numbers = [int(x) for x in re.findall(r"-?\d+", text)]
-    return 0.5 if numbers[-len(counts):] == counts else 0.0
+        return 1.0 if numbers_in(tagged) == counts else 0.0
+    return 0.5 if numbers_in(text)[-len(counts):] == counts else 0.0
 
 
 class LetterCountingConfig(BaseEnvConfig):
@@ -143,7 +153,7 @@ class LetterCountingEnv(BaseEnv):
     async def evaluate(self, *args, **kwargs):
         return await run_eval(
             self, self.eval_items, self._messages,
-            lambda item, text, _reason: float(score_answer(text, item["counts"]) == 1.0),
+            lambda item, text, _reason: float(score_answer(text, item["counts"]) > 0),
             max_tokens=self.config.max_tokens,
         )
 

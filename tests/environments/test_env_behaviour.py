@@ -223,14 +223,19 @@ async def test_calculator_loop_feeds_tool_results_back(tok_dir):
 
 
 # ------------------------------------------------------------------ judge
-async def test_judge_rubric_scores_follow_the_judge(tok_dir):
+@pytest.mark.parametrize("prefill", [True, False])
+async def test_judge_rubric_scores_follow_the_judge(tok_dir, prefill):
     from tests.environments.test_collection import _judge_reply
 
-    env, server = await make_env("judge", tok_dir, _judge_reply, group_size=2)
+    env, server = await make_env("judge", tok_dir, _judge_reply, group_size=2, judge_prefill=prefill)
     group, _ = await env.collect_trajectories(await env.get_next_item())
     assert group["scores"] == pytest.approx([8 / 9, 1 / 9])
     judge_calls = [r for r in server.requests if "strict judge" in r.prompt]
     assert len(judge_calls) == 2 and all(r.kwargs["max_tokens"] == 16 for r in judge_calls)
+    # prefill: the judge continues its own templated reply after "Score:" (completion API)
+    assert {r.kind for r in judge_calls} == ({"completion"} if prefill else {"chat"})
+    if prefill:
+        assert all(r.prompt.endswith("<|im_start|>assistant\nScore:") for r in judge_calls)
 
 
 async def test_judge_pairwise_win_rates_cancel_position_bias(tok_dir):
@@ -253,6 +258,11 @@ async def test_judge_without_verdict_drops_the_group(tok_dir):
                                  judge_retries=1)
     with pytest.raises(RolloutError, match="no parseable verdict in 2 attempts"):
         await env.collect_trajectories(await env.get_next_item())
+    retries = [r for r in server.requests if "strict judge" in r.prompt]
+    assert sorted(r.kwargs["temperature"] for r in retries) == [0.0, 0.0, 0.7, 0.7]
+    # evaluate reports judge failures as a rate instead of crashing or scoring them 0
+    metrics = await env.evaluate()
+    assert metrics == {"eval/judge_failure_rate": 1.0}
 
 
 def test_judge_parsers():

@@ -1,0 +1,61 @@
+"""Collection envs against REAL vLLM serving the bundled model (marked e2e; short generations)."""
+
+from __future__ import annotations
+
+import pytest
+
+from atroposlib.api.models import IGNORE_INDEX
+from atroposlib.envs.checks import check_env
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+
+pytestmark = pytest.mark.e2e
+
+
+def _vllm_backend(vllm_server):
+    module = pytest.importorskip(
+        "atroposlib.envs.server_handling.vllm_server",
+        reason="the stock-vLLM backend (server_type vllm) is not installed yet",
+    )
+    return module.VLLMServer(APIServerConfig(
+        model_name=vllm_server.model_name, base_url=vllm_server.base_url, api_key="x",
+        server_type="vllm", timeout=120,
+    ))
+
+
+async def test_blackjack_multi_turn_real_vllm(vllm_server):
+    from transformers import AutoTokenizer
+
+    from environments.blackjack_env import BlackjackEnv
+
+    tokenizer = AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
+    groups = await check_env(
+        BlackjackEnv, _vllm_backend(vllm_server),
+        {"tokenizer_name": str(vllm_server.model_dir), "group_size": 2, "max_turns": 3,
+         "max_tokens": 16, "seed": 5},
+        tokenizer=tokenizer,
+    )
+    group = groups[0]
+    for tokens, masks, messages in zip(group["tokens"], group["masks"], group["messages"], strict=True):
+        trained = tokenizer.decode([t for t, m in zip(tokens, masks, strict=True) if m != IGNORE_INDEX])
+        turns = [m["content"] for m in messages if m["role"] == "assistant"]
+        assert 1 <= len(turns) <= 3
+        assert all(turn in trained for turn in turns)  # every assistant turn is trained
+        prompt = tokenizer.decode([t for t, m in zip(tokens, masks, strict=True) if m == IGNORE_INDEX])
+        assert "Your cards:" in prompt and "Your cards:" not in trained
+    assert all(-1.6 <= s <= 1.0 for s in group["scores"])
+
+
+async def test_code_execution_real_vllm(vllm_server):
+    from transformers import AutoTokenizer
+
+    from environments.code_execution_env import CodeExecutionEnv
+
+    tokenizer = AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
+    groups = await check_env(
+        CodeExecutionEnv, _vllm_backend(vllm_server),
+        {"tokenizer_name": str(vllm_server.model_dir), "group_size": 2, "max_tokens": 96,
+         "dataset_name": "builtin", "cpu_seconds": 2, "wall_seconds": 5, "temperature": 0.7},
+        tokenizer=tokenizer,
+    )
+    assert set(groups[0]["scores"]) <= {-1.0, 1.0}
+    assert all(len(lp) == len(t) for lp, t in zip(groups[0]["inference_logprobs"], groups[0]["tokens"], strict=True))
