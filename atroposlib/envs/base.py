@@ -140,6 +140,8 @@ class BaseEnv:
         * ``setup()``: load datasets etc. (runs once, before anything else).
         * ``postprocess_histories(trajectories)``: last edit of a group before sending.
         * ``wandb_log(metrics)``: add metrics, then ``await super().wandb_log(metrics)``.
+        * ``add_rollouts_for_wandb(group, item)`` / ``create_rollout_table(metrics)``: customise
+          the W&B rollout table.
         * ``save_checkpoint(step, data)`` / ``load_checkpoint()``: env state across restarts.
         * ``cleanup()``: runs after every item.
 
@@ -241,6 +243,21 @@ class BaseEnv:
         if self.config.max_num_workers > 0:
             return self.config.max_num_workers
         return self.config.max_num_workers_per_node * max(1, len(self.server.servers))
+
+    @property
+    def derived_batch_size(self) -> int:
+        """This env's share of a batch in sequences (spec 3.1).
+
+        ``config.batch_size`` until a status is known (or when it is -1), else
+        ``int(batch_size * (unallocated_fraction + (min_batch_allocation or 0)))``.
+        """
+        batch_size = self.config.batch_size
+        if batch_size == -1 or not self.status_dict:
+            return batch_size
+        share = self.status_dict.get("unallocated_fraction", 1.0) + (
+            self.config.min_batch_allocation or 0
+        )
+        return int(batch_size * share)
 
     @property
     def tokenizer(self) -> Any:
@@ -464,18 +481,48 @@ class BaseEnv:
             ]
         return group
 
-    def _record_group(self, group: ScoredDataGroup) -> None:
+    def _record_group(self, group: ScoredDataGroup, item: Item = None) -> None:
         lengths = [sum(1 for m in masks if m != IGNORE_INDEX) for masks in group["masks"]]
         self.completion_lengths.extend(lengths)
         if len(self.completion_lengths) > 10_000:
             del self.completion_lengths[: len(self.completion_lengths) - 10_000]
+        if self.config.use_wandb:
+            self.add_rollouts_for_wandb(group, item)
+
+    def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None) -> None:
+        """Keep some rollouts of an accepted group for the W&B ``train/rollouts`` table.
+
+        Override to log other columns (then also override ``create_rollout_table``). Default:
+        ``num_rollouts_per_group_for_logging`` rows of ``(text, score)``; the last
+        ``num_rollouts_to_keep`` groups are kept.
+        """
         keep = self.config.num_rollouts_per_group_for_logging
-        keep = len(group["tokens"]) if keep == -1 else keep
-        if self.config.use_wandb and keep > 0:
-            rows = []
-            for i in range(min(keep, len(group["tokens"]))):
-                rows.append((self._decode_for_log(group, i), group["scores"][i]))
-            self.rollouts_for_wandb.append(rows)
+        keep = len(scored_data["tokens"]) if keep == -1 else keep
+        if keep <= 0:
+            return
+        rows = [
+            (self._decode_for_log(scored_data, i), scored_data["scores"][i])
+            for i in range(min(keep, len(scored_data["tokens"])))
+        ]
+        self.rollouts_for_wandb.append(rows)
+
+    def create_rollout_table(self, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
+        """Add the ``train/rollouts`` W&B table built from ``rollouts_for_wandb``; return the dict."""
+        if not self.rollouts_for_wandb:
+            return wandb_metrics
+        import wandb
+
+        columns = ["text", "score"]
+        width = max((len(row) for rows in self.rollouts_for_wandb for row in rows), default=2)
+        columns += [f"extra_{i}" for i in range(width - 2)]
+        table = wandb.Table(columns=columns)
+        for rows in self.rollouts_for_wandb:
+            for row in rows:
+                table.add_data(*row, *([None] * (width - len(row))))
+        prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
+        wandb_metrics[f"{prefix}train/rollouts"] = table
+        self.rollouts_for_wandb.clear()
+        return wandb_metrics
 
     def _decode_for_log(self, group: ScoredDataGroup, index: int) -> str:
         messages = group.get("messages")
@@ -506,6 +553,7 @@ class BaseEnv:
         self,
         scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
         abort_on_any_max_length_exceeded: bool = True,
+        item: Item = None,
     ) -> list[ScoredDataGroup]:
         """Validate groups, drop (log + count) bad ones, record and write the rest to JSONL.
 
@@ -513,6 +561,7 @@ class BaseEnv:
             scored_data: one group, a list of groups (None entries are skipped), or None.
             abort_on_any_max_length_exceeded: drop groups with a sequence of
                 ``>= max_token_len`` tokens (only when the API told us ``max_token_len``).
+            item: the item the groups came from (passed to ``add_rollouts_for_wandb``).
 
         Returns:
             The accepted groups, with every optional key present (None when absent).
@@ -536,7 +585,7 @@ class BaseEnv:
                 log("dropping group: %s", message)
                 continue
             group = self._normalise_group(group)
-            self._record_group(group)
+            self._record_group(group, item)
             self._write_jsonl(group)
             self.stats["groups_accepted"] += 1
             accepted.append(group)
@@ -554,7 +603,7 @@ class BaseEnv:
         Groups go to a bounded local outbox drained by the serve loop, so a finished group is
         never lost to an API outage. Returns the accepted groups.
         """
-        accepted = self._accept_groups(scored_data, abort_on_any_max_length_exceeded)
+        accepted = self._accept_groups(scored_data, abort_on_any_max_length_exceeded, item)
         if do_send_to_api and accepted:
             outbox = getattr(self, "_outbox", None)
             if outbox is None:
@@ -615,7 +664,9 @@ class BaseEnv:
                     break
                 result, more = await self._run_item(item, abort_on_any_max_length_exceeded=False)
                 backlog.extend(more)
-                accepted = self._accept_groups(result, abort_on_any_max_length_exceeded=False)
+                accepted = self._accept_groups(
+                    result, abort_on_any_max_length_exceeded=False, item=item
+                )
                 await self.cleanup()
                 if not accepted:
                     consecutive_failures += 1
@@ -813,13 +864,7 @@ class BaseEnv:
 
         if wandb.run is None:
             return
-        if self.rollouts_for_wandb:
-            table = wandb.Table(columns=["text", "score"])
-            for rows in self.rollouts_for_wandb:
-                for text, score in rows:
-                    table.add_data(text, score)
-            metrics[f"{prefix}train/rollouts"] = table
-            self.rollouts_for_wandb.clear()
+        metrics = self.create_rollout_table(metrics)
         wandb.log(metrics, step=self.curr_step if self.curr_step > 0 else None)
 
     # ------------------------------------------------------------------ serve mode

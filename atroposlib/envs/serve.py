@@ -146,6 +146,7 @@ class ServeLoop:
         self.inference_backoff = 1.0
         self.consecutive_errors = 0
         self.sent_since_status = 0
+        self.last_progress_log = time.monotonic()
         self.finished = False
 
     # ------------------------------------------------------------------ registration
@@ -216,18 +217,19 @@ class ServeLoop:
             ConfigError: ``group_size`` exceeds the trainer's batch size.
         """
         info = await self.client.info()
-        if int(info.get("batch_size", -1)) != -1:
-            self.batch_size = int(info["batch_size"])
-            self.env.config.batch_size = self.batch_size
+        batch_size = int(info.get("batch_size", -1))
+        if batch_size != -1:
+            if self.config.group_size > batch_size:
+                raise ConfigError(
+                    f"group_size {self.config.group_size} > trainer batch_size {batch_size}: the "
+                    "groups could never be batched; lower --env.group_size"
+                )
+            self.batch_size = batch_size
+            self.env.config.batch_size = batch_size
         if int(info.get("max_token_len", -1)) != -1:
             self.env.max_token_len = int(info["max_token_len"])
         if self.batch_size == -1:
             logger.warning("batch size unknown (trainer did not report it); off-policy limit off")
-        elif self.config.group_size > self.batch_size:
-            raise ConfigError(
-                f"group_size {self.config.group_size} > trainer batch_size {self.batch_size}: the "
-                "groups could never be batched; lower --env.group_size"
-            )
 
     async def setup_wandb(self) -> None:
         """Start a W&B run in the trainer's project/group (waits up to 60 s for them).
@@ -507,6 +509,22 @@ class ServeLoop:
             ahead = int(self.status.get("queue_size", 0)) * self.config.group_size // self.batch_size
         return self.env.curr_step + ahead >= total
 
+    def log_progress(self, every: float = 60.0) -> None:
+        """Log a one-line summary (step, in flight, unsent, counters) at most every ``every`` s."""
+        now = time.monotonic()
+        if now - self.last_progress_log < every:
+            return
+        self.last_progress_log = now
+        logger.info(
+            "step %d: %d rollout group(s) in flight, %d unsent, backlog %d, API queue %s; %s",
+            self.env.curr_step,
+            len(self.workers),
+            self.outbox.qsize(),
+            len(self.backlog),
+            self.status.get("queue_size", "?"),
+            dict(self.env.stats),
+        )
+
     # ------------------------------------------------------------------ main
     async def _sleep(self, seconds: float) -> None:
         try:
@@ -535,6 +553,7 @@ class ServeLoop:
                         break
                 await self.spawn_workers()
                 self.reap_timeouts()
+                self.log_progress()
                 if self.sender_task.done() and not self.sender_task.cancelled():
                     exc = self.sender_task.exception()
                     logger.error("sender stopped (%r); restarting it", exc)

@@ -138,6 +138,7 @@ async def test_wandb_logging_offline(tiny_tokenizer, tmp_path, monkeypatch):
         assert summary["train/completion_lengths"] == 2
         assert summary["train/groups_accepted"] == 1
         assert any(k.startswith("server/server_0_") for k in summary)
+        assert "train/rollouts" in summary  # the rollout table was logged
     finally:
         env._finish_wandb()
     assert wandb.run is None
