@@ -152,7 +152,9 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS envs (id INTEGER PRIMARY KEY, record BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS groups (
     id INTEGER PRIMARY KEY, env_id INTEGER, n_seqs INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
-    received_at REAL NOT NULL, served_step INTEGER, blob BLOB NOT NULL);
+    received_at REAL NOT NULL, served_step INTEGER);
+-- payloads apart from the metadata: marking a group served must not rewrite its blob
+CREATE TABLE IF NOT EXISTS group_blobs (id INTEGER PRIMARY KEY, blob BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS partials (
     id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, target INTEGER NOT NULL,
     signature TEXT NOT NULL, n_seqs INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
@@ -273,17 +275,19 @@ class SqliteStore:
     def put_group(self, meta: GroupMeta, blob: bytes) -> None:
         """Store a queued group."""
         self._db.execute(
-            "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (meta.id, meta.env_id, meta.n_seqs, meta.n_tokens, meta.received_at,
-             meta.served_step, blob),
+            "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?)",
+            (meta.id, meta.env_id, meta.n_seqs, meta.n_tokens, meta.received_at, meta.served_step),
         )
+        self._db.execute("INSERT INTO group_blobs VALUES (?, ?)", (meta.id, blob))
 
     def group_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
         """Return ``{id: blob}`` for the given group ids."""
         out: dict[int, bytes] = {}
         for chunk in _chunks(ids):
             marks = ",".join("?" * len(chunk))
-            out.update(self._db.execute(f"SELECT id, blob FROM groups WHERE id IN ({marks})", chunk))
+            out.update(
+                self._db.execute(f"SELECT id, blob FROM group_blobs WHERE id IN ({marks})", chunk)
+            )
         return out
 
     def mark_served(self, ids: Iterable[int], step: int) -> None:
@@ -297,7 +301,9 @@ class SqliteStore:
     def delete_groups(self, ids: Iterable[int]) -> None:
         """Forget served groups that left the observe retention window."""
         for chunk in _chunks(ids):
-            self._db.execute(f"DELETE FROM groups WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            marks = ",".join("?" * len(chunk))
+            self._db.execute(f"DELETE FROM groups WHERE id IN ({marks})", chunk)
+            self._db.execute(f"DELETE FROM group_blobs WHERE id IN ({marks})", chunk)
 
     def put_partial(self, meta: PartialMeta, blob: bytes) -> None:
         """Store a buffered partial group."""
@@ -322,7 +328,7 @@ class SqliteStore:
 
     def reset(self) -> None:
         """Drop everything (``/reset_data``)."""
-        for table in ("meta", "envs", "groups", "partials"):
+        for table in ("meta", "envs", "groups", "group_blobs", "partials"):
             self._db.execute(f"DELETE FROM {table}")
 
     def close(self) -> None:
