@@ -190,3 +190,13 @@ def test_second_server_on_same_db_is_refused(tmp_path) -> None:
         assert get(api, "/status").status_code == 200
     finally:
         api.stop()
+
+
+def test_api_key_from_environment() -> None:
+    api = start_run_api(env={"ATROPOS_API_KEY": "from-env"})
+    try:
+        assert httpx.get(api.url + "/info").status_code == 401
+        assert get(api, "/info").status_code == 200  # the fixture sends the env's key
+        assert httpx.get(api.url + "/").status_code == 200
+    finally:
+        api.stop()
