@@ -129,12 +129,8 @@ class BaseEnvConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_consistency(self) -> BaseEnvConfig:
-        if self.batch_size > 0 and self.group_size > self.batch_size:
-            raise ValueError(
-                f"group_size ({self.group_size}) is larger than batch_size "
-                f"({self.batch_size}): a group could never fit in a batch; lower group_size "
-                "or raise batch_size"
-            )
+        # group_size vs batch_size is checked in serve mode once the trainer's /info batch
+        # size is known: a config_init batch_size is only a placeholder that /info overrides.
         if self.max_num_workers == 0 or self.max_num_workers < -1:
             raise ValueError(
                 f"max_num_workers must be -1 (automatic) or >= 1, got {self.max_num_workers}"
