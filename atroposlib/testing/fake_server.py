@@ -278,8 +278,11 @@ def fake_openai_app(server: FakeServer | None = None) -> Any:
     """Build an OpenAI-compatible FastAPI app backed by a :class:`FakeServer` script.
 
     Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
-    ``POST /v1/completions`` (``n``, ``max_tokens`` honoured; ``logprobs`` requests get
-    per-token log-probs when the server has a tokenizer).
+    ``POST /v1/completions`` (``n`` and ``max_tokens`` honoured). A completion whose ``prompt``
+    is a list of token ids is answered like stock vLLM with ``logprobs`` and
+    ``return_tokens_as_token_ids``: ``logprobs.tokens = ["token_id:N", ...]`` with the fake
+    log-probs (needs ``FakeServer(tokenizer=...)``), so ``server_type="vllm"`` and managed mode
+    work against it.
 
     Args:
         server: the script to serve; default ``FakeServer()``.
@@ -324,11 +327,37 @@ def fake_openai_app(server: FakeServer | None = None) -> Any:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body = _strip(await request.json())
+        prompt = body.get("prompt")
         try:
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+                return await _token_completion(body)
             result = await server._completion_wrapper(**body)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 503
             return JSONResponse({"error": {"message": str(exc)}}, status_code=503)
         return result.model_dump(exclude_none=True)
+
+    async def _token_completion(body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM-style completion from token ids, with ``return_tokens_as_token_ids`` logprobs."""
+        kwargs = {k: v for k, v in body.items() if k not in ("prompt", "logprobs", "extra_body")}
+        kwargs.pop("return_tokens_as_token_ids", None)
+        _, outputs, logprobs, reasons = await server._tokens_and_logprobs_completion_wrapper(
+            input_ids=body["prompt"], **kwargs
+        )
+        choices = []
+        for index, (ids, lps, reason) in enumerate(zip(outputs, logprobs, reasons, strict=True)):
+            choices.append({
+                "index": index,
+                "text": server.tokenizer.decode(ids),
+                "finish_reason": reason,
+                "logprobs": {
+                    "tokens": [f"token_id:{t}" for t in ids],
+                    "token_logprobs": lps,
+                    "top_logprobs": None,
+                    "text_offset": [],
+                },
+            })
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": server.config.model_name, "choices": choices}
 
     return app
 

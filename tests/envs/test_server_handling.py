@@ -216,3 +216,24 @@ def test_reasoning_config_extra_body():
         "reasoning": {"enabled": True, "max_tokens": 25600}}
     with pytest.raises(ValueError, match="not one of"):
         ReasoningConfig(effort="extreme")
+
+
+async def test_vllm_backend_managed_mode_over_http_against_the_fake_app(tiny_tokenizer, tiny_tokenizer_dir):
+    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+
+    fake = FakeServer(["four", "five!"], tokenizer=tiny_tokenizer)
+    with FakeOpenAIServer(fake) as http_server:
+        config = APIServerConfig(base_url=http_server.base_url, api_key="x", model_name="fake",
+                                 server_type="vllm", tokenizer_name=str(tiny_tokenizer_dir))
+        manager = ServerManager(config)
+        assert isinstance(manager.servers[0], VLLMServer)
+        async with manager.managed_server(tokenizer=tiny_tokenizer) as managed:
+            completion = await managed.chat_completion(messages=MSG, n=2, max_tokens=10)
+            nodes = managed.get_state()["nodes"]
+        assert [c.message.content for c in completion.choices] == ["four", "five!"]
+        for node in nodes:
+            generated = [(t, lp) for t, m, lp in zip(node.tokens, node.masked_tokens, node.logprobs,
+                                                     strict=True) if m != IGNORE_INDEX]
+            assert generated and all(lp == fake_logprob(t) for t, lp in generated)
+            assert generated[-1][0] == tiny_tokenizer.eos_token_id  # a sampled EOS is kept
+        await manager.aclose()
