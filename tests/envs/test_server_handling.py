@@ -237,3 +237,19 @@ async def test_vllm_backend_managed_mode_over_http_against_the_fake_app(tiny_tok
             assert generated and all(lp == fake_logprob(t) for t, lp in generated)
             assert generated[-1][0] == tiny_tokenizer.eos_token_id  # a sampled EOS is kept
         await manager.aclose()
+
+
+async def test_a_hanging_health_probe_counts_as_unhealthy(monkeypatch):
+    from atroposlib.envs.server_handling import server_baseline
+
+    monkeypatch.setattr(server_baseline, "HEALTH_PROBE_TIMEOUT", 0.2)
+
+    class Hanging(FakeServer):
+        async def _check_health(self):
+            await asyncio.sleep(30)
+            return True
+
+    server = Hanging()
+    start = time.perf_counter()
+    assert await server.check_health() is False
+    assert time.perf_counter() - start < 2

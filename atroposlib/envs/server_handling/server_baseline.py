@@ -46,6 +46,8 @@ _TOLERATED_LEGACY_KEYS = ("weight",)
 #: Seconds between background health checks while a server is healthy / unhealthy.
 HEALTH_INTERVAL_HEALTHY = 10.0
 HEALTH_INTERVAL_UNHEALTHY = 1.0
+#: A health probe that takes longer than this (seconds) counts as unhealthy.
+HEALTH_PROBE_TIMEOUT = 10.0
 #: Attempts per request (including the first) for transient failures.
 REQUEST_ATTEMPTS = 3
 
@@ -374,10 +376,11 @@ class APIServer(ABC):
     async def check_health(self) -> bool:
         """Probe the server now, update ``server_healthy`` and return it.
 
-        Never raises: any exception from the probe counts as unhealthy.
+        Never raises: any exception from the probe, or no answer within
+        ``HEALTH_PROBE_TIMEOUT`` seconds, counts as unhealthy.
         """
         try:
-            healthy = bool(await self._check_health())
+            healthy = bool(await asyncio.wait_for(self._check_health(), HEALTH_PROBE_TIMEOUT))
         except Exception as exc:  # noqa: BLE001 - a failing probe simply means "unhealthy"
             logger.debug("health check of %s failed: %r", self.name, exc)
             healthy = False
