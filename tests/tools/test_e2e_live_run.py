@@ -1,0 +1,100 @@
+"""End to end: a real env on real vLLM feeds run-api; sft/dpo-gen write datasets while a trainer drains."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from atroposlib.api.client import AtroposClient
+from tests.fixtures.api_server import start_run_api
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+
+@pytest.mark.e2e
+def test_datasets_from_a_live_run_on_real_vllm(vllm_server, tmp_path):
+    api = start_run_api()
+    procs = []
+    stop = threading.Event()
+    trainer_got: list[dict] = []
+    try:
+        reg = {"wandb_group": "g", "wandb_project": "p", "batch_size": 8, "max_token_len": 2048,
+               "checkpoint_dir": str(tmp_path), "save_checkpoint_interval": 10, "starting_step": 0,
+               "num_steps": 100}
+        httpx.post(api.url + "/register", json=reg).raise_for_status()
+
+        def trainer():
+            with AtroposClient(api.url) as client:
+                while not stop.is_set():
+                    batch = client.get_batch()
+                    if batch:
+                        trainer_got.extend(batch)
+                    else:
+                        time.sleep(0.2)
+
+        threading.Thread(target=trainer, daemon=True).start()
+        procs.append(subprocess.Popen(
+            [sys.executable, str(ROOT / "environments" / "arithmetic_server.py"), "serve",
+             "--env.rollout_server_url", api.url, "--env.group_size", "4", "--env.max_tokens", "16",
+             "--env.difficulty", "1", "--env.max_num_workers", "2", "--env.tokenizer_name",
+             str(vllm_server.model_dir), "--openai.base_url", vllm_server.base_url,
+             "--openai.model_name", vllm_server.model_name, "--openai.server_type", "vllm"],
+            stdout=open(tmp_path / "env.log", "wb"), stderr=subprocess.STDOUT, env=ENV,
+            start_new_session=True))
+        # token-only groups (the env sends no messages): text layout decoded with the tokenizer
+        common = ["--api-url", api.url, "--tokenizer", str(vllm_server.model_dir), "--quiet",
+                  "--poll-interval", "0.2", "--idle-timeout", "240"]
+        tools = {
+            "sft": [tmp_path / "sft.jsonl", "--num-seqs-to-save", "3", *common],
+            "dpo": [tmp_path / "dpo.jsonl", "--num-seqs-to-save", "2", "--seed", "0", *common],
+        }
+        for kind, args in tools.items():
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", f"atroposlib.cli.{kind}", *map(str, args)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV))
+        t0 = time.monotonic()
+        for proc in procs[1:]:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err + (tmp_path / "env.log").read_text()[-3000:]
+            print(f"tool done after {time.monotonic() - t0:.1f} s: {err.strip()}")
+
+        sft = [orjson.loads(x) for x in (tmp_path / "sft.jsonl").read_text().splitlines()]
+        dpo = [orjson.loads(x) for x in (tmp_path / "dpo.jsonl").read_text().splitlines()]
+        assert len(sft) == 3 and len(dpo) == 2
+        assert all(r["score"] > 0 for r in sft)
+        assert all(r["score_chosen"] - r["score_rejected"] > 0.5 for r in dpo)
+        # every line is exactly a sequence the env produced: prompt + completion re-tokenizes to it
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+        observed = httpx.get(api.url + "/observe", params={"limit": 1000}).json()["groups"]
+        sequences = {tuple(t) for g in observed for t in g["group"]["tokens"]}
+        for r in sft:
+            assert "<|im_start|>user\nWhat is" in r["prompt"]
+            assert tuple(tok.encode(r["prompt"] + r["completion"], add_special_tokens=False)) in sequences
+        for r in dpo:
+            for side in ("chosen", "rejected"):
+                ids = tok.encode(r["prompt"] + r[side], add_special_tokens=False)
+                assert tuple(ids) in sequences
+        # the trainer was served groups all along, none of them twice
+        stop.set()
+        cursors_served = [tuple(map(tuple, g["tokens"])) for g in trainer_got]
+        assert trainer_got and len(cursors_served) == len(set(cursors_served))
+    finally:
+        stop.set()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        api.stop()
