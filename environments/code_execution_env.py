@@ -69,7 +69,9 @@ BUILTIN_PROBLEMS: list[dict[str, Any]] = [
 
 # The harness runs as main.py; the solution and the tests are files next to it. A per-run nonce
 # (read from stdin, never on disk or in the environment) marks the harness's verdict, so a
-# program that prints a fake verdict or exits early does not pass.
+# program that prints a fake verdict or exits early does not pass. It raises the bar against
+# reward hacking; it is not proof against code that digs the nonce out of the harness's frames
+# (the sandbox protects the host, not the verdict, from deliberately adversarial code).
 _HARNESS = r"""
 import json, sys
 def _run():

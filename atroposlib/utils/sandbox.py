@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
@@ -494,8 +494,3 @@ def _terminate(proc: subprocess.Popen) -> None:
 async def arun_python(code: str, **kwargs) -> SandboxResult:
     """Async :func:`run_python` (runs it in a worker thread); same arguments and result."""
     return await asyncio.to_thread(run_python, code, **kwargs)
-
-
-def limits_dict(limits: SandboxLimits) -> dict[str, object]:
-    """The limits as a plain dict (for logging or configs)."""
-    return asdict(limits)
