@@ -171,9 +171,29 @@ class AtroposClient(_ClientBase):
         """``POST /register``; returns the registration uuid (an int)."""
         return self.request("POST", "/register", registration.model_dump())["uuid"]
 
+    def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
+        """``POST /register-env``; ``status`` is "success" or "wait for trainer to start"."""
+        return self.request("POST", "/register-env", registration.model_dump())
+
+    def disconnect_env(self, env_id: int) -> dict[str, Any]:
+        """``POST /disconnect-env``."""
+        return self.request("POST", "/disconnect-env", {"env_id": env_id})
+
     def info(self) -> dict[str, int]:
         """``GET /info``: ``{"batch_size", "max_token_len"}`` (-1 before registration)."""
         return self.request("GET", "/info")
+
+    def wandb_info(self) -> dict[str, str | None]:
+        """``GET /wandb_info``: ``{"group", "project"}`` (null before registration)."""
+        return self.request("GET", "/wandb_info")
+
+    def status_env(self, env_id: int) -> dict[str, Any]:
+        """``GET /status-env?env_id=N``: the six-key env status (spec 1.7)."""
+        return self.request("GET", "/status-env", params={"env_id": env_id})
+
+    def post_scored_data_list(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
+        """``POST /scored_data_list`` with several groups (all stored, or none)."""
+        return self.request("POST", "/scored_data_list", groups)
 
     def status(self) -> dict[str, int]:
         """``GET /status``: ``{"current_step", "queue_size"}``."""

@@ -200,3 +200,22 @@ def test_api_key_from_environment() -> None:
         assert httpx.get(api.url + "/").status_code == 200
     finally:
         api.stop()
+
+
+def test_sync_client_covers_the_env_endpoints(run_api: RunApi) -> None:
+    from atroposlib.api.models import RegisterEnv
+
+    with AtroposClient(run_api.url) as client:
+        client.register(Registration(**{**REGISTRATION, "batch_size": 2}))
+        assert client.get_batch() is None
+        env = client.register_env(RegisterEnv(max_token_length=64, desired_name="e", weight=1,
+                                              group_size=2))["env_id"]
+        assert client.wandb_info() == {"group": "grp", "project": "proj"}
+        reply = client.post_scored_data_list([make_group(2, env_id=env), make_group(1, env_id=env)])
+        assert reply == {"status": "received", "groups_processed": 2, "buffered": 1,
+                         "last_buffer_size": 1}
+        assert client.status_env(env)["self_queue_size"] == 1
+        assert len(client.get_batch()) == 1
+        assert client.disconnect_env(env) == {"status": "success"}
+        client.reset_data()
+        assert client.info() == {"batch_size": -1, "max_token_len": -1}
