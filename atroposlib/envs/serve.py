@@ -136,6 +136,7 @@ class ServeLoop:
         self.workers: dict[asyncio.Task, tuple[Any, float]] = {}
         self.eval_task: asyncio.Task | None = None
         self.sender_task: asyncio.Task | None = None
+        self.sending: dict[str, Any] | None = None
         self.wake = asyncio.Event()
         self.stop_event: asyncio.Event = getattr(env, "_stop_event", None) or asyncio.Event()
         self.register_lock = asyncio.Lock()
@@ -309,8 +310,10 @@ class ServeLoop:
         """Drain the outbox forever, one group at a time, in order."""
         while True:
             group = await self.outbox.get()
+            self.sending = group  # if cancelled mid-send, flush() sends it again
             try:
                 await self.send_group(group)
+                self.sending = None
             finally:
                 self.outbox.task_done()
 
@@ -320,13 +323,17 @@ class ServeLoop:
             self.sender_task.cancel()
             await asyncio.gather(self.sender_task, return_exceptions=True)
             self.sender_task = None
+        pending = [self.sending] if self.sending is not None else []
+        self.sending = None
+        while not self.outbox.empty():
+            pending.append(self.outbox.get_nowait())
         deadline = time.monotonic() + self.flush_timeout
         left = 0
-        while not self.outbox.empty():
-            group = self.outbox.get_nowait()
+        for group in pending:
             if time.monotonic() >= deadline or not await self.send_group(group, deadline=deadline):
                 left += 1
         if left:
+            self.env.stats["groups_unsent_at_shutdown"] += left
             logger.error("%d finished group(s) could not be sent before shutdown", left)
         return left
 
@@ -556,7 +563,10 @@ class ServeLoop:
                 self.log_progress()
                 if self.sender_task.done() and not self.sender_task.cancelled():
                     exc = self.sender_task.exception()
-                    logger.error("sender stopped (%r); restarting it", exc)
+                    if self.sending is not None:  # the group that broke the sender
+                        self.sending = None
+                        self.env.stats["groups_unsendable"] += 1
+                    logger.error("sender stopped (%r); dropped the group it was sending, restarting", exc)
                     self.sender_task = asyncio.get_running_loop().create_task(self.sender())
                 self.wake.clear()
                 wait = max(0.05, self.status_interval - (time.monotonic() - self.last_status_at))

@@ -121,3 +121,33 @@ async def test_spawning_pauses_at_the_offpolicy_limit_without_cancelling(run_api
     loop.stop_event.set()
     await serving
     await trainer.aclose()
+
+
+async def test_shutdown_with_the_api_down_is_bounded_and_counts_unsent(tiny_tokenizer, tmp_path):
+    from tests.fixtures.api_server import start_run_api
+
+    api = start_run_api()
+    try:
+        config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=api.url,
+                               max_batches_offpolicy=-1, max_num_workers=1)
+        env = ChatLengthEnv(config, [FakeServer(latency=0.05)])
+        env.tokenizer = tiny_tokenizer
+        trainer = await _trainer(api.url, tmp_path)
+        loop = ServeLoop(env, status_interval=0.2, flush_timeout=1.0)
+        serving = asyncio.create_task(loop.run())
+        async with asyncio.timeout(30):
+            while env.stats["groups_sent"] < 2:
+                await asyncio.sleep(0.05)
+        api.stop()  # the API disappears; finished groups pile up in the outbox
+        async with asyncio.timeout(30):
+            while loop.outbox.qsize() + (loop.sending is not None) < 2:
+                await asyncio.sleep(0.05)
+        loop.stop_event.set()
+        start = asyncio.get_running_loop().time()
+        await serving
+        assert asyncio.get_running_loop().time() - start < 15
+        assert env.stats["groups_sent"] >= 2 and env.stats.get("groups_unsendable", 0) == 0
+        assert env.stats["groups_unsent_at_shutdown"] >= 2  # reported, not silently lost
+        await trainer.aclose()
+    finally:
+        api.stop()
