@@ -126,3 +126,21 @@ def test_sft_gen_help_documents_noop_flags(sft_gen):
     for flag in ("--tasks-per-step", "--group-size", "--max-token-len"):
         assert flag in r.stdout
     assert "ignored" in r.stdout and "/observe" in r.stdout
+
+
+def test_sft_gen_ctrl_c_keeps_lines_and_reports(api_with_groups, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "sft.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.sft", str(out), "--api-url",
+                             api_with_groups.url, "--num-seqs-to-save", "50", "--quiet",
+                             "--poll-interval", "0.2"], stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out.exists() and out.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted; wrote 2 lines" in err
+    assert len(lines(out)) == 2
