@@ -74,3 +74,11 @@ def test_dpo_gen_console_script_runs(api_with_groups, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "wrote 0 lines from 0 of 0 groups" in r.stderr  # no env 5 in this run
     assert out.read_text() == ""
+
+
+def test_help_does_not_import_heavy_libraries():
+    code = ("import sys; from atroposlib.tools.cli_common import build_parser; "
+            "build_parser('sft').format_help(); build_parser('dpo').format_help(); "
+            "heavy = {'torch', 'transformers', 'datasets', 'gradio'} & set(sys.modules); "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
