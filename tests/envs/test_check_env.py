@@ -15,10 +15,15 @@ def _answers(request):
     return "The answer is 42." if request.index == 0 else "No idea."
 
 
-async def test_check_env_managed_groups_align_tokens_masks_and_logprobs(tiny_tokenizer_dir):
+@pytest.mark.parametrize("tokenizer", ["tiny", "bundled"])
+async def test_check_env_managed_groups_align_tokens_masks_and_logprobs(tokenizer, request):
+    if tokenizer == "tiny":
+        tokenizer_dir = request.getfixturevalue("tiny_tokenizer_dir")
+    else:
+        tokenizer_dir = request.getfixturevalue("bundled_model_dir")  # real SmolLM2 vocab/template
     server = FakeServer(_answers)
     groups = await check_env(
-        ArithmeticEnv, server=server, config_overrides={"tokenizer_name": str(tiny_tokenizer_dir)},
+        ArithmeticEnv, server=server, config_overrides={"tokenizer_name": str(tokenizer_dir)},
         num_groups=2,
     )
     assert len(groups) == 2

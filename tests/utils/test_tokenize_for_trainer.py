@@ -75,16 +75,17 @@ def test_empty_chat_is_an_error(tok):
         tokenize_for_trainer(tok, [])
 
 
-def test_with_the_bundled_smollm2_tokenizer():
-    from pathlib import Path
-
-    path = Path.home() / ".cache/atroposlib/bundled/SmolLM2-135M-Instruct"
-    if not (path / "tokenizer_config.json").exists():
-        pytest.skip("bundled model not prepared (atropos-bundled-model)")
+def test_with_the_bundled_smollm2_tokenizer(bundled_model_dir):
     from transformers import AutoTokenizer
 
-    smol = AutoTokenizer.from_pretrained(str(path))
+    smol = AutoTokenizer.from_pretrained(str(bundled_model_dir))
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     out = tokenize_for_trainer(smol, chat)
     prefix = len(_ids(smol, chat[:1], True))
     assert out["masks"][:prefix] == [-100] * prefix and out["masks"][prefix:] == out["tokens"][prefix:]
+    assert smol.decode(out["tokens"][prefix:]).startswith("hello")
+    multi = tokenize_for_trainer(smol, chat + [{"role": "user", "content": "again"},
+                                               {"role": "assistant", "content": "bye"}],
+                                 train_on_all_assistant_turns=True)
+    trained = smol.decode([t for t, m in zip(multi["tokens"], multi["masks"], strict=True) if m != -100])
+    assert "hello" in trained and "bye" in trained and "again" not in trained
