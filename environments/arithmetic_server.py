@@ -24,6 +24,7 @@ import asyncio
 import operator
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -135,6 +136,26 @@ def heldout_problems(difficulty: int, fraction: float, size: int, seed: int) -> 
     return problems[:size]
 
 
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def final_number(text: str) -> str | None:
+    r"""The answer a reply commits to: the last number inside its last ``\boxed{}``, else its last number.
+
+    Args:
+        text: the assistant reply.
+
+    Returns:
+        The number as written (e.g. ``"-12"``), or None when the reply holds no number.
+    """
+    boxed = _BOXED.findall(text)
+    numbers = _NUMBER.findall(boxed[-1] if boxed else text)
+    if not numbers and boxed:
+        numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
 def score_reply(text: str, answer: int, finish_reason: str | None) -> float:
     """1.0 when the reply stopped by itself and its final number equals ``answer``, else 0.0.
 
@@ -156,7 +177,12 @@ def score_reply(text: str, answer: int, finish_reason: str | None) -> float:
     kw: dict[str, Any] = {}
     if threading.current_thread() is not threading.main_thread():
         kw = {"parsing_timeout": None}
-    predicted = parse(text, **kw)
+    # Score only the reply's final number (boxed content wins). Parsing the whole reply would let
+    # math-verify evaluate an echoed question: "7 + 5" or "7 + 5 = x" would then score as 12.
+    final = final_number(text)
+    if final is None:
+        return 0.0
+    predicted = parse(final, **kw)
     if not predicted:
         return 0.0
     gold = parse(str(answer), **kw)
