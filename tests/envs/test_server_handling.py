@@ -253,3 +253,29 @@ async def test_a_hanging_health_probe_counts_as_unhealthy(monkeypatch):
     start = time.perf_counter()
     assert await server.check_health() is False
     assert time.perf_counter() - start < 2
+
+
+async def test_think_blocks_survive_templates_that_strip_them(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    # A Qwen3-like template: earlier assistant turns lose everything up to </think>.
+    tok.chat_template = (
+        "{% for m in messages %}{% set c = m['content'] %}"
+        "{% if m['role'] == 'assistant' %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+        "{{ '<|im_start|>' + m['role'] + '\n' + c + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    server = _fake(responses=["<think>hmm</think>4", "ok"], tokenizer=tok)
+    managed = ManagedServer(server, tok)
+    first = await managed.chat_completion(messages=MSG, max_tokens=50)
+    turn2 = MSG + [{"role": "assistant", "content": first.choices[0].message.content},
+                   {"role": "user", "content": "sure?"}]
+    await managed.chat_completion(messages=turn2, max_tokens=50)
+    assert len(managed.get_state()["nodes"]) == 1  # extended: the think block was kept
+    stripping = ManagedServer(_fake(responses=["<think>hmm</think>4", "ok"], tokenizer=tok), tok,
+                              preserve_think_blocks=True)
+    first = await stripping.chat_completion(messages=MSG, max_tokens=50)
+    turn2[1] = {"role": "assistant", "content": first.choices[0].message.content}
+    await stripping.chat_completion(messages=turn2, max_tokens=50)
+    assert len(stripping.get_state()["nodes"]) == 2  # template stripped it: a fresh node

@@ -58,6 +58,19 @@ class SequenceNode:
         }
 
 
+_THINK_PLACEHOLDERS = {"<think>": "\x00ATROPOS_THINK_OPEN\x00", "</think>": "\x00ATROPOS_THINK_CLOSE\x00"}
+
+
+def _protect_think(message: dict[str, Any]) -> dict[str, Any]:
+    """Copy of an assistant message with ``<think>`` tags replaced by placeholders."""
+    content = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(content, str) or "think>" not in content:
+        return message
+    for tag, placeholder in _THINK_PLACEHOLDERS.items():
+        content = content.replace(tag, placeholder)
+    return {**message, "content": content}
+
+
 def _finish_reason(raw: Any) -> str:
     if isinstance(raw, dict):
         raw = raw.get("type", "stop")
@@ -97,7 +110,9 @@ class ManagedServer:
             track_tree: keep every node keyed by ``full_text`` instead of replacing extended
                 nodes (for branching rollouts).
             tool_parser: reserved for tool-call parsing (accepted for compatibility).
-            preserve_think_blocks: accepted for compatibility; templates render verbatim.
+            preserve_think_blocks: let the chat template handle ``<think>`` blocks of earlier
+                assistant turns as it likes (default: protect them so they are never
+                stripped and multi-turn extension keeps working).
 
         Raises:
             ValueError: ``tokenizer`` is None.
@@ -137,11 +152,25 @@ class ManagedServer:
 
     # ------------------------------------------------------------------ helpers
     def _render_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+        """Render ``messages`` with the chat template, keeping ``<think>`` blocks of assistants.
+
+        Some templates (Qwen3, DeepSeek-R1) strip reasoning from earlier assistant turns, which
+        would make the rendered prompt differ from the tokens actually sampled, so extension
+        would fail; unless ``preserve_think_blocks`` is set, the tags are swapped for
+        placeholders before rendering and restored after.
+        """
         add_generation_prompt = not messages or messages[-1].get("role") != "assistant"
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
         if tools:
             kwargs["tools"] = tools
-        return self.tokenizer.apply_chat_template(messages, **kwargs)
+        protect = not self.preserve_think_blocks
+        if protect:
+            messages = [_protect_think(m) for m in messages]
+        text = self.tokenizer.apply_chat_template(messages, **kwargs)
+        if protect:
+            for tag, placeholder in _THINK_PLACEHOLDERS.items():
+                text = text.replace(placeholder, tag)
+        return text
 
     def _find_parent(self, prompt: str) -> tuple[int | None, SequenceNode | None]:
         candidates = (
