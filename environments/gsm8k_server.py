@@ -387,7 +387,6 @@ class GSM8kEnv(BaseEnv):
             if generated < MIN_COMPLETION_TOKENS:
                 continue
             correct = score_answer(rollout["text"], gold_parsed)
-            self.completion_lengths.append(generated)
             group["tokens"].append(list(node.tokens))
             group["masks"].append(list(node.masked_tokens))
             group["inference_logprobs"].append(list(node.logprobs))
