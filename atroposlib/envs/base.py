@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import time
 from collections import Counter, deque
@@ -641,6 +642,8 @@ class BaseEnv:
     async def process_manager(self, show_progress: bool = True) -> Path | None:
         """Generate ``config.total_steps`` groups without an API and write them to JSONL + HTML.
 
+        ``total_steps <= 0`` means: until ``get_next_item`` returns None.
+
         Returns:
             The JSONL path written, or None when no path was configured.
 
@@ -651,11 +654,15 @@ class BaseEnv:
 
         await self.setup()
         self._maybe_init_wandb()
-        target = self.config.total_steps
+        target = self.config.total_steps if self.config.total_steps > 0 else math.inf
         done = 0
         consecutive_failures = 0
         backlog: list[Item] = []
-        progress = tqdm(total=target, desc=f"{self.name or 'env'} groups", disable=not show_progress)
+        progress = tqdm(
+            total=None if target == math.inf else target,
+            desc=f"{self.name or 'env'} groups",
+            disable=not show_progress,
+        )
         try:
             while done < target:
                 item = backlog.pop(0) if backlog else await self.get_next_item()

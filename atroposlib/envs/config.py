@@ -74,7 +74,7 @@ class BaseEnvConfig(BaseModel):
     total_steps: int = Field(
         default=1000,
         description="serve: stop after this trainer step (-1 = the trainer's num_steps); "
-        "process: number of groups to generate.",
+        "process: number of groups to generate (<= 0: until get_next_item returns None).",
     )
     wandb_name: str | None = Field(
         default=None, description="Run name; defaults to the env's `name` when registering."

@@ -142,3 +142,17 @@ async def test_wandb_logging_offline(tiny_tokenizer, tmp_path, monkeypatch):
     finally:
         env._finish_wandb()
     assert wandb.run is None
+
+
+async def test_process_without_total_steps_runs_until_items_run_out(tiny_tokenizer):
+    class Finite(SingleRolloutEnv):
+        async def get_next_item(self):
+            item = await super().get_next_item()
+            return item if item <= 3 else None
+
+    config = BaseEnvConfig(group_size=2, use_wandb=False, total_steps=-1,
+                           ensure_scores_are_not_same=False)
+    env = Finite(config, [FakeServer()])
+    env.tokenizer = tiny_tokenizer
+    await env.process_manager(show_progress=False)
+    assert env.stats["groups_accepted"] == 3
