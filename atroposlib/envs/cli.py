@@ -267,7 +267,14 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     mode, env_config, servers, manager = parse_args(env_cls, argv)
     env = env_cls(env_config, servers, slurm=manager.slurm, testing=manager.testing)
     env.server.max_n_completions = manager.max_n_completions
-    asyncio.run(_run_mode(env, mode))
+    try:
+        asyncio.run(_run_mode(env, mode))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:  # process/evaluate: files written so far are kept
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 __all__ = ["build_configs", "build_parser", "parse_args", "resolve_server_configs", "run_cli"]

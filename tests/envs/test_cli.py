@@ -165,3 +165,26 @@ def test_config_init_subclass_fields_become_flags_even_without_env_config_cls():
 
     _, env, _, _ = parse_args(Forgetful, ["process", "--env.difficulty", "3"])
     assert isinstance(env, Extra) and env.difficulty == 3
+
+
+def test_sigint_during_process_keeps_what_was_written(tiny_tokenizer_dir, tmp_path):
+    import signal
+    import time
+
+    target = tmp_path / "groups.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.envs.sample_envs", "ChatLengthEnv", "process", "--testing",
+         "--env.tokenizer_name", str(tiny_tokenizer_dir), "--env.total_steps", "1000000",
+         "--env.data_path_to_save_groups", str(target)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not target.exists() or target.stat().st_size == 0):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    lines = target.read_text().splitlines()
+    assert lines and all(json.loads(line)["scores"] for line in lines)
+    assert "Group 1" in target.with_suffix(".html").read_text()
