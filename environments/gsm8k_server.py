@@ -268,6 +268,11 @@ class GSM8kEnv(BaseEnv):
                         f"test.jsonl; missing {', '.join(missing)}"
                     )
                 ds = datasets.load_dataset("json", data_files={s: str(f) for s, f in files.items()})
+            elif name.startswith((".", "/", "~")) or path.exists():
+                raise ConfigError(
+                    f"--env.dataset_name {name}: no such directory (resolved to "
+                    f"{path.resolve()}); relative paths are taken from the current directory"
+                )
             else:
                 ds = datasets.load_dataset(name, self.config.dataset_config)
         except ConfigError:

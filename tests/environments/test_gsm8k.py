@@ -255,3 +255,11 @@ async def test_completion_budget_fits_max_token_length(tiny_gsm8k):
     env.config.max_token_length = 10
     with pytest.raises(ValueError, match="max_token_length"):
         env._budget("What is 1 + 2?")
+
+
+async def test_missing_local_directory_names_the_resolved_path(tmp_path):
+    config, _ = GSM8kEnv.config_init()
+    missing = str(tmp_path / "nope")
+    env = GSM8kEnv(config.model_copy(update={"dataset_name": missing}), [FakeServer()])
+    with pytest.raises(ConfigError, match="no such directory"):
+        await env.setup()

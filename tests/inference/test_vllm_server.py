@@ -221,3 +221,21 @@ async def test_real_vllm_chat_n_and_vllm_only_params(vllm_server):
     )
     assert results[0].choices[0].text == results[1].choices[0].text  # greedy is deterministic
     await server.aclose()
+
+
+@pytest.mark.e2e
+async def test_throughput_tool_measures_every_figure(vllm_server):
+    from atroposlib.inference.throughput import measure
+
+    result = await measure(
+        vllm_server.base_url, vllm_server.model_name, n=4, concurrency=4, max_tokens=8, repeats=1
+    )
+    assert set(result) == {
+        "single_tok_s",
+        "n_tok_s",
+        "n_speedup",
+        "concurrent_tok_s",
+        "concurrent_speedup",
+    }
+    assert all(value > 0 for value in result.values())
+    assert result["n_speedup"] == pytest.approx(result["n_tok_s"] / result["single_tok_s"])
