@@ -26,6 +26,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import httpx
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 #: Finished groups kept locally while the API is unreachable; workers wait when it is full.
 OUTBOX_MAX_GROUPS = 256
+#: Consecutive 5xx answers from /status-env after which the env registers again.
+STATUS_ERRORS_BEFORE_REREGISTER = 5
 
 
 class _NotRegistered(Exception):
@@ -147,6 +150,7 @@ class ServeLoop:
         self.inference_backoff = 1.0
         self.consecutive_errors = 0
         self.sent_since_status = 0
+        self.status_server_errors = 0
         self.last_progress_log = time.monotonic()
         self.finished = False
 
@@ -463,8 +467,20 @@ class ServeLoop:
                 return
             raise
         except ApiUnavailableError as exc:
+            self.last_status_at = time.monotonic()
+            if isinstance(exc.__cause__, httpx.TransportError):
+                self.status_server_errors = 0
+            else:
+                # The API answers, but with 5xx: Atropos 0.4's API answers 500 (not 404) for an
+                # env_id it forgot, so after several in a row, register again.
+                self.status_server_errors += 1
+                if self.status_server_errors >= STATUS_ERRORS_BEFORE_REREGISTER:
+                    self.status_server_errors = 0
+                    await self.reregister(env.env_id)
+                    return
             logger.warning("cannot read /status-env (%s); continuing with the last status", exc)
             return
+        self.status_server_errors = 0
         self.last_status_at = time.monotonic()
         self.sent_since_status = 0
         self.status = status

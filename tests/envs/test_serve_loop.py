@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
+
+import httpx
+import tenacity
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.models import Registration
@@ -151,3 +158,56 @@ async def test_shutdown_with_the_api_down_is_bounded_and_counts_unsent(tiny_toke
         await trainer.aclose()
     finally:
         api.stop()
+
+
+async def test_reregisters_against_an_upstream_api_that_answers_500_for_a_forgotten_env(tiny_tokenizer):
+    """Atropos 0.4's API answers 500 (not 404) for unknown env ids; the env registers again."""
+
+    app = FastAPI()
+    registered: list[int] = []
+    received: list[int] = []
+
+    @app.post("/register-env")
+    async def register_env() -> dict:
+        registered.append(len(registered))
+        return {"status": "success", "env_id": registered[-1], "wandb_name": f"x_{registered[-1]}",
+                "checkpoint_dir": "", "starting_step": 0, "checkpoint_interval": -1, "num_steps": 10}
+
+    @app.get("/info")
+    async def info() -> dict:
+        return {"batch_size": 8, "max_token_len": 512}
+
+    @app.get("/status-env")
+    async def status_env(env_id: int) -> JSONResponse:
+        if env_id == 0:  # "forgotten" after a restart
+            return JSONResponse({"detail": "Internal Server Error"}, status_code=500)
+        return JSONResponse({"current_step": 0, "queue_size": 0, "unallocated_fraction": 1.0,
+                             "self_queue_size": 0, "max_group_size": 4, "env_weight": 1.0})
+
+    @app.post("/scored_data")
+    async def scored_data(request: Request) -> dict:
+        body = await request.body()
+        if request.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        received.append(json.loads(body)["env_id"])
+        return {"status": "received"}
+
+    @app.post("/disconnect-env")
+    async def disconnect() -> dict:
+        return {"status": "success"}
+
+    config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url="http://upstream")
+    env = ChatLengthEnv(config, [FakeServer()])
+    env.tokenizer = tiny_tokenizer
+    loop = ServeLoop(env, status_interval=0.05)
+    await loop.client.aclose()
+    loop.client._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                          base_url="http://upstream")
+    loop.client._stop = tenacity.stop_after_attempt(1)  # no client-side retries
+    serving = asyncio.create_task(loop.run())
+    async with asyncio.timeout(30):
+        while 1 not in received:
+            await asyncio.sleep(0.05)
+    loop.stop_event.set()
+    await serving
+    assert registered == [0, 1] and env.env_id == 1
