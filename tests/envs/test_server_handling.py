@@ -279,3 +279,16 @@ async def test_think_blocks_survive_templates_that_strip_them(tiny_tokenizer_dir
     turn2[1] = {"role": "assistant", "content": first.choices[0].message.content}
     await stripping.chat_completion(messages=turn2, max_tokens=50)
     assert len(stripping.get_state()["nodes"]) == 2  # template stripped it: a fresh node
+
+
+def test_every_server_type_maps_to_its_backend_class():
+    from atroposlib.envs.server_handling.server_manager import server_class_for
+
+    for server_type in ("openai", "vllm", "sglang", "trl"):
+        config = APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type=server_type,
+                                 health_check=False, tokenizer_name="unused")
+        server = ServerManager(config).servers[0]
+        assert type(server) is server_class_for(server_type)
+        assert server.config.base_url == "http://127.0.0.1:9/v1"
+    with pytest.raises(ValueError, match="unknown server_type 'tgi'"):
+        server_class_for("tgi")

@@ -67,25 +67,28 @@ def server_class_for(server_type: str) -> type[APIServer]:
         ValueError: unknown ``server_type``.
         ImportError: the backend module is not available in this installation.
     """
-    if server_type == "openai":
-        from atroposlib.envs.server_handling.openai_server import OpenAIServer
+    backends = {
+        "openai": ("openai_server", "OpenAIServer"),
+        "vllm": ("vllm_server", "VLLMServer"),
+        "sglang": ("sglang_server", "SGLangServer"),
+        "trl": ("trl_vllm_server", "TrlVllmServer"),
+    }
+    if server_type not in backends:
+        raise ValueError(
+            f"unknown server_type {server_type!r}; use one of {', '.join(backends)}"
+        )
+    import importlib
 
-        return OpenAIServer
-    if server_type == "vllm":
-        from atroposlib.envs.server_handling.vllm_server import VLLMServer
-
-        return VLLMServer
-    if server_type == "sglang":
-        from atroposlib.envs.server_handling.sglang_server import SGLangServer
-
-        return SGLangServer
-    if server_type == "trl":
-        from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
-
-        return TrlVllmServer
-    raise ValueError(
-        f"unknown server_type {server_type!r}; use one of openai, vllm, sglang, trl"
-    )
+    module_name, class_name = backends[server_type]
+    try:
+        module = importlib.import_module(f"atroposlib.envs.server_handling.{module_name}")
+    except ModuleNotFoundError as exc:
+        raise ImportError(
+            f"server_type {server_type!r} needs atroposlib.envs.server_handling.{module_name}, "
+            f"which is not available in this installation ({exc}); use server_type 'openai' "
+            "or 'vllm'"
+        ) from exc
+    return getattr(module, class_name)
 
 
 def _slurm_urls() -> list[str]:
