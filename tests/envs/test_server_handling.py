@@ -292,3 +292,20 @@ def test_every_server_type_maps_to_its_backend_class():
         assert server.config.base_url == "http://127.0.0.1:9/v1"
     with pytest.raises(ValueError, match="unknown server_type 'tgi'"):
         server_class_for("tgi")
+
+
+async def test_managed_tool_calls_are_parsed_but_nodes_keep_the_raw_text(tiny_tokenizer):
+    raw = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    server = _fake(responses=[raw], tokenizer=tiny_tokenizer)
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    async with ServerManager([server]).managed_server(tokenizer=tiny_tokenizer,
+                                                      tool_parser="hermes") as managed:
+        completion = await managed.chat_completion(messages=MSG, tools=tools, max_tokens=100)
+        node = managed.get_state()["nodes"][0]
+        plain = await managed.chat_completion(messages=MSG, tools=tools, tool_choice="none",
+                                              max_tokens=100)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls[0].function.name == "add"
+    assert raw in node.full_text
+    assert plain.choices[0].message.content == raw and plain.choices[0].finish_reason == "stop"

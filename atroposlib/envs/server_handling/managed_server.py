@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+from atroposlib.utils.tool_call_parser import parse_tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,10 @@ class ManagedServer:
             tokenizer: the HF tokenizer of the served model (chat template + encode/decode).
             track_tree: keep every node keyed by ``full_text`` instead of replacing extended
                 nodes (for branching rollouts).
-            tool_parser: reserved for tool-call parsing (accepted for compatibility).
+            tool_parser: when set (e.g. ``"hermes"``) and the request has ``tools`` (and
+                ``tool_choice`` is not ``"none"``), ``<tool_call>{json}</tool_call>`` blocks in
+                the completion become OpenAI ``tool_calls`` (finish_reason ``tool_calls``); the
+                tracked nodes keep the raw text and tokens.
             preserve_think_blocks: let the chat template handle ``<think>`` blocks of earlier
                 assistant turns as it likes (default: protect them so they are never
                 stripped and multi-turn extension keeps working).
@@ -261,7 +265,7 @@ class ManagedServer:
 
         Args:
             **kwargs: ``messages`` (required), ``n``, ``max_tokens``, ``temperature``, ``stop``,
-                ``tools`` (passed to the chat template), ``split`` ...
+                ``tools`` (passed to the chat template), ``tool_choice``, ``split`` ...
 
         Returns:
             A ChatCompletion with ``n`` choices; ``get_state()`` holds one node per choice.
@@ -278,18 +282,31 @@ class ManagedServer:
         if not messages:
             raise ValueError("chat_completion needs a non-empty `messages` list")
         tools = kwargs.pop("tools", None)
-        kwargs.pop("tool_choice", None)
+        tool_choice = kwargs.pop("tool_choice", None)
         prompt = self._render_chat(messages, tools)
         nodes, texts = await self._generate(prompt, kwargs)
-        choices = [
-            Choice.model_construct(
-                index=i,
-                message=ChatCompletionMessage.model_construct(role="assistant", content=text),
-                finish_reason=node.metadata["finish_reason"],
-                logprobs=None,
+        parse = bool(self.tool_parser) and bool(tools) and tool_choice != "none"
+        choices = []
+        for i, (node, text) in enumerate(zip(nodes, texts, strict=True)):
+            message = ChatCompletionMessage.model_construct(role="assistant", content=text)
+            finish_reason = node.metadata["finish_reason"]
+            if parse:
+                from openai.types.chat import ChatCompletionMessageToolCall
+
+                content, calls = parse_tool_calls(text)
+                if calls:
+                    message = ChatCompletionMessage.model_construct(
+                        role="assistant",
+                        content=content,
+                        tool_calls=[ChatCompletionMessageToolCall.model_validate(c) for c in calls],
+                    )
+                    if finish_reason == "stop":
+                        finish_reason = "tool_calls"
+            choices.append(
+                Choice.model_construct(
+                    index=i, message=message, finish_reason=finish_reason, logprobs=None
+                )
             )
-            for i, (node, text) in enumerate(zip(nodes, texts, strict=True))
-        ]
         return ChatCompletion.model_construct(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             choices=choices,

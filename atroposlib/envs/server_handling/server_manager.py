@@ -309,6 +309,7 @@ class ServerManager:
         base_url: str | None = None,
         preserve_think_blocks: bool = False,
         track_tree: bool = False,
+        tool_parser: Any = None,
     ) -> AsyncIterator[Any]:
         """Yield a :class:`ManagedServer` bound to the least busy server (state reset on exit).
 
@@ -317,6 +318,7 @@ class ServerManager:
             base_url: pin a specific server by its base URL.
             preserve_think_blocks: see ``ManagedServer``.
             track_tree: see ``ManagedServer``.
+            tool_parser: see ``ManagedServer`` (default: the manager's ``tool_parser``).
 
         Raises:
             ValueError: ``base_url`` matches no server.
@@ -352,7 +354,7 @@ class ServerManager:
                 server,
                 tokenizer,
                 track_tree=track_tree,
-                tool_parser=self.tool_parser,
+                tool_parser=tool_parser if tool_parser is not None else self.tool_parser,
                 preserve_think_blocks=preserve_think_blocks,
             )
         try:
