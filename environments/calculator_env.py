@@ -194,6 +194,7 @@ class CalculatorEnv(BaseEnv):
         episode = await run_episode(
             self.server, self.tokenizer, messages, on_reply, max_turns=self.config.max_turns,
             max_tokens=self.config.max_tokens, temperature=temperature, split=split,
+            max_context_tokens=self.config.max_token_length,
         )
         correct = state["answer"] is not None and state["answer"] == item["answer"]
         score = 1.0 if correct else -1.0

@@ -194,6 +194,8 @@ class Episode:
         contiguous: True when every turn extended the previous sequence (False means the chat
             template re-rendered earlier turns differently; then only the last turn's node is
             returned and earlier turns are masked).
+        out_of_context: the episode stopped early because the next turn would not fit in
+            ``max_context_tokens``.
     """
 
     messages: list[Message]
@@ -201,6 +203,7 @@ class Episode:
     turns: int = 0
     finish_reasons: list[str] = field(default_factory=list)
     contiguous: bool = True
+    out_of_context: bool = False
 
 
 #: ``on_reply(text, turn) -> messages to append (the env's answer), or None to end``.
@@ -217,6 +220,7 @@ async def run_episode(
     max_tokens: int,
     temperature: float = 1.0,
     split: str = "train",
+    max_context_tokens: int | None = None,
 ) -> Episode:
     """Play a conversation turn by turn: sample, let the env answer, repeat.
 
@@ -235,6 +239,9 @@ async def run_episode(
         max_tokens: tokens per assistant turn.
         temperature: sampling temperature.
         split: ``"train"`` or ``"eval"`` (which request pool and metrics to use).
+        max_context_tokens: stop (``Episode.out_of_context``) before a turn whose prompt plus
+            ``max_tokens`` would reach this many tokens (the env's ``max_token_length``, which
+            the API also enforces); None = no check.
 
     Returns:
         The :class:`Episode`.
@@ -245,6 +252,11 @@ async def run_episode(
     episode = Episode(messages=chat, node=None)
     async with server.managed_server(tokenizer=tokenizer) as managed:
         for turn in range(max_turns):
+            if turn > 0 and max_context_tokens is not None:
+                prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                if len(tokenizer.encode(prompt, add_special_tokens=False)) + max_tokens >= max_context_tokens:
+                    episode.out_of_context = True
+                    break
             completion = await managed.chat_completion(
                 messages=chat, n=1, max_tokens=max_tokens, temperature=temperature,
                 split=split,

@@ -16,7 +16,11 @@ from environments.common import Episode, new_group, run_episode
 class GymTextConfig(BaseEnvConfig):
     """Settings shared by the text-game environments."""
 
-    max_turns: int = Field(default=8, ge=1, description="Assistant turns per episode at most.")
+    max_turns: int = Field(
+        default=8, ge=1,
+        description="Assistant turns per episode at most; an episode also ends early when the "
+        "next turn would not fit in max_token_length tokens.",
+    )
     max_tokens: int = Field(default=48, ge=1, description="Tokens per assistant turn.")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
     invalid_action_penalty: float = Field(
@@ -110,11 +114,13 @@ class GymTextEnv(BaseEnv):
                 self.server, self.tokenizer, messages, on_reply,
                 max_turns=self.config.max_turns, max_tokens=self.config.max_tokens,
                 temperature=temperature, split=split,
+                max_context_tokens=self.config.max_token_length,
             )
         finally:
             game.close()
         stats = {"return": state["return"], "invalid": float(state["invalid"]),
-                 "finished": float(state["done"]), "turns": float(episode.turns)}
+                 "finished": float(state["done"]), "turns": float(episode.turns),
+                 "out_of_context": float(episode.out_of_context)}
         return episode, state["return"], stats
 
     async def collect_trajectories(self, item):
@@ -171,4 +177,5 @@ def _summarise(stats: list[dict[str, float]], prefix: str) -> dict[str, float]:
         f"{prefix}/finished_rate": sum(s["finished"] for s in stats) / n,
         f"{prefix}/invalid_action_rate": sum(s["invalid"] for s in stats) / turns,
         f"{prefix}/mean_turns": turns / n,
+        f"{prefix}/out_of_context_rate": sum(s["out_of_context"] for s in stats) / n,
     }

@@ -36,7 +36,7 @@ class TaxiEnv(GymTextEnv):
     def config_init(cls):
         return (
             GymTextConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=4096,
+                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
                 max_turns=20, wandb_name=cls.name, use_wandb=False,
             ),
             default_server(),

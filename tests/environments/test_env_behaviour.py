@@ -168,6 +168,15 @@ async def test_taxi_describes_the_board_and_counts_moves(tok_dir):
     assert score == -3.0  # three legal (or wall-bumping) moves cost 1 each
 
 
+async def test_taxi_episode_stops_before_overflowing_the_context(tok_dir):
+    env, server = await make_env("taxi", tok_dir, lambda r: "west", group_size=1, max_turns=10,
+                                 max_tokens=8, max_token_length=1500)
+    episode, _, stats = await env.play(7, temperature=1.0)
+    assert episode.out_of_context and stats["out_of_context"] == 1.0
+    assert 1 <= episode.turns < 10
+    assert len(episode.node.tokens) < 1500  # the API's length filter would keep this group
+
+
 # ------------------------------------------------------------------ tool calling
 def test_tool_call_matching():
     from environments.tool_calling_env import builtin_example, score_tool_calls
