@@ -209,7 +209,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
 
         # -------------------------------------------------------------- final checkpoint + eval
         save_weights(model, tokenizer, run_dir / "checkpoints" / "final", True)
-        if steps_done and config.eval_command:
+        if steps_done and config.eval_command and not stop.requested:
             if steps_done != config.training_steps:  # stopped early: vLLM may be behind
                 vllm.sync(model, tokenizer)
             eval_after = evaluate(steps_done)

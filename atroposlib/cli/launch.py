@@ -1,0 +1,473 @@
+"""``atropos-launch CONFIG.yaml``: run-api, the GRPO trainer (which owns vLLM) and the envs, as one command.
+
+Order: ``run-api`` (waits for ``GET /info``) -> trainer (launches vLLM, evaluates the starting
+policy, registers) -> once the API reports the trainer's registration, every environment in
+``serve`` mode -> wait for the trainer to finish -> stop everything.
+
+Every process runs in its own process group; its output goes to
+``<run_dir>/logs/<name>.log`` and to the console prefixed with ``[name]``. On Ctrl-C, SIGTERM,
+the trainer finishing, or any part dying early, every process (and anything it spawned, e.g.
+vLLM) gets SIGTERM, then SIGKILL after ``stop_timeout`` seconds. Nothing else is touched.
+
+Example config (``configs/quickstart-cpu.yaml`` is the full one)::
+
+    trainer:                  # any atropos-grpo flag, snake_case
+      training_steps: 20
+      batch_size: 32
+      lr: 2.0e-5
+    envs:
+      - name: arithmetic
+        script: environments/arithmetic_server.py
+        args: {env.group_size: 8, env.difficulty: 2}
+    eval_env: arithmetic       # evaluate before/after training with this env's `evaluate`
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from atroposlib.errors import ConfigError
+
+#: Environment variables every child gets unless already set (offline, no telemetry).
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "WANDB_MODE": "offline",
+    "GRADIO_ANALYTICS_ENABLED": "False",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+class ApiSection(BaseModel):
+    """How to run ``run-api``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    port: int | None = Field(default=None, description="Port (default: a free one).")
+    extra_args: list[str] = Field(default_factory=list, description="More run-api flags.")
+    start_timeout: float = Field(default=60.0, gt=0, description="Seconds to wait for GET /info.")
+
+
+class EnvSection(BaseModel):
+    """One environment started in ``serve`` mode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Log name ([name] prefix, logs/<name>.log); unique.")
+    script: str = Field(description="Environment script, e.g. environments/arithmetic_server.py "
+                        "(relative paths are resolved against the config file's directory, "
+                        "then the working directory).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Flags without the leading "
+                                 "dashes, e.g. {env.group_size: 8}; true = bare flag.")
+    server_type: str = Field(default="vllm", description="--openai.server_type used to reach "
+                             "the trainer's vLLM.")
+
+
+class LaunchConfig(BaseModel):
+    """The whole ``atropos-launch`` YAML file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_dir: str | None = Field(default=None, description="Run directory (default: "
+                                "runs/<UTC timestamp>).")
+    api: ApiSection = Field(default_factory=ApiSection, description="run-api settings.")
+    trainer: dict[str, Any] = Field(default_factory=dict, description="atropos-grpo settings "
+                                    "(TrainerConfig fields); api_url, run_dir and vllm_port are "
+                                    "filled in by the launcher.")
+    envs: list[EnvSection] = Field(min_length=1, description="Environments to serve.")
+    eval_env: str | None = Field(default=None, description="Name of the env whose `evaluate` "
+                                 "runs before/after training (sets trainer.eval_command).")
+    eval_args: dict[str, Any] = Field(default_factory=dict, description="Extra flags for that "
+                                      "evaluate command (default: the env's args).")
+    register_timeout: float = Field(default=1200.0, gt=0, description="Seconds to wait for the "
+                                    "trainer to register (vLLM start + baseline eval).")
+    stop_timeout: float = Field(default=30.0, gt=0, description="Seconds between SIGTERM and "
+                                "SIGKILL when stopping a part.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LaunchConfig:
+        names = [e.name for e in self.envs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"env names must be unique, got {names}; rename the duplicates")
+        if self.eval_env is not None and self.eval_env not in names:
+            raise ValueError(f"eval_env {self.eval_env!r} is not one of the envs {names}")
+        for key in ("api_url", "run_dir", "vllm_port"):
+            if key in self.trainer:
+                raise ValueError(f"trainer.{key} is set by atropos-launch; remove it from the "
+                                 "config (use api.port / run_dir instead)")
+        return self
+
+
+def load_config(path: str | Path) -> LaunchConfig:
+    """Read and validate a launch YAML file.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or fails validation (message lists every
+            problem with its key path).
+    """
+    import yaml
+
+    from example_trainer.config import TrainerConfig
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist; see configs/quickstart-cpu.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping (trainer:, envs:, ...)")
+    try:
+        config = LaunchConfig.model_validate(data)
+        TrainerConfig.model_validate({**config.trainer, "api_url": "http://x", "run_dir": "x"})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())
+        raise ConfigError(f"{path}: invalid launch config: {problems}") from exc
+    base = path.resolve().parent
+    for env in config.envs:
+        script = Path(env.script)
+        if not script.is_absolute():
+            for root in (base, base.parent, Path.cwd()):
+                if (root / script).exists():
+                    script = root / script
+                    break
+        if not script.exists():
+            raise ConfigError(f"{path}: env {env.name!r}: script {env.script} not found "
+                              f"(looked next to the config and in {Path.cwd()})")
+        env.script = str(script.resolve())
+    return config
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def flags(args: dict[str, Any]) -> list[str]:
+    """``{"env.group_size": 8, "slurm": True, "env.use_wandb": False}`` -> env CLI flags.
+
+    Gives ``["--env.group_size", "8", "--slurm", "--env.use_wandb", "false"]``; None is skipped.
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        if value is True:
+            out.append(f"--{key}")
+        elif value is False:
+            out += [f"--{key}", "false"]
+        elif value is None:
+            continue
+        else:
+            out += [f"--{key}", str(value)]
+    return out
+
+
+def trainer_flags(values: dict[str, Any]) -> list[str]:
+    """TrainerConfig values -> ``atropos-grpo`` kebab-case flags (lists as JSON)."""
+    import json
+
+    out: list[str] = []
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        elif value is None:
+            continue
+        elif isinstance(value, list | tuple | dict):
+            out += [flag, json.dumps(value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+class Part:
+    """One child process: own process group, output to a log file and the prefixed console."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str],
+                 console: TextIO, console_lock: threading.Lock):
+        """Start ``argv`` now.
+
+        Args:
+            name: prefix and log-file name.
+            argv: the command.
+            log_dir: where ``<name>.log`` goes.
+            env: full environment of the child.
+            console: stream for prefixed output (stdout).
+            console_lock: serialises console lines from all parts.
+        """
+        self.name = name
+        self.argv = argv
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115
+        self._log.write(f"$ {shlex.join(argv)}\n".encode())
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        self._descendants: dict[int, Any] = {}
+        self._reader = threading.Thread(target=self._pump, args=(console, console_lock),
+                                        daemon=True, name=f"log-{name}")
+        self._reader.start()
+
+    def _pump(self, console: TextIO, lock: threading.Lock) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            self._log.write(raw)
+            line = raw.decode(errors="replace").rstrip("\n")
+            # tqdm progress bars redraw with \r; show only the final state of the line
+            line = line.split("\r")[-1]
+            with lock:
+                console.write(f"[{self.name}] {line}\n")
+                console.flush()
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+        return self.proc.poll()
+
+    def remember_descendants(self) -> None:
+        """Record the pids this part spawned (e.g. vLLM in its own group) to stop them later."""
+        import psutil
+
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self._descendants[child.pid] = child
+        except psutil.Error:
+            pass
+
+    def tail(self, chars: int = 4000) -> str:
+        """The last ``chars`` characters of this part's log."""
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the part's process group (ignored when already gone)."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM the group and recorded descendants; SIGKILL what is left after ``timeout``."""
+        import psutil
+
+        self.remember_descendants()
+        if self.proc.poll() is None:
+            self.signal_group(signal.SIGTERM)
+        for proc in list(self._descendants.values()):
+            try:
+                proc.terminate()
+            except psutil.Error:
+                pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal_group(signal.SIGKILL)
+            self.proc.wait(10)
+        alive = []
+        for proc in self._descendants.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.Error:
+                pass
+        _, still = psutil.wait_procs(alive, timeout=timeout)
+        for proc in still:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        self._reader.join(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+class LaunchError(RuntimeError):
+    """A part failed to come up or died early (the message has its log tail)."""
+
+
+class Launcher:
+    """Runs the parts of one training run and always stops them all (see module docstring)."""
+
+    def __init__(self, config: LaunchConfig, console: TextIO | None = None):
+        """Prepare the run directory; nothing starts until :meth:`run`."""
+        self.config = config
+        self.run_dir = Path(config.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+        self.log_dir = self.run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.console = console or sys.stdout
+        self.lock = threading.Lock()
+        self.parts: list[Part] = []
+        self.env = {**OFFLINE_ENV, **os.environ}
+        self._stop_signal: int | None = None
+
+    def say(self, message: str) -> None:
+        """Print a ``[launch]`` line."""
+        with self.lock:
+            self.console.write(f"[launch] {message}\n")
+            self.console.flush()
+
+    def start(self, name: str, argv: list[str]) -> Part:
+        """Start one part and remember it for shutdown."""
+        part = Part(name, argv, self.log_dir, self.env, self.console, self.lock)
+        self.parts.append(part)
+        self.say(f"started {name} (pid {part.proc.pid}): {shlex.join(argv)}")
+        return part
+
+    def _fail(self, part: Part, why: str) -> LaunchError:
+        return LaunchError(f"{part.name} {why}; last lines of {part.log_path}:\n{part.tail()}")
+
+    def _wait_until(self, what: str, check: Any, timeout: float, watch: list[Part]) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._stop_signal is not None:
+                raise KeyboardInterrupt
+            for part in watch:
+                if part.poll() is not None:
+                    raise self._fail(part, f"exited with code {part.poll()} while waiting for {what}")
+            if check():
+                return
+            if time.monotonic() > deadline:
+                raise self._fail(watch[-1], f"did not reach '{what}' within {timeout:.0f}s")
+            time.sleep(0.5)
+
+    def run(self) -> int:
+        """Run everything; return the trainer's exit code (130 on Ctrl-C, 1 on failure)."""
+        import httpx
+
+        cfg = self.config
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            # 1. run-api
+            api_port = cfg.api.port or free_port()
+            api_url = f"http://127.0.0.1:{api_port}"
+            api = self.start("api", [sys.executable, "-m", "atroposlib.cli.run_api", "--host",
+                                     "127.0.0.1", "--port", str(api_port), *cfg.api.extra_args])
+
+            def info() -> dict[str, Any] | None:
+                try:
+                    response = httpx.get(f"{api_url}/info", timeout=2.0, trust_env=False)
+                    return response.json() if response.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    return None
+
+            self._wait_until("GET /info answers", lambda: info() is not None,
+                             cfg.api.start_timeout, [api])
+            self.say(f"run-api ready at {api_url}")
+
+            # 2. trainer (launches vLLM itself, evaluates, then registers)
+            vllm_port = free_port()
+            base_url = f"http://127.0.0.1:{vllm_port}/v1"
+            trainer_values = dict(cfg.trainer)
+            model_name = trainer_values.get("served_model_name", "smollm2")
+            eval_env = next((e for e in cfg.envs if e.name == cfg.eval_env), None)
+            if eval_env is not None and "eval_command" not in trainer_values:
+                eval_args = {**eval_env.args, **cfg.eval_args}
+                eval_args = {k: v for k, v in eval_args.items()
+                             if k not in ("env.rollout_server_url", "env.data_dir_to_save_evals")}
+                if trainer_values.get("model") and "env.tokenizer_name" not in eval_args:
+                    eval_args["env.tokenizer_name"] = trainer_values["model"]
+                trainer_values["eval_command"] = " ".join([
+                    shlex.quote(sys.executable), shlex.quote(eval_env.script), "evaluate",
+                    *map(shlex.quote, flags(eval_args)),
+                    "--openai.server_type", shlex.quote(eval_env.server_type),
+                    "--openai.base_url", "{base_url}", "--openai.model_name", "{model_name}",
+                    "--env.data_dir_to_save_evals", "{out_dir}",
+                ])
+            trainer = self.start("trainer", [
+                sys.executable, "-m", "example_trainer.grpo", *trainer_flags(trainer_values),
+                "--api-url", api_url, "--run-dir", str(self.run_dir), "--vllm-port", str(vllm_port)])
+            self._wait_until("trainer registered with run-api",
+                             lambda: (info() or {}).get("batch_size", -1) > 0,
+                             cfg.register_timeout, [api, trainer])
+            trainer.remember_descendants()
+            self.say("trainer registered; starting environments")
+
+            # 3. environments
+            envs = []
+            model_dir = trainer_values.get("model")
+            for env in cfg.envs:
+                extra = {"env.rollout_server_url": api_url, "openai.base_url": base_url,
+                         "openai.model_name": model_name, "openai.server_type": env.server_type}
+                if model_dir and "env.tokenizer_name" not in env.args:
+                    extra["env.tokenizer_name"] = model_dir
+                envs.append(self.start(env.name, [sys.executable, env.script, "serve",
+                                                  *flags({**env.args, **extra})]))
+
+            # 4. wait for the trainer
+            while trainer.poll() is None:
+                if self._stop_signal is not None:
+                    raise KeyboardInterrupt
+                for part in [api, *envs]:
+                    if part.poll() is not None:
+                        raise self._fail(part, f"exited early with code {part.poll()}")
+                trainer.remember_descendants()
+                time.sleep(1.0)
+            code = trainer.poll()
+            if code != 0:
+                raise self._fail(trainer, f"exited with code {code}")
+            self.say(f"trainer finished; results in {self.run_dir} (summary.json, plot.png)")
+            return 0
+        except KeyboardInterrupt:
+            self.say("interrupted: stopping every part")
+            return 130
+        except LaunchError as exc:
+            self.say(f"FAILED: {exc}")
+            return 1
+        finally:
+            self.shutdown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._stop_signal is not None:
+            raise KeyboardInterrupt
+        self._stop_signal = signum
+
+    def shutdown(self) -> None:
+        """Stop every part, newest first (envs, trainer + vLLM, api)."""
+        for part in reversed(self.parts):
+            code = part.stop(self.config.stop_timeout)
+            self.say(f"stopped {part.name} (exit code {code})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script ``atropos-launch CONFIG.yaml [--run-dir DIR]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="atropos-launch",
+        description="Run run-api, the GRPO trainer (with its vLLM) and the environments from one "
+        "YAML file; logs go to <run_dir>/logs/<name>.log and the console.")
+    parser.add_argument("config", help="launch YAML, e.g. configs/quickstart-cpu.yaml")
+    parser.add_argument("--run-dir", default=None, help="override run_dir from the config")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"atropos-launch: {exc}", file=sys.stderr)
+        return 2
+    if args.run_dir:
+        config.run_dir = args.run_dir
+    return Launcher(config).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
