@@ -245,6 +245,13 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
 
 
 async def _run_mode(env: BaseEnv, mode: str) -> Any:
+    if mode != "serve":
+        # SIGTERM cancels like Ctrl-C does, so process keeps its JSONL and writes the HTML.
+        task = asyncio.current_task()
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+            pass
     if mode == "process":
         return await env.process_manager()
     if mode == "evaluate":
@@ -275,6 +282,9 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # process/evaluate: files written so far are kept
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except asyncio.CancelledError:  # SIGTERM during process/evaluate
+        print("terminated", file=sys.stderr)
+        raise SystemExit(143) from None
 
 
 __all__ = ["build_configs", "build_parser", "parse_args", "resolve_server_configs", "run_cli"]

@@ -167,7 +167,8 @@ def test_config_init_subclass_fields_become_flags_even_without_env_config_cls():
     assert isinstance(env, Extra) and env.difficulty == 3
 
 
-def test_sigint_during_process_keeps_what_was_written(tiny_tokenizer_dir, tmp_path):
+@pytest.mark.parametrize(("sig", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_stopping_process_keeps_what_was_written(tiny_tokenizer_dir, tmp_path, sig, code):
     import signal
     import time
 
@@ -181,9 +182,9 @@ def test_sigint_during_process_keeps_what_was_written(tiny_tokenizer_dir, tmp_pa
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and (not target.exists() or target.stat().st_size == 0):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == code, err[-2000:]
     assert "Traceback" not in err
     lines = target.read_text().splitlines()
     assert lines and all(json.loads(line)["scores"] for line in lines)
