@@ -47,6 +47,10 @@ class TrainerConfig(BaseSettings):
     seed: int = Field(default=0, description="Torch seed.")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads "
                                       "(default: torch's choice).")
+    train_last_layers: int | None = Field(default=None, ge=1, description="Train only the last "
+                                          "N decoder layers and the final norm (embeddings and "
+                                          "the LM head frozen); None trains everything. Cuts "
+                                          "backward time on CPU.")
     gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
     attn_implementation: str | None = Field(default=None, description="HF attention kernel; "
                                             "default eager on CPU (fast for short padded "
@@ -67,6 +71,9 @@ class TrainerConfig(BaseSettings):
     # ---------------------------------------------------------------- optimisation
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "
                                 "exactly one GET /batch.")
+    max_train_seconds: float | None = Field(default=None, gt=0, description="Time budget of the "
+                                            "training loop (from the first batch request to the "
+                                            "last step); stop early once exceeded. None: no limit.")
     batch_size: int = Field(default=32, ge=1, description="Sequences per step (registered with "
                             "the API; a multiple of the envs' group_size).")
     micro_batch_size: int = Field(default=8, ge=1, description="Sequences per forward/backward "

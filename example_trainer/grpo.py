@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
     config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv)
     summary = train(config)
-    return 0 if summary.get("steps") == config.training_steps else 1
+    finished = summary.get("steps") == config.training_steps or summary.get("stopped_by_time_budget")
+    return 0 if finished and summary.get("steps") else 1
 
 
 def train(config: TrainerConfig) -> dict[str, Any]:
@@ -81,10 +82,15 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
         config.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
     model, tokenizer = load_policy(config.model, device, dtype, config.attn_implementation)
+    if config.train_last_layers:
+        freeze_all_but_last_layers(model, config.train_last_layers)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.adam_betas,
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    print(f"[grpo] training {sum(p.numel() for p in trainable) / 1e6:.1f}M of "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device}", flush=True)
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.adam_betas,
                                   weight_decay=config.weight_decay)
     reference = None  # frozen starting policy for the KL term, loaded on first need
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -97,6 +103,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     steps_done = 0
     eval_before = eval_after = math.nan
     train_seconds = 0.0
+    out_of_time = False
     try:
         print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
         vllm_seconds = vllm.start()
@@ -128,6 +135,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         for step in range(1, config.training_steps + 1):
             if stop.requested:
                 print("[grpo] stop requested: finishing early", flush=True)
+                break
+            if config.max_train_seconds and time.perf_counter() - train_start > config.max_train_seconds:
+                print(f"[grpo] time budget of {config.max_train_seconds:.0f}s used after "
+                      f"{steps_done} steps: finishing", flush=True)
+                out_of_time = True
                 break
             # ---------------------------------------------------------- 1. one batch
             wait_start = time.perf_counter()
@@ -168,7 +180,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             lr = config.lr * min(1.0, step / config.warmup_steps) if config.warmup_steps else config.lr
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             compute_s = time.perf_counter() - step_start
@@ -210,7 +222,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         # -------------------------------------------------------------- final checkpoint + eval
         save_weights(model, tokenizer, run_dir / "checkpoints" / "final", True)
         if steps_done and config.eval_command and not stop.requested:
-            if steps_done != config.training_steps:  # stopped early: vLLM may be behind
+            if steps_done % config.weight_sync_interval and steps_done != config.training_steps:
                 vllm.sync(model, tokenizer)
             eval_after = evaluate(steps_done)
     finally:
@@ -225,6 +237,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             eval_accuracy_delta=eval_after - eval_before,
             evals=[{"step": s, "accuracy": a} for s, a in runlog.evals],
             final_checkpoint=str(run_dir / "checkpoints" / "final"),
+            stopped_by_time_budget=out_of_time,
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
             mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
@@ -252,6 +265,28 @@ def load_policy(model_dir: str, device: Any, dtype: Any, attn_implementation: st
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
     return model.to(device), tokenizer
+
+
+def freeze_all_but_last_layers(model: Any, n: int) -> None:
+    """Leave only the last ``n`` decoder layers and the final norm trainable.
+
+    Works for HF decoder-only models that keep their blocks in ``model.model.layers`` (Llama,
+    Qwen, Mistral, SmolLM ...). Embeddings (and a tied LM head) stay frozen.
+
+    Raises:
+        ValueError: the model has no ``model.layers`` list, or fewer than ``n`` layers.
+    """
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or n > len(layers):
+        raise ValueError(
+            f"train_last_layers={n}: the model has {'no model.layers' if layers is None else len(layers)}"
+            " decoder layers; lower it or leave it unset to train everything")
+    model.requires_grad_(False)
+    for layer in layers[len(layers) - n:]:
+        layer.requires_grad_(True)
+    norm = getattr(model.model, "norm", None)
+    if norm is not None:
+        norm.requires_grad_(True)
 
 
 def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any]] | None:
