@@ -55,17 +55,27 @@ async def test_blackjack_multi_turn_real_vllm(vllm_server):
     assert all(-1.6 <= s <= 1.0 for s in group["scores"])
 
 
-async def test_code_execution_real_vllm(vllm_server):
-    from transformers import AutoTokenizer
+def test_code_execution_process_real_vllm(vllm_server, tmp_path):
+    """`process` mode end to end: real vLLM writes code, the sandbox runs it, JSONL + HTML out."""
+    import json
 
+    from atroposlib.envs.checks import check_group
+    from atroposlib.envs.cli import run_cli
     from environments.code_execution_env import CodeExecutionEnv
 
-    tokenizer = AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
-    groups = await check_env(
-        CodeExecutionEnv, _vllm_backend(vllm_server),
-        {"tokenizer_name": str(vllm_server.model_dir), "group_size": 2, "max_tokens": 96,
-         "dataset_name": "builtin", "cpu_seconds": 2, "wall_seconds": 5, "temperature": 0.7},
-        tokenizer=tokenizer,
-    )
-    assert set(groups[0]["scores"]) <= {-1.0, 1.0}
-    assert all(len(lp) == len(t) for lp, t in zip(groups[0]["inference_logprobs"], groups[0]["tokens"], strict=True))
+    pytest.importorskip("atroposlib.envs.server_handling.vllm_server")
+    out = tmp_path / "code.jsonl"
+    run_cli(CodeExecutionEnv, [
+        "process", f"--openai.base_url={vllm_server.base_url}",
+        f"--openai.model_name={vllm_server.model_name}", "--openai.server_type=vllm",
+        f"--env.tokenizer_name={vllm_server.model_dir}", "--env.dataset_name=builtin",
+        "--env.group_size=2", "--env.total_steps=2", "--env.max_tokens=96",
+        "--env.temperature=0.7", "--env.cpu_seconds=2", "--env.wall_seconds=5",
+        f"--env.data_path_to_save_groups={out}",
+    ])
+    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(groups) == 2 and out.with_suffix(".html").exists()
+    for group in groups:
+        check_group(group, 2)
+        assert set(group["scores"]) <= {-1.0, 1.0}
+        assert group["inference_logprobs"] is not None
