@@ -21,8 +21,10 @@ Layers, outermost first (each one that the host supports; :func:`isolation_suppo
    allowed, and opening files for writing, removing, renaming or creating anything outside the
    scratch directory. It is defence in depth (``ctypes`` can bypass it); it is the only network
    barrier on hosts without ``unshare``.
-6. The host side: a clean environment (``PATH``, ``HOME``/``TMPDIR`` = scratch,
-   ``PYTHONHASHSEED=0``, no proxies or credentials), ``cwd`` = a fresh scratch directory,
+6. The host side: a clean environment (``PATH``, ``HOME``/``TMPDIR`` = scratch, one BLAS
+   thread, no proxies or credentials), an isolated interpreter (``python -I -B -u``: no
+   ``PYTHON*`` variables, user site or bytecode writes; unbuffered output, so a killed run
+   still shows what it printed), ``cwd`` = a fresh scratch directory,
    ``start_new_session=True``, a wall-clock timeout after which the whole process group is
    SIGKILLed, output captured through files capped by ``RLIMIT_FSIZE`` and read back at most
    ``max_output_bytes``, and the run directory deleted afterwards.
@@ -289,9 +291,6 @@ def _clean_env(scratch: str) -> dict[str, str]:
         "HOME": scratch,
         "TMPDIR": scratch,
         "LANG": "C.UTF-8",
-        "PYTHONHASHSEED": "0",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
@@ -401,7 +400,7 @@ def run_python(
             "network": limits.network,
             "expose": _interpreter_dirs(python),
         }
-        argv = [*flags, python, "-I", "-B", "-c", _BOOTSTRAP, json.dumps(cfg)]
+        argv = [*flags, python, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)]
         with (
             open(stdin_path, "rb") as fin,
             open(run_dir / "stdout", "wb") as fout,

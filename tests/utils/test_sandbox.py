@@ -77,9 +77,10 @@ def test_infinite_loop_killed_by_cpu_limit():
 
 
 def test_sleeping_program_killed_by_wall_clock():
-    r = run_python("import time\ntime.sleep(60)\n", limits=SandboxLimits(wall_seconds=1))
+    r = run_python("import time\nprint('started')\ntime.sleep(60)\n", limits=SandboxLimits(wall_seconds=1))
     assert r.timed_out and r.returncode == -9 and not r.ok
     assert r.duration_s < 5
+    assert r.stdout == "started\n"  # unbuffered: output before the kill is kept
 
 
 def test_huge_allocation_fails_inside_the_sandbox():
