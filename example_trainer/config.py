@@ -99,7 +99,8 @@ class TrainerConfig(BaseSettings):
     # ---------------------------------------------------------------- vLLM
     vllm_url: str | None = Field(default=None, description="Use this already-running vLLM "
                                  "(e.g. http://127.0.0.1:9100/v1; weight sync needs it in dev "
-                                 "mode, reload only) instead of launching one.")
+                                 "mode, reload only) instead of launching one. Comma-separated "
+                                 "URLs: reload all of them (multi-node).")
     vllm_port: int | None = Field(default=None, description="Port of the vLLM the trainer "
                                   "launches (default: a free one).")
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

@@ -40,7 +40,9 @@ class VLLMSync:
       environments retry while it is down).
     * ``none``: never touch vLLM.
 
-    With ``vllm_url`` the server is external (only ``reload`` and ``none``); otherwise
+    With ``vllm_url`` the server is external (only ``reload`` and ``none``; a comma-separated
+    list reloads every server, e.g. one per Slurm inference node, from a shared filesystem);
+    otherwise
     :class:`~atroposlib.inference.vllm_process.VLLMProcess` launches it with the policy.
     """
 
@@ -55,7 +57,9 @@ class VLLMSync:
         self.weights_dir = run_dir / "vllm_weights"
         self.log_path = run_dir / "logs" / "vllm.log"
         self.process: Any = None
-        self._external_url = config.vllm_url.rstrip("/") if config.vllm_url else None
+        # several comma-separated URLs (e.g. one vLLM per Slurm inference node) all get reloaded
+        self._external_urls = [u.strip().rstrip("/") for u in (config.vllm_url or "").split(",") if u.strip()]
+        self._external_url = self._external_urls[0] if self._external_urls else None
 
     @property
     def base_url(self) -> str:
@@ -115,19 +119,20 @@ class VLLMSync:
     def _reload_external(self) -> float:
         import httpx
 
-        root = self._external_url.removesuffix("/v1")
+        weights = str(self.weights_dir.resolve())
+        calls = [("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights}}),
+                 ("/reset_prefix_cache", None)]
         begin = time.perf_counter()
         with httpx.Client(timeout=600.0, trust_env=False) as client:
-            for path, payload in (
-                ("/collective_rpc", {"method": "reload_weights",
-                                     "kwargs": {"weights_path": str(self.weights_dir.resolve())}}),
-                ("/reset_prefix_cache", None),
-            ):
-                response = client.post(root + path, json=payload)
-                if response.status_code != 200:
-                    raise InferenceError(
-                        f"POST {root}{path} answered {response.status_code}: {response.text[:500]}; "
-                        "start that vLLM with VLLM_SERVER_DEV_MODE=1 to allow weight reloads")
+            for url in self._external_urls:
+                root = url.removesuffix("/v1")
+                for path, payload in calls:
+                    response = client.post(root + path, json=payload)
+                    if response.status_code != 200:
+                        raise InferenceError(
+                            f"POST {root}{path} answered {response.status_code}: "
+                            f"{response.text[:500]}; start that vLLM with VLLM_SERVER_DEV_MODE=1 "
+                            "to allow weight reloads")
         return time.perf_counter() - begin
 
     def stop(self) -> None:

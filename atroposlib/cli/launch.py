@@ -86,7 +86,8 @@ class LaunchConfig(BaseModel):
     api: ApiSection = Field(default_factory=ApiSection, description="run-api settings.")
     trainer: dict[str, Any] = Field(default_factory=dict, description="atropos-grpo settings "
                                     "(TrainerConfig fields); api_url, run_dir and vllm_port are "
-                                    "filled in by the launcher.")
+                                    "filled in by the launcher. With vllm_url the envs use that "
+                                    "server and the trainer launches none.")
     envs: list[EnvSection] = Field(min_length=1, description="Environments to serve.")
     eval_env: str | None = Field(default=None, description="Name of the env whose `evaluate` "
                                  "runs before/after training (sets trainer.eval_command).")
@@ -373,9 +374,14 @@ class Launcher:
             self.say(f"run-api ready at {api_url}")
 
             # 2. trainer (launches vLLM itself, evaluates, then registers)
-            vllm_port = free_port()
-            base_url = f"http://127.0.0.1:{vllm_port}/v1"
             trainer_values = dict(cfg.trainer)
+            port_flags: list[str] = []
+            if trainer_values.get("vllm_url"):  # an already-running vLLM (e.g. in tests)
+                base_url = str(trainer_values["vllm_url"]).rstrip("/")
+            else:  # the trainer launches vLLM on a port chosen here, so the envs know it
+                vllm_port = free_port()
+                base_url = f"http://127.0.0.1:{vllm_port}/v1"
+                port_flags = ["--vllm-port", str(vllm_port)]
             model_name = trainer_values.get("served_model_name", "smollm2")
             eval_env = next((e for e in cfg.envs if e.name == cfg.eval_env), None)
             if eval_env is not None and "eval_command" not in trainer_values:
@@ -393,7 +399,7 @@ class Launcher:
                 ])
             trainer = self.start("trainer", [
                 sys.executable, "-m", "example_trainer.grpo", *trainer_flags(trainer_values),
-                "--api-url", api_url, "--run-dir", str(self.run_dir), "--vllm-port", str(vllm_port)])
+                "--api-url", api_url, "--run-dir", str(self.run_dir), *port_flags])
             self._wait_until("trainer registered with run-api",
                              lambda: (info() or {}).get("batch_size", -1) > 0,
                              cfg.register_timeout, [api, trainer])

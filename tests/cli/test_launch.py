@@ -1,0 +1,138 @@
+"""atropos-launch: config validation, flag rendering, fail-fast and clean shutdown with real processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from atroposlib.cli.launch import Launcher, flags, load_config, main, trainer_flags
+from atroposlib.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
+needs_model = pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(),
+                                 reason="bundled model not prepared (atropos-bundled-model)")
+
+
+def _write(tmp_path, data) -> Path:
+    path = tmp_path / "launch.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _base(tmp_path, **trainer):
+    return {"trainer": trainer, "envs": [{"name": "arith", "script": str(REPO / "environments/arithmetic_server.py")}]}
+
+
+def test_quickstart_config_is_valid():
+    config = load_config(REPO / "configs/quickstart-cpu.yaml")
+    assert config.eval_env == "arithmetic"
+    assert Path(config.envs[0].script).is_file()
+    assert config.trainer["weight_sync"] == "reload"
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"trainer": {}}, "envs"),
+        ({"trainer": {"lrr": 1}, "envs": [{"name": "a", "script": "environments/arithmetic_server.py"}]}, "trainer.lrr|lrr"),
+        ({"trainer": {"lr": -1}, "envs": [{"name": "a", "script": "environments/arithmetic_server.py"}]}, "lr"),
+        ({"trainer": {"api_url": "http://x"}, "envs": [{"name": "a", "script": "environments/arithmetic_server.py"}]}, "set by atropos-launch"),
+        ({"envs": [{"name": "a", "script": "environments/arithmetic_server.py"}] * 2}, "unique"),
+        ({"envs": [{"name": "a", "script": "environments/arithmetic_server.py"}], "eval_env": "b"}, "eval_env"),
+        ({"envs": [{"name": "a", "script": "nope/missing.py"}]}, "not found"),
+        ({"envs": [{"name": "a", "script": "environments/arithmetic_server.py", "bogus": 1}]}, "bogus"),
+    ],
+)
+def test_bad_configs_raise_config_error_naming_the_problem(tmp_path, data, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(_write(tmp_path, data))
+
+
+def test_missing_file_and_cli_exit_code(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("trainer: [unclosed")
+    assert main([str(tmp_path / "bad.yaml")]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_flag_rendering():
+    assert flags({"env.group_size": 8, "slurm": True, "env.use_wandb": False, "x": None}) == [
+        "--env.group_size", "8", "--slurm", "--env.use_wandb", "false"]
+    assert trainer_flags({"training_steps": 3, "use_wandb": False, "gradient_checkpointing": True,
+                          "vllm_extra_args": ["--a", "b"], "run_dir": None}) == [
+        "--training-steps", "3", "--no-use-wandb", "--gradient-checkpointing",
+        "--vllm-extra-args", '["--a", "b"]']
+
+
+def _descendants_alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@needs_model
+def test_env_that_dies_fails_fast_with_its_log_and_stops_everything(tmp_path, capsys):
+    crash = tmp_path / "crash_env.py"
+    crash.write_text("import sys\nprint('env says: cannot load my dataset', flush=True)\nsys.exit(3)\n")
+    data = {"run_dir": str(tmp_path / "run"),
+            "trainer": {"vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
+                        "training_steps": 2, "batch_size": 4, "micro_batch_size": 4},
+            "envs": [{"name": "crashy", "script": str(crash)}]}
+    launcher = Launcher(load_config(_write(tmp_path, data)))
+    begin = time.monotonic()
+    code = launcher.run()
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "crashy exited early with code 3" in out and "env says: cannot load my dataset" in out
+    assert time.monotonic() - begin < 180
+    assert not _descendants_alive([p.proc.pid for p in launcher.parts])
+    logs = tmp_path / "run" / "logs"
+    assert {"api.log", "trainer.log", "crashy.log"} <= {p.name for p in logs.iterdir()}
+    assert "[crashy] env says" in out
+
+
+@needs_model
+def test_sigint_stops_every_part(tmp_path):
+    idle = tmp_path / "idle_env.py"
+    idle.write_text("import time\nprint('idle env up', flush=True)\nwhile True:\n    time.sleep(1)\n")
+    data = {"run_dir": str(tmp_path / "run"), "stop_timeout": 10,
+            "trainer": {"vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
+                        "training_steps": 2, "batch_size": 4, "micro_batch_size": 4},
+            "envs": [{"name": "idle", "script": str(idle)}]}
+    cfg = _write(tmp_path, data)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.launch", str(cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:
+            lines.append(line)
+            if "idle env up" in line or time.monotonic() > deadline:
+                break
+        assert any("idle env up" in line for line in lines), "".join(lines)
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(children) >= 3
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, rest
+    assert "interrupted: stopping every part" in rest
+    time.sleep(0.5)
+    assert not _descendants_alive(children)
