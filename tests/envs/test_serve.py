@@ -119,9 +119,14 @@ def test_serve_survives_api_restart_and_inference_outage(tiny_tokenizer_dir, tmp
             for batch in batches:
                 _check_batch(batch)
 
-            # 2) Inference goes away for a while, then comes back: the env resumes.
+            # 2) Inference goes away for a while, then comes back: the env resumes. The trainer
+            # keeps pulling so the env has room and must hit the dead server.
             inference.stop()
-            time.sleep(4)
+            deadline = time.monotonic() + 60
+            while "item re-queued" not in log.read_text() and time.monotonic() < deadline:
+                trainer.get_batch()
+                time.sleep(0.2)
+            assert "item re-queued" in log.read_text(), log.read_text()[-3000:]
             assert proc.poll() is None, log.read_text()[-3000:]
             inference.start()
             batches = _pull_batches(trainer, 2, timeout=90)
@@ -129,8 +134,7 @@ def test_serve_survives_api_restart_and_inference_outage(tiny_tokenizer_dir, tmp
             output = _stop(proc, log)
             assert proc.returncode == 0, output[-3000:]
             assert "re-registered" in output
-            assert "item re-queued" in output  # the outage re-queued items instead of dropping
-            assert "groups_dropped_error" not in output
+            assert "groups_dropped_error" not in output  # outage items were re-queued, not dropped
     finally:
         if proc is not None and proc.poll() is None:
             _stop(proc, log)
