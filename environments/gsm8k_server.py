@@ -53,8 +53,8 @@ SYSTEM_PROMPT = (
     "deliberate with yourself via systematic reasoning before answering; put your thoughts "
     "inside <think> </think> tags.\n\n"
     "You are allocated a maximum of {max_tokens} tokens, please strive to use less.\n\n"
-    "End your answer with \\boxed{{your answer here}}, e.g. \\boxed{{42}}. Put only the final "
-    "number inside \\boxed{{}}: an answer without it gets no credit."
+    "End your answer with \\boxed{your answer here}, e.g. \\boxed{42}. Put only the final "
+    "number inside \\boxed{}: an answer without it gets no credit."
 )
 #: Rollouts with fewer generated tokens than this are skipped (as in Atropos 0.4).
 MIN_COMPLETION_TOKENS = 10
@@ -311,7 +311,7 @@ class GSM8kEnv(BaseEnv):
             msgs.append(
                 {
                     "role": "system",
-                    "content": self.config.system_prompt.format(max_tokens=max_tokens),
+                    "content": self.config.system_prompt.replace("{max_tokens}", str(max_tokens)),
                 }
             )
         msgs.append({"role": "user", "content": question})

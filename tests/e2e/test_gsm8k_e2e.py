@@ -60,7 +60,7 @@ def test_process_writes_a_real_group_aligned_with_the_tokenizer(vllm_server, ser
             "48",
             "--env.include_messages",
             "true",
-            # SmolLM2 rarely solves GSM8K: keep an all-wrong group rather than sampling for minutes.
+            # process mode already keeps uniform-score groups; say so explicitly (SmolLM2 is weak).
             "--env.ensure_scores_are_not_same",
             "false",
             "--env.data_path_to_save_groups",

@@ -263,3 +263,17 @@ async def test_missing_local_directory_names_the_resolved_path(tmp_path):
     env = GSM8kEnv(config.model_copy(update={"dataset_name": missing}), [FakeServer()])
     with pytest.raises(ConfigError, match="no such directory"):
         await env.setup()
+
+
+def test_system_prompt_may_contain_braces_and_gets_the_budget():
+    config, _ = GSM8kEnv.config_init()
+    env = GSM8kEnv(config, [FakeServer()])
+    assert "maximum of 300 tokens" in env.messages("Q?", 300)[0]["content"]
+    assert "\\boxed{your answer here}" in env.messages("Q?", 300)[0]["content"]
+    env.config.system_prompt = "Answer as \\boxed{number}; budget {max_tokens}."
+    assert env.messages("Q?", 50) == [
+        {"role": "system", "content": "Answer as \\boxed{number}; budget 50."},
+        {"role": "user", "content": "Q?"},
+    ]
+    env.config.system_prompt = ""
+    assert env.messages("Q?", 50) == [{"role": "user", "content": "Q?"}]
