@@ -677,6 +677,13 @@ class BaseEnv:
                 await self.cleanup()
                 if not accepted:
                     consecutive_failures += 1
+                    limit = self.config.max_consecutive_failures
+                    if 0 < limit <= consecutive_failures:
+                        raise RolloutError(
+                            f"{consecutive_failures} items in a row produced no usable group "
+                            f"(stats: {dict(self.stats)}); check the log above for the failing "
+                            "rollouts, or raise --env.max_consecutive_failures"
+                        )
                     if consecutive_failures in (10, 100, 1000):
                         logger.warning(
                             "%d items in a row produced no usable group; stats: %s",

@@ -32,7 +32,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
 )
 from atroposlib.envs.server_handling.server_manager import ServerManagerConfig
-from atroposlib.errors import ConfigError
+from atroposlib.errors import ConfigError, RolloutError
 from atroposlib.utils.cli import (
     add_model_options,
     collect_overrides,
@@ -279,6 +279,9 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RolloutError as exc:  # e.g. process mode: every item failing in a row
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:  # process/evaluate: files written so far are kept
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -116,6 +116,11 @@ class BaseEnvConfig(BaseModel):
         description="Seconds before a rollout group is cancelled (its item is re-queued); "
         "<= 0 disables.",
     )
+    max_consecutive_failures: int = Field(
+        default=200,
+        description="process mode: stop with an error after this many items in a row produced no "
+        "usable group (every rollout failing, e.g. a wrong model name); <= 0 never stops.",
+    )
     thinking_mode: bool = Field(default=False, description="Enable reasoning/thinking output.")
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
         default=None, description="Reasoning effort sent to reasoning-capable servers."

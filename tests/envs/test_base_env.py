@@ -156,3 +156,18 @@ async def test_process_without_total_steps_runs_until_items_run_out(tiny_tokeniz
     env.tokenizer = tiny_tokenizer
     await env.process_manager(show_progress=False)
     assert env.stats["groups_accepted"] == 3
+
+
+async def test_process_stops_with_an_error_when_every_item_fails(tiny_tokenizer, tmp_path):
+    class AlwaysFails(SingleRolloutEnv):
+        async def collect_trajectories(self, item):
+            raise KeyError("reward crashed")
+
+    path = tmp_path / "groups.jsonl"
+    config = BaseEnvConfig(group_size=2, use_wandb=False, total_steps=3,
+                           max_consecutive_failures=5, data_path_to_save_groups=str(path))
+    env = AlwaysFails(config, [FakeServer()])
+    env.tokenizer = tiny_tokenizer
+    with pytest.raises(RolloutError, match="5 items in a row"):
+        await env.process_manager(show_progress=False)
+    assert env.stats["groups_dropped_error"] == 5, dict(env.stats)
