@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -56,6 +57,8 @@ SYSTEM_PROMPT = (
     "End your answer with \\boxed{your answer here}, e.g. \\boxed{42}. Put only the final "
     "number inside \\boxed{}: an answer without it gets no credit."
 )
+#: A number as written in prose: optional sign, digits with thousands commas, decimals.
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 #: Rollouts with fewer generated tokens than this are skipped (as in Atropos 0.4).
 MIN_COMPLETION_TOKENS = 10
 
@@ -96,21 +99,26 @@ def parse_gold(gold: str) -> list[Any]:
     )
 
 
-def score_answer(completion: str, gold_parsed: list[Any]) -> bool:
+def score_answer(completion: str, gold_parsed: list[Any], answer_format: str = "boxed") -> bool:
     r"""Whether the completion's final ``\boxed{}`` (after the last ``</think>``) equals the gold.
 
     Parsed with math-verify's ``LatexExtractionConfig`` (boxed answers preferred, basic LaTeX,
     units and equations normalised, no extraction without an anchor) and compared with
     ``verify`` (spec 7.1).
 
+    With ``answer_format="last_number"`` a reply without any ``\boxed{}`` is judged by its last
+    number instead (for small models that never write ``\boxed{}``, e.g. the bundled
+    SmolLM2-135M); a ``\boxed{}`` answer, when present, still decides.
+
     Args:
         completion: the model's reply.
         gold_parsed: :func:`parse_gold` of the gold answer.
+        answer_format: ``"boxed"`` (Atropos 0.4) or ``"last_number"``.
 
     Returns:
         True when math-verify finds them equal.
     """
-    from math_verify import LatexExtractionConfig, parse, verify
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from math_verify.parser import NormalizationConfig
 
     parse_kw, verify_kw = _math_verify_kwargs()
@@ -132,6 +140,14 @@ def score_answer(completion: str, gold_parsed: list[Any]) -> bool:
         extraction_mode="first_match",
         **parse_kw,
     )
+    if not answer and answer_format == "last_number":
+        numbers = _NUMBER.findall(completion.split("</think>")[-1])
+        if numbers:
+            answer = parse(
+                numbers[-1].replace(",", "").rstrip("."),
+                extraction_config=[ExprExtractionConfig()],
+                **parse_kw,
+            )
     return bool(answer) and bool(verify(answer, gold_parsed, **verify_kw))
 
 
@@ -199,6 +215,12 @@ class GSM8kEnvConfig(BaseEnvConfig):
         default=SYSTEM_PROMPT,
         description="System prompt; '{max_tokens}' is replaced by the completion budget. "
         "An empty string sends no system message.",
+    )
+    answer_format: Literal["boxed", "last_number"] = Field(
+        default="boxed",
+        description="boxed: only a \\boxed{} answer counts (Atropos 0.4). last_number: a reply "
+        "without \\boxed{} is judged by its last number (gives tiny models like the bundled "
+        "SmolLM2-135M, which never writes \\boxed{}, a non-zero reward).",
     )
     seed: int = Field(default=42, description="Shuffling seed of both splits.")
 
@@ -391,7 +413,7 @@ class GSM8kEnv(BaseEnv):
             generated = sum(1 for m in node.masked_tokens if m != IGNORE_INDEX)
             if generated < MIN_COMPLETION_TOKENS:
                 continue
-            correct = score_answer(rollout["text"], gold_parsed)
+            correct = score_answer(rollout["text"], gold_parsed, self.config.answer_format)
             group["tokens"].append(list(node.tokens))
             group["masks"].append(list(node.masked_tokens))
             group["inference_logprobs"].append(list(node.logprobs))
@@ -432,7 +454,9 @@ class GSM8kEnv(BaseEnv):
             choice = completion.choices[0]
             text = choice.message.content or ""
             gold_parsed = parse_gold(item["gold_answer"])
-            correct = bool(gold_parsed) and score_answer(text, gold_parsed)
+            correct = bool(gold_parsed) and score_answer(
+                text, gold_parsed, self.config.answer_format
+            )
             return {
                 "question": item["question"],
                 "gold_answer": item["gold_answer"],

@@ -277,3 +277,20 @@ def test_system_prompt_may_contain_braces_and_gets_the_budget():
     ]
     env.config.system_prompt = ""
     assert env.messages("Q?", 50) == [{"role": "user", "content": "Q?"}]
+
+
+@pytest.mark.parametrize(
+    ("reply", "boxed", "last_number"),
+    [
+        ("3 + 4 = 7 apples, so 1,200 in total.", False, True),
+        ("It is 1200.", False, True),
+        ("1200 at first, then 1199.", False, False),  # the LAST number decides
+        ("\\boxed{7} although 1200 is tempting", False, False),  # a boxed answer still decides
+        ("<think>1200</think> I am not sure.", False, False),
+        ("No number here.", False, False),
+    ],
+)
+def test_last_number_answer_format(reply, boxed, last_number):
+    gold = parse_gold("1200")
+    assert score_answer(reply, gold) is boxed
+    assert score_answer(reply, gold, "last_number") is last_number
