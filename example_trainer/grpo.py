@@ -227,6 +227,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             eval_after = evaluate(steps_done)
     finally:
         vllm.stop()
+        vllm.cleanup()  # the sync copy duplicates checkpoints/final
         wall = time.perf_counter() - wall_start
         if runlog.history:
             runlog.plot(run_dir / "plot.png")

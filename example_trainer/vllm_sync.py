@@ -135,6 +135,12 @@ class VLLMSync:
                             "to allow weight reloads")
         return time.perf_counter() - begin
 
+    def cleanup(self) -> None:
+        """Delete the weights written for syncing (call after :meth:`stop`)."""
+        import shutil
+
+        shutil.rmtree(self.weights_dir, ignore_errors=True)
+
     def stop(self) -> None:
         """Stop the launched vLLM (its own process group only); no-op for an external server."""
         if self.process is not None:
