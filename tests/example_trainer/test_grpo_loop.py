@@ -1,0 +1,127 @@
+"""The trainer's main loop against a real run-api, with a tiny random Llama (no vLLM needed)."""
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from atroposlib.api.client import AtroposClient
+from example_trainer.config import TrainerConfig
+from example_trainer.grpo import freeze_all_but_last_layers, main, train
+from example_trainer.report import run_eval_command
+
+BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
+needs_tokenizer = pytest.mark.skipif(not (BUNDLED / "tokenizer.json").exists(),
+                                     reason="bundled model not prepared (atropos-bundled-model)")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny")
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=128, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _group(seed: int, size: int = 4) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(5, 1000, (12,), generator=g).tolist() for _ in range(size)]
+    masks = [[-100] * 6 + t[6:] for t in tokens]
+    lps = [[1.0] * 6 + [-0.5] * 6 for _ in tokens]
+    return {"tokens": tokens, "masks": masks, "scores": [1.0, 0.0, 0.5, 0.0][:size],
+            "inference_logprobs": lps, "generation_params": {"temperature": 1.0}}
+
+
+@needs_tokenizer
+def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_api, tmp_path):
+    eval_script = tmp_path / "fake_eval.py"
+    eval_script.write_text(
+        "import json, sys, pathlib\n"
+        "out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)\n"
+        "acc = 0.25 if sys.argv[2] == '0' else 0.5\n"
+        "(out / 'metrics.json').write_text(json.dumps({'results': {'all': {'eval/accuracy': acc}}}))\n")
+    config = TrainerConfig(
+        model=str(tiny_model), run_dir=str(tmp_path / "run"), api_url=run_api.url,
+        vllm_url="http://127.0.0.1:9/v1", weight_sync="none", training_steps=2, batch_size=8,
+        micro_batch_size=4, lr=1e-3, batch_timeout=60, checkpoint_interval=1,
+        eval_command=f"{sys.executable} {eval_script} {{out_dir}} {{step}}")
+    before = {k: v.clone() for k, v in _load_state(tiny_model).items()}
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(train(config)))
+    thread.start()
+    with AtroposClient(run_api.url) as client:
+        deadline = time.monotonic() + 120
+        while client.info()["batch_size"] != 8:
+            assert time.monotonic() < deadline and thread.is_alive(), "trainer did not register"
+            time.sleep(0.2)
+        for seed in range(6):  # 3 batches worth; the trainer must take only 2 (one per step)
+            client.post_scored_data(_group(seed))
+        thread.join(300)
+        status = client.status()
+    assert not thread.is_alive()
+    assert result["steps"] == 2 and status["queue_size"] == 2
+    assert result["eval_accuracy_before"] == 0.25 and result["eval_accuracy_after"] == 0.5
+    run = tmp_path / "run"
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "loss" in x]
+    assert [x["step"] for x in steps] == [1, 2]
+    assert all(x["sequences"] == 8 and x["trained_tokens"] == 8 * 6 for x in steps)
+    assert all(x["grad_norm"] > 0 for x in steps)
+    assert (run / "plot.png").exists() and (run / "checkpoints" / "step_1" / "model.safetensors").exists()
+    after = _load_state(run / "checkpoints" / "final")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+def _load_state(directory):
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(directory) / "model.safetensors"))
+
+
+@needs_tokenizer
+def test_freeze_all_but_last_layers(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    freeze_all_but_last_layers(model, 1)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith(("model.layers.2.", "model.norm")) for n in trainable)
+    with pytest.raises(ValueError, match="train_last_layers=9"):
+        freeze_all_but_last_layers(model, 9)
+
+
+def test_eval_command_errors_are_explained(tmp_path):
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        run_eval_command("exit 3", base_url="u", model_name="m", out_dir=tmp_path / "a", step=0,
+                         metric="eval/accuracy", timeout=30, log_path=tmp_path / "eval.log")
+    with pytest.raises(RuntimeError, match="wrote no"):
+        run_eval_command("true", base_url="u", model_name="m", out_dir=tmp_path / "b", step=0,
+                         metric="eval/accuracy", timeout=30, log_path=tmp_path / "eval.log")
+
+
+def test_config_rejects_inconsistent_settings():
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        TrainerConfig(batch_size=4, micro_batch_size=8)
+    with pytest.raises(ValueError, match="restart needs the trainer to own vLLM"):
+        TrainerConfig(vllm_url="http://x/v1", weight_sync="restart")
+
+
+def test_help_is_fast_and_lists_flags(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--weight-sync", "--kl-coef", "--training-steps", "--eval-command"):
+        assert flag in out
