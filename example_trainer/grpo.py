@@ -154,7 +154,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
 
             # ---------------------------------------------------------- 2. loss and backward
             if config.kl_coef > 0 and reference is None and any(
-                    mb.ref_logprobs is None for mb in micro_batches):
+                    _needs_reference(mb) for mb in micro_batches):
                 reference, _ = load_policy(config.model, device, dtype, config.attn_implementation)
                 reference.eval().requires_grad_(False)
             sums: dict[str, float] = {}
@@ -162,11 +162,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 mb = mb.to(device)
                 logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
                 ref_lp = mb.ref_logprobs
-                if config.kl_coef > 0 and ref_lp is None:
+                if config.kl_coef > 0 and _needs_reference(mb):  # rows the env sent none for
                     with torch.no_grad():
                         ref_logits = reference(input_ids=mb.input_ids,
                                                attention_mask=mb.attention_mask).logits
-                        ref_lp = token_logprobs(ref_logits, mb.labels, mb.temperatures)
+                        model_ref = token_logprobs(ref_logits, mb.labels, mb.temperatures)
+                    ref_lp = model_ref if ref_lp is None else torch.where(
+                        torch.isnan(ref_lp), model_ref, ref_lp)
                 out = grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs,
                                 num_sequences=stats.num_sequences, clip_eps=config.clip_eps,
                                 temperature=mb.temperatures, ref_logprobs=ref_lp,
@@ -342,6 +344,13 @@ def _install_stop_handler() -> _StopFlag:
         except ValueError:  # not the main thread (e.g. called from a test thread)
             pass
     return flag
+
+
+def _needs_reference(mb: Any) -> bool:
+    """Whether some trained token of the micro-batch lacks a reference log-prob from the env."""
+    if mb.ref_logprobs is None:
+        return True
+    return bool(mb.ref_logprobs.isnan()[mb.labels != -100].any())
 
 
 def _mean(values: Any) -> float | None:

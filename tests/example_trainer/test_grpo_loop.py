@@ -44,7 +44,8 @@ def _group(seed: int, size: int = 4) -> dict:
 
 
 @needs_tokenizer
-def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_api, tmp_path):
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_api, tmp_path, kl_coef):
     eval_script = tmp_path / "fake_eval.py"
     eval_script.write_text(
         "import json, sys, pathlib\n"
@@ -54,7 +55,7 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
     config = TrainerConfig(
         model=str(tiny_model), run_dir=str(tmp_path / "run"), api_url=run_api.url,
         vllm_url="http://127.0.0.1:9/v1", weight_sync="none", training_steps=2, batch_size=8,
-        micro_batch_size=4, lr=1e-3, batch_timeout=60, checkpoint_interval=1,
+        micro_batch_size=4, lr=1e-3, batch_timeout=60, checkpoint_interval=1, kl_coef=kl_coef,
         eval_command=f"{sys.executable} {eval_script} {{out_dir}} {{step}}")
     before = {k: v.clone() for k, v in _load_state(tiny_model).items()}
     result = {}
@@ -78,6 +79,9 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
     assert [x["step"] for x in steps] == [1, 2]
     assert all(x["sequences"] == 8 and x["trained_tokens"] == 8 * 6 for x in steps)
     assert all(x["grad_norm"] > 0 for x in steps)
+    # KL to the frozen starting policy: zero before the first update, positive after it
+    assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert (steps[1]["kl"] > 0) == (kl_coef > 0)
     assert (run / "plot.png").exists() and (run / "checkpoints" / "step_1" / "model.safetensors").exists()
     after = _load_state(run / "checkpoints" / "final")
     assert any(not torch.equal(before[k], after[k]) for k in before)
