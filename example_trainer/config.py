@@ -72,8 +72,9 @@ class TrainerConfig(BaseSettings):
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "
                                 "exactly one GET /batch.")
     max_train_seconds: float | None = Field(default=None, gt=0, description="Time budget of the "
-                                            "training loop (from the first batch request to the "
-                                            "last step); stop early once exceeded. None: no limit.")
+                                            "training loop (from registration to the last step): "
+                                            "no step starts that would end past it, judged by the "
+                                            "previous step's duration. None: no limit.")
     batch_size: int = Field(default=32, ge=1, description="Sequences per step (registered with "
                             "the API; a multiple of the envs' group_size).")
     micro_batch_size: int = Field(default=8, ge=1, description="Sequences per forward/backward "

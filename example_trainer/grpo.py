@@ -132,11 +132,14 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
 
         train_start = time.perf_counter()
+        last_step_total = 0.0
         for step in range(1, config.training_steps + 1):
             if stop.requested:
                 print("[grpo] stop requested: finishing early", flush=True)
                 break
-            if config.max_train_seconds and time.perf_counter() - train_start > config.max_train_seconds:
+            # stop when the next step (assumed as long as the last one) would overrun the budget
+            elapsed = time.perf_counter() - train_start
+            if config.max_train_seconds and elapsed + last_step_total > config.max_train_seconds:
                 print(f"[grpo] time budget of {config.max_train_seconds:.0f}s used after "
                       f"{steps_done} steps: finishing", flush=True)
                 out_of_time = True
@@ -213,6 +216,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 "tokens_per_second": sum(int(mb.attention_mask.sum()) for mb in micro_batches) / compute_s,
                 "step_seconds": compute_s, "batch_wait_seconds": wait_s, **sync_metrics,
             })
+
+            last_step_total = time.perf_counter() - wait_start
 
             # ---------------------------------------------------------- 7. periodic eval
             if config.eval_interval and step % config.eval_interval == 0 and step != config.training_steps:
