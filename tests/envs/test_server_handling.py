@@ -309,3 +309,34 @@ async def test_managed_tool_calls_are_parsed_but_nodes_keep_the_raw_text(tiny_to
     assert choice.message.tool_calls[0].function.name == "add"
     assert raw in node.full_text
     assert plain.choices[0].message.content == raw and plain.choices[0].finish_reason == "stop"
+
+
+async def test_aclose_returns_even_when_the_health_task_swallows_its_cancel():
+    """Python 3.11's asyncio.wait_for can swallow a cancel (gh-86296); aclose must not hang."""
+    probe_started = asyncio.Event()
+
+    class SwallowingServer(OpenAIServer):
+        async def check_health(self) -> bool:
+            probe_started.set()
+            try:
+                await asyncio.sleep(0.2)
+            except asyncio.CancelledError:
+                pass  # what the wait_for race does when the probe finishes as the cancel lands
+            self._set_healthy(True)
+            return True
+
+    server = SwallowingServer(
+        APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="m", health_check=True)
+    )
+    server._ensure_health_task()
+    await probe_started.wait()
+    health_task = server._health_task
+    closing = asyncio.ensure_future(server.aclose())
+    await asyncio.wait({closing}, timeout=5)  # asyncio.wait does not cancel on timeout
+    try:
+        assert closing.done(), "aclose() hung on a health task that swallowed its cancel"
+        assert health_task.done() and server._health_task is None
+    finally:
+        server._closing = True  # let the unfixed loop end, so the test never leaks a task
+        closing.cancel()
+        health_task.cancel()

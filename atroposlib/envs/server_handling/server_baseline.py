@@ -351,6 +351,7 @@ class APIServer(ABC):
         self.eval_sem = AsyncSemWithAdaptiveWeight(config.num_requests_for_eval)
         self.server_healthy = not self._health_checks_enabled()
         self._health_task: asyncio.Task | None = None
+        self._closing = False
         self._healthy_event: asyncio.Event | None = None
         self._metrics = {
             "train": _SplitMetrics(config.rolling_buffer_length),
@@ -415,8 +416,10 @@ class APIServer(ABC):
             )
 
     async def _health_loop(self) -> None:
-        while True:
+        while not self._closing:
             healthy = await self.check_health()
+            if self._closing:
+                return
             await asyncio.sleep(HEALTH_INTERVAL_HEALTHY if healthy else HEALTH_INTERVAL_UNHEALTHY)
 
     async def wait_until_healthy(self, timeout: float | None = None) -> None:
@@ -443,13 +446,19 @@ class APIServer(ABC):
 
     async def aclose(self) -> None:
         """Stop the background health task (subclasses also close their HTTP clients)."""
-        if self._health_task is not None:
-            self._health_task.cancel()
-            try:
-                await self._health_task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-            self._health_task = None
+        task, self._health_task = self._health_task, None
+        if task is None:
+            return
+        self._closing = True
+        # On Python 3.11 a cancel that lands while asyncio.wait_for's probe finishes is swallowed
+        # (CPython gh-86296): the loop then sleeps on and a plain `await task` hangs forever.
+        # So cancel again until it is done; the closing flag stops the loop at its next check.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("health task of %s ended with %r", self.name, task.exception())
+        self._closing = False
 
     # ------------------------------------------------------------------ weights and metrics
     def update_weight(self, weight: float) -> None:
