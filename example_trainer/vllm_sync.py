@@ -71,12 +71,14 @@ class VLLMSync:
         return self.process.base_url
 
     def start(self) -> float:
-        """Launch vLLM on the starting policy (no-op for an external server); return seconds.
+        """Launch vLLM on the starting policy, or wait for an external one; return seconds.
 
         Raises:
             InferenceError: vLLM did not become healthy (the message has its log tail).
         """
         if self._external_url:
+            if self.config.weight_sync != "none":
+                return self._wait_external()
             return 0.0
         from atroposlib.inference.vllm_process import VLLMProcess
 
@@ -115,6 +117,28 @@ class VLLMSync:
         else:
             update_s = self._reload_external()
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+
+    def _wait_external(self) -> float:
+        """Wait until every external server answers ``GET /health`` (fail fast, not at step 1)."""
+        import httpx
+
+        begin = time.perf_counter()
+        deadline = time.monotonic() + self.config.vllm_start_timeout
+        for url in self._external_urls:
+            health = url.removesuffix("/v1") + "/health"
+            while True:
+                try:
+                    if httpx.get(health, timeout=5.0, trust_env=False).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise InferenceError(
+                        f"no vLLM answers {health} after {self.config.vllm_start_timeout:.0f}s; "
+                        "start it (with VLLM_SERVER_DEV_MODE=1 for weight reloads), fix "
+                        "--vllm-url, or drop --vllm-url to let the trainer launch one")
+                time.sleep(1.0)
+        return time.perf_counter() - begin
 
     def _reload_external(self) -> float:
         import httpx

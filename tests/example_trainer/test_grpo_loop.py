@@ -129,3 +129,14 @@ def test_help_is_fast_and_lists_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--weight-sync", "--kl-coef", "--training-steps", "--eval-command"):
         assert flag in out
+
+
+def test_external_vllm_that_is_down_fails_fast_with_a_fix(tmp_path):
+    from atroposlib.errors import InferenceError
+    from example_trainer.vllm_sync import VLLMSync
+
+    config = TrainerConfig(vllm_url="http://127.0.0.1:9/v1", weight_sync="reload", vllm_start_timeout=2)
+    with pytest.raises(InferenceError, match="no vLLM answers http://127.0.0.1:9/health"):
+        VLLMSync(config, tmp_path).start()
+    # nothing to sync and no eval: the trainer does not need the server at all
+    assert VLLMSync(TrainerConfig(vllm_url="http://127.0.0.1:9/v1", weight_sync="none"), tmp_path).start() == 0.0
