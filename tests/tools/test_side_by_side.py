@@ -64,9 +64,13 @@ def test_tools_beside_a_trainer_lose_nothing(tmp_path):
         def viewer_backend():
             with AtroposClient(api.url) as client:
                 feed = RecentGroups(GroupObserver(client, page_size=5), max_groups=1000)
-                while not stop.is_set() and len(viewer_seen) < N_GROUPS:
+                while True:
+                    # refresh before looking at `stop`: stop is set only after every post, so the
+                    # last pass always sees every group (no race with the poster's last POST)
                     feed.refresh()
                     viewer_seen[:] = [tag_of(g.group) for g in reversed(feed.snapshot())]
+                    if stop.is_set() or len(viewer_seen) >= N_GROUPS:
+                        break
                     stop.wait(0.1)
 
         def poster():
