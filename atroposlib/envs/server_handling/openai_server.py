@@ -16,6 +16,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     ReasoningConfig,
     ServerBaseline,
+    merge_choices,
 )
 from atroposlib.errors import InferenceError
 
@@ -63,15 +64,7 @@ class OpenAIServer(APIServer):
         """Send ``n`` single-choice requests in parallel and merge their choices."""
         n = int(kwargs.get("n", 1) or 1)
         single = {**kwargs, "n": 1}
-        results = await asyncio.gather(*(create(**single) for _ in range(n)))
-        merged = results[0]
-        choices = []
-        for result in results:
-            choices.extend(result.choices)
-        for index, choice in enumerate(choices):
-            choice.index = index
-        merged.choices = choices
-        return merged
+        return merge_choices(await asyncio.gather(*(create(**single) for _ in range(n))))
 
     async def _request_n(self, create: Any, kwargs: dict[str, Any]) -> Any:
         n = int(kwargs.get("n", 1) or 1)

@@ -352,12 +352,29 @@ class APIServer(ABC):
         self.server_healthy = not self._health_checks_enabled()
         self._health_task: asyncio.Task | None = None
         self._closing = False
+        self._tokenizer: Any = None
         self._healthy_event: asyncio.Event | None = None
         self._metrics = {
             "train": _SplitMetrics(config.rolling_buffer_length),
             "eval": _SplitMetrics(config.rolling_buffer_length),
         }
         self.in_flight = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        """The HF tokenizer of ``config.tokenizer_name`` (``model_name`` if "none"), loaded once.
+
+        Backends that build token-id prompts from text (vLLM, SGLang, TRL) use it; it is loaded
+        lazily so that importing a backend never imports transformers.
+        """
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            name = self.config.tokenizer_name
+            if not name or name == "none":
+                name = self.config.model_name
+            self._tokenizer = AutoTokenizer.from_pretrained(name)
+        return self._tokenizer
 
     # ------------------------------------------------------------------ identity and health
     @property
@@ -648,3 +665,25 @@ __all__ = [
     "ServerBaseline",
     "is_transient_error",
 ]
+
+
+def merge_choices(results: list[Any]) -> Any:
+    """Merge the ``choices`` of several OpenAI responses into the first one, re-indexed 0..n-1.
+
+    Used when one request for ``n`` completions was split into several (chunks of a large ``n``,
+    or one request per completion for servers that ignore ``n``).
+
+    Args:
+        results: ChatCompletion or Completion objects, at least one.
+
+    Returns:
+        ``results[0]`` with the choices of all of them, in order.
+    """
+    merged = results[0]
+    if len(results) == 1:
+        return merged
+    choices = [choice for result in results for choice in result.choices]
+    for index, choice in enumerate(choices):
+        choice.index = index
+    merged.choices = choices
+    return merged

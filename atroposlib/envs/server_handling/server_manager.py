@@ -29,6 +29,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     ReasoningConfig,
     ServerBaseline,
+    merge_choices,
 )
 
 logger = logging.getLogger(__name__)
@@ -247,12 +248,12 @@ class ServerManager:
             An OpenAI ``ChatCompletion`` with ``n`` choices.
         """
         results = await self._split_n("chat_completion", kwargs)
-        return _merge_choices(results)
+        return merge_choices(results)
 
     async def completion(self, **kwargs: Any) -> Any:
         """Text completion on the least busy healthy server; ``n`` may exceed max_n_completions."""
         results = await self._split_n("completion", kwargs)
-        return _merge_choices(results)
+        return merge_choices(results)
 
     async def tokens_and_logprobs_completion(
         self, **kwargs: Any
@@ -361,20 +362,6 @@ class ServerManager:
             yield managed
         finally:
             managed.reset()
-
-
-def _merge_choices(results: list[Any]) -> Any:
-    """Merge the choices of chunked responses into the first one, re-indexed."""
-    merged = results[0]
-    if len(results) == 1:
-        return merged
-    choices = []
-    for result in results:
-        choices.extend(result.choices)
-    for index, choice in enumerate(choices):
-        choice.index = index
-    merged.choices = choices
-    return merged
 
 
 __all__ = ["ServerManager", "ServerManagerConfig", "server_class_for"]

@@ -63,19 +63,7 @@ class TrlVllmServer(APIServer):
         import httpx
 
         self.http = httpx.AsyncClient(base_url=root_url(config.base_url), timeout=config.timeout)
-        self._tokenizer: Any = None
 
-    @property
-    def tokenizer(self) -> Any:
-        """HF tokenizer of ``tokenizer_name`` (``model_name`` if "none"), loaded once."""
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            name = self.config.tokenizer_name
-            self._tokenizer = AutoTokenizer.from_pretrained(
-                self.config.model_name if name in ("", "none") else name
-            )
-        return self._tokenizer
 
     async def _check_health(self) -> bool:
         """``GET {root}/health/``."""

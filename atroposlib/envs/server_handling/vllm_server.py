@@ -118,20 +118,8 @@ class VLLMServer(OpenAIServer):
                 "http://127.0.0.1:9001/v1 (the vLLM server's OpenAI address)"
             )
         super().__init__(config, reasoning_config)
-        self._tokenizer: Any = None
         self._http: Any = None  # httpx.AsyncClient for /health, created on first use
 
-    @property
-    def tokenizer(self) -> Any:
-        """The HF tokenizer of ``config.tokenizer_name`` (``model_name`` if "none"), loaded once."""
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            name = self.config.tokenizer_name
-            if not name or name == "none":
-                name = self.config.model_name
-            self._tokenizer = AutoTokenizer.from_pretrained(name)
-        return self._tokenizer
 
     async def _check_health(self) -> bool:
         """``GET {root}/health`` (200 once the engine is ready), with the bearer key if set."""
