@@ -24,10 +24,9 @@ from environments.gsm8k_server import (
 REPO = Path(__file__).resolve().parents[2]
 SHARED_GSM8K = (REPO / "../shared/data/gsm8k").resolve()
 BUNDLED = bundled_model_dir()
-needs_tokenizer = pytest.mark.skipif(
-    not (BUNDLED / "tokenizer.json").exists(),
-    reason="bundled model not prepared (run atropos-bundled-model)",
-)
+# The session fixture builds the bundled model when missing (a fresh machine), so these
+# tests run rather than skip there.
+needs_tokenizer = pytest.mark.usefixtures("bundled_model_dir")
 needs_shared_data = pytest.mark.skipif(
     not (SHARED_GSM8K / "train.jsonl").exists(), reason=f"GSM8K not found at {SHARED_GSM8K}"
 )
