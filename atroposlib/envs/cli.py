@@ -269,7 +269,7 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # One INFO line per request otherwise (openai >= 3.5 sends through the httpx2 fork).
+    # One INFO line per request otherwise (recent openai releases send through the httpx2 fork).
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     mode, env_config, servers, manager = parse_args(env_cls, argv)
