@@ -1,6 +1,7 @@
 """End to end: a real env on real vLLM feeds run-api; sft/dpo-gen write datasets while a trainer drains."""
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +16,22 @@ from atroposlib.api.client import AtroposClient
 from tests.fixtures.api_server import start_run_api
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+# PYTHONFAULTHANDLER: a tool that does not exit in time is sent SIGABRT, which makes it print
+# the stack of every thread, so a hang is diagnosable from the test report alone.
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONFAULTHANDLER": "1"}
+TOOL_TIMEOUT_S = 600  # sft+dpo together: ~15 s idle, 30 s in a loaded CI run
+
+
+def _wait_for_tool(kind: str, proc: subprocess.Popen, deadline: float) -> str:
+    """Wait for a tool to exit by ``deadline``; return its stderr, or fail with its thread stacks."""
+    try:
+        _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        return err
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"atropos-{kind}-gen did not exit within {TOOL_TIMEOUT_S} s; stderr and thread "
+                    f"stacks:\n{err[-8000:]}")
 
 
 @pytest.mark.e2e
@@ -60,8 +76,9 @@ def test_datasets_from_a_live_run_on_real_vllm(vllm_server, tmp_path):
                 [sys.executable, "-m", f"atroposlib.cli.{kind}", *map(str, args)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV))
         t0 = time.monotonic()
-        for proc in procs[1:]:
-            _, err = proc.communicate(timeout=300)
+        deadline = t0 + TOOL_TIMEOUT_S
+        for kind, proc in zip(tools, procs[1:], strict=True):
+            err = _wait_for_tool(kind, proc, deadline)
             assert proc.returncode == 0, err + (tmp_path / "env.log").read_text()[-3000:]
             print(f"tool done after {time.monotonic() - t0:.1f} s: {err.strip()}")
 
