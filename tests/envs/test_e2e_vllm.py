@@ -89,7 +89,7 @@ def test_serve_managed_env_with_real_vllm_delivers_aligned_logprobs(vllm_server,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
-            batches = _pull_batches(trainer, 1, timeout=180)
+            batches = _pull_batches(trainer, 1, timeout=420)
         finally:
             output = _stop(proc, log)
         assert len(batches) == 1, output[-3000:]

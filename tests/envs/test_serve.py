@@ -83,7 +83,7 @@ def test_serve_feeds_the_trainer_and_disconnects_on_sigint(tiny_tokenizer_dir, t
             trainer = _register_trainer(api.url, tmp_path)
             proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
             try:
-                batches = _pull_batches(trainer, 3, timeout=90)
+                batches = _pull_batches(trainer, 3, timeout=240)
             finally:
                 output = _stop(proc, log)
             assert len(batches) == 3, output[-3000:]
@@ -107,14 +107,14 @@ def test_serve_survives_api_restart_and_inference_outage(tiny_tokenizer_dir, tmp
         with FakeOpenAIServer() as inference:
             trainer = _register_trainer(api.url, tmp_path)
             proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
-            assert len(_pull_batches(trainer, 1, timeout=90)) == 1, log.read_text()[-3000:]
+            assert len(_pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
 
             # 1) The API restarts and forgets everything: the env must re-register.
             api.stop()
             time.sleep(2)
             api = start_run_api(port=port)
             trainer = _register_trainer(api.url, tmp_path)
-            batches = _pull_batches(trainer, 2, timeout=90)
+            batches = _pull_batches(trainer, 2, timeout=240)
             assert len(batches) == 2, log.read_text()[-3000:]
             for batch in batches:
                 _check_batch(batch)
@@ -129,7 +129,7 @@ def test_serve_survives_api_restart_and_inference_outage(tiny_tokenizer_dir, tmp
             assert "item re-queued" in log.read_text(), log.read_text()[-3000:]
             assert proc.poll() is None, log.read_text()[-3000:]
             inference.start()
-            batches = _pull_batches(trainer, 2, timeout=90)
+            batches = _pull_batches(trainer, 2, timeout=240)
             assert len(batches) == 2, log.read_text()[-3000:]
             output = _stop(proc, log)
             assert proc.returncode == 0, output[-3000:]
