@@ -186,6 +186,30 @@ def test_client_session_multi_turn_extends_node(proxy, tiny_tokenizer):
     asyncio.run(run())
 
 
+def test_server_manager_uses_the_proxy_when_configured(proxy, backend):
+    from atroposlib.envs.server_handling.managed_server_proxy import ProxyManagedServer
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+    manager = ServerManager(
+        [APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type="vllm", model_name="m")],
+        proxy_url=proxy.url,
+    )
+
+    async def run() -> str:
+        async with manager.managed_server(track_tree=True) as managed:
+            assert isinstance(managed, ProxyManagedServer)
+            await managed.chat_completion(messages=MESSAGES, n=2, max_tokens=64)
+            state = managed.get_state()
+            assert len(state["nodes"]) == 2
+            assert all(parent is None for parent in state["tree"].values())
+            assert set(state["tree"]) == {node.full_text for node in state["nodes"]}
+            return managed.uuid
+
+    uuid = asyncio.run(run())
+    assert httpx.get(f"{proxy.url}/{uuid}/nodes").status_code == 404  # deleted on exit
+
+
 def test_bad_input_is_a_clear_4xx(proxy):
     url = proxy.url
     error = _assert_openai_error(

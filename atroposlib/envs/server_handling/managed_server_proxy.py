@@ -867,6 +867,7 @@ async def create_proxy_session(
     base_url: str | None = None,
     client: Any = None,
     timeout: float = 1200.0,
+    preserve_think_blocks: bool = False,
 ) -> ProxyManagedServer:
     """Open a session on a running proxy and return its client.
 
@@ -877,6 +878,7 @@ async def create_proxy_session(
         base_url: pin a backend by its base URL.
         client: an ``httpx.AsyncClient`` to share.
         timeout: seconds per request.
+        preserve_think_blocks: see ``ManagedServer``.
 
     Returns:
         A :class:`ProxyManagedServer` (delete it with ``await aclose()`` or ``async with``).
@@ -888,7 +890,12 @@ async def create_proxy_session(
 
     own = client is None
     http = client or httpx.AsyncClient(timeout=timeout)
-    body = {"tool_parser": tool_parser, "track_tree": track_tree, "base_url": base_url}
+    body = {
+        "tool_parser": tool_parser,
+        "track_tree": track_tree,
+        "base_url": base_url,
+        "preserve_think_blocks": preserve_think_blocks,
+    }
     try:
         response = await http.post(f"{proxy_url.rstrip('/')}/sessions/create", json=body)
         _raise_for_error(response)

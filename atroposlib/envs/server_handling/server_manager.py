@@ -57,7 +57,8 @@ class ServerManagerConfig(BaseModel):
     )
     proxy_url: str | None = Field(
         default=None,
-        description="ManagedServer proxy URL (also read from ATROPOS_PROXY_URL); reserved.",
+        description="ManagedServer proxy URL (also read from ATROPOS_PROXY_URL); when set, "
+        "managed_server() opens a session on that proxy (managed_server_proxy).",
     )
 
 
@@ -151,8 +152,10 @@ class ServerManager:
             testing: use one in-process ``FakeServer`` (no network).
             max_n_completions: requests with larger ``n`` are split into chunks of this size.
             reasoning_config: reasoning options injected into chat completions.
-            proxy_url: ManagedServer proxy (reserved; falls back to local tracking).
-            use_proxy: reserved for the ManagedServer proxy.
+            proxy_url: ManagedServer proxy root (default: env ``ATROPOS_PROXY_URL``); when set,
+                ``managed_server()`` yields a ``ProxyManagedServer`` session on it.
+            use_proxy: accepted for Atropos 0.4 compatibility (the proxy is used iff
+                ``proxy_url`` is set).
             tool_parser: passed to ``ManagedServer``.
 
         Raises:
@@ -321,6 +324,9 @@ class ServerManager:
             track_tree: see ``ManagedServer``.
             tool_parser: see ``ManagedServer`` (default: the manager's ``tool_parser``).
 
+        With ``proxy_url`` set, the session lives on the ManagedServer proxy instead (same
+        ``chat_completion`` / ``get_state()`` interface; deleted on exit).
+
         Raises:
             ValueError: ``base_url`` matches no server.
             NotImplementedError: the chosen backend cannot return token log-probs (an
@@ -331,6 +337,23 @@ class ServerManager:
             ManagedServer,
         )
         from atroposlib.envs.server_handling.openai_server import OpenAIServer
+
+        if self.proxy_url:
+            from atroposlib.envs.server_handling.managed_server_proxy import create_proxy_session
+
+            parser = tool_parser if tool_parser is not None else self.tool_parser
+            proxy = await create_proxy_session(
+                self.proxy_url,
+                tool_parser=parser if isinstance(parser, str) else None,
+                track_tree=track_tree,
+                base_url=base_url,
+                preserve_think_blocks=preserve_think_blocks,
+            )
+            try:
+                yield proxy
+            finally:
+                await proxy.aclose()
+            return
 
         pool = self.servers
         if base_url is not None:
