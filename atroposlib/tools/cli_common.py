@@ -134,6 +134,9 @@ def run(kind: str, argv: list[str] | None = None) -> int:
                                 rng=random.Random(args.seed))
         from tqdm import tqdm
 
+        # No tqdm monitor thread: one bar, drawn from this thread, needs no miniters tuning, and
+        # that thread is tqdm's known source of hangs at interpreter exit (tqdm#469, #1751).
+        tqdm.monitor_interval = 0
         with (
             JsonlOutput(path, append=args.append_to_previous) as output,
             AtroposClient(args.api_url, api_key=args.api_key) as client,

@@ -76,6 +76,18 @@ def test_dpo_gen_console_script_runs(api_with_groups, tmp_path):
     assert out.read_text() == ""
 
 
+def test_dpo_gen_leaves_no_helper_thread_behind(api_with_groups, tmp_path):
+    # tqdm's monitor thread is a known cause of hangs at interpreter exit: the tools start none
+    code = ("import sys, threading; from atroposlib.cli.dpo import main; "
+            "code = main(sys.argv[1:]); print(sorted(t.name for t in threading.enumerate())); "
+            "sys.exit(code)")
+    args = [str(tmp_path / "d.jsonl"), "--api-url", api_with_groups.url, "--num-seqs-to-save", "2"]
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                       env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['MainThread']"
+
+
 def test_help_does_not_import_heavy_libraries():
     code = ("import sys; from atroposlib.tools.cli_common import build_parser; "
             "build_parser('sft').format_help(); build_parser('dpo').format_help(); "
