@@ -499,6 +499,10 @@ def create_app(
                 except Exception:  # noqa: BLE001 - keep sweeping
                     logger.exception("session sweep failed")
 
+        if state.config is not None:
+            # Load the tokenizer and build the backends now: a bad tokenizer_name fails at
+            # start-up, and the first session is not slowed by importing transformers.
+            await state.ensure_backends()
         task = asyncio.create_task(reaper(), name="proxy-session-reaper")
         try:
             yield
