@@ -147,8 +147,10 @@ class BaseEnv:
         * ``cleanup()``: runs after every item.
 
     Class attributes: ``name`` (used for wandb/registration names and default file names),
-    ``env_config_cls`` (your ``BaseEnvConfig`` subclass) and ``server_cls`` (``APIServer`` =
-    choose by ``server_type``).
+    ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``APIServer`` =
+    choose by ``server_type``) and ``server_namespaces`` (extra CLI server namespaces, e.g.
+    ``{"teacher": "teacher_server_configs"}`` gives ``--teacher.*`` flags whose configs reach
+    the constructor as that keyword; see :mod:`atroposlib.envs.cli`).
 
     Available inside hooks: ``self.config``, ``self.tokenizer`` (HF tokenizer of
     ``config.tokenizer_name``, loaded lazily), ``self.server`` (a ``ServerManager``; use
@@ -163,6 +165,7 @@ class BaseEnv:
     name: str | None = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
     server_cls: type[APIServer] = APIServer
+    server_namespaces: dict[str, str] = {}
 
     def __init__(
         self,
@@ -671,8 +674,10 @@ class BaseEnv:
                     break
                 result, more = await self._run_item(item, abort_on_any_max_length_exceeded=False)
                 backlog.extend(more)
-                accepted = self._accept_groups(
-                    result, abort_on_any_max_length_exceeded=False, item=item
+                # Through the public hook (as upstream does), so subclasses that enrich groups
+                # before they are saved (e.g. TeacherDistillationEnv) also act in process mode.
+                accepted = await self.handle_send_to_api(
+                    result, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False
                 )
                 await self.cleanup()
                 if not accepted:

@@ -11,6 +11,13 @@ Layering, lowest to highest (spec 3.7, with upstream's bugs fixed):
 3. flags: ``--env.<field>``, ``--openai.<field>``, ``--slurm``, ``--testing`` ...
 
 A single server config always stays a list of one ``APIServerConfig`` with the given URL.
+
+Extra server namespaces: an env class may declare ``server_namespaces = {"teacher":
+"teacher_server_configs"}``; then ``serve`` and ``process`` also take ``--teacher.<field>`` flags
+(``APIServerConfig`` fields) and a YAML ``teacher:`` key (mapping or list), resolved like
+``openai`` and passed to the env constructor as ``teacher_server_configs=[...]``. A namespace
+given nowhere is not passed (the constructor default applies). ``evaluate`` has no such flags:
+it sends no groups.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 MODES = ("serve", "process", "evaluate")
 _YAML_KEYS = ("env", "openai", "slurm", "testing", "max_n_completions", "proxy_url")
+#: Modes that get the env's extra server namespaces (``server_namespaces``): the group producers.
+NAMESPACE_MODES = ("serve", "process")
 _MODE_HELP = {
     "serve": "Register with the trajectory API and keep it supplied with scored groups.",
     "process": "Generate groups offline (no API) into a JSONL file plus an HTML viewer.",
@@ -72,9 +81,15 @@ def mode_env_defaults(env_cls: type[BaseEnv], mode: str, base: dict[str, Any]) -
     return {}
 
 
-def _load_yaml(path: str) -> dict[str, Any]:
+def _server_namespaces(env_cls: type[BaseEnv]) -> dict[str, str]:
+    """The env's extra server namespaces: CLI/YAML prefix -> constructor keyword."""
+    return dict(getattr(env_cls, "server_namespaces", None) or {})
+
+
+def _load_yaml(path: str, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     import yaml
 
+    allowed = (*_YAML_KEYS, *extra_keys)
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"--config {path}: file not found")
@@ -83,17 +98,18 @@ def _load_yaml(path: str) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"--config {path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: the top level must be a mapping with keys {_YAML_KEYS}")
-    unknown = sorted(set(data) - set(_YAML_KEYS))
+        raise ConfigError(f"--config {path}: the top level must be a mapping with keys {allowed}")
+    unknown = sorted(set(data) - set(allowed))
     if unknown:
         raise ConfigError(
-            f"--config {path}: unknown top-level key(s) {unknown}; allowed: {', '.join(_YAML_KEYS)}"
+            f"--config {path}: unknown top-level key(s) {unknown}; allowed: {', '.join(allowed)}"
         )
     if data.get("env") is not None and not isinstance(data["env"], dict):
         raise ConfigError(f"--config {path}: `env:` must be a mapping of BaseEnvConfig fields")
-    openai = data.get("openai")
-    if openai is not None and not isinstance(openai, (dict, list)):
-        raise ConfigError(f"--config {path}: `openai:` must be a mapping or a list of mappings")
+    for key in ("openai", *extra_keys):
+        value = data.get(key)
+        if value is not None and not isinstance(value, (dict, list)):
+            raise ConfigError(f"--config {path}: `{key}:` must be a mapping or a list of mappings")
     return data
 
 
@@ -105,9 +121,15 @@ def _validated(cls: type, values: dict[str, Any], prefix: str | None, source: st
 
 
 def resolve_server_configs(
-    init_servers: Any, yaml_openai: Any, cli_openai: dict[str, Any]
+    init_servers: Any, yaml_openai: Any, cli_openai: dict[str, Any], prefix: str = "openai"
 ) -> list[APIServerConfig | APIServer] | ServerBaseline:
     """Merge server configs: ``config_init`` < YAML ``openai:`` < ``--openai.*`` flags.
+
+    Args:
+        init_servers: what ``config_init`` returned for the servers.
+        yaml_openai: the YAML ``<prefix>:`` value (mapping, list or None).
+        cli_openai: the ``--<prefix>.*`` flags given.
+        prefix: the namespace (``openai``, or an extra one such as ``teacher``), for messages.
 
     Returns:
         A list of configs (a single server is a list of one, its URL honoured), or a bare
@@ -120,14 +142,14 @@ def resolve_server_configs(
     yaml_list = yaml_openai if isinstance(yaml_openai, list) else None
     if (yaml_list is not None and len(yaml_list) >= 2) or (init_list is not None and len(init_list) >= 2):
         if cli_openai:
-            flags = ", ".join(f"--openai.{k}" for k in cli_openai)
+            flags = ", ".join(f"--{prefix}.{k}" for k in cli_openai)
             raise ConfigError(
                 f"{flags} cannot be combined with several inference servers; edit the "
-                "`openai:` list in the YAML config instead"
+                f"`{prefix}:` list in the YAML config instead"
             )
         if yaml_list is not None and len(yaml_list) >= 2:
             return [
-                _validated(APIServerConfig, dict(d), "openai", f"--config openai[{i}]")
+                _validated(APIServerConfig, dict(d), prefix, f"--config {prefix}[{i}]")
                 for i, d in enumerate(yaml_list)
             ]
         return list(init_list or [])
@@ -139,7 +161,9 @@ def resolve_server_configs(
         base = init_servers
     if isinstance(base, APIServer):
         if yaml_openai or cli_openai:
-            raise ConfigError("config_init returned a server instance; --openai.* cannot change it")
+            raise ConfigError(
+                f"config_init returned a server instance; --{prefix}.* cannot change it"
+            )
         return [base]
     if yaml_list is not None:
         yaml_dict = dict(yaml_list[0]) if yaml_list else {}
@@ -147,7 +171,7 @@ def resolve_server_configs(
         yaml_dict = dict(yaml_openai or {})
     if isinstance(base, APIServerConfig) or yaml_dict or cli_openai:
         merged = {**base.model_dump(), **yaml_dict, **cli_openai}
-        return [_validated(APIServerConfig, merged, "openai", "server configuration")]
+        return [_validated(APIServerConfig, merged, prefix, f"{prefix} server configuration")]
     return base
 
 
@@ -166,7 +190,8 @@ def build_configs(
         ConfigError: bad YAML, unknown keys or invalid values (the message names the flag).
     """
     init_env, init_servers = env_cls.config_init()
-    data = _load_yaml(namespace.config) if getattr(namespace, "config", None) else {}
+    extra_keys = tuple(_server_namespaces(env_cls))
+    data = _load_yaml(namespace.config, extra_keys) if getattr(namespace, "config", None) else {}
     overrides = collect_overrides(namespace, ["env", "openai", ""])
     base_env = init_env.model_dump()
     env_values = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
@@ -178,6 +203,35 @@ def build_configs(
     manager_values.update({k: v for k, v in overrides[""].items() if k not in ("config", "mode")})
     manager = _validated(ServerManagerConfig, manager_values, None, "server manager configuration")
     return env_config, servers, manager
+
+
+def build_namespace_servers(
+    env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
+) -> dict[str, list[APIServerConfig | APIServer]]:
+    """Resolve the env's extra server namespaces (e.g. ``teacher``) into constructor kwargs.
+
+    Each namespace merges YAML ``<prefix>:`` < ``--<prefix>.*`` flags over ``APIServerConfig``
+    defaults, exactly like ``openai``. Only ``serve`` and ``process`` use them.
+
+    Returns:
+        ``{constructor_keyword: [config, ...]}`` for every namespace given in YAML or flags.
+
+    Raises:
+        ConfigError: invalid values (the message names the ``--<prefix>.*`` flag).
+    """
+    namespaces = _server_namespaces(env_cls)
+    if not namespaces or mode not in NAMESPACE_MODES:
+        return {}
+    extra_keys = tuple(namespaces)
+    data = _load_yaml(namespace.config, extra_keys) if getattr(namespace, "config", None) else {}
+    overrides = collect_overrides(namespace, list(namespaces))
+    kwargs: dict[str, list[APIServerConfig | APIServer]] = {}
+    for prefix, keyword in namespaces.items():
+        if not data.get(prefix) and not overrides[prefix]:
+            continue
+        resolved = resolve_server_configs(ServerBaseline(), data.get(prefix), overrides[prefix], prefix)
+        kwargs[keyword] = list(resolved) if isinstance(resolved, list) else [resolved]
+    return kwargs
 
 
 def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
@@ -212,6 +266,12 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
             mode_parser, APIServerConfig, "openai", server_defaults, "inference server (--openai.*)"
         )
         add_model_options(mode_parser, ServerManagerConfig, None, None, "server manager")
+        if mode in NAMESPACE_MODES:
+            for prefix, keyword in _server_namespaces(env_cls).items():
+                add_model_options(
+                    mode_parser, APIServerConfig, prefix, None,
+                    f"{prefix} inference server (--{prefix}.*, passed as {keyword})",
+                )
     return parser
 
 
@@ -223,6 +283,28 @@ def parse_args(
     Raises:
         SystemExit: code 2 on unknown flags or invalid values (message on stderr).
     """
+    mode, env_config, servers, manager, _ = parse_args_with_namespaces(env_cls, argv)
+    return mode, env_config, servers, manager
+
+
+def parse_args_with_namespaces(
+    env_cls: type[BaseEnv], argv: list[str] | None = None
+) -> tuple[
+    str,
+    BaseEnvConfig,
+    list[APIServerConfig | APIServer] | ServerBaseline,
+    ServerManagerConfig,
+    dict[str, list[APIServerConfig | APIServer]],
+]:
+    """Like :func:`parse_args`, plus the extra server namespaces as constructor kwargs.
+
+    Returns:
+        ``(mode, env_config, server_configs, manager_config, extra_kwargs)``, where
+        ``extra_kwargs`` is e.g. ``{"teacher_server_configs": [APIServerConfig(...)]}``.
+
+    Raises:
+        SystemExit: code 2 on unknown flags or invalid values (message on stderr).
+    """
     parser = build_parser(env_cls)
     namespace, unknown = parser.parse_known_args(argv)
     mode_parser = parser.mode_parsers[namespace.mode]  # type: ignore[attr-defined]
@@ -230,9 +312,10 @@ def parse_args(
         mode_parser.error(unknown_flag_message(unknown, mode_parser))
     try:
         env_config, servers, manager = build_configs(env_cls, namespace.mode, namespace)
+        extra = build_namespace_servers(env_cls, namespace.mode, namespace)
     except ConfigError as exc:
         mode_parser.error(str(exc))
-    return namespace.mode, env_config, servers, manager
+    return namespace.mode, env_config, servers, manager, extra
 
 
 def _install_signal_handlers(stop: asyncio.Event) -> None:
@@ -272,8 +355,12 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     # One INFO line per request otherwise (recent openai releases send through the httpx2 fork).
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    mode, env_config, servers, manager = parse_args(env_cls, argv)
-    env = env_cls(env_config, servers, slurm=manager.slurm, testing=manager.testing)
+    mode, env_config, servers, manager, extra = parse_args_with_namespaces(env_cls, argv)
+    try:
+        env = env_cls(env_config, servers, slurm=manager.slurm, testing=manager.testing, **extra)
+    except ConfigError as exc:  # e.g. a teacher that cannot be used
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     env.server.max_n_completions = manager.max_n_completions
     try:
         asyncio.run(_run_mode(env, mode))
@@ -291,4 +378,12 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         raise SystemExit(143) from None
 
 
-__all__ = ["build_configs", "build_parser", "parse_args", "resolve_server_configs", "run_cli"]
+__all__ = [
+    "build_configs",
+    "build_namespace_servers",
+    "build_parser",
+    "parse_args",
+    "parse_args_with_namespaces",
+    "resolve_server_configs",
+    "run_cli",
+]

@@ -3,12 +3,14 @@
 ``FakeServer`` is a real :class:`~atroposlib.envs.server_handling.server_baseline.APIServer`
 whose "model" is a script: a list of response strings (cycled) or a callable. It supports
 ``n``, chat and text completions, and exact token ids with log-probs (so ``managed_server``
-works), truncates at ``max_tokens`` with ``finish_reason="length"``, records every request,
-and can simulate outages. ``fake_openai_app()`` serves the same script over HTTP
+works), prompt top-k log-probs shaped like vLLM's ``prompt_logprobs`` (so ``get_logprobs`` and
+teacher distillation work), truncates at ``max_tokens`` with ``finish_reason="length"``, records
+every request, and can simulate outages. ``fake_openai_app()`` serves the same script over HTTP
 (``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/health``) for tests that need
 a real socket.
 
 Log-probs are deterministic: token ``t`` gets ``-(1 + t % 10) / 10`` so alignment bugs show.
+Prompt log-probs are deterministic too (:func:`fake_prompt_logprobs`).
 
 (No ``from __future__ import annotations`` here: FastAPI must see the real ``Request`` type of
 the route functions defined inside ``fake_openai_app``.)
@@ -59,6 +61,35 @@ class FakeRequest:
 def fake_logprob(token_id: int) -> float:
     """Deterministic log-prob of a token under the fake "model": ``-(1 + id % 10) / 10``."""
     return -(1 + token_id % 10) / 10
+
+
+#: Size of the fake "vocabulary" the prompt top-k candidates are drawn from.
+FAKE_VOCAB = 1000
+
+
+def fake_prompt_logprobs(input_ids: list[int], top_k: int) -> list[dict[int, tuple[float, int]] | None]:
+    """Deterministic vLLM-style ``prompt_logprobs`` of a token sequence under the fake "model".
+
+    Like vLLM: position 0 is None (no context); every later position ``p`` maps token id ->
+    ``(logprob, rank)`` for the ``top_k`` most likely ids given ``input_ids[p - 1]`` (ranks
+    1..k, log-probs ``-0.5 * rank``), plus the actual token ``input_ids[p]`` with rank ``k + 1``
+    and log-prob ``-0.5 * (k + 2)`` when it is not among them.
+
+    Args:
+        input_ids: ``[P]`` prompt token ids.
+        top_k: candidates per position (0 = only the actual token).
+
+    Returns:
+        ``[P]`` entries: None, then dicts of ``k`` or ``k + 1`` items.
+    """
+    out: list[dict[int, tuple[float, int]] | None] = [None] if input_ids else []
+    for pos in range(1, len(input_ids)):
+        prev, actual = int(input_ids[pos - 1]), int(input_ids[pos])
+        entry = {(prev * 31 + 7 * j + 1) % FAKE_VOCAB: (-0.5 * (j + 1), j + 1) for j in range(top_k)}
+        if actual not in entry:
+            entry[actual] = (-0.5 * (top_k + 2), top_k + 1)
+        out.append(entry)
+    return out
 
 
 class FakeServer(APIServer):
@@ -273,6 +304,33 @@ class FakeServer(APIServer):
             reasons.append(reason)
         return list(input_ids), outputs, logprobs, reasons
 
+    async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
+        """Prompt top-k log-probs (:func:`fake_prompt_logprobs`), parsed like ``VLLMServer``'s.
+
+        Returns:
+            ``{"prompt_tokens": [P], "prompt_topk_token_ids": [P][<=k+1],
+            "prompt_topk_logprobs": [P][<=k+1]}``, rank-sorted; position 0 has empty lists.
+        """
+        input_ids = kwargs.get("input_ids")
+        if input_ids is None:
+            if kwargs.get("prompt") is None or self.tokenizer is None:
+                raise ValueError("get_logprobs needs input_ids=[...] (or prompt= and a tokenizer)")
+            input_ids = self.tokenizer.encode(kwargs["prompt"], add_special_tokens=False)
+        top_k = int(kwargs.get("top_k") if kwargs.get("top_k") is not None else 1)
+        request = FakeRequest(kind="logprobs", prompt="", messages=None, n=1, kwargs=dict(kwargs))
+        await self._enter(request)
+        ids_out: list[list[int]] = []
+        lps_out: list[list[float]] = []
+        for entry in fake_prompt_logprobs(list(input_ids), top_k):
+            ranked = sorted((entry or {}).items(), key=lambda kv: kv[1][1])
+            ids_out.append([tid for tid, _ in ranked])
+            lps_out.append([lp for _, (lp, _) in ranked])
+        return {
+            "prompt_tokens": list(input_ids),
+            "prompt_topk_token_ids": ids_out,
+            "prompt_topk_logprobs": lps_out,
+        }
+
 
 def fake_openai_app(server: FakeServer | None = None) -> Any:
     """Build an OpenAI-compatible FastAPI app backed by a :class:`FakeServer` script.
@@ -282,7 +340,9 @@ def fake_openai_app(server: FakeServer | None = None) -> Any:
     is a list of token ids is answered like stock vLLM with ``logprobs`` and
     ``return_tokens_as_token_ids``: ``logprobs.tokens = ["token_id:N", ...]`` with the fake
     log-probs (needs ``FakeServer(tokenizer=...)``), so ``server_type="vllm"`` and managed mode
-    work against it.
+    work against it. With vLLM's ``prompt_logprobs: k`` the choice also carries
+    ``prompt_logprobs`` (:func:`fake_prompt_logprobs`, in vLLM's JSON shape), so
+    ``VLLMServer.get_logprobs`` works against it.
 
     Args:
         server: the script to serve; default ``FakeServer()``.
@@ -330,6 +390,8 @@ def fake_openai_app(server: FakeServer | None = None) -> Any:
         prompt = body.get("prompt")
         try:
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+                if body.get("prompt_logprobs") is not None:
+                    return await _prompt_logprobs_completion(body)
                 return await _token_completion(body)
             result = await server._completion_wrapper(**body)
         except Exception as exc:  # noqa: BLE001 - reported to the client as a 503
@@ -358,6 +420,24 @@ def fake_openai_app(server: FakeServer | None = None) -> Any:
             })
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                 "created": int(time.time()), "model": server.config.model_name, "choices": choices}
+
+    async def _prompt_logprobs_completion(body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM-style scoring request: one empty completion plus ``prompt_logprobs``."""
+        top_k = int(body["prompt_logprobs"])
+        await server._enter(
+            FakeRequest(kind="logprobs", prompt="", messages=None, n=1, kwargs=dict(body))
+        )
+        raw = [
+            None if entry is None else {
+                str(tid): {"logprob": lp, "rank": rank, "decoded_token": f"<{tid}>"}
+                for tid, (lp, rank) in entry.items()
+            }
+            for entry in fake_prompt_logprobs(list(body["prompt"]), top_k)
+        ]
+        choice = {"index": 0, "text": "", "finish_reason": "length", "logprobs": None,
+                  "prompt_logprobs": raw}
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": server.config.model_name, "choices": [choice]}
 
     return app
 
@@ -426,6 +506,8 @@ __all__ = [
     "FakeOpenAIServer",
     "FakeRequest",
     "FakeServer",
+    "FAKE_VOCAB",
     "fake_logprob",
     "fake_openai_app",
+    "fake_prompt_logprobs",
 ]

@@ -36,10 +36,21 @@ def _default(value: Any) -> str:
     return f"`{value!r}`"
 
 
-def model_table(model: type[BaseModel], flag_prefix: str | None) -> str:
-    """Render one model as a markdown table (flag, type, default, description)."""
+def model_table(
+    model: type[BaseModel], flag_prefix: str | None, exclude: type[BaseModel] | None = None
+) -> str:
+    """Render one model as a markdown table (flag, type, default, description).
+
+    Args:
+        model: the pydantic model.
+        flag_prefix: ``"env"`` renders ``--env.<field>``; None renders ``--<field>``.
+        exclude: a base model whose fields are left out (to show only what a subclass adds).
+    """
     rows = ["| field | CLI flag | type | default | description |", "|---|---|---|---|---|"]
+    skip = set(exclude.model_fields) if exclude is not None else set()
     for name, field in model.model_fields.items():
+        if name in skip:
+            continue
         flag = f"`--{flag_prefix}.{name}`" if flag_prefix else f"`--{name}`"
         description = (field.description or "").replace("|", "\\|").replace("\n", " ")
         rows.append(
@@ -54,6 +65,7 @@ def generate() -> str:
     from atroposlib.envs.config import BaseEnvConfig
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
     from atroposlib.envs.server_handling.server_manager import ServerManagerConfig
+    from atroposlib.envs.teacher_distillation_env import TeacherDistillationConfig
 
     sections = [
         "# Configuration reference",
@@ -92,6 +104,15 @@ def generate() -> str:
         "## `ServerManagerConfig` (top-level YAML keys / unprefixed flags)",
         "",
         model_table(ServerManagerConfig, None),
+        "",
+        "## `TeacherDistillationConfig` (extra `--env.*` of `TeacherDistillationEnv`)",
+        "",
+        "Envs built on `TeacherDistillationEnv` add these fields to `BaseEnvConfig`. Their "
+        "`serve` and `process` commands also take the teacher's servers as `--teacher.<field>` "
+        "flags or a YAML `teacher:` key (mapping or list), with the same fields as "
+        "`APIServerConfig` (use `--teacher.server_type vllm`).",
+        "",
+        model_table(TeacherDistillationConfig, "env", exclude=BaseEnvConfig),
         "",
     ]
     return "\n".join(sections)

@@ -1,0 +1,408 @@
+"""``TeacherDistillationEnv``: attach a teacher model's top-k prompt log-probs to every group.
+
+Import surface (Atropos 0.4 compatible)::
+
+    from atroposlib.envs.teacher_distillation_env import (
+        TeacherDistillationConfig, TeacherDistillationEnv)
+
+Subclass it instead of ``BaseEnv``; nothing else changes in the env. With
+``--env.teacher_enabled`` every accepted group gets, just before it is sent (``serve``) or
+saved (``process``), for each sequence ``i`` and token position ``t``:
+
+* ``distill_token_ids[i][t]``: the ``K`` token ids the teacher ranks highest for position
+  ``t`` given ``tokens[i][:t]`` (rank order), and
+* ``distill_logprobs[i][t]``: their teacher log-probs (natural log),
+
+so both are ``[G][T_i][K]`` and aligned with ``tokens``. Position 0 has no context and holds
+``[]``. ``K = teacher_top_k``; ``teacher_top_k = 0`` means one entry per position: the actual
+token ``tokens[i][t]`` and its teacher log-prob (what reverse-KL / on-policy distillation
+needs); ``-1`` disables the fetch. The fields travel through the API to the trainer verbatim.
+
+The teacher is queried with ``get_logprobs(input_ids=seq, top_k=..., max_tokens=1)`` (vLLM's
+``prompt_logprobs``; use ``server_type: vllm``). A failed request, or an answer that does not
+match the sequence (length, missing actual token, too few candidates), nulls BOTH fields of
+that group, logs why and counts it in ``stats["teacher_groups_failed"]``: never silently wrong
+data. ``group_overrides["teacher_top_k"]`` overrides ``K`` for one group,
+``group_overrides["skip_teacher_top_k"]`` skips the fetch (the group keeps what it has).
+
+Teacher and student must share a tokenizer (the ids are compared position by position); a
+mismatch raises :class:`~atroposlib.errors.ConfigError` before any rollout.
+
+Teacher servers come from the constructor (``teacher_server_configs=[APIServerConfig(...)]``)
+or, on the command line of ``serve`` and ``process``, from ``--teacher.*`` flags / a YAML
+``teacher:`` key (``process`` too, unlike upstream, so offline datasets can carry teacher
+log-probs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+from pydantic import Field
+
+from atroposlib.envs.base import BaseEnv, ScoredDataGroup
+from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    ServerBaseline,
+)
+from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.errors import ConfigError
+from atroposlib.type_definitions import Item
+
+logger = logging.getLogger(__name__)
+
+
+class TeacherDistillationConfig(BaseEnvConfig):
+    """``BaseEnvConfig`` plus the teacher switches (spec 3.8)."""
+
+    teacher_enabled: bool = Field(
+        default=False,
+        description="Fetch teacher top-k prompt log-probs for every group (distill_token_ids / "
+        "distill_logprobs). Needs teacher servers (--teacher.base_url ... or "
+        "teacher_server_configs).",
+    )
+    teacher_top_k: int = Field(
+        default=0,
+        ge=-1,
+        description="Teacher candidates per token position: K>0 = the K most likely ids, 0 = only "
+        "the actual token's log-prob, -1 = do not fetch. Per group: "
+        "group_overrides['teacher_top_k'].",
+    )
+
+
+class TeacherDistillationError(Exception):
+    """The teacher's answer cannot be aligned with a sequence (the group's fields are nulled)."""
+
+
+def tokenizer_difference(student: Any, teacher: Any) -> str | None:
+    """Describe how two HF tokenizers differ, or None when they map text to ids identically.
+
+    Compares the vocabulary (token -> id, added tokens included) and the bos/eos/pad/unk ids.
+
+    Args:
+        student: the env's tokenizer.
+        teacher: the teacher server's tokenizer.
+
+    Returns:
+        None when identical, else a short human-readable difference.
+    """
+    if student is teacher:
+        return None
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        a, b = getattr(student, attr, None), getattr(teacher, attr, None)
+        if a != b:
+            return f"{attr} differs (student {a}, teacher {b})"
+    sv, tv = student.get_vocab(), teacher.get_vocab()
+    if len(sv) != len(tv):
+        return f"vocabulary size differs (student {len(sv)}, teacher {len(tv)})"
+    if sv != tv:
+        token = next(t for t in sv if tv.get(t) != sv[t])
+        return f"token {token!r} has id {sv[token]} for the student, {tv.get(token)} for the teacher"
+    return None
+
+
+def align_teacher_logprobs(
+    tokens: list[int], result: dict[str, Any], top_k: int
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Turn one ``get_logprobs`` answer into the ``[T][K]`` distillation arrays of a sequence.
+
+    Args:
+        tokens: ``[T]`` the sequence sent to the teacher.
+        result: ``{"prompt_topk_token_ids": [T][<=K+1], "prompt_topk_logprobs": [T][<=K+1]}``,
+            rank-sorted per position (vLLM adds the actual token when it is outside the top K);
+            ``prompt_tokens`` ``[T]`` is checked when present.
+        top_k: ``K > 0``: keep the ``K`` best candidates; ``0``: keep only the actual token.
+
+    Returns:
+        ``(ids [T][K], logprobs [T][K])`` (``K = 1`` when ``top_k == 0``); position 0 is ``[]``
+        when the teacher has nothing for it (no context).
+
+    Raises:
+        TeacherDistillationError: lengths differ, a position has too few candidates, the actual
+            token is missing (``top_k == 0``) or a log-prob is not finite.
+    """
+    ids = result.get("prompt_topk_token_ids")
+    lps = result.get("prompt_topk_logprobs")
+    if ids is None or lps is None:
+        raise TeacherDistillationError("teacher answer has no prompt_topk_token_ids/logprobs")
+    prompt = result.get("prompt_tokens")
+    if prompt is not None and list(prompt) != list(tokens):
+        raise TeacherDistillationError(
+            f"teacher scored {len(prompt)} tokens that differ from the {len(tokens)} sent"
+        )
+    if len(ids) != len(tokens) or len(lps) != len(tokens):
+        raise TeacherDistillationError(
+            f"teacher returned {len(ids)} ids / {len(lps)} log-prob positions for a sequence "
+            f"of {len(tokens)} tokens"
+        )
+    out_ids: list[list[int]] = []
+    out_lps: list[list[float]] = []
+    for pos, (pos_ids, pos_lps) in enumerate(zip(ids, lps, strict=True)):
+        pos_ids, pos_lps = list(pos_ids or []), list(pos_lps or [])
+        if len(pos_ids) != len(pos_lps):
+            raise TeacherDistillationError(f"position {pos}: {len(pos_ids)} ids, {len(pos_lps)} log-probs")
+        if pos == 0 and not pos_ids:
+            out_ids.append([])
+            out_lps.append([])
+            continue
+        if top_k == 0:
+            try:
+                j = [int(t) for t in pos_ids].index(int(tokens[pos]))
+            except ValueError:
+                raise TeacherDistillationError(
+                    f"position {pos}: the actual token {tokens[pos]} is not in the teacher answer"
+                ) from None
+            keep_ids, keep_lps = [int(pos_ids[j])], [float(pos_lps[j])]
+        else:
+            if len(pos_ids) < top_k:
+                raise TeacherDistillationError(
+                    f"position {pos}: {len(pos_ids)} teacher candidates, expected {top_k}"
+                )
+            keep_ids = [int(t) for t in pos_ids[:top_k]]
+            keep_lps = [float(x) for x in pos_lps[:top_k]]
+        if not all(math.isfinite(x) for x in keep_lps):
+            raise TeacherDistillationError(f"position {pos}: non-finite teacher log-prob {keep_lps}")
+        out_ids.append(keep_ids)
+        out_lps.append(keep_lps)
+    return out_ids, out_lps
+
+
+class TeacherDistillationEnv(BaseEnv):
+    """``BaseEnv`` whose groups carry teacher top-k log-probs (see the module docstring).
+
+    Counters in ``self.stats`` (logged to W&B as ``train/<key>``): ``teacher_groups_enriched``,
+    ``teacher_groups_failed`` (fields nulled) and ``teacher_groups_skipped``
+    (``skip_teacher_top_k`` or ``teacher_top_k == -1``). The teacher's request metrics are
+    logged as ``teacher_server/...``.
+    """
+
+    env_config_cls: type[BaseEnvConfig] = TeacherDistillationConfig
+    server_namespaces: dict[str, str] = {"teacher": "teacher_server_configs"}
+
+    def __init__(
+        self,
+        config: BaseEnvConfig,
+        server_configs: list[APIServerConfig | APIServer] | APIServerConfig | ServerBaseline | APIServer,
+        slurm: bool = False,
+        testing: bool = False,
+        teacher_server_configs: list[APIServerConfig | APIServer] | APIServerConfig | APIServer | None = None,
+    ):
+        """Build the env and, when ``config.teacher_enabled``, its teacher ``ServerManager``.
+
+        Args:
+            config: a ``TeacherDistillationConfig`` (a plain ``BaseEnvConfig`` means no teacher).
+            server_configs: the student (policy) inference servers, as for ``BaseEnv``.
+            slurm: derive student inference URLs from SLURM variables.
+            testing: use in-process ``FakeServer`` s for student and teacher.
+            teacher_server_configs: the teacher's servers (configs with ``server_type='vllm'``,
+                or ready ``APIServer`` instances); load-balanced like the student's.
+
+        Raises:
+            ConfigError: the teacher is enabled without servers, or a teacher backend cannot
+                return prompt log-probs.
+        """
+        super().__init__(config, server_configs, slurm=slurm, testing=testing)
+        self.teacher: ServerManager | None = None
+        self._teacher_tokenizer_checked = False
+        if not getattr(config, "teacher_enabled", False):
+            if teacher_server_configs:
+                logger.warning(
+                    "teacher servers given but teacher_enabled is false: no teacher log-probs "
+                    "will be fetched (pass --env.teacher_enabled true to use them)"
+                )
+            return
+        if not teacher_server_configs and not testing:
+            raise ConfigError(
+                "teacher_enabled is true but no teacher server is configured: pass "
+                "--teacher.base_url URL --teacher.model_name NAME --teacher.server_type vllm "
+                "(or teacher_server_configs=[APIServerConfig(...)]), or set "
+                "--env.teacher_enabled false"
+            )
+        self.teacher = ServerManager(
+            teacher_server_configs if teacher_server_configs else ServerBaseline(),
+            testing=testing and not teacher_server_configs,
+        )
+        for server in self.teacher.servers:
+            if type(server)._get_logprobs_wrapper is APIServer._get_logprobs_wrapper:
+                raise ConfigError(
+                    f"teacher server {server.config.base_url or server.config.model_name!r} "
+                    f"(server_type {server.config.server_type!r}) cannot return prompt log-probs; "
+                    "serve the teacher with vLLM and pass --teacher.server_type vllm"
+                )
+            if hasattr(server, "set_tokenizer_factory"):
+                server.set_tokenizer_factory(lambda: self.tokenizer)
+
+    # ------------------------------------------------------------------ checks
+    def check_teacher_tokenizer(self) -> None:
+        """Make sure every teacher server tokenizes exactly like the student (checked once).
+
+        Raises:
+            ConfigError: a teacher tokenizer differs from ``config.tokenizer_name``'s or cannot
+                be loaded; the message says how to fix it.
+        """
+        if self.teacher is None or self._teacher_tokenizer_checked:
+            return
+        student = self.tokenizer
+        for server in self.teacher.servers:
+            name = server.config.tokenizer_name
+            if name == "none":
+                name = server.config.model_name
+            try:
+                teacher_tok = server.tokenizer
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot load the teacher tokenizer {name!r} ({exc}); pass "
+                    "--teacher.tokenizer_name DIR (a local tokenizer directory identical to "
+                    "--env.tokenizer_name)"
+                ) from exc
+            if teacher_tok is None:
+                raise ConfigError(
+                    f"teacher server {name!r} has no tokenizer; pass --teacher.tokenizer_name DIR"
+                )
+            difference = tokenizer_difference(student, teacher_tok)
+            if difference is not None:
+                raise ConfigError(
+                    f"the teacher tokenizer ({name!r}) differs from the student tokenizer "
+                    f"({self.config.tokenizer_name!r}): {difference}. Distillation compares "
+                    "token ids position by position, so both must use the same tokenizer: pick a "
+                    "teacher from the student's model family, or point --teacher.tokenizer_name "
+                    "/ --env.tokenizer_name at the same tokenizer"
+                )
+        self._teacher_tokenizer_checked = True
+
+    # ------------------------------------------------------------------ enrichment
+    def _group_top_k(self, group: ScoredDataGroup) -> int | None:
+        """The group's top-k, or None when the fetch is skipped.
+
+        Raises:
+            TeacherDistillationError: ``group_overrides['teacher_top_k']`` is not an int >= -1.
+        """
+        overrides = group.get("group_overrides") or {}
+        if overrides.get("skip_teacher_top_k"):
+            return None
+        raw = overrides.get("teacher_top_k", getattr(self.config, "teacher_top_k", 0))
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < -1:
+            raise TeacherDistillationError(
+                f"group_overrides['teacher_top_k'] must be an int >= -1, got {raw!r}"
+            )
+        return None if raw == -1 else raw
+
+    async def fetch_teacher_logprobs(
+        self, tokens: list[list[int]], top_k: int
+    ) -> tuple[list[list[list[int]]], list[list[list[float]]]]:
+        """Ask the teacher for the distillation arrays of a group's sequences (concurrently).
+
+        Args:
+            tokens: ``[G][T_i]`` full sequences (prompt + completion).
+            top_k: ``K >= 0`` (see :func:`align_teacher_logprobs`).
+
+        Returns:
+            ``(distill_token_ids [G][T_i][K], distill_logprobs [G][T_i][K])``.
+
+        Raises:
+            TeacherDistillationError: an answer does not match its sequence.
+            Exception: whatever the teacher request raised (e.g. ``InferenceError``).
+        """
+        assert self.teacher is not None
+        # vLLM's prompt_logprobs=k returns the k best AND the actual token, so k >= 1 also
+        # covers top_k == 0 (the actual token only).
+        results = await asyncio.gather(
+            *(
+                self.teacher.get_logprobs(input_ids=list(seq), top_k=max(top_k, 1), max_tokens=1)
+                for seq in tokens
+            )
+        )
+        aligned = [align_teacher_logprobs(list(seq), res, top_k) for seq, res in zip(tokens, results, strict=True)]
+        return [ids for ids, _ in aligned], [lps for _, lps in aligned]
+
+    async def _enrich_group(self, group: ScoredDataGroup) -> None:
+        """Set (or null) one group's ``distill_*`` fields; failures are logged and counted."""
+        try:
+            top_k = self._group_top_k(group)
+            if top_k is None:
+                self.stats["teacher_groups_skipped"] += 1
+                return
+            ids, lps = await self.fetch_teacher_logprobs(group["tokens"], top_k)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed teacher call nulls this group only
+            group["distill_token_ids"] = None
+            group["distill_logprobs"] = None
+            self.stats["teacher_groups_failed"] += 1
+            logger.warning(
+                "teacher log-probs failed for a group of %d; sending it without distillation "
+                "fields (%s: %s)", len(group.get("tokens") or []), type(exc).__name__, exc,
+            )
+            return
+        group["distill_token_ids"] = ids
+        group["distill_logprobs"] = lps
+        self.stats["teacher_groups_enriched"] += 1
+
+    async def handle_send_to_api(
+        self,
+        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
+        item: Item = None,
+        do_send_to_api: bool = True,
+        abort_on_any_max_length_exceeded: bool = True,
+    ) -> list[ScoredDataGroup]:
+        """Add teacher log-probs to the groups that will be accepted, then send/save as usual.
+
+        Groups that validation will drop are not sent to the teacher. See
+        ``BaseEnv.handle_send_to_api`` for the arguments and return value.
+
+        Raises:
+            ConfigError: the teacher tokenizer differs from the student's.
+        """
+        if self.teacher is not None and scored_data is not None:
+            self.check_teacher_tokenizer()
+            groups = scored_data if isinstance(scored_data, list) else [scored_data]
+            todo = [
+                g for g in groups
+                if isinstance(g, dict)
+                and self._reject_reason(g, abort_on_any_max_length_exceeded) is None
+            ]
+            await asyncio.gather(*(self._enrich_group(g) for g in todo))
+        return await super().handle_send_to_api(
+            scored_data, item, do_send_to_api, abort_on_any_max_length_exceeded
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    async def env_manager(self) -> None:
+        """Serve mode; checks the teacher tokenizer first and closes the teacher at the end."""
+        self.check_teacher_tokenizer()
+        try:
+            await super().env_manager()
+        finally:
+            if self.teacher is not None:
+                await self.teacher.aclose()
+
+    async def process_manager(self, show_progress: bool = True) -> Any:
+        """Process mode; checks the teacher tokenizer first and closes the teacher at the end."""
+        self.check_teacher_tokenizer()
+        try:
+            return await super().process_manager(show_progress=show_progress)
+        finally:
+            if self.teacher is not None:
+                await self.teacher.aclose()
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Add the teacher's request metrics (``teacher_server/...``), then log as usual."""
+        metrics = dict(metrics or {})
+        if self.teacher is not None and self.config.use_wandb:
+            for key, value in self.teacher.wandb_metrics().items():
+                metrics[f"teacher_{key}"] = value
+        await super().wandb_log(metrics)
+
+
+__all__ = [
+    "TeacherDistillationConfig",
+    "TeacherDistillationEnv",
+    "TeacherDistillationError",
+    "align_teacher_logprobs",
+    "tokenizer_difference",
+]
