@@ -266,6 +266,50 @@ def test_service_endpoints(proxy, backend):
     httpx.delete(f"{proxy.url}/{info['uuid']}")
 
 
+def test_backend_failures_are_openai_errors(proxy_config):
+    with ProxyThread(proxy_config) as running:
+        sid = _session(running.url)
+        server = running.app.state.proxy.sessions[sid].managed.server
+
+        async def explode(**kwargs: Any) -> Any:
+            raise RuntimeError("backend exploded")
+
+        server.tokens_and_logprobs_completion = explode
+        error = _assert_openai_error(
+            httpx.post(f"{running.url}/{sid}/v1/chat/completions", json={"messages": MESSAGES}),
+            500, "server_error",
+        )
+        assert "backend exploded" in error["message"]
+        assert httpx.get(f"{running.url}/{sid}/nodes").json() == {"nodes": []}
+
+    openai_config = {**proxy_config, "servers": [{**proxy_config["servers"][0],
+                                                  "server_type": "openai"}]}
+    with ProxyThread(openai_config) as running:
+        error = _assert_openai_error(httpx.post(f"{running.url}/sessions/create"), 400,
+                                     "invalid_request_error")
+        assert "server_type 'vllm'" in error["message"]
+
+
+def test_concurrent_calls_in_one_session_are_all_tracked(proxy):
+    sid = _session(proxy.url)
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            calls = [
+                client.post(f"{proxy.url}/{sid}/v1/chat/completions",
+                            json={"messages": [{"role": "user", "content": f"q{i}"}]})
+                for i in range(4)
+            ]
+            return [r.status_code for r in await asyncio.gather(*calls)]
+
+    assert asyncio.run(run()) == [200] * 4
+    nodes = httpx.get(f"{proxy.url}/{sid}/nodes").json()["nodes"]
+    assert sorted(n["full_text"].split("<|im_end|>")[0] for n in nodes) == [
+        f"<|im_start|>user\nq{i}" for i in range(4)
+    ]
+    httpx.delete(f"{proxy.url}/{sid}")
+
+
 def test_idle_sessions_expire(proxy_config):
     with ProxyThread(proxy_config, ProxySettings(session_ttl_s=0.6)) as running:
         idle = _session(running.url)
