@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 
 import httpx
 import pytest
 
+from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.factory import build_app
+from atroposlib.api.models import Registration
 from atroposlib.api.settings import ApiSettings
 from atroposlib.envs.cli import parse_args, parse_args_with_namespaces
+from atroposlib.envs.serve import ServeLoop
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
 from atroposlib.envs.teacher_distillation_env import (
@@ -299,3 +303,27 @@ async def test_bundled_model_is_its_own_teacher_through_real_vllm(vllm_server):
     # "Paris" after "The capital of France is" is likelier than a wrong digit after "2 + 2 =".
     paris, five = out0["distill_logprobs"][0][-2][0], out0["distill_logprobs"][1][-1][0]
     assert paris > five
+
+
+async def test_serve_mode_posts_enriched_groups_to_a_real_run_api(run_api, tiny_tokenizer_dir, tmp_path):
+    env, _ = make_env(tiny_tokenizer_dir, top_k=2, rollout_server_url=run_api.url,
+                            total_steps=2, max_batches_offpolicy=1)
+    trainer = AsyncAtroposClient(run_api.url)
+    await trainer.register(Registration(
+        wandb_group="g", wandb_project="p", batch_size=4, max_token_len=512,
+        checkpoint_dir=str(tmp_path), save_checkpoint_interval=-1, starting_step=0, num_steps=10))
+    assert await trainer.get_batch() is None
+    serving = asyncio.create_task(ServeLoop(env, status_interval=0.2).run())
+    try:
+        async with asyncio.timeout(60):
+            while not (batch := await trainer.get_batch()):
+                await asyncio.sleep(0.05)
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await trainer.aclose()
+    assert sum(len(g["tokens"]) for g in batch) == 4
+    for group in batch:
+        for seq, ids, lps in zip(group["tokens"], group["distill_token_ids"], group["distill_logprobs"], strict=True):
+            assert (ids, lps) == expected_arrays(seq, 2)
+    assert env.stats["teacher_groups_enriched"] >= 2 and env.stats["teacher_groups_failed"] == 0
