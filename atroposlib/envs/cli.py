@@ -347,6 +347,25 @@ async def _run_mode(env: BaseEnv, mode: str) -> Any:
     return await env.env_manager()
 
 
+def build_env(env_cls: type[BaseEnv], argv: list[str] | None = None) -> tuple[str, BaseEnv]:
+    """Parse ``argv`` and construct the env the way ``run_cli`` runs it (nothing started yet).
+
+    Returns:
+        ``(mode, env)``: the chosen mode (``serve``/``process``/``evaluate``) and the env, with
+        its server manager's ``max_n_completions`` and ``proxy_url`` taken from the command line
+        or YAML file.
+
+    Raises:
+        SystemExit: bad flags (argparse's usage error, exit code 2).
+        ConfigError: the env refuses its configuration (e.g. a teacher that cannot be used).
+    """
+    mode, env_config, servers, manager, extra = parse_args_with_namespaces(env_cls, argv)
+    env = env_cls(env_config, servers, slurm=manager.slurm, testing=manager.testing, **extra)
+    env.server.max_n_completions = manager.max_n_completions
+    env.server.proxy_url = manager.proxy_url or env.server.proxy_url
+    return mode, env
+
+
 def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     """Entry point behind ``BaseEnv.cli()``: parse, build the env, run the chosen mode."""
     logging.basicConfig(
@@ -355,13 +374,11 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     # One INFO line per request otherwise (recent openai releases send through the httpx2 fork).
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    mode, env_config, servers, manager, extra = parse_args_with_namespaces(env_cls, argv)
     try:
-        env = env_cls(env_config, servers, slurm=manager.slurm, testing=manager.testing, **extra)
+        mode, env = build_env(env_cls, argv)
     except ConfigError as exc:  # e.g. a teacher that cannot be used
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    env.server.max_n_completions = manager.max_n_completions
     try:
         asyncio.run(_run_mode(env, mode))
     except ConfigError as exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.api.models import ScoredData
-from atroposlib.envs.cli import parse_args
+from atroposlib.envs.cli import build_env, parse_args
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from tests.envs.sample_envs import ChatLengthEnv
 
@@ -52,6 +52,19 @@ def test_layering_yaml_over_config_init_and_flags_over_yaml(tmp_path):
     assert servers == [APIServerConfig(model_name="cli-model", base_url="http://127.0.0.1:7/v1",
                                        api_key="x")]
     assert manager.testing is True and manager.slurm is False
+
+
+def test_proxy_url_and_max_n_completions_reach_the_envs_server_manager(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATROPOS_PROXY_URL", raising=False)
+    _, env = build_env(ChatLengthEnv, ["process", "--proxy_url", "http://127.0.0.1:9100",
+                                       "--max_n_completions", "3"])
+    assert env.server.proxy_url == "http://127.0.0.1:9100" and env.server.max_n_completions == 3
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("proxy_url: http://127.0.0.1:9200\n")
+    _, env = build_env(ChatLengthEnv, ["serve", "--config", str(cfg)])
+    assert env.server.proxy_url == "http://127.0.0.1:9200"
+    _, env = build_env(ChatLengthEnv, ["serve"])
+    assert env.server.proxy_url is None
 
 
 def test_process_mode_defaults():
