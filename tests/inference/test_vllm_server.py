@@ -128,6 +128,10 @@ async def test_get_logprobs_uses_prompt_logprobs():
     assert result["prompt_tokens"] == [4, 8, 9]
     assert result["prompt_topk_token_ids"] == [[], [8], [9]]
     assert result["prompt_topk_logprobs"] == [[], [-0.5], [-0.5]]
+    await server.get_logprobs(input_ids=[4, 8, 9], top_k=0)  # vLLM: only the actual token
+    assert requests[-1]["prompt_logprobs"] == 0
+    await server.get_logprobs(input_ids=[4, 8, 9])
+    assert requests[-1]["prompt_logprobs"] == 1
 
 
 # ---------------------------------------------------------------------- real vLLM (e2e)

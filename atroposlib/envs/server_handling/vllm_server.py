@@ -229,7 +229,7 @@ class VLLMServer(OpenAIServer):
         return prompt_ids, outputs, logprobs, reasons
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
-        """Prompt log-probs via vLLM's ``prompt_logprobs`` (top ``top_k``, default 1).
+        """Prompt log-probs via vLLM's ``prompt_logprobs`` (top ``top_k``, default 1; 0 = actual token).
 
         Returns:
             ``{"prompt_tokens": [P], "prompt_topk_token_ids": [P][<=k+1],
@@ -237,7 +237,11 @@ class VLLMServer(OpenAIServer):
             prompt token is included even outside the top k); position 0 has empty lists.
         """
         prompt_ids = self._prompt_ids(kwargs)
-        top_k = int(kwargs.pop("top_k", None) or kwargs.pop("prompt_logprobs", None) or 1)
+        top_k = kwargs.pop("top_k", None)
+        if top_k is None:
+            top_k = kwargs.pop("prompt_logprobs", None)
+        # 0 is valid: vLLM then returns only the actual prompt token's log-prob at each position
+        top_k = 1 if top_k is None else int(top_k)
         sampling = self._sampling_kwargs(kwargs)
         sampling.update(n=1, temperature=0.0, top_p=1.0)
         sampling.setdefault("max_tokens", 1)
