@@ -154,6 +154,24 @@ class ManagedServer:
         self.sequences = {}
         self.tree = {}
 
+    def render_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[int]]:
+        """The prompt a ``chat_completion(messages=...)`` would send, without generating.
+
+        Args:
+            messages: OpenAI-style chat messages.
+            tools: tool schemas passed to the chat template, if any.
+
+        Returns:
+            ``(prompt_text, input_ids)``: the rendered chat template and its token ids, where
+            a prefix already tracked in a node reuses that node's exact (sampled) token ids.
+
+        Raises:
+            Exception: whatever the tokenizer's chat template raises on these messages.
+        """
+        prompt = self._render_chat(messages, tools)
+        _, parent = self._find_parent(prompt)
+        return prompt, self._input_ids(prompt, parent)
+
     # ------------------------------------------------------------------ helpers
     def _render_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
         """Render ``messages`` with the chat template, keeping ``<think>`` blocks of assistants.

@@ -685,12 +685,10 @@ def create_app(
         session = await state.get(session_id)
         managed = session.managed
         try:
-            prompt = managed._render_chat(body.messages, body.tools)
+            prompt, ids = managed.render_prompt(body.messages, body.tools)
         except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
             raise ProxyHTTPError(400, f"chat template failed on these messages: {exc}",
                                  "invalid_request_error", "template_error") from exc
-        _, parent = managed._find_parent(prompt)
-        ids = managed._input_ids(prompt, parent)
         return RenderResponse(prompt_text=prompt, token_ids=ids, num_tokens=len(ids))
 
     @app.get("/{session_id}/nodes")
