@@ -152,7 +152,8 @@ class ScoredData(BaseModel):
 
 #: Optional fields with one entry per token of each sequence.
 PER_TOKEN_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
-_SHAPE_FIELDS = ("tokens", "masks", "scores", *PER_TOKEN_FIELDS, "overrides", "messages")
+_SHAPE_FIELDS = ("tokens", "masks", "scores", *PER_TOKEN_FIELDS, "overrides", "messages",
+                 "distill_token_ids", "distill_logprobs")
 #: Every field of a stored group, in wire order (the 14 keys upstream returns).
 GROUP_FIELDS = tuple(ScoredData.model_fields)
 
@@ -196,6 +197,31 @@ def group_shape_error(group: dict[str, Any]) -> str | None:
         rows = group.get(name)
         if rows is not None and len(rows) not in (0, n):
             return f"{name} has {len(rows)} entries but the group has {n} sequences"
+    return _distill_shape_error(group, tokens)
+
+
+def _distill_shape_error(group: dict[str, Any], tokens: list[list[int]]) -> str | None:
+    """Why ``distill_token_ids`` / ``distill_logprobs`` do not line up with ``tokens``, or None."""
+    ids, lps = group.get("distill_token_ids"), group.get("distill_logprobs")
+    if ids is None and lps is None:
+        return None
+    if ids is None or lps is None:
+        return ("distill_token_ids and distill_logprobs go together: send both (teacher top-k ids "
+                "and their log-probs) or neither")
+    n = len(tokens)
+    for name, rows in (("distill_token_ids", ids), ("distill_logprobs", lps)):
+        if len(rows) != n:
+            return f"{name} has {len(rows)} rows but tokens has {n}; send one row per sequence"
+    for i in range(n):
+        if len(ids[i]) != len(tokens[i]) or len(lps[i]) != len(tokens[i]):
+            return (f"distill_token_ids[{i}] / distill_logprobs[{i}] have {len(ids[i])} / "
+                    f"{len(lps[i])} positions but tokens[{i}] has {len(tokens[i])}; the teacher "
+                    "arrays are per token (position t holds the candidates for token t)")
+        for t, (pos_ids, pos_lps) in enumerate(zip(ids[i], lps[i], strict=True)):
+            if len(pos_ids) != len(pos_lps):
+                return (f"distill_token_ids[{i}][{t}] has {len(pos_ids)} candidates but "
+                        f"distill_logprobs[{i}][{t}] has {len(pos_lps)}; pair each id with its "
+                        "log-prob")
     return None
 
 

@@ -32,6 +32,7 @@ def groups(draw):
         group["generation_params"] = {"temperature": 0.7}
     if draw(st.booleans()):
         group["distill_token_ids"] = [[[1, 2]] * t for t in lengths]
+        group["distill_logprobs"] = [[[-0.5, -1.5]] * t for t in lengths]
     return group
 
 

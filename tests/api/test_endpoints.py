@@ -172,6 +172,11 @@ async def test_partial_buffer_is_bounded_and_loses_nothing() -> None:
         ({"tokens": [], "masks": [], "scores": []}, "at least one sequence"),
         ({"env_id": -1}, "greater than or equal to 0"),
         ({"tokens": "nope"}, "list_type"),
+        ({"distill_token_ids": [[[1]] * 3] * 2}, "send both"),
+        ({"distill_token_ids": [[[1]] * 3] * 2, "distill_logprobs": [[[-1.0]] * 2] * 2},
+         "distill_logprobs[0] have 3 / 2 positions"),
+        ({"distill_token_ids": [[[1, 2]] * 3] * 2, "distill_logprobs": [[[-1.0]] * 3] * 2},
+         "distill_token_ids[0][0] has 2 candidates"),
     ],
 )
 async def test_invalid_groups_get_422(client, change, fragment) -> None:

@@ -168,7 +168,9 @@ class ShortTeacher(FakeServer):
 async def test_a_length_mismatch_nulls_both_fields(tiny_tokenizer_dir, caplog):
     env, _ = make_env(tiny_tokenizer_dir, teacher=ShortTeacher(), top_k=2)
     group = make_group(env.tokenizer)
-    group["distill_token_ids"] = [[[1]] * len(t) for t in group["tokens"]]  # stale data is cleared
+    # stale data is cleared
+    group["distill_token_ids"] = [[[1]] * len(t) for t in group["tokens"]]
+    group["distill_logprobs"] = [[[-1.0]] * len(t) for t in group["tokens"]]
     [out] = await env.handle_send_to_api(group, do_send_to_api=False)
     assert out["distill_token_ids"] is None and out["distill_logprobs"] is None
     assert env.stats["teacher_groups_failed"] == 1
