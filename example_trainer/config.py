@@ -92,6 +92,10 @@ class TrainerConfig(BaseSettings):
     kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty coefficient (0 = off). "
                            "Uses the batch's ref_logprobs where sent, else a frozen copy of the "
                            "starting model.")
+    distill_coef: float = Field(default=0.0, ge=0, description="Teacher-distillation coefficient "
+                                "(0 = off): adds the forward KL from the teacher's top-K "
+                                "candidates (distill_token_ids/distill_logprobs, sent by "
+                                "TeacherDistillationEnv) to the student on trained tokens.")
 
     # ---------------------------------------------------------------- checkpoints
     checkpoint_interval: int = Field(default=0, ge=0, description="Save a checkpoint every N "

@@ -79,6 +79,9 @@ class TrainSequence:
         ref_logprobs: reference log-prob per target, or None.
         temperature: sampling temperature.
         score: the sequence's reward (for logging).
+        distill_token_ids: per target, the teacher's top-K candidate ids (``[T_i - 1][K_t]``,
+            shifted like ``labels``), or None when the group carried no teacher arrays.
+        distill_logprobs: the teacher's log-probs of those candidates, same shape, or None.
     """
 
     input_ids: list[int]
@@ -88,6 +91,8 @@ class TrainSequence:
     ref_logprobs: list[float] | None
     temperature: float
     score: float
+    distill_token_ids: list[list[int]] | None = None
+    distill_logprobs: list[list[float]] | None = None
 
 
 @dataclass
@@ -103,6 +108,9 @@ class MicroBatch:
         ref_logprobs: ``[B, T]`` float32 (``nan`` where unknown) or None when no sequence
             carried them.
         temperatures: ``[B]`` float32.
+        distill_token_ids: ``[B, T, K]`` long teacher candidate ids (0 where padded), or None
+            when no sequence carried teacher arrays; ``K`` = widest position in the micro-batch.
+        distill_logprobs: ``[B, T, K]`` float32 teacher log-probs, ``-inf`` where padded.
     """
 
     input_ids: torch.Tensor
@@ -112,6 +120,8 @@ class MicroBatch:
     old_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None
     temperatures: torch.Tensor
+    distill_token_ids: torch.Tensor | None = None
+    distill_logprobs: torch.Tensor | None = None
 
     def to(self, device: Any) -> MicroBatch:
         """Return a copy with every tensor moved to ``device``."""
@@ -148,7 +158,9 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
 
     Advantages: the env's per-token ``advantages`` when the group carries them, else
     :func:`group_advantages` of the group's ``scores``. ``overrides[i].set_advantage_to_zero``
-    zeroes sequence ``i``'s advantage.
+    zeroes sequence ``i``'s advantage. Teacher arrays (``distill_token_ids`` /
+    ``distill_logprobs``, ``[G][T_i][K]``, position t holding the candidates for token t) are
+    shifted like the labels, so target j gets position j + 1.
 
     Args:
         groups: the list returned by ``GET /batch`` (wire dicts).
@@ -175,6 +187,7 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
         inf_lps = group.get("inference_logprobs")
         ref_lps = group.get("ref_logprobs")
         overrides = group.get("overrides") or []
+        d_ids, d_lps = group.get("distill_token_ids"), group.get("distill_logprobs")
         for i, (toks, mask) in enumerate(zip(tokens, masks, strict=True)):
             if len(toks) != len(mask):
                 raise ValueError(f"group {g} sequence {i}: tokens has {len(toks)} entries but masks has {len(mask)}")
@@ -196,6 +209,10 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
             else:
                 old = [math.nan] * (n - 1)
             ref = [float(v) for v in ref_lps[i][1:n]] if ref_lps is not None and ref_lps[i] is not None else None
+            dist_ids = dist_lps = None
+            if d_ids is not None and d_lps is not None and d_ids[i] is not None and d_lps[i] is not None:
+                dist_ids = [[int(t) for t in pos] for pos in d_ids[i][1:n]]
+                dist_lps = [[float(v) for v in pos] for pos in d_lps[i][1:n]]
             sequences.append(
                 TrainSequence(
                     input_ids=list(toks[:-1]),
@@ -205,6 +222,8 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
                     ref_logprobs=ref,
                     temperature=sequence_temperature(group, i),
                     score=float(scores[i]),
+                    distill_token_ids=dist_ids,
+                    distill_logprobs=dist_lps,
                 )
             )
             stats.scores.append(float(scores[i]))
@@ -225,7 +244,8 @@ def collate(sequences: Sequence[TrainSequence], pad_token_id: int = 0, pad_multi
     """Right-pad sequences to a common length that is a multiple of ``pad_multiple``.
 
     Padding: ``input_ids`` with ``pad_token_id``, ``labels`` with -100, advantages with 0,
-    log-probs with ``nan`` (unknown); ``attention_mask`` is 0 on padding.
+    log-probs with ``nan`` (unknown), teacher candidates with id 0 and log-prob ``-inf``;
+    ``attention_mask`` is 0 on padding.
 
     Args:
         sequences: shifted sequences from :func:`batch_to_sequences` (at least one).
@@ -261,7 +281,21 @@ def collate(sequences: Sequence[TrainSequence], pad_token_id: int = 0, pad_multi
         if ref is not None and s.ref_logprobs is not None:
             ref[b, :n] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
     temps = torch.tensor([s.temperature for s in sequences], dtype=torch.float32)
-    return MicroBatch(input_ids, attention, labels, adv, old, ref, temps)
+    k = max((len(pos) for s in sequences for pos in (s.distill_token_ids or [])), default=0)
+    d_ids = d_lps = None
+    if k:
+        d_ids = torch.zeros((B, T, k), dtype=torch.long)
+        d_lps = torch.full((B, T, k), -math.inf, dtype=torch.float32)
+        for b, s in enumerate(sequences):
+            if s.distill_token_ids is None or s.distill_logprobs is None:
+                continue
+            n = len(s.distill_token_ids)
+            d_ids[b, :n] = torch.tensor([ids + [0] * (k - len(ids)) for ids in s.distill_token_ids],
+                                        dtype=torch.long).reshape(n, k)
+            d_lps[b, :n] = torch.tensor(
+                [lps + [-math.inf] * (k - len(lps)) for lps in s.distill_logprobs],
+                dtype=torch.float32).reshape(n, k)
+    return MicroBatch(input_ids, attention, labels, adv, old, ref, temps, d_ids, d_lps)
 
 
 def make_micro_batches(

@@ -175,7 +175,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 out = grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs,
                                 num_sequences=stats.num_sequences, clip_eps=config.clip_eps,
                                 temperature=mb.temperatures, ref_logprobs=ref_lp,
-                                kl_coef=config.kl_coef)
+                                kl_coef=config.kl_coef, distill_token_ids=mb.distill_token_ids,
+                                distill_logprobs=mb.distill_logprobs,
+                                distill_coef=config.distill_coef)
                 out.loss.backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -212,6 +214,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 "advantage/abs_mean": sum(abs(a) for a in stats.advantages) / n,
                 "sampler_logprob_diff": sums["sampler_logprob_diff_sum"] / max(sums["sampler_tokens"], 1.0),
                 "trained_tokens": sums["tokens"], "sequences": n, "groups": stats.num_groups,
+                **({"distill_kl": sums["distill_kl_sum"] / sums["distill_tokens"]}
+                   if sums["distill_tokens"] else {}),
                 "max_len": stats.max_len,
                 "tokens_per_second": sum(int(mb.attention_mask.sum()) for mb in micro_batches) / compute_s,
                 "step_seconds": compute_s, "batch_wait_seconds": wait_s, **sync_metrics,

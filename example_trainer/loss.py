@@ -7,8 +7,13 @@ PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7) applied pe
     pg_t     = -min(r_t * A_t, clip(r_t, 1 - eps, 1 + eps) * A_t)     (for EVERY sign of A_t)
     kl_t     = exp(ref_t - logp_t) - (ref_t - logp_t) - 1    k3 estimator (Schulman 2020,
                                                              http://joschu.net/blog/kl-approx.html)
-    loss_i   = sum_t mask_t * (pg_t + beta * kl_t) / sum_t mask_t      token mean per sequence
+    kd_t     = sum_k q_k (log q_k - log pi(c_k))                 optional teacher distillation
+    loss_i   = sum_t mask_t * (pg_t + beta * kl_t + gamma * kd_t) / sum_t mask_t
+                                                                     token mean per sequence
     loss     = sum_i loss_i / num_sequences_in_step                  sequence mean over the step
+
+``kd_t`` is only used when the batch carries teacher arrays (``TeacherDistillationEnv``) and
+``gamma = distill_coef > 0``: see :func:`topk_distill_kl`.
 
 ``old_logp`` is the sampler's (vLLM's) log-prob of the token, so the ratio also corrects the
 small trainer/sampler mismatch; without sampler log-probs the ratio is 1 and the objective is
@@ -122,6 +127,52 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return delta.exp() - delta - 1.0
 
 
+def topk_distill_kl(
+    logits: torch.Tensor,
+    teacher_ids: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token forward KL from the teacher's top-K candidates to the student policy.
+
+    ``q_k = softmax_k(teacher_logprobs)`` renormalises the teacher over its ``K`` candidates
+    ``c_k`` and ``kd_t = sum_k q_k (log q_k - log pi(c_k))``, with ``log pi`` the student's full-
+    vocabulary log-softmax (at the sampling temperature). This is word-level knowledge
+    distillation (Hinton et al. 2015, arXiv:1503.02531; Kim & Rush 2016, arXiv:1606.07947)
+    applied to the student's own rollouts, i.e. on-policy distillation with the forward KL
+    (GKD, Agarwal et al. 2024, arXiv:2306.13649), truncated to the teacher's top K. The gradient
+    pulls the student's mass toward the teacher's candidates in proportion to ``q``.
+
+    Args:
+        logits: ``[B, T, V]`` student logits (position t predicts target t).
+        teacher_ids: ``[B, T, K]`` candidate ids per target (any value where padded).
+        teacher_logprobs: ``[B, T, K]`` teacher log-probs, ``-inf`` where padded.
+        temperature: ``[B]``-like sampling temperatures (the student logits are divided by
+            them), or None.
+
+    Returns:
+        ``(kd [B, T], known [B, T] bool)``: ``kd`` is 0 where ``known`` is False, i.e. where the
+        teacher gave fewer than 2 candidates (one renormalised candidate carries no teacher
+        information: with ``teacher_top_k 0`` only the sampled token's log-prob is sent).
+    """
+    import torch
+
+    logits = logits.float()
+    if temperature is not None:
+        temp = temperature.reshape(-1, 1, 1).to(logits)
+        logits = logits / torch.where(temp > 0, temp, torch.ones_like(temp))
+    teacher = teacher_logprobs.to(logits)
+    known = torch.isfinite(teacher).sum(dim=-1) >= 2
+    # padded candidates get q = 0; rows with no finite entry get a harmless finite stand-in
+    safe_teacher = torch.where(known.unsqueeze(-1), teacher, torch.zeros_like(teacher))
+    log_q = torch.log_softmax(safe_teacher, dim=-1)
+    q = log_q.exp()
+    log_pi = logits.gather(-1, teacher_ids.clamp(min=0)) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    terms = torch.where(q > 0, q * (log_q - log_pi), torch.zeros_like(q))
+    kd = torch.where(known, terms.sum(dim=-1), torch.zeros_like(terms[..., 0]))
+    return kd, known
+
+
 def grpo_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -133,6 +184,9 @@ def grpo_loss(
     temperature: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    distill_token_ids: torch.Tensor | None = None,
+    distill_logprobs: torch.Tensor | None = None,
+    distill_coef: float = 0.0,
 ) -> LossOutput:
     """GRPO loss of one micro-batch (formula in the module docstring).
 
@@ -149,11 +203,17 @@ def grpo_loss(
         ref_logprobs: ``[B, T]`` reference log-probs for the KL penalty (``nan`` where unknown:
             no KL there), or None.
         kl_coef: KL coefficient ``beta`` (0 disables the KL term).
+        distill_token_ids: ``[B, T, K]`` teacher candidate ids, or None.
+        distill_logprobs: ``[B, T, K]`` teacher log-probs (``-inf`` where padded), or None.
+        distill_coef: distillation coefficient ``gamma`` (0 disables the term); see
+            :func:`topk_distill_kl`.
 
     Returns:
         :class:`LossOutput`; ``metrics`` has sums over sequences of ``pg_loss``, ``kl``,
         ``ratio``, ``clip_fraction``, ``logprob`` (mean trained-token log-prob),
-        ``sampler_logprob_diff`` (mean |logp - old_logp|) and ``tokens`` (trained tokens).
+        ``sampler_logprob_diff`` (mean |logp - old_logp|) and ``tokens`` (trained tokens), plus
+        ``distill_kl_sum`` / ``distill_tokens`` (teacher KL summed over the trained tokens that
+        had teacher candidates, and their count).
 
     Raises:
         ValueError: shapes disagree, or ``num_sequences`` < 1.
@@ -184,6 +244,12 @@ def grpo_loss(
         ref = torch.where(torch.isfinite(ref_logprobs), ref_logprobs.to(detached), detached)
         kl = k3_kl(logprobs, ref)
         per_token = per_token + kl_coef * kl
+    kd = torch.zeros_like(logprobs)
+    kd_known = torch.zeros_like(mask)
+    if distill_coef != 0.0 and distill_token_ids is not None and distill_logprobs is not None:
+        kd, known = topk_distill_kl(logits, distill_token_ids, distill_logprobs, temperature)
+        kd_known = known.float() * mask
+        per_token = per_token + distill_coef * kd
     tokens = mask.sum(dim=1)
     denom = tokens.clamp(min=1.0)
 
@@ -202,5 +268,7 @@ def grpo_loss(
             "tokens": tokens.sum().item(),
             "sampler_logprob_diff_sum": ((detached - old).abs() * known).sum().item(),
             "sampler_tokens": known_count.item(),
+            "distill_kl_sum": (kd.detach() * kd_known).sum().item(),
+            "distill_tokens": kd_known.sum().item(),
         }
     return LossOutput(loss=loss, metrics=metrics)

@@ -78,3 +78,23 @@ def test_mismatched_rows_raise_with_field_names():
         batch_to_sequences([bad])
     with pytest.raises(ValueError, match="micro_batch_size"):
         make_micro_batches([], 0)
+
+
+def test_teacher_arrays_are_shifted_like_labels_and_padded_to_the_widest_position():
+    ids = [[[], [11, 5], [12, 6, 7], [13]], [[], [11], [14, 2], [15, 3]]]
+    lps = [[[], [-0.1, -2.0], [-0.2, -1.0, -3.0], [-0.3]], [[], [-0.4], [-0.5, -0.6], [-0.7, -0.8]]]
+    plain = _group([0.0, 1.0])
+    seqs, _ = batch_to_sequences([_group([1.0, 0.0], distill_token_ids=ids, distill_logprobs=lps),
+                                  plain])
+    # target j (labels[j] = token j + 1) gets the teacher's position j + 1
+    assert seqs[0].distill_token_ids == [[11, 5], [12, 6, 7], [13]]
+    assert seqs[1].distill_logprobs == [[-0.4], [-0.5, -0.6], [-0.7, -0.8]]
+    assert seqs[2].distill_token_ids is None
+    [mb] = make_micro_batches(seqs, micro_batch_size=4, pad_multiple=8)
+    assert mb.distill_token_ids.shape == (4, 8, 3) and mb.distill_logprobs.shape == (4, 8, 3)
+    row = 0  # micro-batches sort by length (stable); all have length 3 here
+    assert mb.distill_token_ids[row, 1].tolist() == [12, 6, 7]
+    assert mb.distill_logprobs[row, 2].tolist()[1:] == [-math.inf, -math.inf]
+    assert torch.isinf(mb.distill_logprobs[2:]).all()  # sequences without teacher arrays
+    [mb_plain] = make_micro_batches(seqs[2:], micro_batch_size=4)
+    assert mb_plain.distill_token_ids is None and mb_plain.distill_logprobs is None

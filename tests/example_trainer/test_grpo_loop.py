@@ -39,8 +39,12 @@ def _group(seed: int, size: int = 4) -> dict:
     tokens = [torch.randint(5, 1000, (12,), generator=g).tolist() for _ in range(size)]
     masks = [[-100] * 6 + t[6:] for t in tokens]
     lps = [[1.0] * 6 + [-0.5] * 6 for _ in tokens]
+    # teacher arrays as TeacherDistillationEnv sends them: position 0 empty, 2 candidates after
+    distill_ids = [[[]] + [[t[p], 7] for p in range(1, 12)] for t in tokens]
+    distill_lps = [[[]] + [[-0.3, -1.5]] * 11 for _ in tokens]
     return {"tokens": tokens, "masks": masks, "scores": [1.0, 0.0, 0.5, 0.0][:size],
-            "inference_logprobs": lps, "generation_params": {"temperature": 1.0}}
+            "inference_logprobs": lps, "generation_params": {"temperature": 1.0},
+            "distill_token_ids": distill_ids, "distill_logprobs": distill_lps}
 
 
 @needs_tokenizer
@@ -56,6 +60,7 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
         model=str(tiny_model), run_dir=str(tmp_path / "run"), api_url=run_api.url,
         vllm_url="http://127.0.0.1:9/v1", weight_sync="none", training_steps=2, batch_size=8,
         micro_batch_size=4, lr=1e-3, batch_timeout=60, checkpoint_interval=1, kl_coef=kl_coef,
+        distill_coef=kl_coef,  # the second case also trains on the teacher arrays
         eval_command=f"{sys.executable} {eval_script} {{out_dir}} {{step}}")
     before = {k: v.clone() for k, v in _load_state(tiny_model).items()}
     result = {}
@@ -82,6 +87,8 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
     # KL to the frozen starting policy: zero before the first update, positive after it
     assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)
     assert (steps[1]["kl"] > 0) == (kl_coef > 0)
+    assert all(("distill_kl" in x) == (kl_coef > 0) for x in steps)
+    assert all(x["distill_kl"] > 0 for x in steps if "distill_kl" in x)
     assert (run / "plot.png").exists() and (run / "checkpoints" / "step_1" / "model.safetensors").exists()
     after = _load_state(run / "checkpoints" / "final")
     assert any(not torch.equal(before[k], after[k]) for k in before)

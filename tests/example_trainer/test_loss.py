@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from example_trainer.loss import clipped_policy_loss, grpo_loss, k3_kl, token_logprobs
+from example_trainer.loss import (
+    clipped_policy_loss,
+    grpo_loss,
+    k3_kl,
+    token_logprobs,
+    topk_distill_kl,
+)
 
 
 def _grad_wrt_logprob(logp: float, old: float, adv: float, eps: float = 0.2) -> float:
@@ -111,6 +117,45 @@ def test_kl_term_pulls_towards_reference():
     assert logits.grad[0, 0, 0] < 0  # descending raises token 0's logit toward the reference
     off = grpo_loss(logits, labels, torch.zeros(1, 1), None, num_sequences=1, ref_logprobs=ref, kl_coef=0.0)
     assert off.loss.item() == 0.0
+
+
+def test_topk_distill_kl_matches_the_formula_and_skips_single_candidates():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 3, 6)
+    ids = torch.tensor([[[2, 4, 0], [5, 1, 0], [3, 0, 0]]])
+    lps = torch.tensor([[[-0.2, -1.9, -math.inf], [-0.5, -1.0, -3.0], [-0.1, -math.inf, -math.inf]]])
+    kd, known = topk_distill_kl(logits, ids, lps, temperature=torch.tensor([2.0]))
+    assert known.tolist() == [[True, True, False]]  # one candidate: no teacher information
+    log_pi = torch.log_softmax(logits / 2.0, dim=-1)
+    for t, k in ((0, 2), (1, 3)):
+        q = [math.exp(v) for v in lps[0, t, :k].tolist()]
+        q = [v / sum(q) for v in q]
+        expected = sum(qk * (math.log(qk) - log_pi[0, t, int(ids[0, t, j])].item())
+                       for j, qk in enumerate(q))
+        assert kd[0, t].item() == pytest.approx(expected, rel=1e-5)
+    assert kd[0, 2].item() == 0.0
+
+
+def test_distill_term_moves_the_student_to_the_teachers_candidates():
+    logits = torch.zeros(1, 1, 4, requires_grad=True)
+    ids = torch.tensor([[[1, 2]]])
+    lps = torch.tensor([[[math.log(0.75), math.log(0.25)]]])  # renormalised: q = (0.75, 0.25)
+    opt = torch.optim.SGD([logits], lr=1.0)
+    first = None
+    for _ in range(200):
+        opt.zero_grad()
+        out = grpo_loss(logits, torch.tensor([[1]]), torch.zeros(1, 1), None, num_sequences=1,
+                        distill_token_ids=ids, distill_logprobs=lps, distill_coef=1.0)
+        out.loss.backward()
+        opt.step()
+        first = out.metrics["distill_kl_sum"] if first is None else first
+    probs = torch.softmax(logits.detach()[0, 0], dim=-1)
+    assert out.metrics["distill_kl_sum"] < 0.1 * first and out.metrics["distill_tokens"] == 1
+    assert probs[1] > probs[2] > probs[0]  # mass went to the candidates, 3:1 like the teacher
+    assert (probs[1] / probs[2]).item() == pytest.approx(3.0, rel=0.05)
+    off = grpo_loss(logits, torch.tensor([[1]]), torch.zeros(1, 1), None, num_sequences=1,
+                    distill_token_ids=ids, distill_logprobs=lps, distill_coef=0.0)
+    assert off.loss.item() == 0.0 and off.metrics["distill_tokens"] == 0
 
 
 def test_bad_shapes_raise_clear_error():
