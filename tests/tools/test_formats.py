@@ -71,6 +71,27 @@ def test_decoder_split_works_when_sequences_share_no_character_prefix(decoder):
     assert a[1] == decoder.decode([2, 3]) and b[1] == decoder.decode([6])
 
 
+def test_decoding_needs_no_torch_and_matches_transformers(bundled_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    # the tools load tokenizer.json with `tokenizers` alone: no torch import (~4 s of CPU)
+    code = ("import sys; from atroposlib.tools.rollouts import TokenDecoder; "
+            f"d = TokenDecoder({str(bundled_model_dir)!r}); "
+            "print(repr(d.decode([1, 9690, 198, 2683, 359, 253, 2]))); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text, torch_loaded = out.stdout.splitlines()
+    assert torch_loaded == "False"
+    from transformers import AutoTokenizer
+
+    slow_route = AutoTokenizer.from_pretrained(bundled_model_dir)
+    assert text == repr(slow_route.decode([1, 9690, 198, 2683, 359, 253, 2], skip_special_tokens=False))
+    # a directory without tokenizer.json goes to transformers, whose failure names the fix
+    with pytest.raises(ConfigError, match="pass --tokenizer"):
+        TokenDecoder(str(tmp_path)).decode([1, 2])
+
+
 def test_decoder_without_tokenizer_says_how_to_fix():
     with pytest.raises(ConfigError, match="--tokenizer"):
         TokenDecoder(None).split([1, 2], [-100, 2])
