@@ -38,17 +38,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atroposlib.errors import ConfigError
-
-#: Environment variables every child gets unless already set (offline, no telemetry).
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "WANDB_MODE": "offline",
-    "GRADIO_ANALYTICS_ENABLED": "False",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+from atroposlib.utils.offline import OFFLINE_ENV
 
 
 class ApiSection(BaseModel):
