@@ -48,6 +48,26 @@ class LossOutput:
     metrics: dict[str, float]
 
 
+def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    """``logits / temperature`` in float32, per sequence.
+
+    Args:
+        logits: ``[B, T, V]``.
+        temperature: ``[B]``, ``[B, 1]`` or ``[B, 1, 1]``; values <= 0 are treated as 1. None: 1.
+
+    Returns:
+        ``[B, T, V]`` float32 logits (the input itself when it is already float32 and
+        ``temperature`` is None).
+    """
+    import torch
+
+    logits = logits.float()
+    if temperature is None:
+        return logits
+    temp = temperature.reshape(-1, 1, 1).to(logits)
+    return logits / torch.where(temp > 0, temp, torch.ones_like(temp))
+
+
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
     """Log-probability of each label token under ``softmax(logits / temperature)``.
 
@@ -60,14 +80,9 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: torc
     Returns:
         ``[B, T]`` float32 log-probs (0 at ignored positions).
     """
-    import torch
     import torch.nn.functional as F
 
-    logits = logits.float()
-    if temperature is not None:
-        temp = temperature.reshape(-1, 1, 1).to(logits)
-        temp = torch.where(temp > 0, temp, torch.ones_like(temp))
-        logits = logits / temp
+    logits = scaled_logits(logits, temperature)
     # cross_entropy never materialises a second [B, T, V] log-softmax tensor for the gather.
     nll = F.cross_entropy(
         logits.transpose(1, 2), labels.clamp(min=-100), ignore_index=-100, reduction="none"
@@ -157,10 +172,7 @@ def topk_distill_kl(
     """
     import torch
 
-    logits = logits.float()
-    if temperature is not None:
-        temp = temperature.reshape(-1, 1, 1).to(logits)
-        logits = logits / torch.where(temp > 0, temp, torch.ones_like(temp))
+    logits = scaled_logits(logits, temperature)
     teacher = teacher_logprobs.to(logits)
     known = torch.isfinite(teacher).sum(dim=-1) >= 2
     # padded candidates get q = 0; rows with no finite entry get a harmless finite stand-in
@@ -228,7 +240,8 @@ def grpo_loss(
             f"advantages {tuple(advantages.shape)}; expected [B, T, V], [B, T], [B, T]"
         )
     mask = (labels != -100).float()
-    logprobs = token_logprobs(logits, labels, temperature)
+    logits = scaled_logits(logits, temperature)  # once, for the policy and the distill terms
+    logprobs = token_logprobs(logits, labels)
     detached = logprobs.detach()
     if old_logprobs is None:
         old = detached
@@ -247,7 +260,7 @@ def grpo_loss(
     kd = torch.zeros_like(logprobs)
     kd_known = torch.zeros_like(mask)
     if distill_coef != 0.0 and distill_token_ids is not None and distill_logprobs is not None:
-        kd, known = topk_distill_kl(logits, distill_token_ids, distill_logprobs, temperature)
+        kd, known = topk_distill_kl(logits, distill_token_ids, distill_logprobs)
         kd_known = known.float() * mask
         per_token = per_token + distill_coef * kd
     tokens = mask.sum(dim=1)
