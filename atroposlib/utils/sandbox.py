@@ -2,18 +2,26 @@
 
 Layers, outermost first (each one that the host supports; :func:`isolation_support` says which):
 
-1. ``unshare`` (util-linux) puts the run in fresh **network** (no interfaces but a down
-   loopback: nothing reachable), **PID** and **mount** namespaces. The PID namespace makes the
-   run's first process its ``init``: when it ends, or when the wall-clock timeout kills it, the
-   kernel kills every process inside, including ones that escaped the process group with
-   ``setsid()``. Run as root, it needs no user namespace; otherwise ``--map-root-user`` adds one.
+1. Namespaces, from the first available backend (:func:`available_backends`):
+   **bubblewrap** (``bwrap``, Debian package ``bubblewrap``), else util-linux ``unshare`` (the
+   fallback). The run gets fresh **network** (no interfaces but a down loopback: nothing
+   reachable), **PID** and **mount** namespaces. The PID namespace makes the run's first
+   process its ``init``: when it ends, or when the wall-clock timeout kills it, the kernel
+   kills every process inside, including ones that escaped the process group with
+   ``setsid()``. As root no user namespace is needed; otherwise one is added.
 2. When the host process is **root**, the program runs under a fresh **unprivileged uid**
    (random, unused, one per run): it cannot write anywhere a normal user cannot, cannot signal
    other processes, and ``RLIMIT_NPROC`` counts only this run's processes (root ignores
    ``RLIMIT_NPROC``, and a shared uid would let one run's fork bomb starve another's).
-3. In the mount namespace, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are replaced by small
-   private tmpfs mounts (the scratch directory is bind-mounted back at its own path), so the
-   world-writable places a non-root uid could still write to are throw-away.
+3. In the mount namespace the run gets its own **root filesystem**: an empty tmpfs holding
+   read-only binds of the system directories (``/usr`` and its ``/bin``, ``/lib``... links)
+   and of the interpreter's prefixes (venv and base install), a minimal ``/dev``, a fresh
+   ``/proc`` showing only the run's own processes (no host command lines), small private
+   tmpfs mounts on ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and the scratch directory
+   read-write at its own path; the root is then read-only. Nothing else of the host (working
+   tree, data sets, ``/run``, ``/home``, ``/etc``) exists inside. bwrap builds it from explicit
+   binds; with ``unshare`` the bootstrap builds the same tree itself and moves into it with
+   ``pivot_root`` (and refuses to run the program, exit 125, if it cannot).
 4. ``setrlimit``: ``RLIMIT_CPU`` (CPU seconds; SIGKILL at the limit), ``RLIMIT_AS`` (address
    space), ``RLIMIT_FSIZE`` (largest file, stdout/stderr files included), ``RLIMIT_NPROC``
    (processes), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE=0``.
@@ -29,8 +37,8 @@ Layers, outermost first (each one that the host supports; :func:`isolation_suppo
    SIGKILLed, output captured through files capped by ``RLIMIT_FSIZE`` and read back at most
    ``max_output_bytes``, and the run directory deleted afterwards.
 
-Without ``unshare`` (e.g. an unprivileged container without user namespaces), layers 1 and 3 are
-missing: network access is then blocked only at the Python level, and a process that both
+Without ``bwrap`` or ``unshare`` (e.g. an unprivileged container without user namespaces),
+layers 1 and 3 are missing: network access is then blocked only at the Python level, and a process that both
 ``setsid()``s and survives the timeout is cleaned up by uid only when running as root. Run the
 env in a container (``--network none``, a pids and memory cgroup) for stronger guarantees.
 Memory is limited per process (``RLIMIT_AS``); a fork bomb of ``max_processes`` processes can in
@@ -43,6 +51,7 @@ import asyncio
 import functools
 import json
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -57,6 +66,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "arun_python",
+    "available_backends",
     "isolation_support",
     "run_python",
 ]
@@ -141,52 +151,72 @@ _BOOTSTRAP = r"""
 import ctypes, json, os, resource, sys
 cfg = json.loads(sys.argv[1])
 scratch = cfg["scratch"]
-active = []
-if cfg["mount_ns"]:
+if cfg["build_root"]:
+    # The fallback backend builds the run's root filesystem itself (as bubblewrap does): a
+    # fresh tmpfs holding read-only binds of the system and interpreter directories, private
+    # tmpfs /tmp, /var/tmp and /dev/shm, the scratch directory, a minimal /dev and a /proc of
+    # the run's PID namespace; then pivot_root into it and detach the host's tree.
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        MS_REC, MS_PRIVATE, MS_BIND, MS_NOSUID, MS_NODEV = 16384, 1 << 18, 4096, 2, 4
-        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-            raise OSError(ctypes.get_errno(), "make / private")
-        # Expose the interpreter's directories (e.g. under a 0700 /root) read-only: a tmpfs
-        # over the first ancestor others cannot traverse hides everything else in it.
-        hidden = {}
-        for path in cfg["expose"]:
+        MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+        MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+        def mount(src, dst, fstype, flags, data=None):
+            enc = lambda x: None if x is None else x.encode()
+            if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, "mount %s on %s: %s" % (src, dst, os.strerror(err)))
+        def ro_bind(src, dst):
+            mount(src, dst, None, MS_BIND | MS_REC)
+            kept = os.statvfs(dst).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048)
+            mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | kept)
+        def mkdirs(path, mode=0o755):
             cur = ""
             for comp in path.strip("/").split("/"):
                 cur += "/" + comp
-                if not os.stat(cur).st_mode & 0o001:
-                    hidden.setdefault(cur, []).append(
-                        (path, os.open(path, os.O_RDONLY | os.O_DIRECTORY)))
-                    break
-        for top, inner in hidden.items():
-            if libc.mount(b"tmpfs", top.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                          b"size=1m,mode=755") != 0:
-                raise OSError(ctypes.get_errno(), "hide " + top)
-            for path, fd in inner:
-                os.makedirs(path, exist_ok=True)
-                src = ("/proc/self/fd/%d" % fd).encode()
-                if libc.mount(src, path.encode(), None, MS_BIND | MS_REC, None) != 0:
-                    raise OSError(ctypes.get_errno(), "expose " + path)
-                libc.mount(None, path.encode(), None, MS_BIND | 32 | 1, None)  # remount ro
-                os.close(fd)
-        keep = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
-        opts = ("size=%d,mode=1777" % cfg["tmpfs_bytes"]).encode()
+                if not os.path.isdir(cur):
+                    os.mkdir(cur)
+                    os.chmod(cur, mode)
+        new = cfg["new_root"]
+        mount("none", "/", None, MS_REC | MS_PRIVATE)
+        mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+        for top in cfg["system"]:
+            if os.path.islink(top):
+                os.symlink(os.readlink(top), new + top)
+            else:
+                mkdirs(new + top)
+                ro_bind(top, new + top)
+        for path in cfg["expose"]:
+            mkdirs(new + path)
+            ro_bind(path, new + path)
+        mkdirs(new + "/dev")
+        mount("tmpfs", new + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+        for name in ("null", "zero", "full", "random", "urandom", "tty"):
+            if os.path.exists("/dev/" + name):
+                open(new + "/dev/" + name, "w").close()
+                mount("/dev/" + name, new + "/dev/" + name, None, MS_BIND)
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            os.symlink(target, new + "/dev/" + name)
+        tmp_opts = "size=%d,mode=1777" % cfg["tmpfs_bytes"]
         for target in ("/tmp", "/var/tmp", "/dev/shm"):
-            if not os.path.isdir(target):
-                continue
-            if libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
-                raise OSError(ctypes.get_errno(), "mount tmpfs on " + target)
-            if scratch.startswith(target + "/"):
-                os.makedirs(scratch, exist_ok=True)
-                src = ("/proc/self/fd/%d" % keep).encode()
-                if libc.mount(src, scratch.encode(), None, MS_BIND, None) != 0:
-                    raise OSError(ctypes.get_errno(), "bind scratch")
-        os.close(keep)
-        active.append("private-tmp")
+            mkdirs(new + target)
+            mount("tmpfs", new + target, "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
+        mkdirs(new + scratch)
+        mount(scratch, new + scratch, None, MS_BIND)
+        mkdirs(new + "/proc")
+        mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        os.chdir(new)
+        if libc.syscall(cfg["nr_pivot_root"], b".", b".") != 0:
+            raise OSError(ctypes.get_errno(), "pivot_root")
+        if libc.umount2(b".", 2) != 0:  # MNT_DETACH: the host's tree is gone from this namespace
+            raise OSError(ctypes.get_errno(), "detach the host root")
+        os.chdir("/")
+        mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     except OSError as exc:
-        sys.stderr.write("sandbox: private tmpfs unavailable (%s)\n" % (exc,))
-os.chdir(scratch)
+        sys.stderr.write("sandbox: cannot build the private root filesystem (%s); refusing to "
+                         "run the program\n" % (exc,))
+        sys.stderr.flush()
+        os._exit(125)
 R = resource
 R.setrlimit(R.RLIMIT_CORE, (0, 0))
 R.setrlimit(R.RLIMIT_CPU, (cfg["cpu"], cfg["cpu"]))
@@ -197,6 +227,7 @@ if cfg["uid"] is not None:
     os.setgroups([])
     os.setgid(cfg["uid"])
     os.setuid(cfg["uid"])
+os.chdir(scratch)
 R.setrlimit(R.RLIMIT_AS, (cfg["mem"], cfg["mem"]))
 pid = os.fork()
 if pid:
@@ -248,6 +279,15 @@ runpy.run_path("main.py", run_name="__main__")
 """
 
 
+#: Top-level system directories the interpreter needs (shared libraries, ``/usr/bin/env``);
+#: mounted read-only, or recreated as the same symlink (merged-/usr systems).
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: ``pivot_root(2)`` has no libc wrapper; its syscall number per architecture.
+_NR_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+
+BACKENDS = ("bwrap", "unshare", "none")
+
+
 @functools.lru_cache(maxsize=1)
 def _unshare_flags() -> tuple[str, ...]:
     """The ``unshare`` flags that work on this host (probed once), or () when none do."""
@@ -268,21 +308,145 @@ def _unshare_flags() -> tuple[str, ...]:
     return ()
 
 
-def isolation_support() -> dict[str, bool]:
-    """Which isolation layers this host gives (see the module docstring).
+@functools.lru_cache(maxsize=1)
+def _bwrap_exe() -> str | None:
+    """Path of a working ``bwrap`` (probed once with the namespaces a run uses), else None."""
+    exe = shutil.which("bwrap")
+    if exe is None or not sys.platform.startswith("linux"):
+        return None
+    probe_argv = [exe, *_bwrap_common(network=False, root=os.geteuid() == 0),
+                  "--ro-bind", "/", "/", "--proc", "/proc", "--size", "65536", "--tmpfs", "/tmp",
+                  "true"]
+    try:
+        probe = subprocess.run(probe_argv, capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return exe if probe.returncode == 0 else None
+
+
+def available_backends() -> list[str]:
+    """Sandbox backends that work on this host, strongest first (``"none"`` always works).
+
+    ``"bwrap"``: bubblewrap builds the run's root filesystem from explicit binds.
+    ``"unshare"``: util-linux ``unshare`` namespaces; the bootstrap builds the same root itself
+    when a mount namespace is available (root, or unprivileged user namespaces).
+    ``"none"``: no namespaces; rlimits, private uid (root host) and the audit hook only.
+    """
+    out = []
+    if _bwrap_exe() is not None:
+        out.append("bwrap")
+    if _unshare_flags():
+        out.append("unshare")
+    out.append("none")
+    return out
+
+
+def _pick_backend(backend: str | None) -> str:
+    if backend is None:
+        return available_backends()[0]
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {backend!r}; use one of {BACKENDS} or None")
+    if backend not in available_backends():
+        raise ValueError(f"sandbox backend {backend!r} does not work on this host (available: "
+                         f"{available_backends()}); install bubblewrap (Debian: apt-get install "
+                         "bubblewrap) or pass backend=None to pick the best available")
+    return backend
+
+
+def isolation_support(backend: str | None = None) -> dict[str, bool]:
+    """Which isolation layers a backend gives on this host (see the module docstring).
+
+    Args:
+        backend: ``"bwrap"``, ``"unshare"``, ``"none"``, or None for the best available.
 
     Returns:
-        ``{"netns", "pidns", "mountns", "uid", "audit", "rlimits"}`` -> bool.
+        ``{"netns", "pidns", "mountns", "rootfs", "uid", "audit", "rlimits"}`` -> bool;
+        ``rootfs`` means the private root filesystem (only the interpreter's directories,
+        read-only, and the scratch directory; fresh ``/proc``; private ``/tmp``).
+
+    Raises:
+        ValueError: ``backend`` is unknown or does not work on this host.
     """
-    flags = _unshare_flags()
+    backend = _pick_backend(backend)
+    bwrap = backend == "bwrap"
+    flags = _unshare_flags() if backend == "unshare" else ()
     return {
-        "netns": "--net" in flags,
-        "pidns": "--pid" in flags,
-        "mountns": "--mount" in flags,
+        "netns": bwrap or "--net" in flags,
+        "pidns": bwrap or "--pid" in flags,
+        "mountns": bwrap or "--mount" in flags,
+        "rootfs": bwrap or "--mount" in flags,
         "uid": os.geteuid() == 0,
         "audit": True,
         "rlimits": True,
     }
+
+
+def _bwrap_common(network: bool, root: bool) -> list[str]:
+    """Namespace and capability flags for bwrap.
+
+    As root, bwrap keeps every capability unless told otherwise: keep only what the bootstrap
+    needs to drop to the run's uid.
+    """
+    argv = ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try"]
+    if not network:
+        argv.append("--unshare-net")
+    if root:
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv.append("--unshare-user")
+    return argv
+
+
+def _visible_dirs(python: str) -> tuple[list[str], list[str]]:
+    """(system directories that exist, interpreter directories outside them) to expose."""
+    system = [d for d in _SYSTEM_DIRS if os.path.islink(d) or os.path.isdir(d)]
+    real_system = [os.path.realpath(d) for d in system if not os.path.islink(d)]
+    expose = [d for d in _interpreter_dirs(python)
+              if not any(d == s or d.startswith(s + "/") for s in real_system)]
+    # drop a directory that lies inside another exposed one
+    expose = [d for d in expose if not any(d != o and d.startswith(o + "/") for o in expose)]
+    return system, expose
+
+
+def _bwrap_argv(exe: str, scratch: str, limits: SandboxLimits, python: str,
+                root: bool) -> list[str]:
+    """The bwrap command line (without the program).
+
+    An empty root with read-only binds of the system and interpreter directories, fresh /dev
+    and /proc, private tmpfs /tmp, /var/tmp and /dev/shm, the scratch directory read-write,
+    then the root remounted read-only.
+    """
+    system, expose = _visible_dirs(python)
+    argv = [exe, *_bwrap_common(limits.network, root)]
+    for d in system:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        else:
+            argv += ["--ro-bind", d, d]
+    made: set[str] = set()
+
+    def parents(path: str) -> list[str]:
+        # bwrap creates missing parents 0700: make them traversable for the run's uid
+        out, cur = [], ""
+        for comp in path.strip("/").split("/")[:-1]:
+            cur += "/" + comp
+            if cur not in made:
+                made.add(cur)
+                out += ["--perms", "0755", "--dir", cur]
+        return out
+
+    for d in expose:
+        argv += [*parents(d), "--ro-bind", d, d]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    made.add("/dev")
+    size = str(limits.tmpfs_bytes)
+    for target in ("/tmp", "/var/tmp", "/dev/shm"):
+        argv += [*parents(target), "--perms", "1777", "--size", size, "--tmpfs", target]
+        made.add(target)
+    # cwd "/": the scratch directory is the run uid's (0700); the bootstrap enters it later
+    argv += [*parents(scratch), "--bind", scratch, scratch, "--chdir", "/", "--remount-ro", "/"]
+    return argv
 
 
 def _clean_env(scratch: str) -> dict[str, str]:
@@ -330,6 +494,7 @@ def run_python(
     limits: SandboxLimits | None = None,
     files: dict[str, str | bytes] | None = None,
     python: str | None = None,
+    backend: str | None = None,
 ) -> SandboxResult:
     """Run ``code`` as ``main.py`` in a fresh sandbox (see the module docstring) and wait.
 
@@ -341,25 +506,30 @@ def run_python(
         limits: resource limits; :class:`SandboxLimits` defaults when None.
         files: extra files to place in the scratch directory, ``{relative_name: content}``.
         python: interpreter to run (default: this one, so the venv's packages import).
+        backend: ``"bwrap"``, ``"unshare"`` or ``"none"`` (see :func:`available_backends`);
+            None picks the strongest one this host supports.
 
     Returns:
         A :class:`SandboxResult`. A program that crashes, is killed or times out is a result,
         not an exception.
 
     Raises:
-        ValueError: a name in ``files`` escapes the scratch directory.
+        ValueError: a name in ``files`` escapes the scratch directory, or ``backend`` is
+            unknown or unavailable here.
         OSError: the sandbox itself could not be created (e.g. no temp space).
     """
     limits = limits or SandboxLimits()
     python = python or sys.executable
-    flags = () if limits.network else _unshare_flags()
-    if limits.network and _unshare_flags():
-        flags = tuple(f for f in _unshare_flags() if f != "--net")
+    backend = _pick_backend(backend)
+    support = isolation_support(backend)
+    flags: tuple[str, ...] = ()
+    if backend == "unshare":
+        flags = tuple(f for f in _unshare_flags() if not (limits.network and f == "--net"))
     run_uid = None
     if os.geteuid() == 0:
         run_uid = secrets.randbelow(1_000_000_000) + 1_000_000_000
-    run_dir = Path(tempfile.mkdtemp(prefix="atropos-sandbox-"))
-    isolation = [name for name, on in isolation_support().items() if on and name != "uid"]
+    run_dir = Path(os.path.realpath(tempfile.mkdtemp(prefix="atropos-sandbox-")))
+    isolation = [name for name, on in support.items() if on and name != "uid"]
     if limits.network:
         isolation = [x for x in isolation if x != "netns"]
     if run_uid is not None:
@@ -386,21 +556,32 @@ def run_python(
         os.chmod(scratch, 0o700)
         stdin_path = run_dir / "stdin"
         stdin_path.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
+        build_root = "--mount" in flags
+        system, expose = _visible_dirs(python)
+        if build_root:
+            (run_dir / "root").mkdir()
         cfg = {
             "scratch": str(scratch),
-            "mount_ns": "--mount" in flags,
-            "pid_ns": "--pid" in flags,
+            "build_root": build_root,
+            "new_root": str(run_dir / "root"),
+            "system": system,
+            "expose": expose,
+            "nr_pivot_root": _NR_PIVOT_ROOT.get(platform.machine(), 155),
             "tmpfs_bytes": limits.tmpfs_bytes,
             "cpu": int(limits.cpu_seconds),
             "fsize": int(limits.file_size_bytes),
             "nofile": int(limits.max_open_files),
-            "nproc": _nproc_limit(limits.max_processes, run_uid, flags),
+            "nproc": _nproc_limit(limits.max_processes, private_count=run_uid is not None
+                                  or "--map-root-user" in flags or backend == "bwrap"),
             "mem": int(limits.memory_bytes),
             "uid": run_uid,
             "network": limits.network,
-            "expose": _interpreter_dirs(python),
         }
-        argv = [*flags, python, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)]
+        if backend == "bwrap":
+            wrapper = _bwrap_argv(_bwrap_exe(), str(scratch), limits, python, run_uid is not None)
+        else:
+            wrapper = list(flags)
+        argv = [*wrapper, python, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)]
         with (
             open(stdin_path, "rb") as fin,
             open(run_dir / "stdout", "wb") as fout,
@@ -438,18 +619,19 @@ def run_python(
             isolation=isolation,
         )
     finally:
-        if run_uid is not None and "--pid" not in flags:
+        if run_uid is not None and not support["pidns"]:
             _kill_uid(run_uid)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _nproc_limit(max_processes: int, run_uid: int | None, flags: tuple[str, ...]) -> int:
+def _nproc_limit(max_processes: int, private_count: bool) -> int:
     """RLIMIT_NPROC value giving the run ``max_processes`` of its own.
 
     The kernel counts every process of the real uid. A private uid (root host) or a private
-    user namespace counts only the run's; otherwise add the processes this user already has.
+    user namespace (``private_count``) counts only the run's; otherwise add the processes this
+    user already has.
     """
-    if run_uid is not None or "--map-root-user" in flags:
+    if private_count:
         return max_processes
     import psutil
 

@@ -18,6 +18,7 @@ from atroposlib.envs.server_handling.managed_server_proxy import (
     ProxyConfig,
     ProxyError,
     ProxySettings,
+    check_chat_message,
     create_app,
     create_proxy_session,
 )
@@ -249,6 +250,63 @@ def test_bad_input_is_a_clear_4xx(proxy):
     httpx.delete(f"{url}/{sid}")
 
 
+BAD_MESSAGES = [
+    ([{"role": "user"}], "has no 'content'"),
+    ([{"role": "user", "content": None}], "content null"),
+    ([{"role": "system", "content": 5}], "must be a string or a list of content parts, got int"),
+    ([{"role": "user", "content": {"text": "hi"}}], "got dict"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+     "text-only"),
+    ([{"role": "user", "content": [{"type": "text"}]}], "needs a string 'text'"),
+    ([{"role": "user", "content": ["hi"]}], "content[0] is str"),
+    ([{"role": "assistant"}], "only an assistant message with tool_calls"),
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "content": [1]}], "messages[1]"),
+]
+
+
+@pytest.mark.parametrize(("messages", "expected"), BAD_MESSAGES)
+def test_malformed_message_content_is_a_400_everywhere(proxy, messages, expected):
+    # OpenAI: content is a string or a list of content parts; missing/null only for an
+    # assistant message with tool_calls. Chat completions and /render answer alike.
+    sid = _session(proxy.url)
+    for path in ("v1/chat/completions", "v1/chat/completions/render"):
+        response = httpx.post(f"{proxy.url}/{sid}/{path}", json={"messages": messages},
+                              timeout=30)
+        error = _assert_openai_error(response, 400, "invalid_request_error")
+        assert expected in error["message"], (path, error["message"])
+    assert httpx.post(f"{proxy.url}/{sid}/v1/chat/completions", json={"messages": MESSAGES},
+                      timeout=30).status_code == 200
+    httpx.delete(f"{proxy.url}/{sid}")
+
+
+def test_text_parts_are_joined_like_a_string(proxy):
+    sid = _session(proxy.url)
+    render = f"{proxy.url}/{sid}/v1/chat/completions/render"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Say"},
+                                          {"type": "text", "text": "hi"}]}]
+    as_parts = httpx.post(render, json={"messages": parts}).json()
+    as_text = httpx.post(render, json={"messages": [{"role": "user", "content": "Say\nhi"}]})
+    assert as_parts == as_text.json()
+    response = httpx.post(f"{proxy.url}/{sid}/v1/chat/completions", json={"messages": parts},
+                          timeout=30)
+    assert response.status_code == 200, response.text
+    httpx.delete(f"{proxy.url}/{sid}")
+
+
+def test_assistant_tool_call_message_may_omit_content():
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    for message in ({"role": "assistant", "tool_calls": call},
+                    {"role": "assistant", "content": None, "tool_calls": call}):
+        assert check_chat_message(0, message) == {"role": "assistant", "content": "",
+                                                  "tool_calls": call}
+    refusal = {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}
+    assert check_chat_message(0, refusal)["content"] == "no"
+    with pytest.raises(ValueError, match="tool_calls must be a list"):
+        check_chat_message(0, {"role": "assistant", "tool_calls": {"id": "c1"}})
+    with pytest.raises(ValueError, match="'text'"):
+        check_chat_message(0, {"role": "user", "content": [{"type": "refusal", "refusal": "x"}]})
+
+
 def test_service_endpoints(proxy, backend):
     health = httpx.get(f"{proxy.url}/health").json()
     assert health["status"] == "ok" and health["model"] == "fake"
@@ -352,6 +410,27 @@ def test_unconfigured_proxy_then_setup(proxy_config, backend):
         again = httpx.post(f"{running.url}/setup", json=proxy_config, timeout=30).json()
         assert again["dropped_sessions"] == 1
         _assert_openai_error(httpx.get(f"{running.url}/{sid}/nodes"), 404, "not_found_error")
+
+
+def test_failed_setup_keeps_the_working_configuration(proxy_config, tmp_path):
+    with ProxyThread(proxy_config) as running:
+        sid = _session(running.url)
+        chat = f"{running.url}/{sid}/v1/chat/completions"
+        assert httpx.post(chat, json={"messages": MESSAGES}, timeout=30).status_code == 200
+        broken = {**proxy_config, "model_name": "other",
+                  "tokenizer_name": str(tmp_path / "no-such-tokenizer")}
+        error = _assert_openai_error(httpx.post(f"{running.url}/setup", json=broken, timeout=30),
+                                     400, "invalid_request_error")
+        assert "no-such-tokenizer" in error["message"]
+        assert "previous configuration is still active" in error["message"]
+        # the old backends, model and sessions still work
+        health = httpx.get(f"{running.url}/health").json()
+        assert health["status"] == "ok" and health["model"] == "fake"
+        assert httpx.post(chat, json={"messages": MESSAGES}, timeout=30).status_code == 200
+        assert len(httpx.get(f"{running.url}/{sid}/nodes").json()["nodes"]) == 2
+        other = _session(running.url)
+        assert httpx.post(f"{running.url}/{other}/v1/chat/completions",
+                          json={"messages": MESSAGES}, timeout=30).status_code == 200
 
 
 def test_config_fills_server_defaults(tmp_path):

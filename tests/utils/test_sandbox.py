@@ -3,22 +3,52 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
 
-from atroposlib.utils.sandbox import SandboxLimits, arun_python, isolation_support, run_python
+from atroposlib.utils.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    arun_python,
+    available_backends,
+    isolation_support,
+    run_python,
+)
 
-SUPPORT = isolation_support()
 FAST = SandboxLimits(cpu_seconds=2, wall_seconds=4)
 # The private uids a root host gives runs (see sandbox.run_python).
 RUN_UID_MIN = 1_000_000_000
+
+
+@dataclass
+class Sandbox:
+    """One backend under test: its isolation layers and a ``run_python`` bound to it."""
+
+    backend: str
+    support: dict[str, bool]
+
+    def run(self, code: str, **kwargs) -> SandboxResult:
+        return run_python(code, backend=self.backend, **kwargs)
+
+
+@pytest.fixture(params=["bwrap", "unshare"])
+def sandbox(request) -> Sandbox:
+    """Every behaviour test runs on both backends: bubblewrap and the unshare fallback."""
+    if request.param not in available_backends():
+        pytest.skip(f"sandbox backend {request.param!r} does not work on this host "
+                    "(bwrap: apt-get install bubblewrap; unshare: util-linux, namespaces)")
+    return Sandbox(request.param, isolation_support(request.param))
 
 
 def _run_uid_processes() -> list[psutil.Process]:
@@ -36,7 +66,7 @@ def _libc_prelude() -> str:
     return "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 
 
-def test_normal_program_stdin_files_and_exit_code():
+def test_normal_program_stdin_files_and_exit_code(sandbox):
     code = (
         "import sys, json\n"
         "data = sys.stdin.read()\n"
@@ -45,15 +75,15 @@ def test_normal_program_stdin_files_and_exit_code():
         "print(json.dumps([data, extra, open('out.txt').read()]))\n"
         "sys.exit(7)\n"
     )
-    r = run_python(code, stdin="hello", files={"data/in.txt": "extra"}, limits=FAST)
+    r = sandbox.run(code, stdin="hello", files={"data/in.txt": "extra"}, limits=FAST)
     assert r.returncode == 7 and not r.timed_out and not r.ok
     assert r.stdout.strip() == '["hello", "extra", "scratch is writable"]'
-    ok = run_python("print(sum(range(10)))", limits=FAST)
+    ok = sandbox.run("print(sum(range(10)))", limits=FAST)
     assert ok.ok and ok.stdout == "45\n"
 
 
-def test_exception_is_a_result_with_traceback():
-    r = run_python("def f():\n    raise ValueError('nope')\nf()", limits=FAST)
+def test_exception_is_a_result_with_traceback(sandbox):
+    r = sandbox.run("def f():\n    raise ValueError('nope')\nf()", limits=FAST)
     assert r.returncode == 1 and "ValueError: nope" in r.stderr
 
 
@@ -69,32 +99,32 @@ def test_limits_are_validated():
         SandboxLimits(max_processes=1)
 
 
-def test_infinite_loop_killed_by_cpu_limit():
+def test_infinite_loop_killed_by_cpu_limit(sandbox):
     start = time.monotonic()
-    r = run_python("while True:\n    pass\n", limits=SandboxLimits(cpu_seconds=1, wall_seconds=20))
+    r = sandbox.run("while True:\n    pass\n", limits=SandboxLimits(cpu_seconds=1, wall_seconds=20))
     assert r.returncode == -9 and not r.timed_out
     assert time.monotonic() - start < 15
 
 
-def test_sleeping_program_killed_by_wall_clock():
-    r = run_python("import time\nprint('started')\ntime.sleep(60)\n", limits=SandboxLimits(wall_seconds=1))
+def test_sleeping_program_killed_by_wall_clock(sandbox):
+    r = sandbox.run("import time\nprint('started')\ntime.sleep(60)\n", limits=SandboxLimits(wall_seconds=1))
     assert r.timed_out and r.returncode == -9 and not r.ok
     assert r.duration_s < 5
     assert r.stdout == "started\n"  # unbuffered: output before the kill is kept
 
 
-def test_huge_allocation_fails_inside_the_sandbox():
-    r = run_python("x = bytearray(20 * 1024**3)\nprint('allocated')",
+def test_huge_allocation_fails_inside_the_sandbox(sandbox):
+    r = sandbox.run("x = bytearray(20 * 1024**3)\nprint('allocated')",
                    limits=SandboxLimits(memory_bytes=256 * 1024**2, wall_seconds=10))
     assert "MemoryError" in r.stderr and "allocated" not in r.stdout
     # a ctypes malloc is bounded by RLIMIT_AS too
-    r = run_python(_libc_prelude() + "libc.malloc.restype = ctypes.c_void_p\n"
+    r = sandbox.run(_libc_prelude() + "libc.malloc.restype = ctypes.c_void_p\n"
                    "print(libc.malloc(ctypes.c_size_t(20 * 1024**3)))",
                    limits=SandboxLimits(memory_bytes=256 * 1024**2))
     assert r.stdout.strip() == "None"
 
 
-def test_fork_bomb_is_bounded_and_cleaned_up():
+def test_fork_bomb_is_bounded_and_cleaned_up(sandbox):
     before_pids = len(psutil.pids())
     bomb = (
         "import os, time\n"
@@ -105,17 +135,17 @@ def test_fork_bomb_is_bounded_and_cleaned_up():
         "        time.sleep(0.01)\n"
     )
     start = time.monotonic()
-    r = run_python(bomb, limits=SandboxLimits(max_processes=16, wall_seconds=3, cpu_seconds=10))
+    r = sandbox.run(bomb, limits=SandboxLimits(max_processes=16, wall_seconds=3, cpu_seconds=10))
     assert r.timed_out and time.monotonic() - start < 15
     time.sleep(0.5)
     # the host still works: it can start processes, and nothing of the bomb is left
     assert subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True).stdout == b"1\n"
-    if SUPPORT["uid"]:
+    if sandbox.support["uid"]:
         assert _run_uid_processes() == []
     assert len(psutil.pids()) < before_pids + 10
 
 
-def test_fork_bomb_never_exceeds_the_process_limit():
+def test_fork_bomb_never_exceeds_the_process_limit(sandbox):
     # Each process that fork()s successfully prints once; the count can never pass the limit.
     code = (
         "import os, sys, time\n"
@@ -130,14 +160,12 @@ def test_fork_bomb_never_exceeds_the_process_limit():
         "        break\n"
         "os._exit(0)\n"
     )
-    r = run_python(code, limits=SandboxLimits(max_processes=8, wall_seconds=5))
+    r = sandbox.run(code, limits=SandboxLimits(max_processes=8, wall_seconds=5))
     children = r.stdout.count("child")
     assert "refused" in r.stdout and 1 <= children <= 8
 
 
-@pytest.mark.skipif(not SUPPORT["pidns"] and not SUPPORT["uid"],
-                    reason="needs a PID namespace or a private uid to catch setsid() escapes")
-def test_setsid_daemon_does_not_outlive_the_run():
+def test_setsid_daemon_does_not_outlive_the_run(sandbox):
     code = (
         "import os, time\n"
         "if os.fork() == 0:\n"
@@ -148,22 +176,22 @@ def test_setsid_daemon_does_not_outlive_the_run():
         "time.sleep(0.3)\n"
         "print('parent done')\n"
     )
-    r = run_python(code, limits=FAST)
+    r = sandbox.run(code, limits=FAST)
     assert r.ok and "parent done" in r.stdout
     time.sleep(0.3)
-    if SUPPORT["uid"]:
+    if sandbox.support["uid"]:
         assert _run_uid_processes() == []
 
 
-def test_writes_outside_scratch_are_blocked(tmp_path):
+def test_writes_outside_scratch_are_blocked(sandbox, tmp_path):
     target = tmp_path / "escape.txt"
     shared = tmp_path / "world_writable"
     shared.mkdir()
     os.chmod(tmp_path, 0o755)
     os.chmod(shared, 0o777)
-    py = run_python(f"open({str(target)!r}, 'w').write('x')", limits=FAST)
+    py = sandbox.run(f"open({str(target)!r}, 'w').write('x')", limits=FAST)
     assert py.returncode == 1 and "outside the scratch directory" in py.stderr
-    if not (SUPPORT["mountns"] or SUPPORT["uid"]):
+    if not (sandbox.support["mountns"] or sandbox.support["uid"]):
         pytest.skip("no OS-level write barrier here (no mount namespace, not root): only the "
                     "audit hook applies, checked above")
     # bypass the Python audit hook with libc: the OS layers (uid, private /tmp) still stop it
@@ -174,15 +202,122 @@ def test_writes_outside_scratch_are_blocked(tmp_path):
             "    libc.write(fd, b'pwned', 5)\n"
             "print('fd', fd)\n"
         )
-        run_python(code, limits=FAST)
+        sandbox.run(code, limits=FAST)
         assert not os.path.exists(path), path
     assert sorted(os.listdir(shared)) == []
 
 
-def test_output_is_capped():
+def _tree_and_file_probe(paths: list[str], dirs: list[str]) -> str:
+    # libc-free: reading is not audited, so this tests the filesystem view itself
+    return (
+        "import json, os\n"
+        "out = {}\n"
+        f"for p in {paths!r}:\n"
+        "    try:\n"
+        "        out[p] = open(p).read()\n"
+        "    except OSError as exc:\n"
+        "        out[p] = type(exc).__name__\n"
+        f"for d in {dirs!r}:\n"
+        "    try:\n"
+        "        out[d] = sorted(os.listdir(d))\n"
+        "    except OSError as exc:\n"
+        "        out[d] = type(exc).__name__\n"
+        "print(json.dumps(out))\n"
+    )
+
+
+def test_world_writable_host_paths_are_private_or_read_only(sandbox):
+    # Writes through libc (no audit hook): /run/lock and friends are world-writable on the host.
+    name = f"atropos-escape-{uuid.uuid4().hex}"
+    targets = [f"/run/lock/{name}", f"/tmp/{name}", f"/dev/shm/{name}", f"/var/tmp/{name}",
+               f"/{name}", f"/usr/{name}", f"/var/{name}"]
+    code = _libc_prelude() + (
+        f"for path in {targets!r}:\n"
+        "    fd = libc.open(path.encode(), os.O_WRONLY | os.O_CREAT, 0o644)\n"
+        "    if fd >= 0:\n"
+        "        libc.write(fd, b'pwned', 5)\n"
+        "    print(path, fd)\n"
+    )
+    r = sandbox.run(code, limits=FAST)
+    assert r.ok, r.stderr
+    opened = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    assert set(opened) == set(targets)
+    for path in targets:
+        assert not os.path.exists(path), f"sandboxed code wrote {path} on the host"
+    # /run does not exist inside; /, /usr, /var are read-only; the tmpfs ones are private
+    for path in (f"/run/lock/{name}", f"/{name}", f"/usr/{name}", f"/var/{name}"):
+        assert opened[path] == "-1", path
+    assert opened[f"/tmp/{name}"] != "-1"  # writable, but a private tmpfs
+
+
+def test_host_processes_are_invisible(sandbox):
+    # A host process with a secret in its argv: readable in the host's /proc, not inside.
+    secret = f"--api-key=sk-{uuid.uuid4().hex}"
+    host = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); "
+                             "time.sleep(60)", secret], stdout=subprocess.PIPE)
+    try:
+        assert host.stdout.readline() == b"up\n"
+        assert secret in psutil.Process(host.pid).cmdline()
+        code = (
+            "import os\n"
+            "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+            "print('pids', len(pids))\n"
+            "for p in pids:\n"
+            "    try:\n"
+            "        print(p, open(f'/proc/{p}/cmdline').read().replace('\\0', ' ')[:300])\n"
+            "    except OSError as exc:\n"
+            "        print(p, type(exc).__name__)\n"
+            f"for p in ('/proc/1/cmdline', '/proc/{host.pid}/cmdline', '/proc/{os.getpid()}/environ'):\n"
+            "    try:\n"
+            "        print(p, open(p).read().replace('\\0', ' '))\n"
+            "    except OSError as exc:\n"
+            "        print(p, type(exc).__name__)\n"
+        )
+        r = sandbox.run(code, limits=FAST)
+    finally:
+        host.kill()
+        host.wait()
+        host.stdout.close()
+    assert r.ok, r.stderr
+    assert secret not in r.stdout
+    assert "PYTHONPATH" not in r.stdout and "sleep(60)" not in r.stdout
+    # a fresh /proc: only the run's own few processes (init, bootstrap, program)
+    count = int(r.stdout.split("\n", 1)[0].split()[1])
+    assert 1 <= count <= 4, r.stdout
+
+
+def test_working_tree_and_host_files_are_absent(sandbox, tmp_path):
+    # Reward hacking: the program must not read the data set's answers or the repository.
+    repo = Path(__file__).resolve().parents[2]
+    answers = tmp_path / "gsm8k_test.jsonl"
+    answers.write_text('{"answer": "#### 42"}\n')
+    os.chmod(tmp_path, 0o755)
+    os.chmod(answers, 0o644)
+    outside = [str(answers), str(repo / "pyproject.toml"), str(Path(__file__).resolve()),
+               "/etc/hostname", "/etc/passwd"]
+    r = sandbox.run(_tree_and_file_probe(outside, [str(repo), "/", "/etc", "/home", "/run"]),
+                    limits=FAST)
+    assert r.ok, r.stderr
+    seen = json.loads(r.stdout)
+    for path in outside:
+        assert seen[path] == "FileNotFoundError", (path, seen[path])
+    for path in ("/etc", "/home", "/run"):
+        assert seen[path] == "FileNotFoundError", (path, seen[path])
+    # the repository directory exists inside only as a path to the interpreter (e.g. .venv)
+    needed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix)}
+    allowed = {c.name for c in repo.iterdir() if any(n == c or c in n.parents for n in needed)}
+    if seen[str(repo)] != "FileNotFoundError":
+        assert set(seen[str(repo)]) <= allowed, seen[str(repo)]
+    assert "42" not in r.stdout
+    root = set(seen["/"])
+    assert not root & {"etc", "home", "run", "root" if not any(
+        "/root/" in str(n) for n in needed) else "", "boot", "srv", "opt", "mnt"} - {""}, root
+
+
+def test_output_is_capped(sandbox):
     limits = SandboxLimits(max_output_bytes=1000, file_size_bytes=100_000, wall_seconds=5)
-    r = run_python("import sys\nfor _ in range(10**6):\n    sys.stdout.write('x' * 100)\n",
-                   limits=limits)
+    r = sandbox.run("import sys\nfor _ in range(10**6):\n    sys.stdout.write('x' * 100)\n",
+                    limits=limits)
     assert r.truncated and len(r.stdout) == 1000 and r.returncode != 0  # EFBIG at 100 kB
 
 
@@ -212,9 +347,9 @@ def listening_socket():
     server.close()
 
 
-def test_network_is_blocked(listening_socket):
+def test_network_is_blocked(sandbox, listening_socket):
     port, accepted = listening_socket
-    py = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)",
+    py = sandbox.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)",
                     limits=FAST)
     assert py.returncode == 1 and "network access is disabled" in py.stderr
     # raw connect(2) through libc, bypassing the audit hook
@@ -226,21 +361,23 @@ def test_network_is_blocked(listening_socket):
         "rc = libc.connect(s, addr, len(addr))\n"
         "print('connect', rc, ctypes.get_errno())\n"
     )
-    r = run_python(code, limits=FAST)
+    r = sandbox.run(code, limits=FAST)
     time.sleep(0.3)
     assert accepted == []
-    if SUPPORT["netns"]:
+    if sandbox.support["netns"]:
         assert "connect -1" in r.stdout
 
 
-def test_network_allowed_when_asked(listening_socket):
+def test_network_allowed_when_asked(sandbox, listening_socket):
     port, accepted = listening_socket
-    r = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+    r = sandbox.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
                    "print('connected')", limits=SandboxLimits(network=True, wall_seconds=5))
     assert r.ok and "connected" in r.stdout
 
 
-async def test_concurrent_async_runs():
-    results = await asyncio.gather(*(arun_python(f"print({i} * 2)", limits=FAST) for i in range(4)))
+async def test_concurrent_async_runs(sandbox):
+    results = await asyncio.gather(
+        *(arun_python(f"print({i} * 2)", limits=FAST, backend=sandbox.backend) for i in range(4))
+    )
     assert [r.stdout.strip() for r in results] == ["0", "2", "4", "6"]
     assert all("rlimits" in r.isolation for r in results)

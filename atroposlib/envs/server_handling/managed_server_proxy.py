@@ -182,6 +182,69 @@ class SessionInfo(BaseModel):
     num_nodes: int = Field(default=0, description="Tracked sequences so far.")
 
 
+#: Content-part types whose text a text-only model can take, per role (OpenAI chat format).
+_TEXT_PART_TYPES = {"assistant": ("text", "refusal")}
+_CONTENT_HINT = ('give a string, or a list of text parts like [{"type": "text", "text": "..."}]')
+
+
+def check_chat_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
+    """Check one OpenAI chat message and return it with its content as one string.
+
+    The OpenAI rules: every message has a ``role``; ``content`` is a string or a list of
+    content parts, and may be missing or null only on an ``assistant`` message that carries
+    ``tool_calls`` (or the legacy ``function_call``), where it becomes ``""``. This proxy
+    serves a text-only model, so the parts must be ``{"type": "text", "text": str}`` (an
+    assistant may also send ``{"type": "refusal", "refusal": str}``); their strings are joined
+    with a newline (as vLLM does) so the chat template always sees a string.
+
+    Args:
+        index: the message's position, for the error message.
+        message: the message as sent.
+
+    Returns:
+        A copy of ``message`` whose ``content`` is a string.
+
+    Raises:
+        ValueError: what is wrong with ``messages[index]`` and how to fix it (a 400).
+    """
+    where = f"messages[{index}]"
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"{where} has no 'role' (or it is not a string); each message needs a "
+                         'role and content, e.g. {"role": "user", "content": "Hi"}')
+    content = message.get("content")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        raise ValueError(f"{where}.tool_calls must be a list of tool calls, got "
+                         f"{type(tool_calls).__name__}")
+    if content is None:
+        if role == "assistant" and (tool_calls or message.get("function_call")):
+            return {**message, "content": ""}
+        missing = "has no 'content'" if "content" not in message else "has content null"
+        raise ValueError(f"{where} (role {role!r}) {missing}; {_CONTENT_HINT} (only an "
+                         "assistant message with tool_calls may leave content out)")
+    if isinstance(content, str):
+        return message
+    if not isinstance(content, list):
+        raise ValueError(f"{where}.content must be a string or a list of content parts, got "
+                         f"{type(content).__name__}; {_CONTENT_HINT}")
+    allowed = _TEXT_PART_TYPES.get(role, ("text",))
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in allowed:
+            got = f"type {kind!r}" if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"{where}.content[{j}] is {got}; this proxy serves a text-only "
+                             f"model: send parts of type {' or '.join(map(repr, allowed))} "
+                             "(e.g. {\"type\": \"text\", \"text\": \"...\"}) or a string")
+        text = part.get(kind)
+        if not isinstance(text, str):
+            raise ValueError(f"{where}.content[{j}] of type {kind!r} needs a string {kind!r} "
+                             f"field, got {type(text).__name__}")
+        texts.append(text)
+    return {**message, "content": "\n".join(texts)}
+
+
 class ChatCompletionRequest(BaseModel):
     """Body of ``POST /{uuid}/v1/chat/completions`` (and ``/render``).
 
@@ -218,10 +281,7 @@ class ChatCompletionRequest(BaseModel):
         if not messages:
             raise ValueError('messages must hold at least one message, e.g. [{"role": "user", '
                              '"content": "Hi"}]')
-        for i, message in enumerate(messages):
-            if "role" not in message:
-                raise ValueError(f"messages[{i}] has no 'role'; each message needs role and content")
-        return messages
+        return [check_chat_message(i, m) for i, m in enumerate(messages)]
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``ManagedServer.chat_completion`` (None values dropped).
@@ -353,29 +413,47 @@ class ProxyState:
         async with self.setup_lock:
             if self.manager is not None:
                 return
-            from atroposlib.envs.server_handling.server_manager import ServerManager
+            self.tokenizer, self.manager = await self.build_backends(self.config)
 
-            tokenizer_name = self.config.tokenizer
+    async def build_backends(self, config: ProxyConfig) -> tuple[Any, Any]:
+        """Load ``config``'s tokenizer and build its ``ServerManager``; changes no state.
 
-            def _load() -> Any:
-                from transformers import AutoTokenizer
+        Returns:
+            ``(tokenizer, manager)``, every backend sharing the one tokenizer.
 
-                return AutoTokenizer.from_pretrained(tokenizer_name)
+        Raises:
+            ProxyHTTPError: 503 when the tokenizer cannot be loaded or the backends cannot be
+                built.
+        """
+        from atroposlib.envs.server_handling.server_manager import ServerManager
 
-            try:
-                tokenizer = await asyncio.to_thread(_load)
-            except Exception as exc:  # noqa: BLE001 - reported with the fix
-                raise ProxyHTTPError(
-                    503,
-                    f"cannot load tokenizer {tokenizer_name!r}: {exc}; set tokenizer_name in the "
-                    "proxy config to a local tokenizer directory or an available HF name",
-                    "server_error",
-                    "tokenizer_unavailable",
-                ) from exc
-            manager = ServerManager(list(self.config.servers))
-            for server in manager.servers:
-                server._tokenizer = tokenizer  # one tokenizer for all backends (no reloads)
-            self.tokenizer, self.manager = tokenizer, manager
+        tokenizer_name = config.tokenizer
+
+        def _load() -> Any:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(tokenizer_name)
+
+        try:
+            tokenizer = await asyncio.to_thread(_load)
+        except Exception as exc:  # noqa: BLE001 - reported with the fix
+            raise ProxyHTTPError(
+                503,
+                f"cannot load tokenizer {tokenizer_name!r}: {exc}; set tokenizer_name in the "
+                "proxy config to a local tokenizer directory or an available HF name",
+                "server_error",
+                "tokenizer_unavailable",
+            ) from exc
+        try:
+            manager = ServerManager(list(config.servers))
+        except Exception as exc:  # noqa: BLE001 - reported with the fix
+            raise ProxyHTTPError(
+                503, f"cannot build the inference backends: {type(exc).__name__}: {exc}",
+                "server_error", "backends_unavailable",
+            ) from exc
+        for server in manager.servers:
+            server._tokenizer = tokenizer  # one tokenizer for all backends (no reloads)
+        return tokenizer, manager
 
     async def close_sessions(self) -> int:
         """Delete every session; return how many there were."""
@@ -577,19 +655,31 @@ def create_app(
 
     @app.post("/setup")
     async def setup(body: dict[str, Any]) -> dict[str, Any]:
-        """Replace the backends; every open session is deleted (it used the old ones)."""
+        """Replace the backends; every open session is deleted (it used the old ones).
+
+        The new backends are built before anything changes: a config whose tokenizer or
+        backends cannot be built is a 400 and the previous configuration stays active.
+        """
         try:
             config = ProxyConfig.model_validate(body)
         except ValidationError as exc:
             raise ProxyHTTPError(400, f"invalid proxy config: {_validation_message(exc)}",
                                  "invalid_request_error", "invalid_config") from exc
-        dropped = await state.close_sessions()
         async with state.setup_lock:
-            old, state.manager, state.tokenizer = state.manager, None, None
-            state.config = config
+            # Build the new backends first: a failure leaves the working configuration (and
+            # its sessions) in place.
+            try:
+                tokenizer, manager = await state.build_backends(config)
+            except ProxyHTTPError as exc:
+                raise ProxyHTTPError(
+                    400, f"{exc.message}. The previous configuration is still active.",
+                    "invalid_request_error", exc.code,
+                ) from exc
+            dropped = await state.close_sessions()
+            old = state.manager
+            state.config, state.tokenizer, state.manager = config, tokenizer, manager
         if old is not None:
             await old.aclose()
-        await state.ensure_backends()
         return {"status": "ok", "model": config.model_name, "servers": len(config.servers),
                 "dropped_sessions": dropped}
 
