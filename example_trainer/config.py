@@ -89,6 +89,32 @@ class TrainerConfig(BaseSettings):
     warmup_steps: int = Field(default=0, ge=0, description="Linear LR warm-up steps.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient-norm clip.")
     clip_eps: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip range.")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"] = Field(
+        default="grpo", description="Policy objective (TRL's names): grpo = token mean per "
+        "sequence, then mean over sequences; dr_grpo = token sum / (dr_grpo_length * sequences), "
+        "no std scaling; dapo = token mean over the step; gspo = one length-normalised ratio per "
+        "sequence, clipped per sequence; cispo = clipped stop-gradient IS weight times log-prob, "
+        "token mean over the step. Formulas and papers in example_trainer/loss.py.")
+    clip_eps_low: float | None = Field(default=None, gt=0, description="Lower clip range (ratio "
+                                       "clipped at 1 - clip_eps_low; for cispo >= 1 means no "
+                                       "lower bound); None: clip_eps.")
+    clip_eps_high: float | None = Field(default=None, gt=0, description="Upper clip range (ratio "
+                                        "clipped at 1 + clip_eps_high; DAPO uses 0.28 with 0.2 "
+                                        "below); None: clip_eps.")
+    dr_grpo_length: int | None = Field(default=None, ge=1, description="The constant L that "
+                                       "dr_grpo divides each sequence's token-loss sum by; "
+                                       "None: max_token_len.")
+    scale_rewards: Literal["auto", "group", "none"] = Field(
+        default="auto", description="Advantages from scores: group = (s - mean) / std within the "
+        "group; none = s - mean (Dr. GRPO); auto = none for dr_grpo, group otherwise. Per-token "
+        "advantages sent by the env are used as sent.")
+    is_correction: Literal["none", "tis", "mis"] = Field(
+        default="none", description="Sampler/trainer mismatch correction with rho = pi_old / "
+        "pi_sampler per token: tis weights the policy loss by min(rho, is_cap); mis drops tokens "
+        "with rho outside [1/is_cap, is_cap]; none: the PPO ratio is taken against the sampler's "
+        "log-probs instead.")
+    is_cap: float = Field(default=2.0, gt=1, description="C of --is-correction (tis cap, mis "
+                          "range [1/C, C]); also the range of the logged sampler_out_of_range.")
     kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty coefficient (0 = off). "
                            "Uses the batch's ref_logprobs where sent, else a frozen copy of the "
                            "starting model.")
@@ -135,12 +161,24 @@ class TrainerConfig(BaseSettings):
                              "results.all reported as eval accuracy.")
     eval_timeout: float = Field(default=600.0, gt=0, description="Seconds one evaluation may take.")
 
+    @property
+    def scale_advantages(self) -> bool:
+        """Whether score advantages are divided by the group's std (``scale_rewards`` resolved)."""
+        if self.scale_rewards == "auto":
+            return self.loss_type != "dr_grpo"
+        return self.scale_rewards == "group"
+
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
         if self.micro_batch_size > self.batch_size:
             raise ValueError(
                 f"micro_batch_size ({self.micro_batch_size}) is larger than batch_size "
                 f"({self.batch_size}); lower micro_batch_size or raise batch_size")
+        low = self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
+        if low >= 1 and self.loss_type != "cispo":
+            raise ValueError(
+                f"clip_eps_low ({low}) must be < 1 (the ratio is clipped at 1 - clip_eps_low); "
+                "only --loss-type cispo accepts >= 1 (no lower bound)")
         if self.vllm_url is not None and self.weight_sync == "restart":
             raise ValueError(
                 "weight_sync=restart needs the trainer to own vLLM; drop --vllm-url or use "

@@ -20,16 +20,19 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -100
 
 
-def group_advantages(scores: Sequence[float], eps: float = 1e-8) -> list[float]:
+def group_advantages(scores: Sequence[float], eps: float = 1e-8, scale: bool = True) -> list[float]:
     """GRPO outcome advantages: scores standardised within their group.
 
     ``A_i = (s_i - mean(s)) / max(std(s), eps)`` with the population std (Shao et al. 2024,
     arXiv:2402.03300, section 4.1.2). A group of one sequence keeps its raw score (as Atropos
-    0.4); a group whose scores are all equal gets zeros.
+    0.4); a group whose scores are all equal gets zeros. With ``scale=False`` the division by the
+    std is left out, ``A_i = s_i - mean(s)``: Dr. GRPO (Liu et al. 2025, arXiv:2503.20783) shows
+    the std scaling weights low-variance (too easy or too hard) questions up.
 
     Args:
         scores: ``[G]`` rewards of one group.
         eps: floor for the std.
+        scale: divide by the group's std.
 
     Returns:
         ``[G]`` advantages.
@@ -40,6 +43,8 @@ def group_advantages(scores: Sequence[float], eps: float = 1e-8) -> list[float]:
     if n == 1:
         return [float(scores[0])]
     mean = sum(scores) / n
+    if not scale:
+        return [s - mean for s in scores]
     std = math.sqrt(sum((s - mean) ** 2 for s in scores) / n)
     return [(s - mean) / max(std, eps) for s in scores]
 
@@ -153,7 +158,8 @@ class BatchStats:
     max_len: int = 0
 
 
-def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | None = None) -> tuple[list[TrainSequence], BatchStats]:
+def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | None = None,
+                       scale_advantages: bool = True) -> tuple[list[TrainSequence], BatchStats]:
     """Compute advantages and shift every sequence of a ``/batch`` into a :class:`TrainSequence`.
 
     Advantages: the env's per-token ``advantages`` when the group carries them, else
@@ -166,6 +172,8 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
         groups: the list returned by ``GET /batch`` (wire dicts).
         max_token_len: if given, sequences longer than this are truncated to it (the API should
             never send longer ones; truncation keeps the step alive).
+        scale_advantages: divide score advantages by the group's std (``scale`` of
+            :func:`group_advantages`); env-sent per-token advantages are used as sent.
 
     Returns:
         ``(sequences, stats)``.
@@ -182,7 +190,7 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
                 f"group {g}: tokens/masks/scores have {len(tokens)}/{len(masks)}/{len(scores)} "
                 "rows; every group needs one row per sequence"
             )
-        seq_adv = group_advantages(scores)
+        seq_adv = group_advantages(scores, scale=scale_advantages)
         token_adv = group.get("advantages")
         inf_lps = group.get("inference_logprobs")
         ref_lps = group.get("ref_logprobs")

@@ -6,8 +6,9 @@ Meant to be read top to bottom and copied (nanoGPT style). The loop::
              -> sync vLLM (reload / restart) -> [checkpoint] -> [eval] -> final eval, summary
 
 Loss: GRPO (Shao et al. 2024, arXiv:2402.03300) with the PPO clipped ratio per token against
-the sampler's log-probs, pessimistic for every advantage sign, optional k3 KL
-(``example_trainer/loss.py``). Batches: ``example_trainer/data.py``.
+the sampler's log-probs, pessimistic for every advantage sign, optional k3 KL; or Dr. GRPO, DAPO,
+GSPO, CISPO (``--loss-type``), optionally with truncated/masked importance sampling against the
+sampler's log-probs (``--is-correction``) (``example_trainer/loss.py``). Batches: ``example_trainer/data.py``.
 
 Launch everything with one command (run-api, vLLM, the arithmetic env, this trainer)::
 
@@ -62,7 +63,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from atroposlib.api.client import AtroposClient
     from atroposlib.api.models import Registration
     from example_trainer.data import batch_to_sequences, make_micro_batches
-    from example_trainer.loss import grpo_loss, token_logprobs
+    from example_trainer.loss import grpo_loss, objective_options, token_logprobs
     from example_trainer.report import RunLog, run_eval_command, write_summary
     from example_trainer.vllm_sync import VLLMSync, save_weights
 
@@ -151,9 +152,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 break
             wait_s = time.perf_counter() - wait_start
             step_start = time.perf_counter()
-            sequences, stats = batch_to_sequences(batch, config.max_token_len)
+            sequences, stats = batch_to_sequences(batch, config.max_token_len,
+                                                  config.scale_advantages)
             micro_batches = make_micro_batches(sequences, config.micro_batch_size, pad_id,
                                                config.pad_multiple)
+            step_tokens = sum(int((mb.labels != -100).sum()) for mb in micro_batches)
 
             # ---------------------------------------------------------- 2. loss and backward
             if config.kl_coef > 0 and reference is None and any(
@@ -173,11 +176,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                     ref_lp = model_ref if ref_lp is None else torch.where(
                         torch.isnan(ref_lp), model_ref, ref_lp)
                 out = grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs,
-                                num_sequences=stats.num_sequences, clip_eps=config.clip_eps,
+                                num_sequences=stats.num_sequences, num_tokens=step_tokens,
                                 temperature=mb.temperatures, ref_logprobs=ref_lp,
                                 kl_coef=config.kl_coef, distill_token_ids=mb.distill_token_ids,
                                 distill_logprobs=mb.distill_logprobs,
-                                distill_coef=config.distill_coef)
+                                distill_coef=config.distill_coef, **objective_options(config))
                 out.loss.backward()
                 for key, value in out.metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -213,6 +216,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 "advantage/mean": sum(stats.advantages) / n,
                 "advantage/abs_mean": sum(abs(a) for a in stats.advantages) / n,
                 "sampler_logprob_diff": sums["sampler_logprob_diff_sum"] / max(sums["sampler_tokens"], 1.0),
+                "sampler_out_of_range": sums["sampler_out_of_range_tokens"] / max(sums["sampler_tokens"], 1.0),
+                "is_corrected_fraction": sums["is_corrected_tokens"] / max(sums["sampler_tokens"], 1.0),
                 "trained_tokens": sums["tokens"], "sequences": n, "groups": stats.num_groups,
                 **({"distill_kl": sums["distill_kl_sum"] / sums["distill_tokens"]}
                    if sums["distill_tokens"] else {}),
