@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from atroposlib import __version__
 from atroposlib.api.errors import ApiRequestError
-from atroposlib.api.middleware import RequestGuard, SelectiveGZip
+from atroposlib.api.middleware import HostGuard, RequestGuard, SelectiveGZip
 from atroposlib.api.models import EnvIdentifier, ScoredData
 from atroposlib.api.routes import batch, data, observe, register, status
 from atroposlib.api.settings import ApiSettings
@@ -96,5 +96,6 @@ def build_app(settings: ApiSettings | None = None, state: ApiState | None = None
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_credentials=False, allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(HostGuard, allowed_hosts=settings.host_names())
     app.openapi = lambda: _openapi(app, api_key is not None)  # type: ignore[method-assign]
     return app

@@ -1,4 +1,6 @@
-"""ASGI middleware of the API: auth, body-size caps, request gunzip, and selective response gzip.
+"""ASGI middleware of the API: Host check, auth, JSON bodies, body caps, gunzip, response gzip.
+
+Request bodies are gunzipped as they stream in.
 
 Pure ASGI (no ``BaseHTTPMiddleware``) so the hot paths pay one function call each.
 """
@@ -7,9 +9,12 @@ from __future__ import annotations
 
 import secrets
 import zlib
+from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
+from anyio import to_thread
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,45 +40,111 @@ async def _json_error(send: Send, status: int, detail: str,
     await _reply(send, status, orjson.dumps({"detail": detail}), b"application/json", headers)
 
 
-def gunzip(data: bytes, limit: int) -> bytes:
-    """Inflate a gzip body (several concatenated members allowed), refusing to exceed ``limit``.
+#: Largest piece of inflated body produced at a time (bytes).
+INFLATE_STEP_BYTES = 1 << 20
+#: Methods whose body must be JSON (a cross-site page can POST ``text/plain`` without a preflight).
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: Host names every server accepts in the ``Host`` header.
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class GzipInflater:
+    """Incremental gunzip that refuses to inflate past a size cap.
+
+    Feed the body as it arrives; each call yields inflated pieces of at most ``step`` bytes and
+    stops with OverflowError as soon as the total passes the cap, so memory never exceeds the cap
+    plus one step, however small the input. Several concatenated gzip members are allowed, as ``gzip.decompress`` does.
 
     Args:
-        data: the gzip bytes as received.
         limit: most bytes the inflated body may have.
+        step: largest piece yielded (bytes).
+    """
 
-    Returns:
-        The inflated bytes.
+    def __init__(self, limit: int, step: int = INFLATE_STEP_BYTES):
+        self.limit = limit
+        self.step = step
+        self.size = 0
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._pending = False  # the current member has input but has not ended yet
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """Inflate ``data`` (the next bytes of the gzip stream).
+
+        Yields:
+            Inflated pieces of at most ``step`` bytes.
+
+        Raises:
+            ValueError: bad gzip data.
+            OverflowError: the inflated body passed ``limit`` bytes (raised at once, before
+                inflating the rest).
+        """
+        while data:
+            self._pending = True
+            try:
+                out = self._inflater.decompress(data, self.step)
+            except zlib.error as exc:
+                raise ValueError(str(exc)) from exc
+            self.size += len(out)
+            if self.size > self.limit:
+                raise OverflowError(self.limit)
+            if out:
+                yield out
+            if self._inflater.eof:
+                data = self._inflater.unused_data
+                self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._pending = False
+            else:
+                data = self._inflater.unconsumed_tail
+
+    def finish(self) -> None:
+        """Check that the stream ended cleanly.
+
+        Raises:
+            ValueError: the last gzip member is truncated.
+        """
+        if self._pending:
+            raise ValueError("truncated gzip stream")
+
+
+def _inflate_all(inflater: GzipInflater, data: bytes) -> list[bytes]:
+    return list(inflater.feed(data))
+
+
+def gunzip(data: bytes, limit: int) -> bytes:
+    """Inflate a whole gzip body (several concatenated members allowed), refusing to exceed ``limit``.
 
     Raises:
         ValueError: bad or truncated gzip data.
         OverflowError: the inflated body would exceed ``limit`` bytes.
     """
-    out = bytearray()
-    while data:
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out += inflater.decompress(data, limit - len(out) + 1)
-        except zlib.error as exc:
-            raise ValueError(str(exc)) from exc
-        if len(out) > limit:
-            raise OverflowError(limit)
-        if not inflater.eof:
-            raise ValueError("truncated gzip stream")
-        data = inflater.unused_data
-    return bytes(out)
+    inflater = GzipInflater(limit)
+    out = b"".join(inflater.feed(data))
+    inflater.finish()
+    return out
+
+
+def is_json_media_type(content_type: bytes) -> bool:
+    """True for ``application/json`` and ``application/<x>+json`` (parameters and case ignored)."""
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/")
+                                            and media.endswith(b"+json"))
 
 
 class RequestGuard:
-    """Bearer auth, body caps and gunzip, applied before anything reads the body.
+    """Bearer auth, JSON-only bodies, body caps and gunzip, applied before anything reads the body.
 
     * With an API key, every path but ``GET /`` and the docs needs
       ``Authorization: Bearer <key>`` (401 otherwise).
     * ``GET /reset_data`` from another site's web page (``Sec-Fetch-Site`` cross-site or
       same-site) is refused with 403, so a link or ``<img>`` cannot wipe the queue.
+    * A POST/PUT/PATCH with a body, or with a ``Content-Type``, must say ``application/json``
+      (415 otherwise): browsers send ``text/plain`` or form bodies to other sites without asking
+      first, JSON only after a CORS preflight that this server refuses.
     * Bodies over ``max_body_bytes`` (as sent) or ``max_decompressed_bytes`` (after gunzip)
       get 413; a body with a ``Content-Encoding`` containing ``gzip`` (any case, so also
-      ``x-gzip``) is inflated, and bad or truncated gzip gets 400 ``Invalid gzip payload``.
+      ``x-gzip``) is inflated as it arrives, in a worker thread (the event loop keeps serving
+      others), and refused as soon as it passes the cap; bad or truncated gzip gets 400
+      ``Invalid gzip payload``.
     """
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int,
@@ -84,7 +155,7 @@ class RequestGuard:
         self.max_inflated = max_decompressed_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Check auth and caps, inflate the body if gzipped, then call the app."""
+        """Check auth, content type and caps, inflate the body if gzipped, then call the app."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -97,7 +168,7 @@ class RequestGuard:
             if not secrets.compare_digest(given, self.expected):
                 await _json_error(send, 401, "missing or wrong bearer token: send the header "
                                   "'Authorization: Bearer <key>' with the key run-api was started "
-                                  "with (--api-key or $ATROPOS_API_KEY)",
+                                  "with (--api-key-file, $ATROPOS_API_KEY or --api-key)",
                                   [(b"www-authenticate", b"Bearer")])
                 return
         if path in CSRF_GUARDED and headers.get(b"sec-fetch-site") in (b"cross-site", b"same-site"):
@@ -105,7 +176,16 @@ class RequestGuard:
                               "call it from a script or curl")
             return
         length = headers.get(b"content-length")
-        if length is None and b"transfer-encoding" not in headers:
+        has_body = b"transfer-encoding" in headers or (length is not None and length != b"0")
+        content_type = headers.get(b"content-type")
+        if scope["method"] in BODY_METHODS and (has_body or content_type is not None) and not (
+                content_type is not None and is_json_media_type(content_type)):
+            got = content_type.decode("latin-1") if content_type is not None else "none"
+            await _json_error(send, 415, f"{scope['method']} {path} takes a JSON body: send the "
+                              f"header 'Content-Type: application/json' (got {got!r}); "
+                              "requests/httpx/aiohttp set it with json=...")
+            return
+        if not has_body:
             await self.app(scope, receive, send)
             return
         if length is not None and length.isdigit() and int(length) > self.max_body:
@@ -113,7 +193,9 @@ class RequestGuard:
                               f"--max-body-bytes {self.max_body}; send smaller requests (e.g. one "
                               "group per POST) or raise the limit")
             return
-        chunks = []
+        gzipped = b"gzip" in headers.get(b"content-encoding", b"").lower()
+        inflater = GzipInflater(self.max_inflated) if gzipped else None
+        chunks: list[bytes] = []
         size = 0
         more = True
         while more:
@@ -121,41 +203,99 @@ class RequestGuard:
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
+            more = message.get("more_body", False)
             size += len(chunk)
             if size > self.max_body:
                 await _json_error(send, 413, f"request body exceeds --max-body-bytes "
                                   f"{self.max_body}; send smaller requests or raise the limit")
                 return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        encoding = headers.get(b"content-encoding", b"").lower()
-        new_headers = scope["headers"]
-        if b"gzip" in encoding:
-            if body:
-                try:
-                    body = gunzip(body, self.max_inflated)
-                except OverflowError:
-                    await _json_error(send, 413, "gzip body inflates past --max-decompressed-bytes "
-                                      f"{self.max_inflated}; send smaller requests or raise the limit")
-                    return
-                except ValueError:
-                    await _reply(send, 400, b"Invalid gzip payload", b"text/plain; charset=utf-8")
-                    return
+            if inflater is None:
+                if chunk:
+                    chunks.append(chunk)
+                continue
+            try:
+                # in a worker thread: zlib releases the GIL, so the event loop keeps serving
+                chunks += await to_thread.run_sync(_inflate_all, inflater, chunk)
+                if not more:
+                    inflater.finish()
+            except OverflowError:
+                chunks.clear()
+                await _json_error(send, 413, "gzip body inflates past --max-decompressed-bytes "
+                                  f"{self.max_inflated}; send smaller requests or raise the limit")
+                return
+            except ValueError:
+                chunks.clear()
+                await _reply(send, 400, b"Invalid gzip payload", b"text/plain; charset=utf-8")
+                return
+        if inflater is not None:
             new_headers = [(k, v) for k, v in scope["headers"]
                            if k not in (b"content-encoding", b"content-length", b"transfer-encoding")]
-            new_headers.append((b"content-length", str(len(body)).encode()))
-        scope = {**scope, "headers": new_headers}
-        sent = False
+            new_headers.append((b"content-length", str(inflater.size).encode()))
+            scope = {**scope, "headers": new_headers}
+        pending = chunks or [b""]
+        index = 0
 
         async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            nonlocal index
+            if index < len(pending):
+                body = pending[index]
+                pending[index] = b""  # the app keeps its own reference; drop ours
+                index += 1
+                return {"type": "http.request", "body": body, "more_body": index < len(pending)}
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class HostGuard:
+    """Serve only requests whose ``Host`` header names this server (DNS-rebinding guard).
+
+    A web page on a name the attacker controls can make that name resolve to 127.0.0.1, and the
+    browser then sends ``Host: <that name>``; such requests get 400 with a message naming the
+    ``--allowed-hosts`` flag. A missing Host header (HTTP/1.0 scripts) is accepted.
+
+    Args:
+        app: the ASGI app to protect.
+        allowed_hosts: host names or IP addresses (no port; case-insensitive), ``*.example.com``
+            for a domain and its subdomains, or ``*`` to accept any host.
+    """
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]):
+        self.app = app
+        names = {h.strip().lower().strip("[]") for h in allowed_hosts if h.strip()}
+        self.allow_any = "*" in names
+        self.suffixes = tuple(n[1:] for n in names if n.startswith("*."))
+        self.names = frozenset(n for n in names if not n.startswith("*"))
+
+    @staticmethod
+    def hostname(host_header: str) -> str | None:
+        """The lower-case host of ``name[:port]`` or ``[v6]:port`` (None when malformed)."""
+        try:
+            return urlsplit("//" + host_header).hostname or None
+        except ValueError:
+            return None
+
+    def allows(self, host_header: str) -> bool:
+        """True when ``host_header`` (``name[:port]`` or ``[v6]:port``) names an allowed host."""
+        if self.allow_any:
+            return True
+        host = self.hostname(host_header)
+        if host is None:
+            return False
+        return host in self.names or any(host.endswith(s) or host == s[1:] for s in self.suffixes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer 400 for a foreign Host header, else call the app."""
+        if scope["type"] in ("http", "websocket") and not self.allow_any:
+            host = next((v for k, v in scope["headers"] if k == b"host"), None)
+            if host is not None and not self.allows(host.decode("latin-1")):
+                shown = host.decode("latin-1")[:100]
+                name = self.hostname(shown) or shown
+                await _json_error(send, 400, f"Host {shown!r} is not served here: this run-api "
+                                  f"answers to {', '.join(sorted(self.names))}; start it with "
+                                  f"--allowed-hosts {name} to accept that name")
+                return
+        await self.app(scope, receive, send)
 
 
 class SelectiveGZip:

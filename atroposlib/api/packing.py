@@ -9,31 +9,99 @@ the queue sums to the target, one is returned.
 Algorithm: a FIFO greedy pass (take each group that still fits) answers the common case in
 O(groups in the batch); when it fails, a 0/1 subset-sum over suffix reachability bitsets
 (Python ints used as bitsets, bit ``s`` set when sum ``s`` is reachable) finds the
-lexicographically earliest subset in O(n * target / 64) word operations; 10k queued groups with
-a target of 4096 sequences take a few milliseconds.
+lexicographically earliest subset in O(n * target / 64) word operations and n * target bits of
+memory. That work is bounded: the table holds at most :data:`MAX_SEARCH_CELLS` cells (groups
+considered x (target + 1) sums), so only the oldest ``MAX_SEARCH_CELLS // (target + 1)`` groups
+that fit are searched (8191 groups for a target of 4096; about 20 ms and 4 MiB at most), after
+dropping the younger copies of a size that cannot all fit (``target // size`` of each). A
+subset that exists only among younger groups is then missed, and the caller reports why
+(:func:`search_limit_note`) and waits for the queue to change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["allocation_needs", "find_subset", "pack_with_minimums", "reachable_sums"]
+__all__ = ["MAX_SEARCH_CELLS", "allocation_needs", "find_subset", "pack_with_minimums",
+           "reachable_sums", "search_limit_note", "search_window"]
+
+#: Most cells (groups considered x (target + 1) reachable sums) one exact search may touch:
+#: 2**25 bits = 4 MiB of bitsets and roughly 20 ms of CPU on one core.
+MAX_SEARCH_CELLS = 1 << 25
 
 
-def find_subset(sizes: Sequence[int], target: int) -> list[int] | None:
+def search_window(n_candidates: int, target: int, max_cells: int = MAX_SEARCH_CELLS) -> int:
+    """How many candidate groups, oldest first, an exact search for ``target`` may consider.
+
+    Args:
+        n_candidates: groups the search needs (size in ``1..target``, at most ``target // s``
+            of each size ``s``).
+        target: the exact sum wanted (sequences).
+        max_cells: the work bound (groups x (target + 1) cells).
+
+    Returns:
+        ``min(n_candidates, max_cells // (target + 1))``; 0 when even one row is over the bound.
+    """
+    return min(n_candidates, max_cells // (target + 1))
+
+
+def _candidates(sizes: Sequence[int], target: int, indices: Sequence[int] | None = None) -> list[int]:
+    """Indices (of ``indices``, default all) that an exact search for ``target`` needs.
+
+    Sizes outside ``1..target`` can never be chosen, and at most ``target // s`` groups of size
+    ``s`` fit in one answer; the earliest answer uses the oldest ones (swapping a younger group
+    for an older unused one of the same size gives an earlier answer), so younger copies are
+    dropped without changing the result. Queues with few distinct group sizes shrink to about
+    ``target / size`` candidates per size.
+    """
+    kept: list[int] = []
+    count: dict[int, int] = {}
+    for i in range(len(sizes)) if indices is None else indices:
+        size = sizes[i]
+        if 0 < size <= target and count.get(size, 0) < target // size:
+            count[size] = count.get(size, 0) + 1
+            kept.append(i)
+    return kept
+
+
+def search_limit_note(sizes: Sequence[int], target: int,
+                      max_cells: int = MAX_SEARCH_CELLS) -> str | None:
+    """Say why an exact search may have missed a subset, or None when it considered every group.
+
+    Args:
+        sizes: ``[n]`` group sizes in queue order.
+        target: the exact sum wanted.
+        max_cells: the work bound used by the search.
+
+    Returns:
+        One sentence for the operator (how many of the fitting groups were searched), or None.
+    """
+    n = len(_candidates(sizes, target))
+    window = search_window(n, target, max_cells)
+    if window >= n:
+        return None
+    return (f"the exact search for {target} sequences considered only the oldest {window} of the "
+            f"{n} queued groups that fit (work bound {max_cells} cells = groups x (batch_size + 1))"
+            "; waiting for the queue to change")
+
+
+def find_subset(sizes: Sequence[int], target: int,
+                max_cells: int = MAX_SEARCH_CELLS) -> list[int] | None:
     """Return the lexicographically earliest indices whose sizes sum exactly to ``target``.
 
     The greedy FIFO answer, when it succeeds, *is* the lexicographically earliest subset: each
-    index it skips does not fit the remaining sum, so no exact subset can contain it.
+    index it skips does not fit the remaining sum, so no exact subset can contain it. When it
+    fails, the exact search considers only the oldest :func:`search_window` fitting groups.
 
     Args:
         sizes: ``[n]`` group sizes in queue order (sequences per group). Sizes <= 0 are never
             chosen.
         target: the exact sum wanted (e.g. the batch size in sequences).
+        max_cells: work bound of the exact search (groups x (target + 1) cells).
 
     Returns:
         Ascending indices into ``sizes`` summing to ``target`` (``[]`` for a target of 0), or
-        None when no subset sums to ``target``.
+        None when no subset (of the searched groups) sums to ``target``.
     """
     if target < 0:
         return None
@@ -47,7 +115,8 @@ def find_subset(sizes: Sequence[int], target: int) -> list[int] | None:
             remaining -= size
             if remaining == 0:
                 return chosen
-    candidates = [(i, s) for i, s in enumerate(sizes) if 0 < s <= target]
+    kept = _candidates(sizes, target)
+    candidates = [(i, sizes[i]) for i in kept[:search_window(len(kept), target, max_cells)]]
     if sum(s for _, s in candidates) < target:
         return None
     mask = (1 << (target + 1)) - 1
@@ -131,6 +200,7 @@ def pack_with_minimums(
     env_ids: Sequence[int | None],
     batch_size: int,
     needs: Mapping[int, int],
+    max_cells: int = MAX_SEARCH_CELLS,
 ) -> list[int] | None:
     """Choose groups summing to ``batch_size`` with at least ``needs[e]`` sequences from env e.
 
@@ -146,13 +216,16 @@ def pack_with_minimums(
         env_ids: ``[n]`` env id of each group (None for groups sent without one).
         batch_size: exact number of sequences wanted.
         needs: ``{env_id: minimum sequences}`` (see :func:`allocation_needs`).
+        max_cells: work bound of each search step: each env's (and the pool's) oldest
+            :func:`search_window` fitting groups are considered, and a step that would combine
+            more than ``max_cells`` cells gives up (None).
 
     Returns:
-        Ascending indices into ``sizes``, or None when no subset satisfies the sum and all the
-        minimums (e.g. an env with a minimum has nothing queued yet).
+        Ascending indices into ``sizes``, or None when no subset (of the searched groups)
+        satisfies the sum and all the minimums (e.g. an env with a minimum has nothing queued).
     """
     needs = {e: n for e, n in needs.items() if n > 0}
-    plain = find_subset(sizes, batch_size)
+    plain = find_subset(sizes, batch_size, max_cells)
     if plain is None or not needs:
         return plain
     taken: dict[int, int] = {}
@@ -164,6 +237,9 @@ def pack_with_minimums(
     members: dict[int | None, list[int]] = {}
     for i, env in enumerate(env_ids):
         members.setdefault(env if env in needs else None, []).append(i)
+    for key, idx in members.items():
+        kept = _candidates(sizes, batch_size, idx)
+        members[key] = kept[:search_window(len(kept), batch_size, max_cells)]
     mask = (1 << (batch_size + 1)) - 1
     order = list(needs)
     allowed = []
@@ -172,6 +248,8 @@ def pack_with_minimums(
         allowed.append(reach & ~((1 << needs[env]) - 1))
     combined = [reachable_sums([sizes[i] for i in members.get(None, [])], batch_size)]
     for reach in allowed:
+        if reach.bit_count() * (batch_size + 1) > max_cells:
+            return None
         combined.append(_convolve(combined[-1], reach, mask))
     if not (combined[-1] >> batch_size) & 1:
         return None
@@ -187,7 +265,7 @@ def pack_with_minimums(
     chosen: list[int] = []
     for env, amount in share.items():
         idx = members.get(env, [])
-        picked = find_subset([sizes[i] for i in idx], amount)
+        picked = find_subset([sizes[i] for i in idx], amount, max_cells=len(idx) * (amount + 1))
         if picked is None:  # pragma: no cover - guaranteed by the reachability check
             return None
         chosen.extend(idx[j] for j in picked)

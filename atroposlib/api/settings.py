@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 #: Environment variable holding the bearer token when ``--api-key`` is not given.
 API_KEY_ENV = "ATROPOS_API_KEY"
@@ -44,7 +45,20 @@ class ApiSettings(BaseModel):
     api_key: SecretStr | None = Field(
         default=None,
         description=f"Bearer token required on every endpoint except GET / (and the docs). "
-        f"Default: ${API_KEY_ENV}, else no authentication.",
+        f"Default: ${API_KEY_ENV}, else no authentication. Prefer ${API_KEY_ENV} or "
+        "--api-key-file: every local user can read a --api-key value in the process list.",
+    )
+    api_key_file: Path | None = Field(
+        default=None,
+        description="Read the bearer token from this file (surrounding whitespace stripped); "
+        "keep it readable by you alone (chmod 600).",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Extra names clients may use in the Host header (e.g. this machine's name or "
+        "IP when --host 0.0.0.0), '*.example.com' for a domain, or '*' for any. Always allowed: "
+        "localhost, 127.0.0.1, ::1, the --host address and this machine's hostname. Other Hosts "
+        "get 400 (guards a local run-api against DNS-rebinding web pages).",
     )
     max_queued_groups: int = Field(
         default=10_000, gt=0,
@@ -63,8 +77,9 @@ class ApiSettings(BaseModel):
         description="Largest request body accepted as sent on the wire (bytes); larger -> 413.",
     )
     max_decompressed_bytes: int = Field(
-        default=1024 * 2**20, gt=0,
-        description="Largest request body after gunzip (bytes); larger -> 413 (gzip-bomb guard).",
+        default=256 * 2**20, gt=0,
+        description="Largest request body after gunzip (bytes); larger -> 413 (gzip-bomb guard). "
+        "Inflation stops as soon as the body passes it.",
     )
     max_buffered_groups_per_env: int = Field(
         default=64, gt=0,
@@ -98,6 +113,27 @@ class ApiSettings(BaseModel):
         description="Origins allowed by CORS (browser dashboards). Default none; credentials are "
         "never allowed.",
     )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="Close a connection whose request headers are not complete this many seconds "
+        "after it opened or after its previous response (slow or idle clients).",
+    )
+    timeout_keep_alive_s: int = Field(
+        default=5, gt=0,
+        description="Close an idle keep-alive connection after this many seconds.",
+    )
+    limit_concurrency: int = Field(
+        default=1000, gt=0,
+        description="Most open connections plus requests in flight; past it new requests get 503.",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 2**10, gt=0,
+        description="Largest request line plus headers (bytes); larger -> 400 and the connection "
+        "is closed.",
+    )
+    backlog: int = Field(
+        default=2048, gt=0, description="Most TCP connections waiting to be accepted."
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="Log level (one line per state change at info)."
     )
@@ -105,11 +141,43 @@ class ApiSettings(BaseModel):
         default=False, description="Log every HTTP request (uvicorn access log)."
     )
 
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ApiSettings:
+        if self.api_key is not None and self.api_key.get_secret_value() and self.api_key_file:
+            raise ValueError("give --api-key or --api-key-file, not both")
+        return self
+
     def api_key_value(self) -> str | None:
-        """Return the effective bearer token: the setting, else ``$ATROPOS_API_KEY``, else None."""
+        """Return the effective bearer token.
+
+        Order: ``api_key``, else ``api_key_file``'s content, else ``$ATROPOS_API_KEY``, else None.
+
+        Raises:
+            ValueError: ``api_key_file`` cannot be read or holds only whitespace.
+        """
         if self.api_key is not None and self.api_key.get_secret_value():
             return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            try:
+                key = self.api_key_file.read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"--api-key-file {self.api_key_file}: {exc.strerror}") from None
+            if not key:
+                raise ValueError(f"--api-key-file {self.api_key_file} is empty; write the token "
+                                 "into it")
+            return key
         return os.environ.get(API_KEY_ENV) or None
+
+    def host_names(self) -> list[str]:
+        """Names accepted in the ``Host`` header.
+
+        These are localhost, 127.0.0.1, ::1, ``host`` unless it is a wildcard address, this
+        machine's hostname, and ``allowed_hosts``.
+        """
+        names = ["localhost", "127.0.0.1", "::1", socket.gethostname()]
+        if self.host not in ("0.0.0.0", "::", ""):
+            names.append(self.host)
+        return names + list(self.allowed_hosts)
 
     def to_env_json(self) -> str:
         """Serialise for a ``--reload`` worker (see :func:`settings_from_env`)."""

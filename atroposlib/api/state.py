@@ -26,7 +26,12 @@ from atroposlib.api.errors import (
     UnknownEnvError,
 )
 from atroposlib.api.models import PER_TOKEN_FIELDS, RegisterEnv, Registration, ScoredData
-from atroposlib.api.packing import allocation_needs, find_subset, pack_with_minimums
+from atroposlib.api.packing import (
+    allocation_needs,
+    find_subset,
+    pack_with_minimums,
+    search_limit_note,
+)
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.store import GroupMeta, MemoryStore, PartialMeta, SqliteStore, open_store
 
@@ -496,6 +501,9 @@ class ApiState:
             short = [f"env {e} needs >= {n} sequences, has {self.queued_seqs_by_env.get(e, 0)}"
                      for e, n in needs.items()]
             return "min_batch_allocation not met: " + "; ".join(short)
+        limit = search_limit_note([g.n_seqs for g in metas], batch_size)
+        if limit:
+            return limit
         sizes = sorted(Counter(g.n_seqs for g in metas).items())
         return (f"no combination of the queued group sizes {dict(sizes)} (size: count) sums to "
                 f"batch_size {batch_size}")

@@ -3,11 +3,14 @@
 Examples::
 
     run-api                                   # 127.0.0.1:8000, in memory
-    run-api --host 0.0.0.0 --api-key s3cret --db runs/queue.db
+    ATROPOS_API_KEY=s3cret run-api --host 0.0.0.0 --db runs/queue.db
+    run-api --api-key-file ~/.atropos-key --allowed-hosts trainer-node
     python -m atroposlib.cli.run_api --port 8001 --max-queued-groups 2000
 
 Every flag is a field of :class:`atroposlib.api.settings.ApiSettings` (the help text comes from
-its descriptions). SIGTERM and SIGINT stop it cleanly (exit code 0).
+its descriptions). SIGTERM and SIGINT stop it cleanly (exit code 0). Pass the API key through
+``$ATROPOS_API_KEY`` or ``--api-key-file``: a ``--api-key`` value is visible to every local user
+in the process list.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> ApiSettings:
         return ApiSettings(**values)
     except ValidationError as exc:
         lines = [f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-                 for e in exc.errors()]
+                 if e["loc"] else e["msg"].removeprefix("Value error, ") for e in exc.errors()]
         parser.error("; ".join(lines))
         raise  # unreachable: parser.error exits
 
@@ -91,6 +94,11 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``run-api`` / ``python -m atroposlib.cli.run_api``; returns the exit code."""
     settings = parse_settings(argv)
+    try:
+        api_key = settings.api_key_value()
+    except ValueError as exc:
+        print(f"run-api: {exc}", file=sys.stderr)
+        return 2
     import uvicorn
 
     level = settings.log_level.upper()
@@ -103,13 +111,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "access_log": settings.access_log,
         "timeout_graceful_shutdown": 5,
         "server_header": False,
+        "http": "atroposlib.api.http_protocol:HeaderTimeoutH11Protocol",
+        "timeout_keep_alive": settings.timeout_keep_alive_s,
+        "limit_concurrency": settings.limit_concurrency,
+        "h11_max_incomplete_event_size": settings.max_header_bytes,
+        "backlog": settings.backlog,
     }
     where = f"db={settings.db}" if settings.db else "in memory (use --db PATH to persist)"
     logging.getLogger("atroposlib.api").info(
         "run-api on http://%s:%d, queue %s, auth %s", settings.host, settings.port, where,
-        "on" if settings.api_key_value() else "off",
+        "on" if api_key else "off",
     )
-    if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key_value():
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         logging.getLogger("atroposlib.api").warning(
             "listening on %s without --api-key: anyone who can reach this port can read and wipe "
             "the queue", settings.host)
@@ -119,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvicorn.run("atroposlib.api.server:app", reload=True, reload_dirs=[package_dir], **common)
         return 0
     from atroposlib.api.factory import build_app
+    from atroposlib.api.http_protocol import set_header_timeout
 
+    set_header_timeout(settings.header_timeout_s)
     try:
         app = build_app(settings)
     except ValueError as exc:

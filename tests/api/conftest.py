@@ -34,6 +34,8 @@ def make_group(n: int = 2, length: int = 5, env_id: int | None = None, seed: int
 
 
 def make_app(**settings: Any):
+    """An app whose Host check also accepts ``api`` (the in-process clients' base URL)."""
+    settings.setdefault("allowed_hosts", ["api"])
     return build_app(ApiSettings(**settings))
 
 

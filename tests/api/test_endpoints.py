@@ -12,6 +12,9 @@ from atroposlib.api.models import GROUP_FIELDS
 
 from .conftest import REGISTRATION, make_app, make_group, register, register_env, start_trainer
 
+JSON = {"Content-Type": "application/json"}
+GZ = {**JSON, "Content-Encoding": "gzip"}
+
 
 async def test_root_info_wandb_status_before_registration(client: httpx.AsyncClient) -> None:
     assert (await client.get("/")).json() == {"message": "AtroposLib API"}
@@ -193,7 +196,7 @@ async def test_upstream_tolerance_is_kept(client: httpx.AsyncClient) -> None:
                          [{"role": "dog", "content": ["list"]}]]
     assert (await client.post("/scored_data", json=group)).json() == {"status": "received"}
     assert (await client.post("/scored_data", json={**make_group(2), "messages": []})).status_code == 200
-    assert (await client.post("/scored_data", content=b"{not json")).json()["detail"][0]["type"] == "json_invalid"
+    assert (await client.post("/scored_data", content=b"{not json", headers=JSON)).json()["detail"][0]["type"] == "json_invalid"
 
 
 async def test_unknown_env_id_is_rejected(client: httpx.AsyncClient) -> None:
@@ -361,12 +364,12 @@ async def test_gzip_requests_and_small_responses(client: httpx.AsyncClient) -> N
     body = orjson.dumps(make_group(2, length=400))
     for encoding in ("gzip", "GZIP", "x-gzip"):
         response = await client.post("/scored_data", content=gzip.compress(body),
-                                     headers={"Content-Encoding": encoding})
+                                     headers={**JSON, "Content-Encoding": encoding})
         assert response.json() == {"status": "received"}, encoding
-    bad = await client.post("/scored_data", content=b"not gzip", headers={"Content-Encoding": "gzip"})
+    bad = await client.post("/scored_data", content=b"not gzip", headers=GZ)
     assert bad.status_code == 400 and bad.text == "Invalid gzip payload"
     truncated = await client.post("/scored_data", content=gzip.compress(body)[:-20],
-                                  headers={"Content-Encoding": "gzip"})
+                                  headers=GZ)
     assert truncated.status_code == 400 and truncated.text == "Invalid gzip payload"
     small = await client.get("/info", headers={"Accept-Encoding": "gzip"})
     assert "content-encoding" not in small.headers
@@ -378,11 +381,11 @@ async def test_body_caps_answer_413() -> None:
     app = make_app(max_body_bytes=2000, max_decompressed_bytes=5000)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:
         big = orjson.dumps(make_group(2, length=400))
-        response = await c.post("/scored_data", content=big)
+        response = await c.post("/scored_data", content=big, headers=JSON)
         assert response.status_code == 413 and "--max-body-bytes" in response.json()["detail"]
         bomb = gzip.compress(b'{"tokens": [[' + b"1," * 50_000 + b"1]]}")
         assert len(bomb) < 2000
-        response = await c.post("/scored_data", content=bomb, headers={"Content-Encoding": "gzip"})
+        response = await c.post("/scored_data", content=bomb, headers=GZ)
         assert response.status_code == 413 and "--max-decompressed-bytes" in response.json()["detail"]
 
 

@@ -55,7 +55,7 @@ def test_gzip_over_the_wire_and_response_compression(run_api: RunApi) -> None:
                           headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
     assert response.json() == {"status": "received"}
     bad = httpx.post(run_api.url + "/scored_data", content=gzip.compress(body)[:100],
-                     headers={"Content-Encoding": "gzip"})
+                     headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
     assert (bad.status_code, bad.text) == (400, "Invalid gzip payload")
     info = httpx.get(run_api.url + "/info", headers={"Accept-Encoding": "gzip"})
     assert "content-encoding" not in info.headers  # < 1000 bytes: never compressed
@@ -81,7 +81,8 @@ def test_auth_caps_and_backpressure_over_http() -> None:
         assert get(api, "/status").json()["queue_size"] == 2
         big = post(api, "/scored_data", make_group(2, length=500))
         assert big.status_code == 413
-        chunked = httpx.post(api.url + "/scored_data", headers=api.headers,
+        chunked = httpx.post(api.url + "/scored_data",
+                             headers={**api.headers, "Content-Type": "application/json"},
                              content=iter([orjson.dumps(make_group(2, length=500))]))
         assert chunked.status_code == 413
         with AtroposClient(api.url, api_key="k3y") as client:

@@ -124,3 +124,36 @@ def test_allocation_needs_scaling() -> None:
     # scaled needs never go below the env's smallest group
     assert allocation_needs(4, {0: 1.0, 1: 1.0}, {0: 1, 1: 4}) == {0: 2, 1: 4}
     assert allocation_needs(2, {0: 0.3}, {}) == {}
+
+
+def test_exact_search_only_considers_the_window_of_oldest_groups() -> None:
+    from atroposlib.api.packing import search_limit_note, search_window
+
+    # greedy takes 2+2 and fails; the earliest exact subset is [0, 3]. At most 5 // 2 = 2 groups
+    # of size 2 can be used, so the search needs 3 candidates: [2, 2, 3]
+    sizes = [2, 2, 2, 3]
+    assert find_subset(sizes, 5) == [0, 3]
+    assert find_subset(sizes, 5, max_cells=18) == [0, 3]  # 3 candidates x 6 sums fit the bound
+    # a bound of 2 groups x 6 sums keeps the 2 oldest candidates only: no exact subset there
+    assert search_window(3, 5, max_cells=12) == 2
+    assert find_subset(sizes, 5, max_cells=12) is None
+    note = search_limit_note(sizes, 5, max_cells=12)
+    assert note is not None and "oldest 2 of the 3" in note
+    assert search_limit_note(sizes, 5) is None  # the default bound sees every group
+    assert pack_with_minimums(sizes, [0, 0, 0, 1], 5, {1: 3}, max_cells=12) is None
+    assert pack_with_minimums(sizes, [0, 0, 0, 1], 5, {1: 3}) == [0, 3]
+
+
+def test_huge_batch_size_is_bounded_and_says_why() -> None:
+    from atroposlib.api.packing import MAX_SEARCH_CELLS, search_limit_note, search_window
+
+    # 1000 groups whose sizes are all even, an odd batch_size of 10**6: no greedy answer, and an
+    # unbounded table would be 1000 x 10**6 cells (125 MB of bitsets)
+    sizes = [1000 + 2 * (i % 7) for i in range(1000)]
+    window = search_window(len(sizes), 10**6 + 1)
+    assert window * (10**6 + 2) <= MAX_SEARCH_CELLS and window == 33
+    assert find_subset(sizes, 10**6 + 1) is None
+    assert "considered only the oldest 33 of the 1000" in search_limit_note(sizes, 10**6 + 1)
+    # a batch_size whose single row is over the bound searches nothing beyond the greedy pass
+    assert search_window(10, MAX_SEARCH_CELLS) == 0
+    assert find_subset([2, 2], MAX_SEARCH_CELLS + 1) is None

@@ -264,7 +264,7 @@ def test_process_cli_with_a_vllm_style_http_teacher_writes_distill_fields(tiny_t
 async def test_enriched_fields_round_trip_through_the_api_verbatim(tiny_tokenizer_dir):
     env, _ = make_env(tiny_tokenizer_dir, top_k=2)
     [group] = await env.handle_send_to_api(make_group(env.tokenizer), do_send_to_api=False)
-    app = build_app(ApiSettings())
+    app = build_app(ApiSettings(allowed_hosts=["api"]))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:
         await c.post("/register", json={
             "wandb_group": "g", "wandb_project": "p", "batch_size": 2, "max_token_len": 256,
