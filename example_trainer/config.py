@@ -45,12 +45,27 @@ class TrainerConfig(BaseSettings):
                                                           "dtype; auto = float32 on CPU, bfloat16 "
                                                           "on CUDA.")
     seed: int = Field(default=0, description="Torch seed.")
+    resume: str | None = Field(default=None, description="Continue the run in this run "
+                               "directory from its latest complete checkpoint: weights (or "
+                               "LoRA adapter), optimizer, RNG and step are restored, run-api "
+                               "continues at that step and metrics.jsonl is appended to. "
+                               "run_dir defaults to it.")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads "
                                       "(default: torch's choice).")
     train_last_layers: int | None = Field(default=None, ge=1, description="Train only the last "
                                           "N decoder layers and the final norm (embeddings and "
                                           "the LM head frozen); None trains everything. Cuts "
                                           "backward time on CPU.")
+    lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains the full model. With "
+                        "train_last_layers only those layers get adapters.")
+    lora_alpha: float = Field(default=16.0, gt=0, description="LoRA alpha (the update is scaled "
+                              "by alpha / r).")
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                 "down_proj"],
+        description="Module names that get LoRA adapters (default: every attention and MLP "
+        "projection of Llama-style models).")
     gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
     attn_implementation: str | None = Field(default=None, description="HF attention kernel; "
                                             "default eager on CPU (fast for short padded "
@@ -142,10 +157,12 @@ class TrainerConfig(BaseSettings):
     vllm_start_timeout: float = Field(default=600.0, gt=0, description="Seconds to wait for "
                                       "the launched vLLM to become healthy.")
     served_model_name: str = Field(default="smollm2", description="Model name vLLM serves.")
-    weight_sync: Literal["reload", "restart", "none"] = Field(
-        default="reload", description="reload: save safetensors and hot-reload them in the "
-        "running vLLM (no restart); restart: save a checkpoint and restart vLLM on it (the "
-        "upstream way); none: never update vLLM.")
+    weight_sync: Literal["reload", "restart", "lora", "none"] = Field(
+        default="reload", description="reload: save safetensors (LoRA merged in) and hot-reload "
+        "them in the running vLLM (no restart); restart: save a checkpoint and restart vLLM on "
+        "it (the upstream way); lora: hot-load the LoRA adapter into a vLLM started with "
+        "--enable-lora, served as <served_model_name>-lora (point the envs at that name); none: "
+        "never update vLLM.")
     weight_sync_interval: int = Field(default=1, ge=1, description="Sync vLLM every N steps "
                                       "(and always after the last step).")
 
@@ -183,4 +200,10 @@ class TrainerConfig(BaseSettings):
             raise ValueError(
                 "weight_sync=restart needs the trainer to own vLLM; drop --vllm-url or use "
                 "--weight-sync reload")
+        if self.weight_sync == "lora" and not self.lora_r:
+            raise ValueError("weight_sync=lora needs a LoRA run; set --lora-r (e.g. 16) or use "
+                             "--weight-sync reload")
+        if self.resume and self.run_dir and Path(self.resume).resolve() != Path(self.run_dir).resolve():
+            raise ValueError(f"resume ({self.resume}) and run_dir ({self.run_dir}) differ; a "
+                             "resumed run continues in its own directory, drop --run-dir")
         return self

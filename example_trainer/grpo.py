@@ -62,14 +62,19 @@ def train(config: TrainerConfig) -> dict[str, Any]:
 
     from atroposlib.api.client import AtroposClient
     from atroposlib.api.models import Registration
+    from example_trainer import checkpoint as ckpt_io
+    from example_trainer import lora
     from example_trainer.data import batch_to_sequences, make_micro_batches
     from example_trainer.loss import grpo_loss, objective_options, token_logprobs
     from example_trainer.report import RunLog, run_eval_command, write_summary
     from example_trainer.vllm_sync import VLLMSync, save_weights
 
     wall_start = time.perf_counter()
+    # checked before anything heavy loads: a bad --resume fails in a second, with the fix
+    resume = ckpt_io.require_checkpoint(config.resume, config.lora_r > 0) if config.resume else None
     # ------------------------------------------------------------------ run directory
-    run_dir = Path(config.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    run_dir = Path(config.run_dir or config.resume
+                   or Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "trainer_config.json").write_text(config.model_dump_json(indent=2))
     print(f"[grpo] run directory: {run_dir}", flush=True)
@@ -83,25 +88,58 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
         config.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
     model, tokenizer = load_policy(config.model, device, dtype, config.attn_implementation)
-    if config.train_last_layers:
+    if config.lora_r:
+        model = lora.apply_lora(model, r=config.lora_r, alpha=config.lora_alpha,
+                                dropout=config.lora_dropout, target_modules=config.lora_target_modules,
+                                last_layers=config.train_last_layers)
+    elif config.train_last_layers:
         freeze_all_but_last_layers(model, config.train_last_layers)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+        if config.lora_r:  # frozen embeddings: inputs must carry grad for checkpointed blocks
+            model.enable_input_require_grads()
+    if resume is not None:
+        if resume.lora:
+            lora.load_adapter(model, resume.adapter_dir)
+        else:
+            ckpt_io.load_full_weights(model, resume)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     print(f"[grpo] training {sum(p.numel() for p in trainable) / 1e6:.1f}M of "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device}", flush=True)
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.adam_betas,
                                   weight_decay=config.weight_decay)
+    start_step = 0
+    if resume is not None:
+        start_step = ckpt_io.load_training_state(model, optimizer, resume)
+        print(f"[grpo] resuming from {resume.path} after step {start_step}", flush=True)
+
+    def save_checkpoint(name: str) -> None:
+        def write_weights(out: Path) -> None:
+            if lora.is_lora(model):
+                lora.save_adapter(model, out / "adapter")
+                if name != "final":  # a full model only where something must load one
+                    return
+            save_weights(lora.export_model(model), tokenizer, out, True)
+
+        ckpt_io.save_checkpoint(run_dir / "checkpoints" / name, step=steps_done, model=model,
+                                optimizer=optimizer, write_weights=write_weights,
+                                lora=lora.is_lora(model))
     reference = None  # frozen starting policy for the KL term, loaded on first need
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # ------------------------------------------------------------------ vLLM + bookkeeping
     vllm = VLLMSync(config, run_dir)
+    if resume is not None:
+        past = ckpt_io.read_history(run_dir, start_step)
+        ckpt_io.append_resume_marker(run_dir, start_step)
     runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
                     config.model_dump(mode="json"))
+    if resume is not None:
+        runlog.history = [r for r in past if "loss" in r]
+        runlog.evals = [(r["step"], r["eval/accuracy"]) for r in past if "eval/accuracy" in r]
     stop = _install_stop_handler()
-    steps_done = 0
+    steps_done = start_step
     eval_before = eval_after = math.nan
     train_seconds = 0.0
     out_of_time = False
@@ -109,18 +147,23 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
         vllm_seconds = vllm.start()
         print(f"[grpo] vLLM ready at {vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
+        if resume is not None or config.weight_sync == "lora":
+            vllm.sync(model, tokenizer)  # serve the resumed policy (or the first adapter)
 
         def evaluate(step: int) -> float:
             if not config.eval_command:
                 return math.nan
             metrics = run_eval_command(
-                config.eval_command, base_url=vllm.base_url, model_name=config.served_model_name,
+                config.eval_command, base_url=vllm.base_url, model_name=vllm.model_name,
                 out_dir=run_dir / "evals" / f"step_{step}", step=step, metric=config.eval_metric,
                 timeout=config.eval_timeout, log_path=run_dir / "logs" / "eval.log")
             runlog.log_eval(step, metrics, config.eval_metric)
             return metrics[config.eval_metric]
 
-        eval_before = evaluate(0)
+        if resume is None:
+            eval_before = evaluate(0)
+        else:  # the policy before training was evaluated by the first run
+            eval_before = next((a for s, a in runlog.evals if s == 0), math.nan)
 
         # -------------------------------------------------------------- register with run-api
         client = AtroposClient(config.api_url, api_key=config.api_key)
@@ -129,12 +172,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             batch_size=config.batch_size, max_token_len=config.max_token_len,
             checkpoint_dir=str(run_dir / "checkpoints"),
             save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
-            starting_step=0, num_steps=config.training_steps))
+            starting_step=start_step, num_steps=config.training_steps))
         print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
 
         train_start = time.perf_counter()
         last_step_total = 0.0
-        for step in range(1, config.training_steps + 1):
+        for step in range(start_step + 1, config.training_steps + 1):
             if stop.requested:
                 print("[grpo] stop requested: finishing early", flush=True)
                 break
@@ -201,9 +244,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 sync_metrics = vllm.sync(model, tokenizer)
 
             # ---------------------------------------------------------- 5. checkpoint
-            if config.checkpoint_interval and step % config.checkpoint_interval == 0:
-                save_weights(model, tokenizer, run_dir / "checkpoints" / f"step_{step}", True)
             steps_done = step
+            if config.checkpoint_interval and step % config.checkpoint_interval == 0:
+                save_checkpoint(f"step_{step}")
 
             # ---------------------------------------------------------- 6. log
             n = stats.num_sequences
@@ -236,7 +279,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         train_seconds = time.perf_counter() - train_start
 
         # -------------------------------------------------------------- final checkpoint + eval
-        save_weights(model, tokenizer, run_dir / "checkpoints" / "final", True)
+        save_checkpoint("final")
         if steps_done and config.eval_command and not stop.requested:
             if steps_done % config.weight_sync_interval and steps_done != config.training_steps:
                 vllm.sync(model, tokenizer)

@@ -38,7 +38,12 @@ class VLLMSync:
       load them (``POST /collective_rpc reload_weights`` + ``/reset_prefix_cache``): ~1 s on CPU.
     * ``restart``: save a full checkpoint there and restart vLLM on it (~30 s on CPU; the
       environments retry while it is down).
+    * ``lora``: save only the LoRA adapter and hot-load it (``POST /v1/load_lora_adapter``,
+      in place, under the name ``<served_model_name>-lora``) into a vLLM started with
+      ``--enable-lora``; rollouts must ask for that model name.
     * ``none``: never touch vLLM.
+
+    With LoRA, ``reload`` and ``restart`` save a merged copy (adapter folded into the weights).
 
     With ``vllm_url`` the server is external (only ``reload`` and ``none``; a comma-separated
     list reloads every server, e.g. one per Slurm inference node, from a shared filesystem);
@@ -87,11 +92,24 @@ class VLLMSync:
         self.process = VLLMProcess(
             cfg.model, served_model_name=cfg.served_model_name, port=cfg.vllm_port,
             dtype=cfg.vllm_dtype, max_model_len=cfg.vllm_max_model_len,
-            extra_args=cfg.vllm_extra_args, log_path=self.log_path, dev_mode=True,
+            extra_args=[*self._lora_args(), *cfg.vllm_extra_args], log_path=self.log_path,
+            dev_mode=True, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if cfg.weight_sync == "lora" else None,
         )
         begin = time.perf_counter()
         self.process.start(timeout=cfg.vllm_start_timeout)
         return time.perf_counter() - begin
+
+    @property
+    def model_name(self) -> str:
+        """The model name rollouts and evaluations must request (the adapter's in ``lora`` mode)."""
+        if self.config.weight_sync == "lora":
+            return f"{self.config.served_model_name}-lora"
+        return self.config.served_model_name
+
+    def _lora_args(self) -> list[str]:
+        if self.config.weight_sync != "lora":
+            return []
+        return ["--enable-lora", "--max-lora-rank", str(self.config.lora_r), "--max-loras", "1"]
 
     def sync(self, model: Any, tokenizer: Any) -> dict[str, float]:
         """Push the current weights to vLLM according to ``weight_sync``.
@@ -109,7 +127,12 @@ class VLLMSync:
         mode = self.config.weight_sync
         if mode == "none":
             return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
-        save_s = save_weights(model, tokenizer, self.weights_dir, with_tokenizer=mode == "restart")
+        if mode == "lora":
+            return self._load_adapter(model)
+        from example_trainer.lora import export_model
+
+        save_s = save_weights(export_model(model), tokenizer, self.weights_dir,
+                              with_tokenizer=mode == "restart")
         if mode == "restart":
             update_s = self.process.restart(model=self.weights_dir, timeout=self.config.vllm_start_timeout)
         elif self.process is not None:
@@ -117,6 +140,30 @@ class VLLMSync:
         else:
             update_s = self._reload_external()
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+
+    def _load_adapter(self, model: Any) -> dict[str, float]:
+        """Save the adapter and load it in place into every server (``lora`` mode)."""
+        import httpx
+
+        from example_trainer.lora import save_adapter
+
+        begin = time.perf_counter()
+        adapter_dir = (self.weights_dir / "adapter").resolve()
+        save_adapter(model, adapter_dir)
+        save_s = time.perf_counter() - begin
+        urls = self._external_urls or [self.process.base_url]
+        payload = {"lora_name": self.model_name, "lora_path": str(adapter_dir), "load_inplace": True}
+        begin = time.perf_counter()
+        with httpx.Client(timeout=600.0, trust_env=False) as client:
+            for url in urls:
+                response = client.post(url.removesuffix("/v1") + "/v1/load_lora_adapter", json=payload)
+                if response.status_code != 200:
+                    raise InferenceError(
+                        f"POST {url}/load_lora_adapter answered {response.status_code}: "
+                        f"{response.text[:500]}; start that vLLM with --enable-lora "
+                        f"--max-lora-rank {self.config.lora_r} and "
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use --weight-sync reload")
+        return {"sync/save_seconds": save_s, "sync/update_seconds": time.perf_counter() - begin}
 
     def _wait_external(self) -> float:
         """Wait until every external server answers ``GET /health`` (fail fast, not at step 1)."""
