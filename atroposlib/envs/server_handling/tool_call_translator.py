@@ -165,17 +165,23 @@ class ToolCallTranslator:
         """Replace assistant ``tool_calls`` messages by their raw text for the chat template.
 
         Args:
-            messages: OpenAI chat messages.
+            messages: OpenAI chat messages (tool calls as dicts or OpenAI objects).
 
         Returns:
             A new list: assistant messages with ``tool_calls`` become
-            ``{"role": "assistant", "content": raw_text}``; every other message is unchanged.
+            ``{"role": "assistant", "content": raw_text}`` (a message's own content goes before
+            calls this translator did not parse); every other message is unchanged.
         """
         out = []
         for message in messages:
             if message.get("role") == "assistant" and message.get("tool_calls"):
-                out.append({"role": "assistant",
-                            "content": self.reconstruct_raw_text_from_tool_calls(message["tool_calls"])})
+                calls = [_as_dict(tc) for tc in message["tool_calls"]]
+                raw = self.reconstruct_raw_text_from_tool_calls(calls)
+                known = all(tc.get("id") in self.call_id_to_raw_text for tc in calls)
+                content = message.get("content")
+                if content and not known:  # our own raw text already holds any content
+                    raw = f"{content}\n{raw}"
+                out.append({"role": "assistant", "content": raw})
             else:
                 out.append(message)
         return out
@@ -183,6 +189,10 @@ class ToolCallTranslator:
     def decode_with_tool_awareness(self, token_ids: list[int], has_tools: bool = False) -> str:
         """Decode ids, keeping special tokens when tools are active (tool tags may be special)."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=not has_tools)
+
+
+def _as_dict(tool_call: Any) -> dict[str, Any]:
+    return tool_call if isinstance(tool_call, dict) else tool_call.model_dump()
 
 
 def _normalise_tool(tool: dict[str, Any]) -> dict[str, Any]:
