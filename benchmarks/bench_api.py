@@ -38,9 +38,10 @@ import numpy as np
 import orjson
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fixtures.upstream import ensure_upstream_venv  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-UPSTREAM_VENV = ROOT / ".bench" / "upstream-venv"
-UPSTREAM_DEPS = ["fastapi", "uvicorn[standard]", "pydantic", "requests"]
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
                "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
 
@@ -75,28 +76,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def ensure_upstream_venv() -> Path:
-    """Create ``.bench/upstream-venv`` with atroposlib==0.4.0 if missing; return its python."""
-    python = UPSTREAM_VENV / "bin" / "python"
-    marker = UPSTREAM_VENV / ".atroposlib-0.4.0"
-    if marker.exists():
-        return python
-    UPSTREAM_VENV.parent.mkdir(parents=True, exist_ok=True)
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(UPSTREAM_VENV)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    dry = subprocess.run([*pip, "--dry-run", "atroposlib==0.4.0"], capture_output=True, text=True)
-    heavy = any(w in dry.stdout.lower() for w in ("torch-", "nvidia-", "triton-"))
-    if heavy:
-        print("[bench] atroposlib==0.4.0 would pull torch/CUDA: installing with --no-deps")
-        subprocess.run([*pip, "--no-deps", "atroposlib==0.4.0"], check=True)
-        subprocess.run([*pip, *UPSTREAM_DEPS], check=True)
-    else:
-        subprocess.run([*pip, "atroposlib==0.4.0"], check=True)
-    marker.touch()
-    return python
 
 
 class Server:

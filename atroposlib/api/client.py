@@ -188,8 +188,12 @@ class AtroposClient(_ClientBase):
         return self.request("GET", "/wandb_info")
 
     def status_env(self, env_id: int) -> dict[str, Any]:
-        """``GET /status-env?env_id=N``: the six-key env status (spec 1.7)."""
-        return self.request("GET", "/status-env", params={"env_id": env_id})
+        """``GET /status-env`` with the JSON body ``{"env_id": N}``: the six-key env status.
+
+        The id goes in the body, as Atropos 0.4 clients send it, because Atropos 0.4's server
+        reads only the body (it answers 422 to ``?env_id=N``); our server accepts both.
+        """
+        return self.request("GET", "/status-env", {"env_id": env_id})
 
     def post_scored_data_list(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
         """``POST /scored_data_list`` with several groups (all stored, or none)."""
@@ -317,8 +321,8 @@ class AsyncAtroposClient(_ClientBase):
         return await self.request("GET", "/status")
 
     async def status_env(self, env_id: int) -> dict[str, Any]:
-        """``GET /status-env?env_id=N``: the six-key env status (spec 1.7)."""
-        return await self.request("GET", "/status-env", params={"env_id": env_id})
+        """``GET /status-env`` with the JSON body ``{"env_id": N}`` (see the sync client)."""
+        return await self.request("GET", "/status-env", {"env_id": env_id})
 
     async def post_scored_data(self, group: dict[str, Any], **kw: Any) -> dict[str, Any]:
         """``POST /scored_data`` with one group (gzipped when large)."""

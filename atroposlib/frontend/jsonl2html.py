@@ -41,7 +41,7 @@ def _message_html(message: Any) -> str:
         parts = []
         for turn in message:
             if isinstance(turn, dict):
-                role = html.escape(str(turn.get("role", "?")))
+                role = html.escape(str(turn.get("role", "?")).capitalize())
                 content = turn.get("content", "")
                 if not isinstance(content, str):
                     content = "\n".join(
@@ -85,27 +85,67 @@ def _group_view(index: int, messages: list[Any], scores: list[Any]) -> dict[str,
     return {"index": index, "items": items, "scores_text": scores_text}
 
 
+_GROUP_TEMPLATE = """\
+<details class="group"{% if open %} open{% endif %}>
+  <summary>Group {{ group.index }} &mdash; scores: {{ group.scores_text }}</summary>
+  {% for item in group["items"] %}
+  <div class="item {{ item.css }}">
+    <div>Sequence {{ item.index }} &middot; score <span class="score">{{ item.score }}</span></div>
+    {{ item.html }}
+  </div>
+  {% endfor %}
+</details>"""
+
+
+def _jinja_env() -> Any:
+    import jinja2
+
+    return jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def create_html_for_group(group_data: dict[str, Any], index: int, open: bool = False) -> str:
+    """Render one group as a collapsible HTML block (a fragment of the page).
+
+    Args:
+        group_data: a JSONL record with ``messages`` (one entry per sequence: a string or a
+            list of ``{role, content}`` turns) and ``scores``; without ``messages``, each
+            sequence shows ``[tokens: N]``.
+        index: the number shown as "Group N".
+        open: render the block expanded.
+
+    Returns:
+        The HTML block (content rendered from Markdown and sanitised, scores escaped), or ``""``
+        when the group has no sequence with both a message and a score. When the counts differ
+        only the first ``min(len(messages), len(scores))`` sequences are shown.
+    """
+    import markupsafe
+
+    messages = group_data.get("messages")
+    if not messages:
+        messages = [f"[tokens: {len(t)}]" for t in group_data.get("tokens") or []]
+    view = _group_view(index, list(messages), list(group_data.get("scores") or []))
+    if view is None:
+        return ""
+    for item in view["items"]:
+        item["html"] = markupsafe.Markup(item["html"])
+    return _jinja_env().from_string(_GROUP_TEMPLATE).render(group=view, open=open)
+
+
 def render_groups(groups: list[dict[str, Any]], title: str = "Rollouts") -> str:
     """Render already-parsed groups (dicts with ``messages`` and ``scores``) to an HTML page.
 
     Groups without ``messages`` (e.g. written without ``include_messages``) show decoded
     placeholders ``[tokens: N]`` so the page still lists every score.
     """
-    import jinja2
+    import markupsafe
 
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    template = env.from_string(_TEMPLATE.read_text(encoding="utf-8"))
-    views = []
+    template = _jinja_env().from_string(_TEMPLATE.read_text(encoding="utf-8"))
+    blocks = []
     for k, group in enumerate(groups, start=1):
-        messages = group.get("messages")
-        if not messages:
-            messages = [f"[tokens: {len(t)}]" for t in group.get("tokens") or []]
-        view = _group_view(k, messages, list(group.get("scores") or []))
-        if view is not None:
-            for item in view["items"]:
-                item["html"] = jinja2.utils.markupsafe.Markup(item["html"])
-            views.append(view)
-    return template.render(title=title, groups=views, skipped=0)
+        block = create_html_for_group(group, k, open=not blocks)
+        if block:
+            blocks.append(markupsafe.Markup(block))
+    return template.render(title=title, groups=blocks, skipped=0)
 
 
 def generate_html(input_path: str | Path, output_path: str | Path | None = None) -> Path:
@@ -124,13 +164,13 @@ def generate_html(input_path: str | Path, output_path: str | Path | None = None)
     Raises:
         FileNotFoundError: ``input_path`` does not exist.
     """
-    import jinja2
+    import markupsafe
 
     input_path = Path(input_path)
     if not input_path.is_file():
         raise FileNotFoundError(f"{input_path} does not exist; pass a JSONL file of groups")
     output_path = Path(output_path) if output_path else input_path.with_suffix(".html")
-    views = []
+    blocks: list[Any] = []
     skipped = 0
     with open(input_path, encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, start=1):
@@ -150,15 +190,11 @@ def generate_html(input_path: str | Path, output_path: str | Path | None = None)
                 logger.warning("%s:%d has messages=null; skipped", input_path, line_no)
                 skipped += 1
                 continue
-            view = _group_view(len(views) + 1, record["messages"], list(record["scores"] or []))
-            if view is not None:
-                views.append(view)
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    template = env.from_string(_TEMPLATE.read_text(encoding="utf-8"))
-    for view in views:
-        for item in view["items"]:
-            item["html"] = jinja2.utils.markupsafe.Markup(item["html"])
-    page = template.render(title=input_path.name, groups=views, skipped=skipped)
+            block = create_html_for_group(record, len(blocks) + 1, open=not blocks)
+            if block:
+                blocks.append(markupsafe.Markup(block))
+    template = _jinja_env().from_string(_TEMPLATE.read_text(encoding="utf-8"))
+    page = template.render(title=input_path.name, groups=blocks, skipped=skipped)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     output_path.write_text(page, encoding="utf-8")
     return output_path

@@ -178,7 +178,8 @@ async def test_reregisters_against_an_upstream_api_that_answers_500_for_a_forgot
         return {"batch_size": 8, "max_token_len": 512}
 
     @app.get("/status-env")
-    async def status_env(env_id: int) -> JSONResponse:
+    async def status_env(request: Request) -> JSONResponse:
+        env_id = json.loads(await request.body())["env_id"]  # Atropos 0.4 reads the GET's body
         if env_id == 0:  # "forgotten" after a restart
             return JSONResponse({"detail": "Internal Server Error"}, status_code=500)
         return JSONResponse({"current_step": 0, "queue_size": 0, "unallocated_fraction": 1.0,

@@ -6,6 +6,8 @@ import json
 import random
 import re
 
+import pytest
+
 from atroposlib.envs.base import (  # the exact upstream import surface
     APIServerConfig,
     BaseEnv,
@@ -137,3 +139,82 @@ async def test_upstream_style_env_evaluate_log_and_process(tiny_tokenizer_dir, t
     env2.save_checkpoint(5)
     assert json.loads((tmp_path / "ck/env_checkpoints/upstream_style/step-5.json").read_text()) == {
         "iter": env2.iter}
+
+
+# ---------------------------------------------------------------------------------------------
+# Names that upstream Atropos code imports, at upstream's import paths.
+UPSTREAM_NAMES = [
+    ("atroposlib.envs.server_handling.server_harness", "ServerHarness"),
+    ("atroposlib.envs.server_handling.tool_call_translator", "ToolCallTranslator"),
+    ("atroposlib.envs.server_handling.tool_call_translator", "VLLM_AVAILABLE"),
+    ("atroposlib.frontend.jsonl2html", "create_html_for_group"),
+    ("atroposlib.utils.tool_call_parser", "parse_tool_call"),
+    ("atroposlib.utils.tool_call_parser", "extract_tool_call"),
+    ("atroposlib.utils.best_of_n_selection", "select_best_index"),
+]
+
+
+def test_upstream_names_import_from_upstream_paths():
+    import importlib
+
+    for module, name in UPSTREAM_NAMES:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name} is missing"
+
+
+async def test_server_harness_answers_managed_server_with_canned_tokens():
+    from atroposlib.envs.server_handling.managed_server import ManagedServer
+    from atroposlib.envs.server_handling.server_harness import ServerHarness
+
+    class CharTokenizer:
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) for c in text]
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(i) for i in ids)
+
+    harness = ServerHarness(tokenizer=CharTokenizer())
+    harness.set_tokens_and_logprobs_response(
+        prompt="2+2=", prompt_tokens=[50, 43, 50, 61], output_tokens_list=[[52]],
+        output_logprobs_list=[[-0.25]], finish_reasons=["stop"])
+    managed = ManagedServer(harness)  # the tokenizer comes from the server
+    result = await managed.completion(prompt="2+2=")
+    assert result.choices[0].text == "4"
+    node = managed.get_state()["nodes"][0]
+    assert node.tokens == [50, 43, 50, 61, 52] and node.masked_tokens == [-100] * 4 + [52]
+    assert node.logprobs == [1.0] * 4 + [-0.25]
+    assert len(harness.request_timings) == 1 and len(harness.eval_request_timings) == 0
+    with pytest.raises(KeyError, match="set_tokens_and_logprobs_response"):
+        await managed.completion(prompt="unknown")
+
+
+def test_parse_tool_call_single_call_helper():
+    from atroposlib.utils.tool_call_parser import parse_tool_call
+
+    tools = [{"type": "function", "function": {"name": "search"}}]
+    ok = '<tool_call>{"name": "search", "arguments": {"q": "cats"}}</tool_call>'
+    assert parse_tool_call(ok, tools) == ("search", {"q": "cats"}, False)
+    assert parse_tool_call(ok.replace("search", "delete"), tools) == ("-ERROR-", {}, True)
+    assert parse_tool_call("<tool_call>not json</tool_call>") == ("-ERROR-", {}, True)
+    assert parse_tool_call("no call") == ("-ERROR-", {}, True)
+    assert parse_tool_call('<act>{"name": "a", "arguments": {}}</act>', preferred_tags=["act"]) == (
+        "a", {}, False)
+
+
+def test_select_best_index_breaks_ties_with_secondary_score():
+    from atroposlib.utils.best_of_n_selection import select_best_index
+
+    assert select_best_index([1, 3, 3], [5, 9, 4]) == 2  # best reward, then shortest
+    assert select_best_index([1, 3, 3], [5, 9, 4], primary_higher_is_better=False) == 0
+    with pytest.raises(ValueError, match="one entry per candidate"):
+        select_best_index([1], [1, 2])
+
+
+def test_create_html_for_group_renders_one_group():
+    from atroposlib.frontend.jsonl2html import create_html_for_group
+
+    block = create_html_for_group(
+        {"messages": [[{"role": "user", "content": "hi <script>x</script>"}], "two"],
+         "scores": [1.0]}, 3)
+    assert "Group 3" in block and "User" in block and "<script>" not in block
+    assert "two" not in block  # more messages than scores: only the scored ones
+    assert create_html_for_group({"messages": [], "scores": []}, 1) == ""

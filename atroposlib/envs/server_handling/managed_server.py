@@ -16,6 +16,7 @@ completion mode (upstream re-masked earlier turns in completion mode).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -79,6 +80,25 @@ def _finish_reason(raw: Any) -> str:
     return raw if raw in _FINISH_REASONS else ("length" if raw == "length" else "stop")
 
 
+@functools.cache
+def _tool_call_class() -> type:
+    """OpenAI's function tool call, also readable as a dict (``call["function"]["name"]``).
+
+    Code written for upstream Atropos indexes tool calls like dicts while OpenAI clients use
+    attributes; this type supports both.
+    """
+    from openai.types.chat import ChatCompletionMessageFunctionToolCall
+
+    class ToolCall(ChatCompletionMessageFunctionToolCall):
+        def __getitem__(self, key: str) -> Any:
+            return self.model_dump()[key]
+
+        def get(self, key: str, default: Any = None) -> Any:
+            return self.model_dump().get(key, default)
+
+    return ToolCall
+
+
 def _fit(values: list[float], length: int) -> list[float]:
     """Pad with 1.0 or truncate a per-token list to ``length`` entries."""
     values = [float(v) for v in values[:length]]
@@ -98,7 +118,7 @@ class ManagedServer:
     def __init__(
         self,
         server: Any,
-        tokenizer: Any,
+        tokenizer: Any = None,
         track_tree: bool = False,
         tool_parser: Any = None,
         preserve_think_blocks: bool = False,
@@ -107,7 +127,8 @@ class ManagedServer:
 
         Args:
             server: an ``APIServer`` implementing ``tokens_and_logprobs_completion``.
-            tokenizer: the HF tokenizer of the served model (chat template + encode/decode).
+            tokenizer: the HF tokenizer of the served model (chat template + encode/decode);
+                default: ``server.tokenizer``.
             track_tree: keep every node keyed by ``full_text`` instead of replacing extended
                 nodes (for branching rollouts).
             tool_parser: when set (e.g. ``"hermes"``) and the request has ``tools`` (and
@@ -119,8 +140,10 @@ class ManagedServer:
                 stripped and multi-turn extension keeps working).
 
         Raises:
-            ValueError: ``tokenizer`` is None.
+            ValueError: no tokenizer was given and the server has none.
         """
+        if tokenizer is None:
+            tokenizer = getattr(server, "_tokenizer", None) or getattr(server, "tokenizer", None)
         if tokenizer is None:
             raise ValueError(
                 "ManagedServer needs the model's tokenizer: pass "
@@ -130,6 +153,7 @@ class ManagedServer:
         self.tokenizer = tokenizer
         self.track_tree = track_tree
         self.tool_parser = tool_parser
+        self._translator: Any = None
         self.preserve_think_blocks = preserve_think_blocks
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
@@ -277,6 +301,37 @@ class ManagedServer:
         else:
             self.current_nodes.extend(nodes)
 
+    def _convert_messages_to_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+        """The chat-template text ``chat_completion(messages=...)`` sends (no generation)."""
+        return self._render_chat(messages, tools)
+
+    def _get_translator(self) -> Any:
+        """The vLLM-backed :class:`ToolCallTranslator` for ``tool_parser``, or None without vLLM.
+
+        Created once per tracker, so tool call ids it hands out are recognised when the
+        conversation comes back (their exact raw text is re-rendered).
+        """
+        if self._translator is None and self.tool_parser:
+            from atroposlib.envs.server_handling import tool_call_translator
+
+            if tool_call_translator.VLLM_AVAILABLE:
+                self._translator = tool_call_translator.ToolCallTranslator(
+                    self.tokenizer, parser_name=str(self.tool_parser)
+                )
+        return self._translator
+
+    def _parse_tool_calls(
+        self, translator: Any, prompt: str, node: SequenceNode, text: str, tool_choice: Any, tools: Any
+    ) -> tuple[str | None, list[Any]]:
+        """Tool calls of one choice: vLLM's parser when available, else the Hermes extractor."""
+        tool_call = _tool_call_class()
+        if translator is not None:
+            raw = node.full_text[len(prompt):]
+            content, calls, _ = translator.parse_model_output(raw, tool_choice, tools)
+            return content, [tool_call.model_validate(c.model_dump()) for c in calls or []]
+        content, calls = parse_tool_calls(text)
+        return content, [tool_call.model_validate(c) for c in calls]
+
     # ------------------------------------------------------------------ OpenAI-style calls
     async def chat_completion(self, **kwargs: Any) -> Any:
         """Chat completion from exact token ids; returns an ``openai`` ``ChatCompletion``.
@@ -301,22 +356,23 @@ class ManagedServer:
             raise ValueError("chat_completion needs a non-empty `messages` list")
         tools = kwargs.pop("tools", None)
         tool_choice = kwargs.pop("tool_choice", None)
+        parse = bool(self.tool_parser) and bool(tools) and tool_choice != "none"
+        translator = self._get_translator() if self.tool_parser else None
+        if translator is not None:
+            messages = translator.convert_messages_for_template(messages)
         prompt = self._render_chat(messages, tools)
         nodes, texts = await self._generate(prompt, kwargs)
-        parse = bool(self.tool_parser) and bool(tools) and tool_choice != "none"
         choices = []
         for i, (node, text) in enumerate(zip(nodes, texts, strict=True)):
             message = ChatCompletionMessage.model_construct(role="assistant", content=text)
             finish_reason = node.metadata["finish_reason"]
             if parse:
-                from openai.types.chat import ChatCompletionMessageToolCall
-
-                content, calls = parse_tool_calls(text)
+                content, calls = self._parse_tool_calls(
+                    translator, prompt, node, text, tool_choice, tools
+                )
                 if calls:
                     message = ChatCompletionMessage.model_construct(
-                        role="assistant",
-                        content=content,
-                        tool_calls=[ChatCompletionMessageToolCall.model_validate(c) for c in calls],
+                        role="assistant", content=content, tool_calls=calls
                     )
                     if finish_reason == "stop":
                         finish_reason = "tool_calls"

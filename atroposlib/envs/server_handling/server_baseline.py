@@ -515,6 +515,28 @@ class APIServer(ABC):
             metrics_dict[f"server/{name}_{prefix}failed_requests"] = m.failures
         return metrics_dict
 
+    # Upstream Atropos exposes the per-request metrics as these attributes; ours are bounded
+    # to the last ``rolling_buffer_length`` requests.
+    @property
+    def request_timings(self) -> deque[float]:
+        """Seconds taken by recent train-split requests (oldest first)."""
+        return self._metrics["train"].timings
+
+    @property
+    def attempts_list(self) -> deque[int]:
+        """Attempts made by recent train-split requests."""
+        return self._metrics["train"].attempts
+
+    @property
+    def eval_request_timings(self) -> deque[float]:
+        """Seconds taken by recent eval-split requests (oldest first)."""
+        return self._metrics["eval"].timings
+
+    @property
+    def eval_attempts_list(self) -> deque[int]:
+        """Attempts made by recent eval-split requests."""
+        return self._metrics["eval"].attempts
+
     # ------------------------------------------------------------------ request machinery
     def _prepare_kwargs(self, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         split = kwargs.pop("split", "train")

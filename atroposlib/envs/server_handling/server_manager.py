@@ -225,7 +225,8 @@ class ServerManager:
         healthy = [s for s in servers if s.server_healthy]
         pool = healthy or servers
         sem_of = (lambda s: s.sem) if split == "train" else (lambda s: s.eval_sem)
-        return max(pool, key=lambda s: (sem_of(s).free_slots(), -s.in_flight))
+        # servers built outside APIServer (test doubles) may not count requests in flight
+        return max(pool, key=lambda s: (sem_of(s).free_slots(), -getattr(s, "in_flight", 0)))
 
     async def _route(self, method: str, kwargs: dict[str, Any]) -> Any:
         split = kwargs.get("split", "train")
