@@ -67,6 +67,9 @@ class TrainerConfig(BaseSettings):
     wandb_group: str | None = Field(default=None, description="W&B group.")
     use_wandb: bool = Field(default=False, description="Log to Weights & Biases (lazy import; "
                             "set WANDB_MODE=offline to stay off the network).")
+    plot_every: int = Field(default=5, ge=0, description="Redraw <run_dir>/plot.png (reward, "
+                            "eval accuracy, loss, KL, clip fraction, completion length, step "
+                            "time) every N steps during training (0: only at the end).")
 
     # ---------------------------------------------------------------- optimisation
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "

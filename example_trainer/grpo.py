@@ -99,7 +99,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     # ------------------------------------------------------------------ vLLM + bookkeeping
     vllm = VLLMSync(config, run_dir)
     runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
-                    config.model_dump(mode="json"))
+                    config.model_dump(mode="json"), plot_every=config.plot_every)
     stop = _install_stop_handler()
     steps_done = 0
     eval_before = eval_after = math.nan
