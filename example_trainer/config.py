@@ -67,6 +67,11 @@ class TrainerConfig(BaseSettings):
     wandb_group: str | None = Field(default=None, description="W&B group.")
     use_wandb: bool = Field(default=False, description="Log to Weights & Biases (lazy import; "
                             "set WANDB_MODE=offline to stay off the network).")
+    tensorboard: bool = Field(default=False, description="Also log every metric to TensorBoard "
+                              "event files in <run_dir>/tensorboard (view with `tensorboard "
+                              "--logdir runs`).")
+    tensorboard_dir: str | None = Field(default=None, description="TensorBoard log directory "
+                                        "instead of <run_dir>/tensorboard (implies --tensorboard).")
     plot_every: int = Field(default=5, ge=0, description="Redraw <run_dir>/plot.png (reward, "
                             "eval accuracy, loss, KL, clip fraction, completion length, step "
                             "time) every N steps during training (0: only at the end).")

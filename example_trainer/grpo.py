@@ -99,7 +99,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     # ------------------------------------------------------------------ vLLM + bookkeeping
     vllm = VLLMSync(config, run_dir)
     runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
-                    config.model_dump(mode="json"), plot_every=config.plot_every)
+                    config.model_dump(mode="json"), plot_every=config.plot_every,
+                    tensorboard_dir=Path(config.tensorboard_dir or run_dir / "tensorboard")
+                    if config.tensorboard or config.tensorboard_dir else None)
     stop = _install_stop_handler()
     steps_done = 0
     eval_before = eval_after = math.nan

@@ -74,7 +74,7 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 class RunLog:
-    """Per-step metrics: console line, ``metrics.jsonl``, optional wandb, plot and summary.
+    """Per-step metrics: console line, ``metrics.jsonl``, optional wandb and TensorBoard, plot.
 
     Attributes:
         run_dir: the run directory.
@@ -84,11 +84,13 @@ class RunLog:
 
     def __init__(self, run_dir: Path, use_wandb: bool = False, wandb_project: str | None = None,
                  wandb_group: str | None = None, config: dict[str, Any] | None = None,
-                 plot_every: int = 0):
+                 plot_every: int = 0, tensorboard_dir: Path | None = None):
         """Open ``<run_dir>/metrics.jsonl`` (and a wandb run when ``use_wandb``).
 
         ``plot_every`` > 0 redraws ``<run_dir>/plot.png`` every that many trainer steps while
-        training runs (0: only when :meth:`plot` is called).
+        training runs (0: only when :meth:`plot` is called). ``tensorboard_dir`` set: every
+        numeric metric is also written there as a TensorBoard scalar (tag = metric key,
+        global step = trainer step) through ``torch.utils.tensorboard.SummaryWriter``.
         """
         self.run_dir = run_dir
         self.plot_every = plot_every
@@ -101,6 +103,11 @@ class RunLog:
 
             self._wandb = wandb.init(project=wandb_project, group=wandb_group, config=config,
                                      dir=str(run_dir), name=f"grpo-{run_dir.name}")
+        self._tensorboard = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(log_dir=str(tensorboard_dir))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Record ``metrics`` for ``step`` and print the main ones on one line."""
@@ -110,6 +117,11 @@ class RunLog:
         self._file.flush()
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
+        if self._tensorboard is not None:
+            for key, value in metrics.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    self._tensorboard.add_scalar(key, value, global_step=step)
+            self._tensorboard.flush()
         keys = ("reward/mean", "loss", "kl", "grad_norm", "clip_fraction", "tokens_per_second",
                 "step_seconds", "sync/update_seconds", "eval/accuracy")
         shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in keys if k in metrics)
@@ -142,8 +154,10 @@ class RunLog:
         write_plot(path, self.history, title=f"GRPO run {self.run_dir.name}")
 
     def close(self) -> None:
-        """Close the metrics file and the wandb run."""
+        """Close the metrics file, the TensorBoard writer and the wandb run."""
         self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
         if self._wandb is not None:
             self._wandb.finish()
 

@@ -76,3 +76,20 @@ def test_run_log_redraws_the_plot_every_n_steps_during_training(tmp_path):
         assert log.maybe_plot(4) is True
     finally:
         log.close()
+
+
+def test_run_log_writes_tensorboard_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = RunLog(tmp_path, tensorboard_dir=tmp_path / "tb")
+    try:
+        log.log(1, {"loss": 0.5, "reward/mean": -1.0, "note": "text is skipped"})
+        log.log(2, {"loss": 0.25, "reward/mean": 1.0})
+    finally:
+        log.close()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"loss", "reward/mean"}
+    assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, -1.0), (2, 1.0)]
+    assert [e.value for e in events.Scalars("loss")] == [0.5, 0.25]
