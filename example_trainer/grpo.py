@@ -42,9 +42,13 @@ from example_trainer.config import TrainerConfig
 
 def main(argv: list[str] | None = None) -> int:
     """Console script ``atropos-grpo``: parse flags (``--help`` lists them) and train."""
-    from pydantic_settings import CliApp
+    from pydantic_settings import CliApp, CliSettingsSource
 
-    config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv)
+    from atroposlib.utils.cli import ArgumentParser
+
+    source = CliSettingsSource(TrainerConfig, root_parser=ArgumentParser(prog="atropos-grpo"))
+    config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv,
+                        cli_settings_source=source)
     summary = train(config)
     finished = summary.get("steps") == config.training_steps or summary.get("stopped_by_time_budget")
     return 0 if finished and summary.get("steps") else 1

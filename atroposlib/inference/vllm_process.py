@@ -451,9 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
-    import argparse
+    from atroposlib.utils.cli import ArgumentParser
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m atroposlib.inference.vllm_process",
         description="Start a stock vLLM OpenAI server with the atroposlib defaults (CPU: eager "
         "fp32; dev mode for weight reloads) and keep it running until Ctrl-C.",
