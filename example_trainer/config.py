@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def default_model_dir() -> str:
     """The bundled SmolLM2-135M-Instruct directory (``atropos-bundled-model`` prepares it)."""
-    root = os.environ.get("ATROPOS_CACHE_DIR") or str(Path.home() / ".cache" / "atroposlib")
-    return str(Path(root) / "bundled" / "SmolLM2-135M-Instruct")
+    from atroposlib.inference.bundled import bundled_model_dir
+
+    return str(bundled_model_dir())
 
 
 class TrainerConfig(BaseSettings):
-    """Settings of ``atropos-grpo``.
+    """Settings of atropos-grpo, the GRPO example trainer.
 
-    Each field is a kebab-case flag (``--training-steps 20``), a YAML key under ``trainer:`` in an ``atropos-launch`` config, or an environment variable
-    ``ATROPOS_GRPO_<FIELD>``; precedence: defaults < env vars < YAML/flags.
+    Each setting is a kebab-case flag (--training-steps 20), a key under trainer: in an
+    atropos-launch YAML file, or an environment variable ATROPOS_GRPO_<FIELD>. Precedence:
+    defaults < environment variables < YAML and flags. Pass null for "unset".
     """
 
     model_config = SettingsConfigDict(
@@ -29,13 +29,15 @@ class TrainerConfig(BaseSettings):
         cli_kebab_case=True,
         cli_implicit_flags=True,
         cli_prog_name="atropos-grpo",
+        cli_hide_none_type=True,
         validate_assignment=True,
     )
 
     # ---------------------------------------------------------------- model and run
-    model: str = Field(default_factory=default_model_dir,
-                       description="Policy to train: a local HF model directory or hub id "
-                       "(default: the bundled SmolLM2-135M-Instruct).")
+    model: str = Field(default=None, validate_default=True,
+                       description="Policy to train: a local HF model directory or hub id; "
+                       "null: the bundled SmolLM2-135M-Instruct (atropos-bundled-model prints "
+                       "its path).")
     run_dir: str | None = Field(default=None, description="Directory for checkpoints, logs, "
                                 "metrics.jsonl, plot.png and summary.json (default: "
                                 "runs/<UTC timestamp>).")
@@ -82,6 +84,14 @@ class TrainerConfig(BaseSettings):
     wandb_group: str | None = Field(default=None, description="W&B group.")
     use_wandb: bool = Field(default=False, description="Log to Weights & Biases (lazy import; "
                             "set WANDB_MODE=offline to stay off the network).")
+    tensorboard: bool = Field(default=False, description="Also log every metric to TensorBoard "
+                              "event files in <run_dir>/tensorboard (view with `tensorboard "
+                              "--logdir runs`).")
+    tensorboard_dir: str | None = Field(default=None, description="TensorBoard log directory "
+                                        "instead of <run_dir>/tensorboard (implies --tensorboard).")
+    plot_every: int = Field(default=5, ge=0, description="Redraw <run_dir>/plot.png (reward, "
+                            "eval accuracy, loss, KL, clip fraction, completion length, step "
+                            "time) every N steps during training (0: only at the end).")
 
     # ---------------------------------------------------------------- optimisation
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "
@@ -184,6 +194,11 @@ class TrainerConfig(BaseSettings):
         if self.scale_rewards == "auto":
             return self.loss_type != "dr_grpo"
         return self.scale_rewards == "group"
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _default_model(cls, value: str | None) -> str:
+        return default_model_dir() if value is None else value
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

@@ -42,9 +42,13 @@ from example_trainer.config import TrainerConfig
 
 def main(argv: list[str] | None = None) -> int:
     """Console script ``atropos-grpo``: parse flags (``--help`` lists them) and train."""
-    from pydantic_settings import CliApp
+    from pydantic_settings import CliApp, CliSettingsSource
 
-    config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv)
+    from atroposlib.utils.cli import ArgumentParser
+
+    source = CliSettingsSource(TrainerConfig, root_parser=ArgumentParser(prog="atropos-grpo"))
+    config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv,
+                        cli_settings_source=source)
     summary = train(config)
     finished = summary.get("steps") == config.training_steps or summary.get("stopped_by_time_budget")
     return 0 if finished and summary.get("steps") else 1
@@ -134,7 +138,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         past = ckpt_io.read_history(run_dir, start_step)
         ckpt_io.append_resume_marker(run_dir, start_step)
     runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
-                    config.model_dump(mode="json"))
+                    config.model_dump(mode="json"), plot_every=config.plot_every,
+                    tensorboard_dir=Path(config.tensorboard_dir or run_dir / "tensorboard")
+                    if config.tensorboard or config.tensorboard_dir else None)
     if resume is not None:
         runlog.history = [r for r in past if "loss" in r]
         runlog.evals = [(r["step"], r["eval/accuracy"]) for r in past if "eval/accuracy" in r]

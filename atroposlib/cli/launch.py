@@ -446,9 +446,9 @@ class Launcher:
 
 def main(argv: list[str] | None = None) -> int:
     """Console script ``atropos-launch CONFIG.yaml [--run-dir DIR]``."""
-    import argparse
+    from atroposlib.utils.cli import ArgumentParser
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="atropos-launch",
         description="Run run-api, the GRPO trainer (with its vLLM) and the environments from one "
         "YAML file; logs go to <run_dir>/logs/<name>.log and the console.")

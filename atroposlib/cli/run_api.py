@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from atroposlib.api.settings import SETTINGS_ENV, ApiSettings
+from atroposlib.utils.cli import ArgumentParser
 
 
 def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
@@ -50,7 +51,7 @@ def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``run-api`` argument parser (one flag per ApiSettings field)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="run-api",
         description="Run the atroposlib trajectory API (Atropos 0.4 compatible) in the foreground.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -16,6 +16,8 @@ import argparse
 import sys
 from typing import Any
 
+from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser
+
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: view-run does not register"
 _ALL = "all envs"
 _NO_ENV = "no env id"
@@ -23,14 +25,14 @@ _NO_ENV = "no env id"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``view-run``."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="view-run",
         description="Show the rollout groups arriving at a running trajectory API in a local web "
         "page (Gradio): chat messages, scores, a per-env filter, refresh and auto refresh. Reads "
         "the API's read-only GET /observe tap, so it does not take data from the trainer.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--api-url", default="http://localhost:8000", help="base URL of run-api")
+    parser.add_argument("--api-url", default=DEFAULT_API_URL, help="base URL of run-api")
     parser.add_argument("--api-key", default=None,
                         help="bearer token of run-api; None falls back to $ATROPOS_API_KEY")
     parser.add_argument("--host", default="127.0.0.1",

@@ -10,7 +10,6 @@ CLI: ``jsonl2html groups.jsonl [-o groups.html]``.
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import logging
@@ -18,6 +17,8 @@ import math
 import sys
 from pathlib import Path
 from typing import Any
+
+from atroposlib.utils.cli import ArgumentParser
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def generate_html(input_path: str | Path, output_path: str | Path | None = None)
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point ``jsonl2html INPUT [-o OUTPUT]``."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="jsonl2html", description="Render a JSONL file of scored groups as HTML."
     )
     parser.add_argument("input_path", help="JSONL file written by `process` or the API.")

@@ -15,7 +15,6 @@ tokens/s plus the speed-up ratios over the single stream::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -23,6 +22,8 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from atroposlib.utils.cli import ArgumentParser
 
 PROMPT = "Write a short story about a robot who learns to paint."
 
@@ -98,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m atroposlib.inference.throughput", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--base-url", default="http://127.0.0.1:9100/v1")

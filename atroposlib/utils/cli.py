@@ -1,6 +1,7 @@
-"""Map pydantic config models to argparse options (``--prefix.field``) and back to dicts.
+"""Command-line plumbing shared by every console script.
 
-Only the mapping lives here; parsing is argparse's and validation is pydantic's. Values stay
+The ``ArgumentParser`` with did-you-mean errors, shared defaults, and the mapping of pydantic
+config models to argparse options (``--prefix.field``) and back to dicts: parsing is argparse's and validation is pydantic's. Values stay
 strings (pydantic coerces them), except ``None``/``null`` -> None and JSON lists/objects.
 A flag given without a value means ``true`` (``--env.use_wandb``); negative numbers can be
 written ``--env.x=-1`` or ``--env.x -1``.
@@ -19,6 +20,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from atroposlib.errors import ConfigError
+
+#: Default ``--api-url`` of the command-line tools: where ``run-api`` listens by default.
+DEFAULT_API_URL = "http://127.0.0.1:8000"
 
 #: Strings that mean None on the command line.
 NONE_STRINGS = frozenset({"None", "none", "null", "~"})
@@ -149,6 +153,24 @@ def unknown_flag_message(unknown: list[str], parser: argparse.ArgumentParser) ->
     return "\n".join(lines)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors name the closest known flag, before the usage.
+
+    A mistyped flag (``--num-seq 5``) fails with ``prog: error: unknown option --num-seq; did
+    you mean --num-seqs-to-save?`` first and the short usage after it, so the hint is not lost
+    below a long usage dump. Every atroposlib console script builds its parser from this class
+    (Python 3.14's ``suggest_on_error`` is not available on 3.11). Subparsers inherit it.
+    """
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Print ``prog: error: message`` (with did-you-mean hints), the usage line; exit 2."""
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):  # argparse's own wording, also when a library parses
+            message = unknown_flag_message(message[len(prefix):].split(), self)
+        self.exit(2, f"{self.prog}: error: {message}\n\n{self.format_usage()}"
+                  f"(run {self.prog} --help for every option)\n")
+
+
 def validation_error_message(
     exc: ValidationError, prefix: str | None, source: str = "configuration"
 ) -> str:
@@ -166,7 +188,9 @@ def validation_error_message(
 
 
 __all__ = [
+    "DEFAULT_API_URL",
     "NONE_STRINGS",
+    "ArgumentParser",
     "add_model_options",
     "collect_overrides",
     "convert_value",

@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.fixtures.api_server import start_run_api
+from tests.fixtures.api_server import free_port, start_run_api
 from tests.tools.groups import load_tokenizer, make_group
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -73,7 +73,7 @@ def test_dpo_gen_console_script_runs(api_with_groups, tmp_path):
                        text=True, env=ENV, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "wrote 0 lines from 0 of 0 groups" in r.stderr  # no env 5 in this run
-    assert out.read_text() == ""
+    assert not out.exists() and "no file written" in r.stderr  # an empty file would block a rerun
 
 
 def test_dpo_gen_leaves_no_helper_thread_behind(api_with_groups, tmp_path):
@@ -94,3 +94,11 @@ def test_help_does_not_import_heavy_libraries():
             "heavy = {'torch', 'transformers', 'datasets', 'gradio'} & set(sys.modules); "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_dpo_gen_failed_run_leaves_no_file(tmp_path, capsys):
+    from atroposlib.cli.dpo import main
+    out = tmp_path / "dpo.jsonl"
+    assert main([str(out), "--api-url", f"http://127.0.0.1:{free_port()}", "--quiet"]) == 1
+    assert "cannot reach" in capsys.readouterr().err
+    assert not out.exists()

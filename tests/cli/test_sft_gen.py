@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.fixtures.api_server import start_run_api
+from tests.fixtures.api_server import free_port, start_run_api
 from tests.tools.groups import load_tokenizer, make_group
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -144,3 +144,31 @@ def test_sft_gen_ctrl_c_keeps_lines_and_reports(api_with_groups, tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted; wrote 2 lines" in err
     assert len(lines(out)) == 2
+
+
+def test_sft_gen_failed_run_leaves_no_file_and_the_next_run_works(sft_gen, api_with_groups, tmp_path):
+    out = tmp_path / "sft.jsonl"
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    r = sft_gen(out, "--api-url", dead, "--quiet")
+    assert r.returncode == 1 and "cannot reach" in r.stderr
+    assert not out.exists()  # no empty file to block the retry
+    r = sft_gen(out, "--api-url", api_with_groups.url, "--num-seqs-to-save", 2, "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_sft_gen_suggests_the_flag_before_the_usage(sft_gen):
+    r = sft_gen("--save-top-n-per-grup", 2)
+    assert r.returncode == 2
+    first, rest = r.stderr.split("\n", 1)
+    assert "did you mean --save-top-n-per-group?" in first
+    assert "usage: atropos-sft-gen" in rest
+
+
+def test_sft_gen_defaults_to_the_bundled_tokenizer_and_local_api():
+    from atroposlib.inference.bundled import bundled_model_dir
+    from atroposlib.tools.cli_common import build_parser
+
+    args = build_parser("sft").parse_args([])
+    assert args.tokenizer == str(bundled_model_dir())
+    assert args.api_url == "http://127.0.0.1:8000"

@@ -76,7 +76,7 @@ def test_cpu_command_line_and_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     proc = VLLMProcess(tmp_path, port=1234, extra_args=["--seed", "7"], env={"FOO": "bar"})
     cmd = proc.command()
-    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
     assert cmd[cmd.index("--dtype") + 1] == "float32"  # auto -> fp32 on CPU (exact logprobs)
     assert cmd[cmd.index("--served-model-name") + 1] == "smollm2"
     assert cmd[cmd.index("--max-model-len") + 1] == "2048"
