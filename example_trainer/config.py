@@ -178,6 +178,16 @@ class TrainerConfig(BaseSettings):
                              "results.all reported as eval accuracy.")
     eval_timeout: float = Field(default=600.0, gt=0, description="Seconds one evaluation may take.")
 
+    # ---------------------------------------------------------------- several processes
+    fsdp: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Shard the policy over the processes torchrun starts "
+        "(FSDP2): auto = on when WORLD_SIZE > 1; off = the single-process trainer. batch_size "
+        "must be a multiple of processes x micro_batch_size.")
+    collective_timeout: float = Field(default=300.0, gt=0, description="Seconds a training "
+                                      "collective waits for the other ranks before failing "
+                                      "(a dead or hung rank ends the run with an error, never "
+                                      "a hang).")
+
     @property
     def scale_advantages(self) -> bool:
         """Whether score advantages are divided by the group's std (``scale_rewards`` resolved)."""

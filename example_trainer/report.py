@@ -145,10 +145,32 @@ class RunLog:
             self._wandb.finish()
 
 
-def write_summary(path: Path, **fields: Any) -> dict[str, Any]:
-    """Write ``summary.json`` (NaN becomes null) and return what was written."""
+class NullRunLog:
+    """A :class:`RunLog` that records nothing: what the ranks other than rank 0 log to."""
+
+    def __init__(self) -> None:
+        """No files, no wandb."""
+        self.history: list[dict[str, Any]] = []
+        self.evals: list[tuple[int, float]] = []
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Ignore ``metrics``."""
+
+    def log_eval(self, step: int, metrics: dict[str, float], metric: str) -> None:
+        """Ignore the evaluation."""
+
+    def plot(self, path: Path) -> None:
+        """Draw nothing."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def write_summary(path: Path | None, **fields: Any) -> dict[str, Any]:
+    """Write ``summary.json`` (NaN becomes null; nothing written when ``path`` is None) and return it."""
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in fields.items()}
-    path.write_text(json.dumps(clean, indent=2) + "\n")
+    if path is not None:
+        path.write_text(json.dumps(clean, indent=2) + "\n")
     return clean
 
 
