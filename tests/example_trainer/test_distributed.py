@@ -107,6 +107,12 @@ def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F
     assert any(not torch.equal(one[k], start[k]) for k in one)  # it trained
     assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-5
     assert (tmp_path / "two/checkpoints/step_2/model.safetensors").exists()
+    # a plain HF directory: same config as the single-process one, loadable by transformers
+    config = "checkpoints/final/config.json"
+    assert json.loads((tmp_path / "one" / config).read_text()) == json.loads((tmp_path / "two" / config).read_text())
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "two/checkpoints/final")
 
     def steps(run: str) -> list[dict]:
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
