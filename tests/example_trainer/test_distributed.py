@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,12 +63,48 @@ def test_fsdp_flag_must_match_how_the_trainer_was_launched():
     assert not setup(TrainerConfig(), cpu, {}).enabled  # auto in one process: today's path
 
 
-def _run_trainer(argv: list[str], model: Path, run_dir: Path) -> tuple[subprocess.CompletedProcess, dict]:
+class FakeVLLM:
+    """A stand-in vLLM (uvicorn on 127.0.0.1) that answers the reload calls and records the weights."""
+
+    def __init__(self) -> None:
+        import uvicorn
+        from fastapi import FastAPI
+
+        self.reloads: list[list[str]] = []  # tensor names of each reloaded model.safetensors
+        app = FastAPI()
+
+        @app.get("/health")
+        def health() -> dict:
+            return {}
+
+        @app.post("/collective_rpc")
+        def collective_rpc(body: dict) -> dict:
+            path = Path(body["kwargs"]["weights_path"]) / "model.safetensors"
+            self.reloads.append(sorted(_load_state(path.parent)))
+            return {}
+
+        @app.post("/reset_prefix_cache")
+        def reset() -> dict:
+            return {}
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM) -> tuple[subprocess.CompletedProcess, dict]:
     """Run the trainer command against a fresh run-api fed the same 3 batches; return its output."""
     api = start_run_api()
     try:
         flags = ["--model", str(model), "--run-dir", str(run_dir), "--api-url", api.url,
-                 "--vllm-url", "http://127.0.0.1:9/v1", "--weight-sync", "none",
+                 "--vllm-url", f"http://127.0.0.1:{vllm.port}/v1", "--weight-sync", "reload",
                  "--training-steps", "3", "--batch-size", "8", "--micro-batch-size", "2",
                  "--lr", "1e-3", "--kl-coef", "0.1", "--batch-timeout", "120",
                  "--checkpoint-interval", "2", "--dtype", "float32", "--torch-threads", "1"]
@@ -91,12 +128,20 @@ def _run_trainer(argv: list[str], model: Path, run_dir: Path) -> tuple[subproces
 
 @needs_tokenizer
 def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F811
-    single, single_status = _run_trainer([sys.executable, "-m", "example_trainer.grpo"],
-                                         tiny_model, tmp_path / "one")
-    assert single.returncode == 0, single.stdout[-3000:]
-    sharded, sharded_status = _run_trainer([*_torchrun(2), "-m", "example_trainer.grpo"],
-                                           tiny_model, tmp_path / "two")
-    assert sharded.returncode == 0, sharded.stdout[-3000:]
+    vllm = FakeVLLM()
+    try:
+        single, single_status = _run_trainer([sys.executable, "-m", "example_trainer.grpo"],
+                                             tiny_model, tmp_path / "one", vllm)
+        assert single.returncode == 0, single.stdout[-3000:]
+        single_reloads, vllm.reloads = vllm.reloads, []
+        sharded, sharded_status = _run_trainer([*_torchrun(2), "-m", "example_trainer.grpo"],
+                                               tiny_model, tmp_path / "two", vllm)
+        assert sharded.returncode == 0, sharded.stdout[-3000:]
+    finally:
+        vllm.stop()
+    # rank 0 alone reloaded vLLM after each step, with the whole model gathered from the shards
+    assert len(single_reloads) == len(vllm.reloads) == 3
+    assert vllm.reloads == single_reloads
     assert "x 2 ranks (FSDP)" in sharded.stdout
     # rank 0 alone pulled the batches: exactly 3 consumed, nothing left
     assert single_status["queue_size"] == sharded_status["queue_size"] == 0
