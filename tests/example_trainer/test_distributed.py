@@ -107,6 +107,8 @@ def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM) ->
                  "--vllm-url", f"http://127.0.0.1:{vllm.port}/v1", "--weight-sync", "reload",
                  "--training-steps", "3", "--batch-size", "8", "--micro-batch-size", "2",
                  "--lr", "1e-3", "--kl-coef", "0.1", "--batch-timeout", "120",
+                 # token-level normalisation: the divisor must be the whole step's token count
+                 "--loss-type", "dapo",
                  "--checkpoint-interval", "2", "--dtype", "float32", "--torch-threads", "1"]
         log = open(run_dir.parent / f"{run_dir.name}.log", "w+")  # noqa: SIM115
         proc = subprocess.Popen([*argv, *flags], cwd=ROOT, env=_env(), stdout=log,
