@@ -121,7 +121,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     start_step = 0
     if resume is not None:
         start_step = ckpt_io.load_training_state(model, optimizer, resume)
-        print(f"[grpo] resuming from {resume.path} after step {start_step}", flush=True)
+        if dist.is_main:
+            print(f"[grpo] resuming from {resume.path} after step {start_step}", flush=True)
 
     def save_checkpoint(name: str) -> None:
         def write_weights(out: Path) -> None:

@@ -99,17 +99,18 @@ class FakeVLLM:
         self.thread.join(10)
 
 
-def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run the trainer command against a fresh run-api fed the same 3 batches; return its output."""
+def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM, steps: int = 3,
+                 seeds: range = range(6), extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run the trainer against a fresh run-api fed groups ``seeds`` (2 per batch); return its output."""
     api = start_run_api()
     try:
         flags = ["--model", str(model), "--run-dir", str(run_dir), "--api-url", api.url,
                  "--vllm-url", f"http://127.0.0.1:{vllm.port}/v1", "--weight-sync", "reload",
-                 "--training-steps", "3", "--batch-size", "8", "--micro-batch-size", "2",
+                 "--training-steps", str(steps), "--batch-size", "8", "--micro-batch-size", "2",
                  "--lr", "1e-3", "--kl-coef", "0.1", "--batch-timeout", "120",
                  # token-level normalisation: the divisor must be the whole step's token count
                  "--loss-type", "dapo",
-                 "--checkpoint-interval", "2", "--dtype", "float32", "--torch-threads", "1"]
+                 "--checkpoint-interval", "2", "--dtype", "float32", "--torch-threads", "1", *extra]
         log = open(run_dir.parent / f"{run_dir.name}.log", "w+")  # noqa: SIM115
         proc = subprocess.Popen([*argv, *flags], cwd=ROOT, env=_env(), stdout=log,
                                 stderr=subprocess.STDOUT)
@@ -118,7 +119,7 @@ def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM) ->
             while client.info()["batch_size"] != 8:
                 assert time.monotonic() < deadline and proc.poll() is None, Path(log.name).read_text()
                 time.sleep(0.3)
-            for seed in range(6):  # 3 batches of 2 groups of 4
+            for seed in seeds:  # batches of 2 groups of 4
                 client.post_scored_data(_group(seed))
             proc.wait(300)
             status = client.status()
@@ -139,16 +140,23 @@ def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F
         sharded, sharded_status = _run_trainer([*_torchrun(2), "-m", "example_trainer.grpo"],
                                                tiny_model, tmp_path / "two", vllm)
         assert sharded.returncode == 0, sharded.stdout[-3000:]
+        sharded_reloads, two_final = list(vllm.reloads), _load_state(tmp_path / "two/checkpoints/final")
+        # resumed sharded: every rank reloads the full checkpoint and optimizer state, trains step 4
+        resumed, _ = _run_trainer([*_torchrun(2), "-m", "example_trainer.grpo"], tiny_model,
+                                  tmp_path / "two", vllm, steps=4, seeds=range(6, 8),
+                                  extra=("--resume", str(tmp_path / "two")))
+        assert resumed.returncode == 0, resumed.stdout[-3000:]
+        assert "resuming from" in resumed.stdout and "after step 3" in resumed.stdout
     finally:
         vllm.stop()
     # rank 0 alone reloaded vLLM after each step, with the whole model gathered from the shards
-    assert len(single_reloads) == len(vllm.reloads) == 3
-    assert vllm.reloads == single_reloads
+    assert len(single_reloads) == len(sharded_reloads) == 3
+    assert sharded_reloads == single_reloads
     assert "x 2 ranks (FSDP)" in sharded.stdout
     # rank 0 alone pulled the batches: exactly 3 consumed, nothing left
     assert single_status["queue_size"] == sharded_status["queue_size"] == 0
 
-    one, two = _load_state(tmp_path / "one/checkpoints/final"), _load_state(tmp_path / "two/checkpoints/final")
+    one, two = _load_state(tmp_path / "one/checkpoints/final"), two_final
     start = _load_state(tiny_model)
     assert one.keys() == two.keys()
     assert any(not torch.equal(one[k], start[k]) for k in one)  # it trained
@@ -166,13 +174,13 @@ def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F
         return [json.loads(x) for x in lines if "loss" in json.loads(x)]
 
     a, b = steps("one"), steps("two")
-    assert [x["step"] for x in a] == [x["step"] for x in b] == [1, 2, 3]
-    for x, y in zip(a, b, strict=True):
+    assert [x["step"] for x in a] == [1, 2, 3] and [x["step"] for x in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b[:3], strict=True):
         assert y["loss"] == pytest.approx(x["loss"], abs=1e-6)
         assert y["kl"] == pytest.approx(x["kl"], abs=1e-6)
         assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
         assert y["trained_tokens"] == x["trained_tokens"] == 8 * 6  # summed over both ranks
-    assert json.loads((tmp_path / "two/summary.json").read_text())["steps"] == 3
+    assert json.loads((tmp_path / "two/summary.json").read_text())["steps"] == 4
 
 
 DIES_EARLY = """
