@@ -61,6 +61,8 @@ def test_fsdp_flag_must_match_how_the_trainer_was_launched():
     with pytest.raises(ValueError, match="--fsdp on needs the variables torchrun sets"):
         setup(TrainerConfig(fsdp="on"), cpu, {})
     assert not setup(TrainerConfig(), cpu, {}).enabled  # auto in one process: today's path
+    with pytest.raises(ValueError, match="--lora-r is not supported with FSDP"):
+        setup(TrainerConfig(lora_r=8), cpu, {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x"})
 
 
 class FakeVLLM:
