@@ -336,7 +336,7 @@ def setup(config: TrainerConfig, device: Any, environ: dict[str, str] | None = N
     check_batch_layout(config.batch_size, config.micro_batch_size, world)
     if config.lora_r:
         raise ValueError("--lora-r is not supported with FSDP yet: train the adapter in one "
-                         "process (no torchrun, or --fsdp off)")
+                         "process (without torchrun)")
 
     import torch
     import torch.distributed as dist
