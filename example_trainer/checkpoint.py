@@ -117,7 +117,7 @@ def require_checkpoint(run_dir: str | Path, lora: bool) -> Checkpoint:
 
 
 def save_checkpoint(out_dir: Path, *, step: int, model: Any, optimizer: Any,
-                    write_weights: Callable[[Path], None], lora: bool) -> Path:
+                    write_weights: Callable[[Path], None], lora: bool, is_main: bool = True) -> Path:
     """Atomically write a checkpoint: weights (by ``write_weights``) plus the training state.
 
     Args:
@@ -127,6 +127,8 @@ def save_checkpoint(out_dir: Path, *, step: int, model: Any, optimizer: Any,
         optimizer: its optimizer.
         write_weights: writes the weights (HF model dir and/or ``adapter/``) into a directory.
         lora: whether the weights are a LoRA adapter.
+        is_main: False on the FSDP ranks other than 0: they take part in gathering the
+            optimizer state (every rank must call this together) and write nothing.
 
     Returns:
         ``out_dir``.
@@ -134,15 +136,17 @@ def save_checkpoint(out_dir: Path, *, step: int, model: Any, optimizer: Any,
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)  # collective
     out_dir = Path(out_dir)
+    if not is_main:
+        return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write_weights(tmp)
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    torch.save({"step": step, "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
-                "rng": capture_rng()}, tmp / STATE_FILE)
+    torch.save({"step": step, "optimizer": optimizer_state, "rng": capture_rng()}, tmp / STATE_FILE)
     (tmp / META_FILE).write_text(json.dumps({"step": step, "lora": lora}) + "\n")
     old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
     if out_dir.exists():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -187,6 +188,16 @@ class TrainerConfig(BaseSettings):
     eval_metric: str = Field(default="eval/accuracy", description="Key in metrics.json "
                              "results.all reported as eval accuracy.")
     eval_timeout: float = Field(default=600.0, gt=0, description="Seconds one evaluation may take.")
+
+    # ---------------------------------------------------------------- several processes
+    fsdp: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Shard the policy over the processes torchrun starts "
+        "(FSDP2): auto = on when WORLD_SIZE > 1; off = the single-process trainer. batch_size "
+        "must be a multiple of processes x micro_batch_size.")
+    collective_timeout: float = Field(default=300.0, gt=0, description="Seconds a training "
+                                      "collective waits for the other ranks before failing "
+                                      "(a dead or hung rank ends the run with an error, never "
+                                      "a hang).")
 
     @property
     def scale_advantages(self) -> bool:

@@ -67,31 +67,37 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from atroposlib.api.client import AtroposClient
     from atroposlib.api.models import Registration
     from example_trainer import checkpoint as ckpt_io
-    from example_trainer import lora
+    from example_trainer import distributed, lora
     from example_trainer.data import batch_to_sequences, make_micro_batches
     from example_trainer.loss import grpo_loss, objective_options, token_logprobs
-    from example_trainer.report import RunLog, run_eval_command, write_summary
+    from example_trainer.report import NullRunLog, RunLog, run_eval_command, write_summary
     from example_trainer.vllm_sync import VLLMSync, save_weights
 
     wall_start = time.perf_counter()
+    device = torch.device("cuda" if config.device == "cuda" or (
+        config.device == "auto" and torch.cuda.is_available()) else "cpu")
+    # under torchrun: check the batch layout, join the process group (rank 0 talks to the API)
+    dist = distributed.setup(config, device)
+    device = dist.device
     # checked before anything heavy loads: a bad --resume fails in a second, with the fix
     resume = ckpt_io.require_checkpoint(config.resume, config.lora_r > 0) if config.resume else None
     # ------------------------------------------------------------------ run directory
-    run_dir = Path(config.run_dir or config.resume
-                   or Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "trainer_config.json").write_text(config.model_dump_json(indent=2))
-    print(f"[grpo] run directory: {run_dir}", flush=True)
+    run_dir = Path(dist.from_main(config.run_dir or config.resume
+                                  or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))))
+    if dist.is_main:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "trainer_config.json").write_text(config.model_dump_json(indent=2))
+        print(f"[grpo] run directory: {run_dir}", flush=True)
 
     # ------------------------------------------------------------------ model and optimizer
     torch.manual_seed(config.seed)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    device = torch.device("cuda" if config.device == "cuda" or (
-        config.device == "auto" and torch.cuda.is_available()) else "cpu")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
         config.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model, tokenizer = load_policy(config.model, device, dtype, config.attn_implementation)
+    # sharded: every rank loads on the CPU and FSDP moves its own shard to the device
+    load_device = torch.device("cpu") if dist.enabled else device
+    model, tokenizer = load_policy(config.model, load_device, dtype, config.attn_implementation)
     if config.lora_r:
         model = lora.apply_lora(model, r=config.lora_r, alpha=config.lora_alpha,
                                 dropout=config.lora_dropout, target_modules=config.lora_target_modules,
@@ -102,6 +108,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         model.gradient_checkpointing_enable()
         if config.lora_r:  # frozen embeddings: inputs must carry grad for checkpointed blocks
             model.enable_input_require_grads()
+    model = dist.shard(model)
     if resume is not None:
         if resume.lora:
             lora.load_adapter(model, resume.adapter_dir)
@@ -109,14 +116,17 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             ckpt_io.load_full_weights(model, resume)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    print(f"[grpo] training {sum(p.numel() for p in trainable) / 1e6:.1f}M of "
-          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {device}", flush=True)
+    if dist.is_main:
+        print(f"[grpo] training {_numel(trainable) / 1e6:.1f}M of {_numel(model.parameters()) / 1e6:.1f}M "
+              f"parameters on {device}" + (f" x {dist.world_size} ranks (FSDP)" if dist.enabled else ""),
+              flush=True)
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.adam_betas,
                                   weight_decay=config.weight_decay)
     start_step = 0
     if resume is not None:
         start_step = ckpt_io.load_training_state(model, optimizer, resume)
-        print(f"[grpo] resuming from {resume.path} after step {start_step}", flush=True)
+        if dist.is_main:
+            print(f"[grpo] resuming from {resume.path} after step {start_step}", flush=True)
 
     def save_checkpoint(name: str) -> None:
         def write_weights(out: Path) -> None:
@@ -124,24 +134,33 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 lora.save_adapter(model, out / "adapter")
                 if name != "final":  # a full model only where something must load one
                     return
-            save_weights(lora.export_model(model), tokenizer, out, True)
+            save_weights(lora.export_model(model), tokenizer, out, True, state_dict=full)
 
+        full = dist.full_state_dict(model)  # sharded: every rank gathers, rank 0 writes
         ckpt_io.save_checkpoint(run_dir / "checkpoints" / name, step=steps_done, model=model,
                                 optimizer=optimizer, write_weights=write_weights,
-                                lora=lora.is_lora(model))
+                                lora=lora.is_lora(model), is_main=dist.is_main)
+
+    def sync_vllm() -> dict[str, float]:
+        # every rank takes part in gathering the weights; rank 0 writes and reloads them
+        full = dist.full_state_dict(model)
+        metrics = vllm.sync(model, tokenizer, state_dict=full) if dist.is_main else {}
+        dist.wait_for_main()
+        return metrics
     reference = None  # frozen starting policy for the KL term, loaded on first need
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # ------------------------------------------------------------------ vLLM + bookkeeping
     vllm = VLLMSync(config, run_dir)
-    if resume is not None:
+    if resume is not None and dist.is_main:
         past = ckpt_io.read_history(run_dir, start_step)
         ckpt_io.append_resume_marker(run_dir, start_step)
     runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
                     config.model_dump(mode="json"), plot_every=config.plot_every,
                     tensorboard_dir=Path(config.tensorboard_dir or run_dir / "tensorboard")
-                    if config.tensorboard or config.tensorboard_dir else None)
-    if resume is not None:
+                    if config.tensorboard or config.tensorboard_dir else None
+                    ) if dist.is_main else NullRunLog()
+    if resume is not None and dist.is_main:
         runlog.history = [r for r in past if "loss" in r]
         runlog.evals = [(r["step"], r["eval/accuracy"]) for r in past if "eval/accuracy" in r]
     stop = _install_stop_handler()
@@ -149,15 +168,17 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     eval_before = eval_after = math.nan
     train_seconds = 0.0
     out_of_time = False
+    failure: BaseException | None = None
     try:
-        print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
-        vllm_seconds = vllm.start()
-        print(f"[grpo] vLLM ready at {vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
+        if dist.is_main:
+            print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
+            vllm_seconds = vllm.start()
+            print(f"[grpo] vLLM ready at {vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
         if resume is not None or config.weight_sync == "lora":
-            vllm.sync(model, tokenizer)  # serve the resumed policy (or the first adapter)
+            sync_vllm()  # serve the resumed policy (or the first adapter)
 
         def evaluate(step: int) -> float:
-            if not config.eval_command:
+            if not config.eval_command or not dist.is_main:
                 return math.nan
             metrics = run_eval_command(
                 config.eval_command, base_url=vllm.base_url, model_name=vllm.model_name,
@@ -172,31 +193,33 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             eval_before = next((a for s, a in runlog.evals if s == 0), math.nan)
 
         # -------------------------------------------------------------- register with run-api
-        client = AtroposClient(config.api_url, api_key=config.api_key)
-        client.register(Registration(
-            wandb_group=config.wandb_group or "", wandb_project=config.wandb_project or "",
-            batch_size=config.batch_size, max_token_len=config.max_token_len,
-            checkpoint_dir=str(run_dir / "checkpoints"),
-            save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
-            starting_step=start_step, num_steps=config.training_steps))
-        print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
+        client = AtroposClient(config.api_url, api_key=config.api_key) if dist.is_main else None
+        if client is not None:
+            client.register(Registration(
+                wandb_group=config.wandb_group or "", wandb_project=config.wandb_project or "",
+                batch_size=config.batch_size, max_token_len=config.max_token_len,
+                checkpoint_dir=str(run_dir / "checkpoints"),
+                save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
+                starting_step=start_step, num_steps=config.training_steps))
+            print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
 
         train_start = time.perf_counter()
         last_step_total = 0.0
         for step in range(start_step + 1, config.training_steps + 1):
-            if stop.requested:
+            if dist.from_main(stop.requested):  # rank 0 decides for every rank
                 print("[grpo] stop requested: finishing early", flush=True)
                 break
             # stop when the next step (assumed as long as the last one) would overrun the budget
             elapsed = time.perf_counter() - train_start
-            if config.max_train_seconds and elapsed + last_step_total > config.max_train_seconds:
+            if dist.from_main(bool(config.max_train_seconds)
+                              and elapsed + last_step_total > config.max_train_seconds):
                 print(f"[grpo] time budget of {config.max_train_seconds:.0f}s used after "
                       f"{steps_done} steps: finishing", flush=True)
                 out_of_time = True
                 break
             # ---------------------------------------------------------- 1. one batch
             wait_start = time.perf_counter()
-            batch = wait_for_batch(client, config.batch_timeout, stop)
+            batch = _shared_batch(dist, client, config.batch_timeout, stop)
             if batch is None:
                 break
             wait_s = time.perf_counter() - wait_start
@@ -210,14 +233,18 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             # ---------------------------------------------------------- 2. loss and backward
             if config.kl_coef > 0 and reference is None and any(
                     _needs_reference(mb) for mb in micro_batches):
-                reference, _ = load_policy(config.model, device, dtype, config.attn_implementation)
-                reference.eval().requires_grad_(False)
+                reference, _ = load_policy(config.model, load_device, dtype, config.attn_implementation)
+                reference = dist.shard(reference.requires_grad_(False)).eval()
+            # step-wide normalisers (sequence or token counts) come from `sequences`/`stats` or
+            # the whole list above; from here on each rank keeps only its share of micro-batches
+            micro_batches = dist.my_share(micro_batches)  # all of them in a single process
             sums: dict[str, float] = {}
             for mb in micro_batches:
                 mb = mb.to(device)
                 logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
                 ref_lp = mb.ref_logprobs
-                if config.kl_coef > 0 and _needs_reference(mb):  # rows the env sent none for
+                # rows the env sent none for; sharded, every rank runs the (collective) forward
+                if config.kl_coef > 0 and reference is not None and (dist.enabled or _needs_reference(mb)):
                     with torch.no_grad():
                         ref_logits = reference(input_ids=mb.input_ids,
                                                attention_mask=mb.attention_mask).logits
@@ -230,16 +257,18 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                                 kl_coef=config.kl_coef, distill_token_ids=mb.distill_token_ids,
                                 distill_logprobs=mb.distill_logprobs,
                                 distill_coef=config.distill_coef, **objective_options(config))
-                out.loss.backward()
+                (out.loss * dist.grad_scale).backward()  # x N: FSDP averages over the N ranks
                 for key, value in out.metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
                 sums["loss"] = sums.get("loss", 0.0) + out.loss.item()
+                sums["attended_tokens"] = sums.get("attended_tokens", 0.0) + float(mb.attention_mask.sum())
+            sums = dist.sum_metrics(sums)  # over ranks: each rank saw its share of the batch
 
             # ---------------------------------------------------------- 3. optimizer step
             lr = config.lr * min(1.0, step / config.warmup_steps) if config.warmup_steps else config.lr
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            grad_norm = dist.scalar(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             compute_s = time.perf_counter() - step_start
@@ -247,7 +276,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             # ---------------------------------------------------------- 4. sync vLLM
             sync_metrics: dict[str, float] = {}
             if step % config.weight_sync_interval == 0 or step == config.training_steps:
-                sync_metrics = vllm.sync(model, tokenizer)
+                sync_metrics = sync_vllm()
 
             # ---------------------------------------------------------- 5. checkpoint
             steps_done = step
@@ -260,7 +289,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             runlog.log(step, {
                 "loss": sums["loss"], "pg_loss": sums["pg_loss"] / n, "kl": sums["kl"] / n,
                 "ratio": sums["ratio"] / n, "clip_fraction": sums["clip_fraction"] / n,
-                "logprob": sums["logprob"] / n, "grad_norm": float(grad_norm), "lr": lr,
+                "logprob": sums["logprob"] / n, "grad_norm": grad_norm, "lr": lr,
                 "reward/mean": sum(scores) / n, "reward/max": max(scores), "reward/min": min(scores),
                 "advantage/mean": sum(stats.advantages) / n,
                 "advantage/abs_mean": sum(abs(a) for a in stats.advantages) / n,
@@ -271,7 +300,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 **({"distill_kl": sums["distill_kl_sum"] / sums["distill_tokens"]}
                    if sums["distill_tokens"] else {}),
                 "max_len": stats.max_len,
-                "tokens_per_second": sum(int(mb.attention_mask.sum()) for mb in micro_batches) / compute_s,
+                "tokens_per_second": sums["attended_tokens"] / compute_s,  # all ranks together
                 "step_seconds": compute_s, "batch_wait_seconds": wait_s, **sync_metrics,
             })
 
@@ -280,24 +309,29 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             # ---------------------------------------------------------- 7. periodic eval
             if config.eval_interval and step % config.eval_interval == 0 and step != config.training_steps:
                 if step % config.weight_sync_interval != 0:
-                    vllm.sync(model, tokenizer)
+                    sync_vllm()
                 evaluate(step)
         train_seconds = time.perf_counter() - train_start
 
         # -------------------------------------------------------------- final checkpoint + eval
         save_checkpoint("final")
-        if steps_done and config.eval_command and not stop.requested:
+        if steps_done and config.eval_command and not dist.from_main(stop.requested):
             if steps_done % config.weight_sync_interval and steps_done != config.training_steps:
-                vllm.sync(model, tokenizer)
+                sync_vllm()
             eval_after = evaluate(steps_done)
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        vllm.stop()
-        vllm.cleanup()  # the sync copy duplicates checkpoints/final
+        dist.close(failure)  # the other ranks wait here for rank 0's final eval
+        if dist.is_main:
+            vllm.stop()
+            vllm.cleanup()  # the sync copy duplicates checkpoints/final
         wall = time.perf_counter() - wall_start
         if runlog.history:
             runlog.plot(run_dir / "plot.png")
         summary = write_summary(
-            run_dir / "summary.json", steps=steps_done, training_steps=config.training_steps,
+            run_dir / "summary.json" if dist.is_main else None, steps=steps_done, training_steps=config.training_steps,
             wall_seconds=wall, train_loop_seconds=train_seconds,
             eval_accuracy_before=eval_before, eval_accuracy_after=eval_after,
             eval_accuracy_delta=eval_after - eval_before,
@@ -309,7 +343,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
         )
         runlog.close()
-        print(f"[grpo] summary: {summary}", flush=True)
+        if dist.is_main:
+            print(f"[grpo] summary: {summary}", flush=True)
     return summary
 
 
@@ -407,6 +442,30 @@ def _install_stop_handler() -> _StopFlag:
         except ValueError:  # not the main thread (e.g. called from a test thread)
             pass
     return flag
+
+
+def _shared_batch(dist: Any, client: Any, timeout: float, stop: Any) -> list[dict[str, Any]] | None:
+    """Rank 0 pulls one batch with :func:`wait_for_batch`; every rank returns it (None: stop).
+
+    Raises:
+        TimeoutError, ApiError: on rank 0, as :func:`wait_for_batch`.
+        RuntimeError: on the other ranks, when rank 0 got no batch (the message says why).
+    """
+    if not dist.enabled:
+        return wait_for_batch(client, timeout, stop)
+    try:
+        batch = wait_for_batch(client, timeout, stop) if dist.is_main else None
+    except Exception as exc:
+        dist.from_main(f"rank 0 got no batch: {type(exc).__name__}: {exc}")
+        raise
+    shared = dist.from_main(batch)
+    if isinstance(shared, str):
+        raise RuntimeError(shared)
+    return shared
+
+
+def _numel(params: Any) -> int:
+    return sum(p.numel() for p in params)
 
 
 def _needs_reference(mb: Any) -> bool:

@@ -162,6 +162,27 @@ class RunLog:
             self._wandb.finish()
 
 
+class NullRunLog:
+    """A :class:`RunLog` that records nothing: what the ranks other than rank 0 log to."""
+
+    def __init__(self) -> None:
+        """No files, no wandb."""
+        self.history: list[dict[str, Any]] = []
+        self.evals: list[tuple[int, float]] = []
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Ignore ``metrics``."""
+
+    def log_eval(self, step: int, metrics: dict[str, float], metric: str) -> None:
+        """Ignore the evaluation."""
+
+    def plot(self, path: Path) -> None:
+        """Draw nothing."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
 # (title, [(metric key, legend label)]) per panel; a panel without data in the history is skipped.
 PLOT_PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("reward", (("reward/mean", "mean"), ("reward/max", "max"), ("reward/min", "min"))),
@@ -254,10 +275,11 @@ def write_plot(path: Path, history: list[dict[str, Any]], title: str = "GRPO run
         tmp.unlink(missing_ok=True)
 
 
-def write_summary(path: Path, **fields: Any) -> dict[str, Any]:
-    """Write ``summary.json`` (NaN becomes null) and return what was written."""
+def write_summary(path: Path | None, **fields: Any) -> dict[str, Any]:
+    """Write ``summary.json`` (NaN becomes null; nothing written when ``path`` is None) and return it."""
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in fields.items()}
-    path.write_text(json.dumps(clean, indent=2) + "\n")
+    if path is not None:
+        path.write_text(json.dumps(clean, indent=2) + "\n")
     return clean
 
 

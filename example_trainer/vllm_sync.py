@@ -9,7 +9,8 @@ from typing import Any
 from atroposlib.errors import InferenceError
 
 
-def save_weights(model: Any, tokenizer: Any, out_dir: Path, with_tokenizer: bool) -> float:
+def save_weights(model: Any, tokenizer: Any, out_dir: Path, with_tokenizer: bool,
+                 state_dict: dict[str, Any] | None = None) -> float:
     """Write ``model`` as a HF directory (``model.safetensors`` + config) and return the seconds.
 
     Args:
@@ -17,13 +18,15 @@ def save_weights(model: Any, tokenizer: Any, out_dir: Path, with_tokenizer: bool
         tokenizer: its tokenizer (saved when ``with_tokenizer``; vLLM needs it to start).
         out_dir: target directory (created; files overwritten).
         with_tokenizer: also save the tokenizer files.
+        state_dict: the weights to write instead of the model's own, e.g. the full state dict
+            gathered from FSDP shards; None saves ``model`` as it is.
 
     Returns:
         Seconds spent saving.
     """
     begin = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir, safe_serialization=True, state_dict=state_dict)
     if with_tokenizer:
         tokenizer.save_pretrained(out_dir)
     return time.perf_counter() - begin
@@ -111,12 +114,13 @@ class VLLMSync:
             return []
         return ["--enable-lora", "--max-lora-rank", str(self.config.lora_r), "--max-loras", "1"]
 
-    def sync(self, model: Any, tokenizer: Any) -> dict[str, float]:
+    def sync(self, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None = None) -> dict[str, float]:
         """Push the current weights to vLLM according to ``weight_sync``.
 
         Args:
             model: the policy being trained.
             tokenizer: its tokenizer (needed by ``restart``).
+            state_dict: full weights to write instead of ``model``'s own (gathered FSDP shards).
 
         Returns:
             ``{"sync/save_seconds", "sync/update_seconds"}`` (zeros for ``none``).
@@ -132,7 +136,7 @@ class VLLMSync:
         from example_trainer.lora import export_model
 
         save_s = save_weights(export_model(model), tokenizer, self.weights_dir,
-                              with_tokenizer=mode == "restart")
+                              with_tokenizer=mode == "restart", state_dict=state_dict)
         if mode == "restart":
             update_s = self.process.restart(model=self.weights_dir, timeout=self.config.vllm_start_timeout)
         elif self.process is not None:

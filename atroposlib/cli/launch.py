@@ -77,7 +77,8 @@ class LaunchConfig(BaseModel):
     trainer: dict[str, Any] = Field(default_factory=dict, description="atropos-grpo settings "
                                     "(TrainerConfig fields); api_url, run_dir and vllm_port are "
                                     "filled in by the launcher. With vllm_url the envs use that "
-                                    "server and the trainer launches none.")
+                                    "server and the trainer launches none. nproc_per_node: N "
+                                    "(> 1) runs the trainer as N FSDP processes under torchrun.")
     envs: list[EnvSection] = Field(min_length=1, description="Environments to serve.")
     eval_env: str | None = Field(default=None, description="Name of the env whose `evaluate` "
                                  "runs before/after training (sets trainer.eval_command).")
@@ -99,6 +100,10 @@ class LaunchConfig(BaseModel):
             if key in self.trainer:
                 raise ValueError(f"trainer.{key} is set by atropos-launch; remove it from the "
                                  "config (use api.port / run_dir instead)")
+        nproc = self.trainer.get("nproc_per_node", 1)
+        if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+            raise ValueError(f"trainer.nproc_per_node must be a whole number >= 1 (training "
+                             f"processes on this node), got {nproc!r}")
         return self
 
 
@@ -124,7 +129,8 @@ def load_config(path: str | Path) -> LaunchConfig:
         raise ConfigError(f"{path}: the top level must be a mapping (trainer:, envs:, ...)")
     try:
         config = LaunchConfig.model_validate(data)
-        TrainerConfig.model_validate({**config.trainer, "api_url": "http://x", "run_dir": "x"})
+        trainer = {k: v for k, v in config.trainer.items() if k != "nproc_per_node"}
+        TrainerConfig.model_validate({**trainer, "api_url": "http://x", "run_dir": "x"})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())
@@ -187,6 +193,18 @@ def trainer_flags(values: dict[str, Any]) -> list[str]:
         else:
             out += [flag, str(value)]
     return out
+
+
+def trainer_command(nproc_per_node: int) -> list[str]:
+    """The argv that starts ``atropos-grpo``: plain Python for 1 process, torchrun for more.
+
+    ``torch.distributed.run --standalone`` gives the processes a local rendezvous on a free port;
+    the trainer sees ``WORLD_SIZE`` and shards the policy with FSDP.
+    """
+    if nproc_per_node <= 1:
+        return [sys.executable, "-m", "example_trainer.grpo"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc_per_node), "-m", "example_trainer.grpo"]
 
 
 class Part:
@@ -365,6 +383,7 @@ class Launcher:
 
             # 2. trainer (launches vLLM itself, evaluates, then registers)
             trainer_values = dict(cfg.trainer)
+            nproc = trainer_values.pop("nproc_per_node", 1)
             port_flags: list[str] = []
             if trainer_values.get("vllm_url"):  # an already-running vLLM (e.g. in tests)
                 base_url = str(trainer_values["vllm_url"]).rstrip("/")
@@ -388,7 +407,7 @@ class Launcher:
                     "--env.data_dir_to_save_evals", "{out_dir}",
                 ])
             trainer = self.start("trainer", [
-                sys.executable, "-m", "example_trainer.grpo", *trainer_flags(trainer_values),
+                *trainer_command(nproc), *trainer_flags(trainer_values),
                 "--api-url", api_url, "--run-dir", str(self.run_dir), *port_flags])
             self._wait_until("trainer registered with run-api",
                              lambda: (info() or {}).get("batch_size", -1) > 0,

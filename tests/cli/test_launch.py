@@ -11,7 +11,7 @@ import psutil
 import pytest
 import yaml
 
-from atroposlib.cli.launch import Launcher, flags, load_config, main, trainer_flags
+from atroposlib.cli.launch import Launcher, flags, load_config, main, trainer_command, trainer_flags
 from atroposlib.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +48,7 @@ def test_quickstart_config_is_valid():
         ({"envs": [{"name": "a", "script": "environments/arithmetic_server.py"}], "eval_env": "b"}, "eval_env"),
         ({"envs": [{"name": "a", "script": "nope/missing.py"}]}, "not found"),
         ({"envs": [{"name": "a", "script": "environments/arithmetic_server.py", "bogus": 1}]}, "bogus"),
+        ({"trainer": {"nproc_per_node": 0}, "envs": [{"name": "a", "script": "environments/arithmetic_server.py"}]}, "nproc_per_node must be"),
     ],
 )
 def test_bad_configs_raise_config_error_naming_the_problem(tmp_path, data, match):
@@ -70,6 +71,14 @@ def test_flag_rendering():
                           "vllm_extra_args": ["--a", "b"], "run_dir": None}) == [
         "--training-steps", "3", "--no-use-wandb", "--gradient-checkpointing",
         "--vllm-extra-args", '["--a", "b"]']
+
+
+def test_nproc_per_node_runs_the_trainer_under_torchrun(tmp_path):
+    config = load_config(_write(tmp_path, _base(tmp_path, nproc_per_node=4, batch_size=16, micro_batch_size=2)))
+    assert config.trainer["nproc_per_node"] == 4
+    assert trainer_command(4) == [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc-per-node", "4", "-m", "example_trainer.grpo"]
+    assert trainer_command(1) == [sys.executable, "-m", "example_trainer.grpo"]
 
 
 def _descendants_alive(pids):

@@ -1,0 +1,207 @@
+"""The trainer across processes: real torchrun (gloo on the CPU), a real run-api, a tiny Llama."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from atroposlib.api.client import AtroposClient
+from example_trainer.config import TrainerConfig
+from example_trainer.distributed import check_batch_layout, setup, world_from_env
+from example_trainer.grpo import train
+from tests.example_trainer.test_grpo_loop import _group, _load_state, needs_tokenizer, tiny_model  # noqa: F401
+from tests.fixtures.api_server import free_port, start_run_api
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return {**env, **extra}
+
+
+def _torchrun(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+
+
+def test_batch_layout_must_split_over_ranks_and_micro_batches():
+    check_batch_layout(16, 4, 2)
+    check_batch_layout(10, 4, 1)  # one process: a short last micro-batch is fine
+    with pytest.raises(ValueError, match=r"--batch-size 10 .* 2 ranks x --micro-batch-size 4 .*e\.g\. 8 or 16"):
+        check_batch_layout(10, 4, 2)
+    assert world_from_env({}) == (1, 0, 0)
+    assert world_from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}) == (4, 3, 1)
+
+
+def test_bad_layout_fails_before_the_model_loads(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    config = TrainerConfig(model=str(tmp_path / "no-such-model"), run_dir=str(tmp_path / "run"),
+                           batch_size=6, micro_batch_size=2)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        train(config)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fsdp_flag_must_match_how_the_trainer_was_launched():
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="--fsdp off trains in one process"):
+        setup(TrainerConfig(fsdp="off"), cpu, {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x"})
+    with pytest.raises(ValueError, match="--fsdp on needs the variables torchrun sets"):
+        setup(TrainerConfig(fsdp="on"), cpu, {})
+    assert not setup(TrainerConfig(), cpu, {}).enabled  # auto in one process: today's path
+    with pytest.raises(ValueError, match="--lora-r is not supported with FSDP"):
+        setup(TrainerConfig(lora_r=8), cpu, {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x"})
+
+
+class FakeVLLM:
+    """A stand-in vLLM (uvicorn on 127.0.0.1) that answers the reload calls and records the weights."""
+
+    def __init__(self) -> None:
+        import uvicorn
+        from fastapi import FastAPI
+
+        self.reloads: list[list[str]] = []  # tensor names of each reloaded model.safetensors
+        app = FastAPI()
+
+        @app.get("/health")
+        def health() -> dict:
+            return {}
+
+        @app.post("/collective_rpc")
+        def collective_rpc(body: dict) -> dict:
+            path = Path(body["kwargs"]["weights_path"]) / "model.safetensors"
+            self.reloads.append(sorted(_load_state(path.parent)))
+            return {}
+
+        @app.post("/reset_prefix_cache")
+        def reset() -> dict:
+            return {}
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM, steps: int = 3,
+                 seeds: range = range(6), extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run the trainer against a fresh run-api fed groups ``seeds`` (2 per batch); return its output."""
+    api = start_run_api()
+    try:
+        flags = ["--model", str(model), "--run-dir", str(run_dir), "--api-url", api.url,
+                 "--vllm-url", f"http://127.0.0.1:{vllm.port}/v1", "--weight-sync", "reload",
+                 "--training-steps", str(steps), "--batch-size", "8", "--micro-batch-size", "2",
+                 "--lr", "1e-3", "--kl-coef", "0.1", "--batch-timeout", "120",
+                 # token-level normalisation: the divisor must be the whole step's token count
+                 "--loss-type", "dapo",
+                 "--checkpoint-interval", "2", "--dtype", "float32", "--torch-threads", "1", *extra]
+        log = open(run_dir.parent / f"{run_dir.name}.log", "w+")  # noqa: SIM115
+        proc = subprocess.Popen([*argv, *flags], cwd=ROOT, env=_env(), stdout=log,
+                                stderr=subprocess.STDOUT)
+        with AtroposClient(api.url) as client:
+            deadline = time.monotonic() + 180
+            while client.info()["batch_size"] != 8:
+                assert time.monotonic() < deadline and proc.poll() is None, Path(log.name).read_text()
+                time.sleep(0.3)
+            for seed in seeds:  # batches of 2 groups of 4
+                client.post_scored_data(_group(seed))
+            proc.wait(300)
+            status = client.status()
+        log.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, log.read()), status
+    finally:
+        api.stop()
+
+
+@needs_tokenizer
+def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F811
+    vllm = FakeVLLM()
+    try:
+        single, single_status = _run_trainer([sys.executable, "-m", "example_trainer.grpo"],
+                                             tiny_model, tmp_path / "one", vllm)
+        assert single.returncode == 0, single.stdout[-3000:]
+        single_reloads, vllm.reloads = vllm.reloads, []
+        sharded, sharded_status = _run_trainer([*_torchrun(2), "-m", "example_trainer.grpo"],
+                                               tiny_model, tmp_path / "two", vllm)
+        assert sharded.returncode == 0, sharded.stdout[-3000:]
+        sharded_reloads, two_final = list(vllm.reloads), _load_state(tmp_path / "two/checkpoints/final")
+        # resumed sharded: every rank reloads the full checkpoint and optimizer state, trains step 4
+        resumed, _ = _run_trainer([*_torchrun(2), "-m", "example_trainer.grpo"], tiny_model,
+                                  tmp_path / "two", vllm, steps=4, seeds=range(6, 8),
+                                  extra=("--resume", str(tmp_path / "two")))
+        assert resumed.returncode == 0, resumed.stdout[-3000:]
+        assert "resuming from" in resumed.stdout and "after step 3" in resumed.stdout
+    finally:
+        vllm.stop()
+    # rank 0 alone reloaded vLLM after each step, with the whole model gathered from the shards
+    assert len(single_reloads) == len(sharded_reloads) == 3
+    assert sharded_reloads == single_reloads
+    assert "x 2 ranks (FSDP)" in sharded.stdout
+    # rank 0 alone pulled the batches: exactly 3 consumed, nothing left
+    assert single_status["queue_size"] == sharded_status["queue_size"] == 0
+
+    one, two = _load_state(tmp_path / "one/checkpoints/final"), two_final
+    start = _load_state(tiny_model)
+    assert one.keys() == two.keys()
+    assert any(not torch.equal(one[k], start[k]) for k in one)  # it trained
+    assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-5
+    assert (tmp_path / "two/checkpoints/step_2/model.safetensors").exists()
+    # a plain HF directory: same config as the single-process one, loadable by transformers
+    config = "checkpoints/final/config.json"
+    assert json.loads((tmp_path / "one" / config).read_text()) == json.loads((tmp_path / "two" / config).read_text())
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "two/checkpoints/final")
+
+    def steps(run: str) -> list[dict]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x) for x in lines if "loss" in json.loads(x)]
+
+    a, b = steps("one"), steps("two")
+    assert [x["step"] for x in a] == [1, 2, 3] and [x["step"] for x in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b[:3], strict=True):
+        assert y["loss"] == pytest.approx(x["loss"], abs=1e-6)
+        assert y["kl"] == pytest.approx(x["kl"], abs=1e-6)
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
+        assert y["trained_tokens"] == x["trained_tokens"] == 8 * 6  # summed over both ranks
+    assert json.loads((tmp_path / "two/summary.json").read_text())["steps"] == 4
+
+
+DIES_EARLY = """
+import sys, torch
+from example_trainer.config import TrainerConfig
+from example_trainer.distributed import setup
+dist = setup(TrainerConfig(batch_size=2, micro_batch_size=1, collective_timeout=20), torch.device("cpu"))
+if dist.rank == 1:
+    sys.exit(0)  # leaves without a word, as a crashed or killed rank would
+dist.sum_metrics({"loss": 1.0})
+"""
+
+
+def test_a_rank_that_dies_ends_the_others_with_an_error_naming_it(tmp_path):
+    script = tmp_path / "dies_early.py"
+    script.write_text(DIES_EARLY)
+    proc = subprocess.run([*_torchrun(2), str(script)], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "DistributedError: rank 0: summing step metrics failed" in out, out[-3000:]
+    assert "rank 1" in out.split("DistributedError", 1)[1]
