@@ -82,6 +82,10 @@ class TrainerConfig(BaseSettings):
     wandb_group: str | None = Field(default=None, description="W&B group.")
     use_wandb: bool = Field(default=False, description="Log to Weights & Biases (lazy import; "
                             "set WANDB_MODE=offline to stay off the network).")
+    max_staleness: int | None = Field(default=None, ge=0, description="Sent with /register: "
+                                      "run-api drops groups whose policy_version is more than "
+                                      "this many steps behind the current step (overrides "
+                                      "run-api --max-staleness). None: run-api's setting.")
 
     # ---------------------------------------------------------------- optimisation
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "
