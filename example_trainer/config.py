@@ -93,6 +93,10 @@ class TrainerConfig(BaseSettings):
     plot_every: int = Field(default=5, ge=0, description="Redraw <run_dir>/plot.png (reward, "
                             "eval accuracy, loss, KL, clip fraction, completion length, step "
                             "time) every N steps during training (0: only at the end).")
+    max_staleness: int | None = Field(default=None, ge=0, description="Sent with /register: "
+                                      "run-api drops groups whose policy_version is more than "
+                                      "this many steps behind the current step (overrides "
+                                      "run-api --max-staleness). None: run-api's setting.")
 
     # ---------------------------------------------------------------- optimisation
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "

@@ -200,7 +200,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 batch_size=config.batch_size, max_token_len=config.max_token_len,
                 checkpoint_dir=str(run_dir / "checkpoints"),
                 save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
-                starting_step=start_step, num_steps=config.training_steps))
+                starting_step=start_step, num_steps=config.training_steps,
+                max_staleness=config.max_staleness))
             print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
 
         train_start = time.perf_counter()

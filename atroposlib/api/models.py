@@ -40,6 +40,13 @@ class Registration(BaseModel):
     save_checkpoint_interval: int = Field(description="Trainer checkpoint interval, in steps.")
     starting_step: int = Field(ge=0, description="Step counter value to start from (resume).")
     num_steps: int = Field(description="Total training steps the trainer will run.")
+    # atroposlib extension (stock Atropos servers ignore unknown keys): overrides run-api's
+    # --max-staleness for this run when given.
+    max_staleness: int | None = Field(
+        default=None, ge=0,
+        description="Drop queued groups more than this many policy versions (trainer steps) older "
+        "than the current step instead of serving them (null: use run-api's --max-staleness).",
+    )
 
 
 class RegistrationResponse(BaseModel):
@@ -125,6 +132,13 @@ class ScoredData(BaseModel):
     distill_logprobs: list[list[list[float]]] | None = Field(
         default=None, description="[G][T_i][K] teacher top-k log-probs."
     )
+    # atroposlib extension: stock Atropos servers ignore this key (unknown keys are dropped) and
+    # stock envs never send it. It is kept as queue metadata, not served back in /batch.
+    policy_version: int | None = Field(
+        default=None, ge=0,
+        description="Policy version (trainer step) of the weights that generated this group; "
+        "run-api --max-staleness drops groups that are too old. Null: never dropped.",
+    )
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -154,8 +168,9 @@ class ScoredData(BaseModel):
 PER_TOKEN_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
 _SHAPE_FIELDS = ("tokens", "masks", "scores", *PER_TOKEN_FIELDS, "overrides", "messages",
                  "distill_token_ids", "distill_logprobs")
-#: Every field of a stored group, in wire order (the 14 keys upstream returns).
-GROUP_FIELDS = tuple(ScoredData.model_fields)
+#: Every field of a stored group, in wire order (the 14 keys upstream returns; ``policy_version``
+#: is queue metadata, not part of the served group).
+GROUP_FIELDS = tuple(name for name in ScoredData.model_fields if name != "policy_version")
 
 
 def group_shape_error(group: dict[str, Any]) -> str | None:
@@ -258,6 +273,14 @@ class Status(BaseModel):
 
     current_step: int = Field(description="Batches served so far (plus starting_step).")
     queue_size: int = Field(description="Groups queued and not yet served.")
+    max_staleness: int | None = Field(
+        default=None, description="Staleness limit in force (only present when one is set)."
+    )
+    stale_groups_dropped: dict[str, int] | None = Field(
+        default=None,
+        description="Groups dropped as too stale, per env id ('null' for groups without one); "
+        "present when a staleness limit is set or something was dropped.",
+    )
 
 
 class EnvStatus(BaseModel):
@@ -269,6 +292,11 @@ class EnvStatus(BaseModel):
     self_queue_size: int = Field(description="This env's own queued groups.")
     max_group_size: int = Field(description="Largest group size in the queue (>= 1).")
     env_weight: float = Field(description="This env's share of inference weight (>= 0.01).")
+    stale_groups_dropped: int | None = Field(
+        default=None,
+        description="This env's groups dropped as too stale (present when a staleness limit is "
+        "set or something was dropped).",
+    )
 
 
 class Info(BaseModel):

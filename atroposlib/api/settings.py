@@ -95,6 +95,13 @@ class ApiSettings(BaseModel):
         default=4_000_000, ge=0,
         description="Token budget of the served groups kept for GET /observe.",
     )
+    max_staleness: int | None = Field(
+        default=None, ge=0,
+        description="Drop queued groups whose policy_version (the trainer step of the weights "
+        "that generated them) is more than this many steps behind the current step, instead of "
+        "serving them; counted per env in /status. Groups without a policy_version are never "
+        "dropped. A trainer's /register max_staleness overrides it. Default: no limit.",
+    )
     env_heartbeat_timeout_s: float | None = Field(
         default=600.0,
         description="An env silent this long (no /status-env poll, no data) stops counting for "

@@ -162,6 +162,8 @@ class ApiState:
             self.buffered_tokens += p.n_tokens
             self.next_partial_id = max(self.next_partial_id, p.id + 1)
         self.latest_id: int | None = max(self.groups) if self.groups else None
+        #: groups dropped as too stale, per env id as a string ("null": no env id)
+        self.stale_dropped: Counter[str] = Counter(meta.get("stale_dropped", {}))
         self.version = 0
         self._no_batch_key: tuple | None = None
         self._no_batch_reason = ""
@@ -344,7 +346,8 @@ class ApiState:
                 for group, target, n_tokens in zip(groups, targets, sizes, strict=True):
                     blob = encode_group(group)
                     if target is None or len(group.tokens) == target:
-                        self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob)
+                        self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob,
+                                      group.policy_version)
                         results.append({"status": "received"})
                     else:
                         results.append(self._buffer(group, target, n_tokens, now, blob))
@@ -375,8 +378,9 @@ class ApiState:
                 s.retry_after_s,
             )
 
-    def _enqueue(self, env_id: int | None, n_seqs: int, n_tokens: int, now: float, blob: bytes) -> GroupMeta:
-        g = GroupMeta(self.next_id, env_id, n_seqs, n_tokens, now)
+    def _enqueue(self, env_id: int | None, n_seqs: int, n_tokens: int, now: float, blob: bytes,
+                 policy_version: int | None = None) -> GroupMeta:
+        g = GroupMeta(self.next_id, env_id, n_seqs, n_tokens, now, policy_version=policy_version)
         self.store.put_group(g, blob)
         self.next_id += 1
         self.groups[g.id] = g
@@ -388,7 +392,7 @@ class ApiState:
         env_id = key = group.env_id
         assert key is not None
         p = PartialMeta(self.next_partial_id, key, target, _signature(group, target),
-                        len(group.tokens), n_tokens, now)
+                        len(group.tokens), n_tokens, now, group.policy_version)
         self.next_partial_id += 1
         self.store.put_partial(p, blob)
         buf = self.partials.setdefault(key, [])
@@ -400,12 +404,15 @@ class ApiState:
             parts = [same[i] for i in picked]
             blobs = self.store.partial_blobs([q.id for q in parts])
             merged = merge_partials([group_python(blobs[q.id]) for q in parts])
-            self._enqueue(env_id, target, sum(q.n_tokens for q in parts), now, encode_group(merged))
+            versions = [q.policy_version for q in parts if q.policy_version is not None]
+            self._enqueue(env_id, target, sum(q.n_tokens for q in parts), now, encode_group(merged),
+                          min(versions, default=None))  # the oldest weights that contributed
             self._drop_partials(key, parts)
         while len(buf) > self.settings.max_buffered_groups_per_env:
             oldest = buf[0]
             blob_old = self.store.partial_blobs([oldest.id])[oldest.id]
-            self._enqueue(env_id, oldest.n_seqs, oldest.n_tokens, now, blob_old)
+            self._enqueue(env_id, oldest.n_seqs, oldest.n_tokens, now, blob_old,
+                          oldest.policy_version)
             self._drop_partials(key, [oldest])
             log.warning("env %s: partial-group buffer full (%d groups); queued a partial group of "
                         "%d/%d sequences unmerged", env_id, self.settings.max_buffered_groups_per_env,
@@ -450,6 +457,7 @@ class ApiState:
             with self.store.transaction():
                 self.store.set_meta("started", True)
             log.info("trainer polled /batch: envs may now register")
+        self._drop_stale()
         metas = list(self.queue.values())
         needs = self._needs(reg.batch_size, metas)
         key = (self.version, reg.batch_size, tuple(sorted(needs.items())))
@@ -491,6 +499,43 @@ class ApiState:
                  step, info["groups"], reg.batch_size, info["tokens"], len(self.queue))
         return body, info
 
+    @property
+    def max_staleness(self) -> int | None:
+        """Staleness limit in force: the trainer's registered ``max_staleness``, else the flag's."""
+        reg = self.registration
+        if reg is not None and reg.max_staleness is not None:
+            return reg.max_staleness
+        return self.settings.max_staleness
+
+    def _drop_stale(self) -> None:
+        """Forget queued groups more than ``max_staleness`` policy versions behind the step.
+
+        A group is stale when ``step - policy_version > max_staleness``; groups without a
+        policy_version are kept. Drops are counted per env and persisted with the store.
+        """
+        limit = self.max_staleness
+        if limit is None:
+            return
+        stale = [g for g in self.queue.values()
+                 if g.policy_version is not None and self.step - g.policy_version > limit]
+        if not stale:
+            return
+        for g in stale:
+            self._unindex_queued(g)
+            del self.groups[g.id]
+            self.stale_dropped[orjson.dumps(g.env_id).decode()] += 1
+        try:
+            with self.store.transaction():
+                self.store.delete_groups(g.id for g in stale)
+                self.store.set_meta("stale_dropped", dict(self.stale_dropped))
+        except Exception:
+            log.exception("dropping stale groups failed; reloading state from the store")
+            self._load()
+            raise
+        self._changed()
+        log.info("dropped %d stale groups (policy_version more than %d steps behind step %d): %s",
+                 len(stale), limit, self.step, dict(Counter(g.env_id for g in stale)))
+
     def _why_no_batch(self, batch_size: int, metas: list[GroupMeta], needs: dict[int, int]) -> str:
         """One line telling the trainer's operator why ``/batch`` answered null."""
         total = sum(g.n_seqs for g in metas)
@@ -528,9 +573,17 @@ class ApiState:
         return pruned
 
     # ------------------------------------------------------------------ reads
-    def status(self) -> dict[str, int]:
-        """``GET /status``: current step and number of queued groups."""
-        return {"current_step": self.step, "queue_size": len(self.queue)}
+    def status(self) -> dict[str, Any]:
+        """``GET /status``: current step and number of queued groups.
+
+        With a staleness limit set (or after any drop), also ``max_staleness`` and
+        ``stale_groups_dropped`` (``{env_id: groups}``); otherwise the stock two keys.
+        """
+        out: dict[str, Any] = {"current_step": self.step, "queue_size": len(self.queue)}
+        if self.max_staleness is not None or self.stale_dropped:
+            out["max_staleness"] = self.max_staleness
+            out["stale_groups_dropped"] = dict(self.stale_dropped)
+        return out
 
     def status_env(self, env_id: int) -> dict[str, Any]:
         """``GET /status-env``: queue pressure seen by one env (spec 1.7, without its 500s).
@@ -569,7 +622,8 @@ class ApiState:
             "self_queue_size": self_seqs // env_group_size,
             "max_group_size": max(1, max_group_size),
             "env_weight": env_weight,
-        }
+        } | ({"stale_groups_dropped": self.stale_dropped.get(str(env_id), 0)}
+             if self.max_staleness is not None or self.stale_dropped else {})
 
     def info(self) -> dict[str, int]:
         """``GET /info``: ``batch_size`` and ``max_token_len``, -1 before registration."""

@@ -39,6 +39,7 @@ class GroupMeta:
         n_tokens: total tokens over its sequences.
         received_at: UNIX time it entered the queue.
         served_step: the step whose batch contained it; None while queued.
+        policy_version: trainer step of the weights that generated it, or None (never stale).
     """
 
     id: int
@@ -47,11 +48,15 @@ class GroupMeta:
     n_tokens: int
     received_at: float
     served_step: int | None = None
+    policy_version: int | None = None
 
 
 @dataclass(slots=True)
 class PartialMeta:
-    """A buffered partial group waiting to be merged into a full group of ``target`` sequences."""
+    """A buffered partial group waiting to be merged into a full group of ``target`` sequences.
+
+    ``policy_version`` is the sender's policy version (None: unknown); see :class:`GroupMeta`.
+    """
 
     id: int
     env_id: int
@@ -60,6 +65,7 @@ class PartialMeta:
     n_seqs: int
     n_tokens: int
     received_at: float
+    policy_version: int | None = None
 
 
 @dataclass
@@ -152,15 +158,16 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS envs (id INTEGER PRIMARY KEY, record BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS groups (
     id INTEGER PRIMARY KEY, env_id INTEGER, n_seqs INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
-    received_at REAL NOT NULL, served_step INTEGER);
+    received_at REAL NOT NULL, served_step INTEGER, policy_version INTEGER);
 -- payloads apart from the metadata: marking a group served must not rewrite its blob
 CREATE TABLE IF NOT EXISTS group_blobs (id INTEGER PRIMARY KEY, blob BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS partials (
     id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, target INTEGER NOT NULL,
     signature TEXT NOT NULL, n_seqs INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
-    received_at REAL NOT NULL, blob BLOB NOT NULL);
+    received_at REAL NOT NULL, blob BLOB NOT NULL, policy_version INTEGER);
 """
-_SCHEMA_VERSION = 1
+#: 2 added the policy_version columns (a version-1 file gets them on open).
+_SCHEMA_VERSION = 2
 
 
 def _chunks(ids: Iterable[int], size: int = 500) -> Iterator[list[int]]:
@@ -214,6 +221,10 @@ class SqliteStore:
                 f"({_SCHEMA_VERSION}); upgrade atroposlib or use another --db file"
             )
         self._db.executescript(_SCHEMA)
+        for table in ("groups", "partials"):
+            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if "policy_version" not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN policy_version INTEGER")
         self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         self._depth = 0
 
@@ -226,15 +237,15 @@ class SqliteStore:
             [
                 GroupMeta(*row)
                 for row in db.execute(
-                    "SELECT id, env_id, n_seqs, n_tokens, received_at, served_step "
-                    "FROM groups ORDER BY id"
+                    "SELECT id, env_id, n_seqs, n_tokens, received_at, served_step, "
+                    "policy_version FROM groups ORDER BY id"
                 )
             ],
             [
                 PartialMeta(*row)
                 for row in db.execute(
-                    "SELECT id, env_id, target, signature, n_seqs, n_tokens, received_at "
-                    "FROM partials ORDER BY id"
+                    "SELECT id, env_id, target, signature, n_seqs, n_tokens, received_at, "
+                    "policy_version FROM partials ORDER BY id"
                 )
             ],
         )
@@ -275,8 +286,10 @@ class SqliteStore:
     def put_group(self, meta: GroupMeta, blob: bytes) -> None:
         """Store a queued group."""
         self._db.execute(
-            "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?)",
-            (meta.id, meta.env_id, meta.n_seqs, meta.n_tokens, meta.received_at, meta.served_step),
+            "INSERT INTO groups (id, env_id, n_seqs, n_tokens, received_at, served_step, "
+            "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (meta.id, meta.env_id, meta.n_seqs, meta.n_tokens, meta.received_at, meta.served_step,
+             meta.policy_version),
         )
         self._db.execute("INSERT INTO group_blobs VALUES (?, ?)", (meta.id, blob))
 
@@ -308,9 +321,10 @@ class SqliteStore:
     def put_partial(self, meta: PartialMeta, blob: bytes) -> None:
         """Store a buffered partial group."""
         self._db.execute(
-            "INSERT INTO partials VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO partials (id, env_id, target, signature, n_seqs, n_tokens, received_at, "
+            "blob, policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (meta.id, meta.env_id, meta.target, meta.signature, meta.n_seqs, meta.n_tokens,
-             meta.received_at, blob),
+             meta.received_at, blob, meta.policy_version),
         )
 
     def partial_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:

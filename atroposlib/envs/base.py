@@ -12,6 +12,7 @@ The serve-mode worker loop lives in :mod:`atroposlib.envs.serve`, the CLI in
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import math
@@ -56,6 +57,9 @@ class ScoredDataGroup(TypedDict, total=False):
         images: optional images.
         distill_token_ids: ``[G][T_i][K]`` teacher top-k token ids.
         distill_logprobs: ``[G][T_i][K]`` teacher top-k log-probs.
+        policy_version: trainer step of the weights that generated the group (an atroposlib
+            extension that stock Atropos servers ignore). In serve mode it is set to the step
+            the env knew when the rollout started, unless the env already set it.
     """
 
     tokens: list[list[int]]
@@ -71,6 +75,7 @@ class ScoredDataGroup(TypedDict, total=False):
     images: Any | None
     distill_token_ids: list[list[list[int]]] | None
     distill_logprobs: list[list[list[float]]] | None
+    policy_version: int | None
 
 
 class ScoredDataItem(TypedDict, total=False):
@@ -108,7 +113,11 @@ _ITEM_LIST_FIELDS = (
     "distill_logprobs",
 )
 #: Optional group keys set to None when absent before sending (spec 3.4 step 6).
-_OPTIONAL_GROUP_KEYS = tuple(k for k in ScoredDataGroup.__annotations__ if k not in ("tokens", "masks", "scores"))
+_OPTIONAL_GROUP_KEYS = tuple(k for k in ScoredDataGroup.__annotations__
+                             if k not in ("tokens", "masks", "scores", "policy_version"))
+#: Trainer step when the current rollout started; set per rollout task by the serve loop.
+ROLLOUT_POLICY_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "rollout_policy_version", default=None)
 
 
 def _dedup_path(path: Path) -> Path:
@@ -605,7 +614,9 @@ class BaseEnv:
         """Validate, record and (in serve mode) queue groups for sending to the API.
 
         Groups go to a bounded local outbox drained by the serve loop, so a finished group is
-        never lost to an API outage. Returns the accepted groups.
+        never lost to an API outage. Each sent group gets ``policy_version``: the trainer step
+        when its rollout started (else ``curr_step``), unless it already has one. Returns the
+        accepted groups.
         """
         accepted = self._accept_groups(scored_data, abort_on_any_max_length_exceeded, item)
         if do_send_to_api and accepted:
@@ -615,7 +626,10 @@ class BaseEnv:
                     "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
                     "do_send_to_api=False outside `serve`"
                 )
+            version = ROLLOUT_POLICY_VERSION.get()
             for group in accepted:
+                if group.get("policy_version") is None:
+                    group["policy_version"] = self.curr_step if version is None else version
                 await outbox.put(group)
         return accepted
 

@@ -36,6 +36,7 @@ from tenacity import (
 
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.models import RegisterEnv
+from atroposlib.envs.base import ROLLOUT_POLICY_VERSION
 from atroposlib.envs.config import EvalHandlingEnum
 from atroposlib.envs.server_handling.server_baseline import is_transient_error
 from atroposlib.errors import (
@@ -344,6 +345,8 @@ class ServeLoop:
     # ------------------------------------------------------------------ workers
     async def _worker(self, item: Any) -> None:
         env = self.env
+        # this task's own context: its groups carry the step of the weights they started with
+        ROLLOUT_POLICY_VERSION.set(env.curr_step)
         try:
             result, backlog = await self._collect(item)
             self.backlog.extend(backlog)

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from atroposlib.api.client import AsyncAtroposClient
-from atroposlib.api.models import Registration
+from atroposlib.api.models import RegisterEnv, Registration
 from atroposlib.envs.base import BaseEnvConfig
 from atroposlib.envs.serve import ServeLoop
 from atroposlib.testing.fake_server import FakeServer
@@ -212,3 +212,42 @@ async def test_reregisters_against_an_upstream_api_that_answers_500_for_a_forgot
     loop.stop_event.set()
     await serving
     assert registered == [0, 1] and env.env_id == 1
+
+
+async def test_groups_carry_the_policy_version_their_rollout_started_with(tiny_tokenizer):
+    """A rollout started at step 7 is sent as policy_version 7 even if the step moved meanwhile;
+    run-api --max-staleness then drops it at batch time while a fresh group is served."""
+    from atroposlib.api.factory import build_app
+    from atroposlib.api.settings import ApiSettings
+
+    app = build_app(ApiSettings(max_staleness=1, allowed_hosts=["api"]))
+    config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url="http://api")
+    env = ChatLengthEnv(config, [FakeServer(latency=0.2)])
+    env.tokenizer = tiny_tokenizer
+    loop = ServeLoop(env)
+    await loop.client.aclose()
+    loop.client._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")
+    env._outbox = loop.outbox
+    await env.setup()
+
+    env.curr_step = 7
+    slow = asyncio.create_task(loop._worker(await env.get_next_item()))
+    await asyncio.sleep(0.05)  # the rollout is under way with the step-7 weights
+    env.curr_step = 9
+    await slow
+    await loop._worker(await env.get_next_item())
+    stale, fresh = loop.outbox.get_nowait(), loop.outbox.get_nowait()
+    assert (stale["policy_version"], fresh["policy_version"]) == (7, 9)
+
+    trainer = loop.client
+    await trainer.register(Registration(
+        wandb_group="g", wandb_project="p", batch_size=4, max_token_len=512, checkpoint_dir="",
+        save_checkpoint_interval=-1, starting_step=9, num_steps=100))
+    assert await trainer.get_batch() is None
+    env.env_id = (await trainer.register_env(RegisterEnv(
+        max_token_length=512, desired_name="e", weight=1.0, group_size=4)))["env_id"]
+    assert await loop.send_group(stale) and await loop.send_group(fresh)
+    batch = await trainer.get_batch()
+    assert batch is not None and [g["scores"] for g in batch] == [fresh["scores"]]
+    assert (await trainer.status())["stale_groups_dropped"] == {str(env.env_id): 1}
+    await trainer.aclose()

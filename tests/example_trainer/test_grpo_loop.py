@@ -61,6 +61,7 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
         vllm_url="http://127.0.0.1:9/v1", weight_sync="none", training_steps=2, batch_size=8,
         micro_batch_size=4, lr=1e-3, batch_timeout=60, checkpoint_interval=1, kl_coef=kl_coef,
         distill_coef=kl_coef,  # the second case also trains on the teacher arrays
+        max_staleness=5,  # sent with /register; these groups carry no policy_version: all kept
         eval_command=f"{sys.executable} {eval_script} {{out_dir}} {{step}}")
     before = {k: v.clone() for k, v in _load_state(tiny_model).items()}
     result = {}
@@ -77,6 +78,7 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
         status = client.status()
     assert not thread.is_alive()
     assert result["steps"] == 2 and status["queue_size"] == 2
+    assert status["max_staleness"] == 5 and status["stale_groups_dropped"] == {}
     assert result["eval_accuracy_before"] == 0.25 and result["eval_accuracy_after"] == 0.5
     run = tmp_path / "run"
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
