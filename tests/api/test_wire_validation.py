@@ -11,12 +11,11 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from atroposlib.api.codec import encode_group
-from atroposlib.api.factory import build_app
 from atroposlib.api.models import INT64_MAX, MAX_SIZE, RegisterEnv, Registration, ScoredData
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.state import ApiState
 
-from .conftest import REGISTRATION, make_group, register, register_env, start_trainer
+from .conftest import REGISTRATION, make_app, make_group, register, register_env, start_trainer
 
 BIG = 2**64  # does not fit a signed (or unsigned) 64-bit integer
 
@@ -25,7 +24,7 @@ BIG = 2**64  # does not fit a signed (or unsigned) 64-bit integer
 async def any_client(request, tmp_path) -> AsyncIterator[httpx.AsyncClient]:
     """In-process client of a fresh app, in memory and with a SQLite ``--db``."""
     db = tmp_path / "q.db" if request.param == "sqlite" else None
-    app = build_app(ApiSettings(db=db))
+    app = make_app(db=db)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
         c.app = app  # type: ignore[attr-defined]
@@ -271,7 +270,7 @@ async def test_method_not_allowed_lists_every_method_of_the_path(client) -> None
 
 async def test_guard_errors_are_documented() -> None:
     for key, expected_401 in ((None, False), ("s3cret", True)):
-        app = build_app(ApiSettings(api_key=key))
+        app = make_app(api_key=key)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://api") as c:
             schema = (await c.get("/openapi.json")).json()
@@ -279,6 +278,7 @@ async def test_guard_errors_are_documented() -> None:
             for method, operation in operations.items():
                 codes = set(operation["responses"])
                 assert {"400", "413"} <= codes, (path, method)
+                assert ("415" in codes) == (method == "post"), (path, method)
                 public = path == "/"
                 assert ("401" in codes) == (expected_401 and not public), (path, method)
                 if expected_401 and public:

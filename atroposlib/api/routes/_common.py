@@ -9,7 +9,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
-from atroposlib.api.middleware import PUBLIC_PATHS
+from atroposlib.api.middleware import BODY_METHODS, PUBLIC_PATHS
 
 JSON = "application/json"
 
@@ -45,8 +45,9 @@ def body_schema(ref: str, required: bool = True) -> dict[str, Any]:
 def document_guard_errors(schema: dict[str, Any], secured: bool) -> None:
     """Add to an OpenAPI document the answers the request guard gives before any route runs.
 
-    Every operation may answer 400 (a body that is not valid gzip or cannot be decoded) and 413
-    (a body over the size limits). With an API key every operation but ``GET /`` may answer 401,
+    Every operation may answer 400 (a Host the server does not serve, a body that is not valid
+    gzip or cannot be decoded) and 413 (a body over the size limits), and every POST 415 (a body
+    that is not declared JSON). With an API key every operation but ``GET /`` may answer 401,
     and ``GET /`` is marked as needing no credentials. The CSRF guard's 403 on ``/reset_data``
     is documented on those routes themselves.
 
@@ -55,16 +56,19 @@ def document_guard_errors(schema: dict[str, Any], secured: bool) -> None:
         secured: whether the server requires a bearer token.
     """
     common = {
-        "400": {"description": "Malformed request: a gzip body that does not inflate, or a body "
-                               "that cannot be decoded"},
+        "400": {"description": "Malformed request: a Host this server does not serve, a gzip "
+                               "body that does not inflate, or a body that cannot be decoded"},
         "413": {"description": "Request body over --max-body-bytes, or inflating past "
                                "--max-decompressed-bytes"},
     }
+    not_json = {"description": "The body is not declared `Content-Type: application/json`"}
     for path, operations in schema.get("paths", {}).items():
-        for operation in operations.values():
+        for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             for code, doc in common.items():
                 responses.setdefault(code, doc)
+            if method.upper() in BODY_METHODS:
+                responses.setdefault("415", not_json)
             if not secured:
                 continue
             if path in PUBLIC_PATHS:
