@@ -1,8 +1,9 @@
 """Wire types of the trajectory API: one place for every request and response body.
 
 Imported by the server routes, the environment sender and the trainer client. Field names and
-shapes are those of Atropos 0.4 (see ``../shared/spec/atropos-behaviour.md`` sections 1.4 and
-2.1), so stock Atropos environments and trainers work unchanged.
+shapes are those of Atropos 0.4's request models and ``ScoredDataGroup``, so stock Atropos
+environments and trainers work unchanged. Numbers are bounded (see ``whole_number``, ``Finite``
+and ``free_json_error``) so that nothing accepted can fail later when stored or served.
 
 Shape notation: ``G`` = sequences in a group (group size), ``T_i`` = length in tokens of
 sequence ``i``, ``K`` = top-k width of distillation arrays.
