@@ -6,20 +6,25 @@ attribute that `uvicorn atroposlib.api:app` and `from atroposlib.api import app`
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from starlette.routing import Route
 
 from atroposlib import __version__
 from atroposlib.api.errors import ApiRequestError
 from atroposlib.api.middleware import HostGuard, RequestGuard, SelectiveGZip
 from atroposlib.api.models import EnvIdentifier, ScoredData
 from atroposlib.api.routes import batch, data, observe, register, status
+from atroposlib.api.routes._common import document_guard_errors
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.state import ApiState
 
@@ -41,6 +46,31 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 as FastAPI writes it, but an echoed input JSON cannot carry (NaN, Infinity) as text."""
+    assert isinstance(exc, RequestValidationError)
+    errors = jsonable_encoder(exc.errors())
+    for error in errors:
+        if isinstance(error.get("input"), float) and not math.isfinite(error["input"]):
+            error["input"] = str(error["input"])
+    try:
+        return JSONResponse({"detail": errors}, status_code=422)
+    except ValueError:  # a non-finite value deeper inside an echoed input
+        for error in errors:
+            error.pop("input", None)
+        return JSONResponse({"detail": errors}, status_code=422)
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> JSONResponse:
+    """405 whose ``Allow`` lists the methods of every route on the path, not just the first's."""
+    path = request.scope["path"]
+    allowed = sorted({method for route in request.app.router.routes
+                      if isinstance(route, Route) and route.path_regex.match(path)
+                      for method in route.methods or ()})
+    return JSONResponse({"detail": "Method Not Allowed"}, status_code=405,
+                        headers={"Allow": ", ".join(allowed)})
+
+
 def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
     if app.openapi_schema:
         return app.openapi_schema
@@ -54,6 +84,7 @@ def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
         components.setdefault(name, model_schema)
     components["ScoredDataList"] = {"type": "array", "title": "ScoredDataList",
                                     "items": {"$ref": "#/components/schemas/ScoredData"}}
+    document_guard_errors(schema, secured)
     if secured:
         schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         schema["security"] = [{"bearer": []}]
@@ -88,6 +119,8 @@ def build_app(settings: ApiSettings | None = None, state: ApiState | None = None
     for module in (status, register, data, batch, observe):
         app.include_router(module.router)
     app.add_exception_handler(ApiRequestError, _api_error)
+    app.add_exception_handler(405, _method_not_allowed)
+    app.add_exception_handler(RequestValidationError, _validation_error)
     skip = frozenset() if settings.gzip_batch else frozenset({"/batch"})
     app.add_middleware(SelectiveGZip, skip=skip, level=settings.gzip_level)
     api_key = settings.api_key_value()

@@ -1,8 +1,9 @@
 """Wire types of the trajectory API: one place for every request and response body.
 
 Imported by the server routes, the environment sender and the trainer client. Field names and
-shapes are those of Atropos 0.4 (see ``../shared/spec/atropos-behaviour.md`` sections 1.4 and
-2.1), so stock Atropos environments and trainers work unchanged.
+shapes are those of Atropos 0.4's request models and ``ScoredDataGroup``, so stock Atropos
+environments and trainers work unchanged. Numbers are bounded (see ``whole_number``, ``Finite``
+and ``free_json_error``) so that nothing accepted can fail later when stored or served.
 
 Shape notation: ``G`` = sequences in a group (group size), ``T_i`` = length in tokens of
 sequence ``i``, ``K`` = top-k width of distillation arrays.
@@ -19,14 +20,63 @@ Wire conventions (Atropos 0.4, kept verbatim):
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    Strict,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 #: Placeholder log-probability at masked (prompt) positions of ``inference_logprobs``.
 MASKED_LOGPROB = 1.0
 #: Label value at positions excluded from the loss in ``masks``.
 IGNORE_INDEX = -100
+#: Largest size, step or count the API accepts (sizes, lengths, steps, env ids, weights).
+MAX_SIZE = 2**31
+#: Free-form JSON (messages, generation_params, overrides, images) may hold integers in this
+#: range only: the server stores and serves them as signed 64-bit integers.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def whole_number(low: int, high: int) -> Any:
+    """A JSON integer in ``[low, high]``: the type of every scalar integer field of the wire.
+
+    Accepts what JSON Schema calls an integer (``5`` and ``5.0``); refuses ``true``, ``"5"``,
+    fractions, NaN, Infinity and values out of range, with one message saying what is allowed.
+    """
+
+    def check(value: Any) -> int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"must be a whole number from {low} to {high}; got {value!r}")
+        return value
+
+    return Annotated[int, PlainValidator(check, json_schema_input_type=int),
+                     WithJsonSchema({"type": "integer", "minimum": low, "maximum": high})]
+
+
+#: A positive size (sequences, tokens): 1 .. 2**31.
+Size = whole_number(1, MAX_SIZE)
+#: A step or an id: 0 .. 2**31.
+Index = whole_number(0, MAX_SIZE)
+#: A count the server only echoes, where -1 or 0 may mean "none": -1 .. 2**31.
+EchoedCount = whole_number(-1, MAX_SIZE)
+# Per-token integers are strict JSON integers (``5``, not ``5.0``, ``true`` or ``"5"``): they are
+# most of a group's numbers, and a strict check is the fast one.
+#: A token id: 0 .. 2**31 - 1.
+TokenId = Annotated[int, Strict(), Field(ge=0, lt=MAX_SIZE)]
+#: A label in ``masks`` (``IGNORE_INDEX`` or a token id): a signed 32-bit integer.
+Label = Annotated[int, Strict(), Field(ge=-MAX_SIZE, lt=MAX_SIZE)]
+#: A finite float (JSON integers accepted; never ``true``, ``"5"``, NaN or +-Infinity, which
+#: JSON cannot carry back: they would be served as null and poison a trainer's loss).
+Finite = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 
 
 class Registration(BaseModel):
@@ -34,16 +84,18 @@ class Registration(BaseModel):
 
     wandb_group: str = Field(description="W&B group shared by the trainer and the envs.")
     wandb_project: str = Field(description="W&B project shared by the trainer and the envs.")
-    batch_size: int = Field(gt=0, description="Sequences per batch served by GET /batch.")
-    max_token_len: int = Field(description="Longest sequence the trainer accepts, in tokens.")
+    batch_size: Size = Field(description="Sequences per batch served by GET /batch.")
+    max_token_len: Size = Field(description="Longest sequence the trainer accepts, in tokens.")
     checkpoint_dir: str = Field(description="Where the trainer saves checkpoints; echoed to envs.")
-    save_checkpoint_interval: int = Field(description="Trainer checkpoint interval, in steps.")
-    starting_step: int = Field(ge=0, description="Step counter value to start from (resume).")
-    num_steps: int = Field(description="Total training steps the trainer will run.")
+    save_checkpoint_interval: EchoedCount = Field(
+        description="Trainer checkpoint interval, in steps (echoed to envs; -1 or 0: none).")
+    starting_step: Index = Field(description="Step counter value to start from (resume).")
+    num_steps: EchoedCount = Field(
+        description="Total training steps the trainer will run (echoed to envs; -1: unknown).")
     # atroposlib extension (stock Atropos servers ignore unknown keys): overrides run-api's
     # --max-staleness for this run when given.
-    max_staleness: int | None = Field(
-        default=None, ge=0,
+    max_staleness: Index | None = Field(
+        default=None,
         description="Drop queued groups more than this many policy versions (trainer steps) older "
         "than the current step instead of serving them (null: use run-api's --max-staleness).",
     )
@@ -58,11 +110,12 @@ class RegistrationResponse(BaseModel):
 class RegisterEnv(BaseModel):
     """``POST /register-env`` body: an environment announces itself."""
 
-    max_token_length: int = Field(description="The env's max sequence length in tokens.")
+    max_token_length: Size = Field(description="The env's max sequence length in tokens.")
     desired_name: str = Field(description="Base name; the server appends `_k` to make it unique.")
-    weight: float = Field(ge=0, description="Sampling weight; feeds `env_weight` in /status-env.")
-    group_size: int = Field(gt=0, description="Sequences per group this env sends.")
-    min_batch_allocation: float | None = Field(
+    weight: Finite = Field(
+        ge=0, le=MAX_SIZE, description="Sampling weight; feeds `env_weight` in /status-env.")
+    group_size: Size = Field(description="Sequences per group this env sends.")
+    min_batch_allocation: Finite | None = Field(
         default=None,
         ge=0,
         le=1,
@@ -87,7 +140,7 @@ class RegisterEnvResponse(BaseModel):
 class EnvIdentifier(BaseModel):
     """Body of ``/disconnect-env`` and ``GET /status-env`` (the latter also takes ``?env_id=``)."""
 
-    env_id: int = Field(ge=0, description="The id returned by /register-env.")
+    env_id: Index = Field(description="The id returned by /register-env.")
 
 
 class ScoredData(BaseModel):
@@ -100,13 +153,17 @@ class ScoredData(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    tokens: list[list[int]] = Field(description="[G][T_i] token ids, prompt + completion.")
-    masks: list[list[int]] = Field(description="[G][T_i] labels: -100 = not trained, else token id.")
-    scores: list[float] = Field(description="[G] scalar reward per sequence.")
-    advantages: list[list[float]] | None = Field(
+    tokens: list[list[TokenId]] = Field(
+        # documented, not enforced here: group_shape_error says "tokens is empty" more clearly
+        json_schema_extra={"minItems": 1},
+        description="[G][T_i] token ids, prompt + completion.")
+    masks: list[list[Label]] = Field(
+        description="[G][T_i] labels: -100 = not trained, else token id.")
+    scores: list[Finite] = Field(description="[G] scalar reward per sequence.")
+    advantages: list[list[Finite]] | None = Field(
         default=None, description="[G][T_i] optional per-token advantages (used when given)."
     )
-    ref_logprobs: list[list[float]] | None = Field(
+    ref_logprobs: list[list[Finite]] | None = Field(
         default=None, description="[G][T_i] optional reference-policy log-probs."
     )
     messages: list[list[dict[str, Any]]] | None = Field(
@@ -115,7 +172,7 @@ class ScoredData(BaseModel):
     generation_params: dict[str, Any] | None = Field(
         default=None, description="Sampling parameters used (e.g. temperature)."
     )
-    inference_logprobs: list[list[float]] | None = Field(
+    inference_logprobs: list[list[Finite]] | None = Field(
         default=None, description="[G][T_i] sampler log-probs; 1.0 at masked positions."
     )
     overrides: list[dict[str, Any]] | None = Field(
@@ -125,34 +182,39 @@ class ScoredData(BaseModel):
         default=None, description="Per-group overrides (group_size, temperature, sft, ...)."
     )
     images: Any | None = Field(default=None, description="Optional images (base64 / data URIs).")
-    env_id: int | None = Field(default=None, ge=0, description="Sender's env id, if registered.")
-    distill_token_ids: list[list[list[int]]] | None = Field(
+    env_id: Index | None = Field(default=None, description="Sender's env id, if registered.")
+    distill_token_ids: list[list[list[TokenId]]] | None = Field(
         default=None, description="[G][T_i][K] teacher top-k token ids."
     )
-    distill_logprobs: list[list[list[float]]] | None = Field(
+    distill_logprobs: list[list[list[Finite]]] | None = Field(
         default=None, description="[G][T_i][K] teacher top-k log-probs."
     )
     # atroposlib extension: stock Atropos servers ignore this key (unknown keys are dropped) and
     # stock envs never send it. It is kept as queue metadata, not served back in /batch.
-    policy_version: int | None = Field(
-        default=None, ge=0,
+    policy_version: Index | None = Field(
+        default=None,
         description="Policy version (trainer step) of the weights that generated this group; "
         "run-api --max-staleness drops groups that are too old. Null: never dropped.",
     )
 
-    @field_validator("messages", mode="before")
+    @field_validator("messages")
     @classmethod
     def _messages_have_role_and_content(cls, value: Any) -> Any:
-        if value is None:
-            return value
-        for i, conversation in enumerate(value):
-            if not isinstance(conversation, list):
-                raise ValueError(f"messages[{i}] must be a list of message objects")
+        # after the type check: value is None or a list of lists of dicts
+        for i, conversation in enumerate(value or ()):
             for j, message in enumerate(conversation):
-                if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                if "role" not in message or "content" not in message:
                     raise ValueError(
                         f"messages[{i}][{j}] must be an object with 'role' and 'content' keys"
                     )
+        return value
+
+    @field_validator("messages", "generation_params", "overrides", "group_overrides", "images")
+    @classmethod
+    def _json_round_trips(cls, value: Any) -> Any:
+        problem = free_json_error(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")
@@ -162,6 +224,34 @@ class ScoredData(BaseModel):
         if problem:
             raise ValueError(problem)
         return self
+
+
+def free_json_error(value: Any) -> str | None:
+    """Return why free-form JSON cannot be stored and served back as sent, or None.
+
+    The server serves what it stores as JSON with signed 64-bit integers and without NaN or
+    Infinity, so a larger integer or a non-finite float would fail or come back changed.
+
+    Args:
+        value: parsed JSON (dicts, lists, str, int, float, bool, None), any depth.
+
+    Returns:
+        A message naming the first bad value's path (e.g. ``[0]["temperature"]``), or None.
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((f"{path}[{key!r}]", v) for key, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+        elif isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX:
+            return (f"value at {path or 'top level'} is {item}, outside the signed 64-bit range "
+                    f"[{INT64_MIN}, {INT64_MAX}]; send it as a string or a float")
+        elif isinstance(item, float) and not math.isfinite(item):
+            return (f"value at {path or 'top level'} is {item}: JSON numbers must be finite "
+                    "(NaN and Infinity would be served back as null)")
+    return None
 
 
 #: Optional fields with one entry per token of each sequence.
@@ -194,7 +284,7 @@ def group_shape_error(group: dict[str, Any]) -> str | None:
     for i in range(n):
         if len(masks[i]) != len(tokens[i]):
             return f"masks[{i}] has {len(masks[i])} entries but tokens[{i}] has {len(tokens[i])}"
-        if not math.isfinite(scores[i]):
+        if not math.isfinite(scores[i]):  # the wire model already refuses these
             return f"scores[{i}] is {scores[i]}: scores must be finite numbers"
     for name in PER_TOKEN_FIELDS:
         rows = group.get(name)
@@ -238,6 +328,25 @@ def _distill_shape_error(group: dict[str, Any], tokens: list[list[int]]) -> str 
                         f"distill_logprobs[{i}][{t}] has {len(pos_lps)}; pair each id with its "
                         "log-prob")
     return None
+
+
+class LatestExamplePlaceholder(BaseModel):
+    """``GET /latest_example`` before any group was queued: nine empty arrays (Atropos 0.4).
+
+    ``generation_params`` is ``[]`` here although real groups carry an object.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[Any] = Field(max_length=0, description="Always [].")
+    masks: list[Any] = Field(max_length=0, description="Always [].")
+    scores: list[Any] = Field(max_length=0, description="Always [].")
+    advantages: list[Any] = Field(max_length=0, description="Always [].")
+    ref_logprobs: list[Any] = Field(max_length=0, description="Always [].")
+    generation_params: list[Any] = Field(max_length=0, description="Always [] (sic).")
+    inference_logprobs: list[Any] = Field(max_length=0, description="Always [].")
+    messages: list[Any] = Field(max_length=0, description="Always [].")
+    images: list[Any] = Field(max_length=0, description="Always [].")
 
 
 class ScoredDataResponse(BaseModel):

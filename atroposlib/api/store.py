@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,11 @@ class Snapshot:
 
 
 class MemoryStore:
-    """Process-memory store (the default): lost when the server stops."""
+    """Process-memory store (the default): lost when the server stops.
+
+    Transactions are all or none, as in SQLite: every write inside :meth:`transaction` records
+    how to undo itself, and an exception in the block undoes them all, newest first.
+    """
 
     durable = False
 
@@ -88,32 +92,57 @@ class MemoryStore:
         self._envs: dict[int, dict[str, Any]] = {}
         self._groups: dict[int, tuple[GroupMeta, bytes]] = {}
         self._partials: dict[int, tuple[PartialMeta, bytes]] = {}
+        self._undo: list[Callable[[], None]] | None = None
 
     def load(self) -> Snapshot:
-        """Return the current contents (metadata only)."""
+        """Return the current contents (metadata only, copies: the caller may change them)."""
         return Snapshot(
             dict(self._meta),
             [self._envs[k] for k in sorted(self._envs)],
-            [m for m, _ in self._groups.values()],
-            [m for m, _ in self._partials.values()],
+            [replace(m) for m, _ in self._groups.values()],
+            [replace(m) for m, _ in self._partials.values()],
         )
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """No-op: memory writes are immediate."""
-        yield
+        """Run the block all or none (nested blocks join the outer one)."""
+        if self._undo is not None:
+            yield
+            return
+        self._undo = []
+        try:
+            yield
+        except BaseException:
+            for undo in reversed(self._undo):
+                undo()
+            raise
+        finally:
+            self._undo = None
+
+    def _remember(self, table: dict, key: Any) -> None:
+        """Record how to restore ``table[key]`` (when inside a transaction)."""
+        if self._undo is None:
+            return
+        if key in table:
+            old = table[key]
+            self._undo.append(lambda: table.__setitem__(key, old))
+        else:
+            self._undo.append(lambda: table.pop(key, None))
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store a small JSON-able value (registration, step, ...)."""
+        self._remember(self._meta, key)
         self._meta[key] = value
 
     def put_env(self, env_id: int, record: dict[str, Any]) -> None:
         """Insert or replace an env record."""
+        self._remember(self._envs, env_id)
         self._envs[env_id] = record
 
     def put_group(self, meta: GroupMeta, blob: bytes) -> None:
         """Store a queued group."""
-        self._groups[meta.id] = (meta, blob)
+        self._remember(self._groups, meta.id)
+        self._groups[meta.id] = (replace(meta), blob)  # a copy: the state's own may change
 
     def group_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
         """Return ``{id: blob}`` for the given group ids."""
@@ -122,16 +151,21 @@ class MemoryStore:
     def mark_served(self, ids: Iterable[int], step: int) -> None:
         """Record that these groups went out in the batch of ``step``."""
         for i in ids:
-            self._groups[i][0].served_step = step
+            meta = self._groups[i][0]
+            if self._undo is not None:
+                self._undo.append(lambda meta=meta, old=meta.served_step: setattr(meta, "served_step", old))
+            meta.served_step = step
 
     def delete_groups(self, ids: Iterable[int]) -> None:
         """Forget served groups that left the observe retention window."""
         for i in ids:
+            self._remember(self._groups, i)
             self._groups.pop(i, None)
 
     def put_partial(self, meta: PartialMeta, blob: bytes) -> None:
         """Store a buffered partial group."""
-        self._partials[meta.id] = (meta, blob)
+        self._remember(self._partials, meta.id)
+        self._partials[meta.id] = (replace(meta), blob)
 
     def partial_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
         """Return ``{id: blob}`` for the given partial ids."""
@@ -140,10 +174,14 @@ class MemoryStore:
     def delete_partials(self, ids: Iterable[int]) -> None:
         """Remove partials (merged or flushed into the queue)."""
         for i in ids:
+            self._remember(self._partials, i)
             self._partials.pop(i, None)
 
     def reset(self) -> None:
         """Drop everything (``/reset_data``)."""
+        if self._undo is not None:
+            saved = [(t, dict(t)) for t in (self._meta, self._envs, self._groups, self._partials)]
+            self._undo.append(lambda: [t.update(old) for t, old in saved])
         self._meta.clear()
         self._envs.clear()
         self._groups.clear()

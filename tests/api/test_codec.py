@@ -14,12 +14,14 @@ from atroposlib.api.models import GROUP_FIELDS, ScoredData
 def groups(draw):
     n = draw(st.integers(1, 4))
     lengths = [draw(st.integers(0, 6)) for _ in range(n)]
-    ints = st.integers(-(2**63), 2**63 - 1) | st.integers(-200, 60_000)
+    # the wire bounds: token ids in [0, 2**31), labels in the signed 32-bit range
+    token_ids = st.integers(0, 2**31 - 1) | st.integers(0, 60_000)
+    labels = st.integers(-(2**31), 2**31 - 1) | st.integers(-200, 60_000)
     floats = st.floats(allow_nan=False, allow_infinity=False)
-    tokens = [draw(st.lists(ints, min_size=t, max_size=t)) for t in lengths]
+    tokens = [draw(st.lists(token_ids, min_size=t, max_size=t)) for t in lengths]
     group = {
         "tokens": tokens,
-        "masks": [draw(st.lists(ints, min_size=t, max_size=t)) for t in lengths],
+        "masks": [draw(st.lists(labels, min_size=t, max_size=t)) for t in lengths],
         "scores": draw(st.lists(floats, min_size=n, max_size=n)),
     }
     for name in ("advantages", "ref_logprobs", "inference_logprobs"):
@@ -44,6 +46,13 @@ def test_blob_renders_exact_json(raw: dict) -> None:
     blob = encode_group(model)
     assert group_json(blob) == expected
     assert group_python(blob) == orjson.loads(expected)
+
+
+def test_blob_keeps_64_bit_integers() -> None:
+    """The codec itself stores any signed 64-bit value exactly (int64 when int32 is too small)."""
+    group = {name: None for name in GROUP_FIELDS}
+    group.update(tokens=[[2**63 - 1, 0], [-(2**63)]], masks=[[-100, 2**40], [7]], scores=[0.5, 1.0])
+    assert orjson.loads(group_json(encode_group(group))) == group
 
 
 def test_blob_is_compact() -> None:

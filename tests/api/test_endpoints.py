@@ -173,7 +173,7 @@ async def test_partial_buffer_is_bounded_and_loses_nothing() -> None:
         ({"inference_logprobs": [[1.0], [1.0]]}, "inference_logprobs[0]"),
         ({"messages": [[{"role": "user"}], [{"role": "user", "content": "x"}]]}, "'content'"),
         ({"tokens": [], "masks": [], "scores": []}, "at least one sequence"),
-        ({"env_id": -1}, "greater than or equal to 0"),
+        ({"env_id": -1}, "whole number from 0 to"),
         ({"tokens": "nope"}, "list_type"),
         ({"distill_token_ids": [[[1]] * 3] * 2}, "send both"),
         ({"distill_token_ids": [[[1]] * 3] * 2, "distill_logprobs": [[[-1.0]] * 2] * 2},

@@ -9,6 +9,8 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
+from atroposlib.api.middleware import BODY_METHODS, PUBLIC_PATHS
+
 JSON = "application/json"
 
 
@@ -38,3 +40,39 @@ async def parse_body(request: Request, adapter: TypeAdapter) -> Any:
 def body_schema(ref: str, required: bool = True) -> dict[str, Any]:
     """``openapi_extra`` documenting a JSON body read by :func:`parse_body`."""
     return {"requestBody": {"required": required, "content": {JSON: {"schema": {"$ref": ref}}}}}
+
+
+def document_guard_errors(schema: dict[str, Any], secured: bool) -> None:
+    """Add to an OpenAPI document the answers the request guard gives before any route runs.
+
+    Every operation may answer 400 (a Host the server does not serve, a body that is not valid
+    gzip or cannot be decoded) and 413 (a body over the size limits), and every POST 415 (a body
+    that is not declared JSON). With an API key every operation but ``GET /`` may answer 401,
+    and ``GET /`` is marked as needing no credentials. The CSRF guard's 403 on ``/reset_data``
+    is documented on those routes themselves.
+
+    Args:
+        schema: the OpenAPI document, changed in place.
+        secured: whether the server requires a bearer token.
+    """
+    common = {
+        "400": {"description": "Malformed request: a Host this server does not serve, a gzip "
+                               "body that does not inflate, or a body that cannot be decoded"},
+        "413": {"description": "Request body over --max-body-bytes, or inflating past "
+                               "--max-decompressed-bytes"},
+    }
+    not_json = {"description": "The body is not declared `Content-Type: application/json`"}
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            for code, doc in common.items():
+                responses.setdefault(code, doc)
+            if method.upper() in BODY_METHODS:
+                responses.setdefault("415", not_json)
+            if not secured:
+                continue
+            if path in PUBLIC_PATHS:
+                operation["security"] = []
+            else:
+                responses.setdefault(
+                    "401", {"description": "Missing or wrong `Authorization: Bearer <key>`"})

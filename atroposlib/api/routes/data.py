@@ -7,7 +7,12 @@ from fastapi.responses import PlainTextResponse
 from pydantic import TypeAdapter
 
 from atroposlib.api.deps import StateDep
-from atroposlib.api.models import ScoredData, ScoredDataListResponse, ScoredDataResponse
+from atroposlib.api.models import (
+    LatestExamplePlaceholder,
+    ScoredData,
+    ScoredDataListResponse,
+    ScoredDataResponse,
+)
 from atroposlib.api.routes._common import body_schema, json_response, parse_body
 
 router = APIRouter(tags=["data"])
@@ -51,13 +56,20 @@ async def scored_data_list(request: Request, state: StateDep) -> Response:
     return json_response(body)
 
 
-@router.get("/latest_example", response_model=ScoredData)
+@router.get("/latest_example", response_model=ScoredData | LatestExamplePlaceholder)
 async def latest_example(state: StateDep) -> Response:
-    """The last group that entered the queue (all 14 keys), or an empty placeholder."""
+    """The last group that entered the queue (all 14 keys), or an empty placeholder.
+
+    The placeholder (before any group was queued) has nine keys, all empty arrays, including
+    ``generation_params`` (an object in real groups), as Atropos 0.4 answers.
+    """
     return json_response(state.latest_example())
 
 
-@router.get("/reset_data", response_class=PlainTextResponse)
+_CROSS_SITE = {403: {"description": "sent by a browser page of another site"}}
+
+
+@router.get("/reset_data", response_class=PlainTextResponse, responses=_CROSS_SITE)
 async def reset_data(state: StateDep) -> PlainTextResponse:
     """Forget everything: queue, buffers, envs, registration, step and latest example.
 
@@ -68,7 +80,7 @@ async def reset_data(state: StateDep) -> PlainTextResponse:
     return PlainTextResponse("Reset successful")
 
 
-@router.post("/reset_data", response_class=PlainTextResponse)
+@router.post("/reset_data", response_class=PlainTextResponse, responses=_CROSS_SITE)
 async def reset_data_post(state: StateDep) -> PlainTextResponse:
     """Same as ``GET /reset_data``."""
     state.reset()

@@ -36,7 +36,7 @@ async def register_env(registration: RegisterEnv, state: StateDep) -> dict:
     return state.register_env(registration)
 
 
-@router.post("/disconnect-env")
+@router.post("/disconnect-env", responses={404: {"description": "env_id is not registered"}})
 async def disconnect_env(env: EnvIdentifier, state: StateDep) -> dict:
     """Mark an env disconnected: it stops counting for weights and minimum allocations.
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter
 
 from atroposlib.api.deps import StateDep
-from atroposlib.api.models import EnvIdentifier, EnvStatus, Info, Status, WandbInfo
-from atroposlib.api.routes._common import body_schema, json_response
+from atroposlib.api.models import MAX_SIZE, EnvIdentifier, EnvStatus, Info, Status, WandbInfo
+from atroposlib.api.routes._common import body_schema, json_response, parse_body
 
 router = APIRouter(tags=["status"])
+_ENV_ID = TypeAdapter(EnvIdentifier)
 
 
 @router.get("/")
@@ -42,25 +43,30 @@ async def status(state: StateDep) -> Response:
 @router.get(
     "/status-env", response_model=EnvStatus,
     openapi_extra=body_schema("#/components/schemas/EnvIdentifier", required=False),
-    responses={404: {"description": "env_id is not registered"}},
+    responses={
+        404: {"description": "env_id is not registered"},
+        422: {"description": "env_id is missing (give `?env_id=N` or the body "
+                            '`{"env_id": N}`) or not an integer in 0..2**31'},
+    },
 )
 async def status_env(
     request: Request,
     state: StateDep,
-    env_id: Annotated[int | None, Query(ge=0, description="The env's id (or a JSON body)")] = None,
+    # typed int, not int | None, so the document does not offer `?env_id=null`
+    env_id: Annotated[int, Query(ge=0, le=MAX_SIZE,
+                                 description="The env's id (or a JSON body)")] = None,  # type: ignore[assignment]
 ) -> Response:
     """Queue pressure for one env (six keys); envs poll it to throttle themselves.
 
     The env id comes from ``?env_id=N`` or, as Atropos 0.4 clients send it, from a JSON body
-    ``{"env_id": N}`` on the GET.
+    ``{"env_id": N}`` on the GET; one of the two is required (422 without either).
     """
     if env_id is None:
         raw = await request.body()
-        try:
-            env_id = EnvIdentifier.model_validate(orjson.loads(raw) if raw else {}).env_id
-        except (orjson.JSONDecodeError, ValueError):
+        if not raw.strip():
             raise RequestValidationError([{
                 "type": "missing", "loc": ("query", "env_id"),
                 "msg": 'env_id is required: pass ?env_id=N or the JSON body {"env_id": N} (N >= 0)',
-            }]) from None
+            }])
+        env_id = (await parse_body(request, _ENV_ID)).env_id
     return json_response(state.status_env(env_id))
