@@ -80,6 +80,12 @@ class ApiSettings(BaseModel):
         default=4_000_000, ge=0,
         description="Token budget of the served groups kept for GET /observe.",
     )
+    idempotency_keys: int = Field(
+        default=100_000, gt=0,
+        description="POSTs of scored data that carry an Idempotency-Key header are remembered "
+        "(with --db, on disk): a retry with the same key gets the first answer and stores nothing "
+        "twice. The newest this many keys are kept (about 200 bytes each).",
+    )
     env_heartbeat_timeout_s: float | None = Field(
         default=600.0,
         description="An env silent this long (no /status-env poll, no data) stops counting for "
