@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import orjson
@@ -14,46 +14,9 @@ from atroposlib.api.factory import build_app
 from atroposlib.api.models import Registration
 from atroposlib.api.settings import ApiSettings
 from atroposlib.errors import ApiRejectedError, ApiUnavailableError
+from tests.fixtures.lossy import LoseReplies, first_n
 
 from .conftest import REGISTRATION, make_group, register, start_trainer
-
-
-class LoseReplies(httpx.AsyncBaseTransport):
-    """Forward requests to ``inner``; for those ``lose(request)`` picks, drop the reply.
-
-    With ``before=True`` the request is dropped instead (the server never sees it). Either way
-    the client gets a transport error, as when a connection breaks or the server dies.
-    """
-
-    def __init__(self, inner: httpx.AsyncBaseTransport, lose: Callable[[httpx.Request], bool],
-                 before: bool = False):
-        self.inner, self.lose, self.before = inner, lose, before
-        self.lost: list[str] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        drop = self.lose(request)
-        if drop and self.before:
-            self.lost.append(str(request.url))
-            raise httpx.ConnectError("request lost (test)", request=request)
-        response = await self.inner.handle_async_request(request)
-        if drop:
-            await response.aread()
-            self.lost.append(str(request.url))
-            raise httpx.ReadError("reply lost (test)", request=request)
-        return response
-
-
-def first_n(path: str, n: int = 1) -> Callable[[httpx.Request], bool]:
-    """A ``lose`` predicate: the first ``n`` requests to ``path``."""
-    seen = {"n": 0}
-
-    def lose(request: httpx.Request) -> bool:
-        if request.url.path != path:
-            return False
-        seen["n"] += 1
-        return seen["n"] <= n
-
-    return lose
 
 
 class Server:

@@ -4,7 +4,6 @@ signals and kill -9 durability with ``--db``."""
 from __future__ import annotations
 
 import gzip
-import random
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 from atroposlib.api.client import AtroposClient
 from atroposlib.api.models import Registration
 from tests.fixtures.api_server import RunApi, start_run_api
+from tests.fixtures.lossy import LossyTransport
 
 from .conftest import REGISTRATION, make_group
 
@@ -91,33 +91,6 @@ def test_auth_caps_and_backpressure_over_http() -> None:
             assert client.observe(after=0, limit=1)["next_cursor"] == 1
     finally:
         assert api.stop() == 0
-
-
-class LossyTransport(httpx.HTTPTransport):
-    """An HTTP transport that drops a random share of the replies the server did send.
-
-    The server has handled each dropped request; the client sees a read error, as when a
-    connection breaks after the server committed. ``lost_groups`` counts the groups that were
-    in dropped ``/batch`` replies.
-    """
-
-    def __init__(self, rate: float, seed: int):
-        super().__init__()
-        self.rate, self.rng = rate, random.Random(seed)
-        self.lost_replies = self.lost_groups = 0
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = super().handle_request(request)
-        if request.method == "GET" and request.url.path != "/batch":
-            return response
-        if self.rng.random() < self.rate:
-            body = response.read()
-            response.close()
-            self.lost_replies += 1
-            if request.url.path == "/batch" and response.status_code == 200:
-                self.lost_groups += len(orjson.loads(body).get("batch") or [])
-            raise httpx.ReadError("reply lost (test)", request=request)
-        return response
 
 
 def test_kill_9_and_lost_replies_lose_no_group_and_store_or_serve_none_twice(tmp_path) -> None:
