@@ -84,7 +84,7 @@ class ApiSettings(BaseModel):
         default=100_000, gt=0,
         description="POSTs of scored data that carry an Idempotency-Key header are remembered "
         "(with --db, on disk): a retry with the same key gets the first answer and stores nothing "
-        "twice. The newest this many keys are kept (about 200 bytes each).",
+        "twice. The newest this many keys are kept (about 400 bytes of memory each).",
     )
     env_heartbeat_timeout_s: float | None = Field(
         default=600.0,

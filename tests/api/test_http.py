@@ -159,12 +159,13 @@ def test_kill_9_and_lost_replies_lose_no_group_and_store_or_serve_none_twice(tmp
               f"lost={len(lost)} duplicated={duplicated} lost_post_replies={lost_post_replies} "
               f"lost_batch_replies={trainer_http.lost_replies} "
               f"groups_in_lost_batch_replies={trainer_http.lost_groups}")
-        assert kills == 5 and len(acked) >= 75
+        assert kills == 5 and len(acked) >= 40
         assert trainer_http.lost_groups > 0 and lost_post_replies > 0  # the faults did happen
         assert not lost, f"{len(lost)} acknowledged groups were lost"
         assert duplicated == 0, f"{duplicated} groups were served twice"
         assert set(served) == set(acked), "a group was served that no poster sent"
-        assert get(api, "/status").json() == {"current_step": trainer.last_step, "queue_size": 0}
+        # one group per batch: every step the server counted reached the trainer
+        assert get(api, "/status").json() == {"current_step": len(served), "queue_size": 0}
         # /observe survived: cursors are persisted and keep increasing after the restarts
         observed = get(api, "/observe", params={"after": 0, "limit": 1000}).json()
         cursors = [g["cursor"] for g in observed["groups"]]

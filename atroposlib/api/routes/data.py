@@ -60,7 +60,7 @@ async def _store(request: Request, state: Any, key: str | None, adapter: TypeAda
     if not key:
         raise IdempotencyKeyError("the Idempotency-Key header is empty; send a unique key per "
                                   "request (e.g. a UUID), or no header")
-    fingerprint = hashlib.blake2b(await request.body(), digest_size=16).hexdigest()
+    fingerprint = hashlib.sha1(await request.body(), usedforsecurity=False).hexdigest()
     body, replayed = state.ingest_once(f"{request.url.path} {key}", fingerprint, groups, render)
     return Response(body, media_type=JSON, headers={REPLAYED_HEADER: "true"} if replayed else None)
 
