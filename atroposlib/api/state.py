@@ -638,7 +638,11 @@ class ApiState:
                 f"batch_size {batch_size}")
 
     def _prune_served(self) -> list[GroupMeta]:
-        """Drop the oldest served groups past the observe retention window (never the latest)."""
+        """Drop the oldest served groups past the observe retention window.
+
+        Never drops the latest example, nor the groups of the last batch (which
+        ``GET /batch?step=N`` may serve again).
+        """
         s = self.settings
         # keep /latest_example and a repeat of the last batch (GET /batch?step=N) answerable
         keep = {self.latest_id, *(self.last_batch[1] if self.last_batch else ())}

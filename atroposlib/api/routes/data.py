@@ -14,7 +14,8 @@ from pydantic import TypeAdapter
 from atroposlib.api.deps import StateDep
 from atroposlib.api.errors import IdempotencyKeyError
 from atroposlib.api.models import ScoredData, ScoredDataListResponse, ScoredDataResponse
-from atroposlib.api.routes._common import JSON, body_schema, json_response, parse_body
+from atroposlib.api.routes._common import body_schema, json_response, parse_body
+from atroposlib.api.state import ApiState
 
 router = APIRouter(tags=["data"])
 _ONE = TypeAdapter(ScoredData)
@@ -50,7 +51,7 @@ def _reply_list(results: list[dict[str, Any]]) -> bytes:
     return orjson.dumps(body)
 
 
-async def _store(request: Request, state: Any, key: str | None, adapter: TypeAdapter,
+async def _store(request: Request, state: ApiState, key: str | None, adapter: TypeAdapter,
                  render: Callable[[list[dict[str, Any]]], bytes]) -> Response:
     """Validate the body and queue its groups, once per ``Idempotency-Key`` when one is sent."""
     parsed = await parse_body(request, adapter)
@@ -62,7 +63,7 @@ async def _store(request: Request, state: Any, key: str | None, adapter: TypeAda
                                   "request (e.g. a UUID), or no header")
     fingerprint = hashlib.sha1(await request.body(), usedforsecurity=False).hexdigest()
     body, replayed = state.ingest_once(f"{request.url.path} {key}", fingerprint, groups, render)
-    return Response(body, media_type=JSON, headers={REPLAYED_HEADER: "true"} if replayed else None)
+    return json_response(body, headers={REPLAYED_HEADER: "true"} if replayed else None)
 
 
 @router.post(
