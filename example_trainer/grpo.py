@@ -399,16 +399,29 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
         timeout: seconds before giving up.
         stop: object whose ``requested`` turns True on SIGINT/SIGTERM.
 
+    A ``/batch`` call that got no answer (run-api restarting, connection lost) is polled
+    again until ``timeout``: the client then asks for the step it expected (``GET
+    /batch?step=N``), so a batch the server served but whose reply was lost is not skipped.
+
     Returns:
         The batch (list of groups), or None when a stop was requested.
 
     Raises:
         TimeoutError: no batch within ``timeout`` seconds; the message says what to check.
+        ApiUnavailableError: run-api still unreachable at the deadline.
     """
+    from atroposlib.errors import ApiUnavailableError
+
     deadline = time.monotonic() + timeout
     delay = 0.2
     while not stop.requested:
-        batch = client.get_batch()
+        try:
+            batch = client.get_batch()
+        except ApiUnavailableError as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"[grpo] no answer from run-api ({exc}); asking again for the same step", flush=True)
+            batch = None
         if batch:
             return batch
         if time.monotonic() > deadline:

@@ -5,6 +5,11 @@ token when given one, gzip large bodies, and retry transient failures (connectio
 429 with ``Retry-After``) with tenacity. A 4xx other than 429 is never retried: it raises
 :class:`~atroposlib.errors.ApiRejectedError` with the server's explanation.
 
+Retries never duplicate or lose data: each ``post_scored_data*`` call sends one
+``Idempotency-Key`` (reused by all its retries), so a POST whose reply was lost is stored once;
+``get_batch`` retries a ``GET /batch`` whose reply was lost as ``GET /batch?step=N`` for the
+step it expected, so the batch the server had already served is answered again, not lost.
+
 Example::
 
     client = AtroposClient("http://127.0.0.1:8000")
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +47,13 @@ from atroposlib.errors import (
 
 #: Bodies at least this large (bytes) are gzipped when that makes them smaller (as upstream).
 GZIP_MIN_BYTES = 1024
+#: Response header of ``GET /batch`` naming the step of the batch served.
+STEP_HEADER = "X-Atropos-Step"
+
+
+def new_idempotency_key() -> str:
+    """A fresh ``Idempotency-Key`` (random UUID4, hex)."""
+    return uuid.uuid4().hex
 
 
 def _encode_body(payload: Any) -> tuple[bytes, dict[str, str]]:
@@ -108,6 +121,7 @@ class _ClientBase:
         timeout: float = 30.0,
         max_attempts: int = 5,
         max_retry_seconds: float = 120.0,
+        transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
     ):
         """Configure a client.
 
@@ -117,12 +131,40 @@ class _ClientBase:
             timeout: per-request timeout in seconds.
             max_attempts: attempts per call for transient failures (1 = no retry).
             max_retry_seconds: give up retrying after this many seconds in total.
+            transport: an httpx transport (sync client: ``httpx.BaseTransport``, async client:
+                ``httpx.AsyncBaseTransport``), e.g. ``httpx.ASGITransport(app)`` in tests.
         """
         self.base_url = base_url.rstrip("/")
         key = api_key if api_key is not None else os.environ.get("ATROPOS_API_KEY")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.timeout = timeout
+        self._transport = transport
         self._stop = stop_after_attempt(max_attempts) | stop_after_delay(max_retry_seconds)
+        #: Step of the last batch received (or the registered starting_step); None: unknown.
+        self.last_step: int | None = None
+        self._batch_unanswered = False
+
+    def _batch_params(self, attempt: int) -> dict[str, int]:
+        """Query of one ``GET /batch`` attempt: ``?step=N`` once a reply may have been lost.
+
+        The first attempt is a plain ``GET /batch`` (as any Atropos client), unless an earlier
+        call ended without an answer; retries ask for the step expected after ``last_step``.
+        """
+        if self.last_step is None or (attempt == 1 and not self._batch_unanswered):
+            return {}
+        return {"step": self.last_step + 1}
+
+    def _note_batch(self, response: httpx.Response) -> list[dict[str, Any]] | None:
+        """Decode a ``/batch`` answer and remember the step it carries."""
+        batch = _batch_or_none(_check(response))
+        self._batch_unanswered = False
+        if STEP_HEADER.lower() in response.headers:
+            self.last_step = int(response.headers[STEP_HEADER])
+        return batch
+
+    def _note_registration(self, registration: Registration) -> None:
+        self.last_step = registration.starting_step
+        self._batch_unanswered = False
 
     def _retry_kwargs(self) -> dict[str, Any]:
         return {
@@ -138,7 +180,8 @@ class AtroposClient(_ClientBase):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self.timeout)
+        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self.timeout,
+                                  transport=self._transport)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Close the underlying connection pool."""
@@ -157,19 +200,28 @@ class AtroposClient(_ClientBase):
             ApiRejectedError: the server answered 4xx (not retried, except 429).
             ApiUnavailableError: connection errors or 5xx persisted past the retries.
         """
+        if payload is not None:
+            body, headers = _encode_body(payload)
+            kw = {**kw, "content": body, "headers": {**kw.get("headers", {}), **headers}}
         for attempt in Retrying(**self._retry_kwargs()):
             with attempt:
-                try:
-                    if payload is not None:
-                        body, headers = _encode_body(payload)
-                        kw = {**kw, "content": body, "headers": headers}
-                    return _check(self._http.request(method, path, **kw))
-                except httpx.TransportError as exc:
-                    raise ApiUnavailableError(f"cannot reach {self.base_url}{path}: {exc}") from exc
+                return _check(self._send(method, path, **kw))
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ApiUnavailableError(f"cannot reach {self.base_url}{path}: {exc}") from exc
 
     def register(self, registration: Registration) -> int:
-        """``POST /register``; returns the registration uuid (an int)."""
-        return self.request("POST", "/register", registration.model_dump())["uuid"]
+        """``POST /register``; returns the registration uuid (an int).
+
+        The next batch this client expects is then ``starting_step + 1`` (see :meth:`get_batch`).
+        """
+        uuid_ = self.request("POST", "/register", registration.model_dump())["uuid"]
+        self._note_registration(registration)
+        return uuid_
 
     def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
         """``POST /register-env``; ``status`` is "success" or "wait for trainer to start"."""
@@ -195,9 +247,16 @@ class AtroposClient(_ClientBase):
         """
         return self.request("GET", "/status-env", {"env_id": env_id})
 
-    def post_scored_data_list(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
-        """``POST /scored_data_list`` with several groups (all stored, or none)."""
-        return self.request("POST", "/scored_data_list", groups)
+    def post_scored_data_list(self, groups: list[dict[str, Any]], idempotency_key: str | None = None) -> dict[str, Any]:
+        """``POST /scored_data_list`` with several groups (all stored, or none).
+
+        Args:
+            groups: wire dicts.
+            idempotency_key: sent as ``Idempotency-Key`` on every attempt (default: a new one
+                per call); pass the same key again to repeat a call whose outcome is unknown.
+        """
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        return self.request("POST", "/scored_data_list", groups, headers=headers)
 
     def status(self) -> dict[str, int]:
         """``GET /status``: ``{"current_step", "queue_size"}``."""
@@ -206,14 +265,33 @@ class AtroposClient(_ClientBase):
     def get_batch(self) -> list[dict[str, Any]] | None:
         """``GET /batch``: a list of groups summing to batch_size sequences, or None.
 
+        When an attempt gets no answer (connection error, 5xx) the server may have served the
+        batch anyway, so the retries (and, after a call that failed, the next call) ask for
+        ``GET /batch?step=N``, N being the step after :attr:`last_step`: the server answers that
+        batch again if it was served, or serves it now. Once the step is known (after
+        :meth:`register` or a first batch), no batch is lost or skipped.
+
         Raises:
             ApiNotRegisteredError: no trainer has registered yet.
+            ApiRejectedError: 409 when the server's step does not match :attr:`last_step`
+                (another consumer took batches, or the server was reset).
         """
-        return _batch_or_none(self.request("GET", "/batch"))
+        for attempt in Retrying(**self._retry_kwargs()):
+            with attempt:
+                params = self._batch_params(attempt.retry_state.attempt_number)
+                self._batch_unanswered = True
+                return self._note_batch(self._send("GET", "/batch", params=params))
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
-    def post_scored_data(self, group: dict[str, Any]) -> dict[str, Any]:
-        """``POST /scored_data`` with one group (gzipped when large)."""
-        return self.request("POST", "/scored_data", group)
+    def post_scored_data(self, group: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """``POST /scored_data`` with one group (gzipped when large).
+
+        Args:
+            group: a wire dict.
+            idempotency_key: as in :meth:`post_scored_data_list`.
+        """
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        return self.request("POST", "/scored_data", group, headers=headers)
 
     def latest_example(self) -> dict[str, Any]:
         """``GET /latest_example``."""
@@ -247,7 +325,8 @@ class AsyncAtroposClient(_ClientBase):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self._headers, timeout=self.timeout
+            base_url=self.base_url, headers=self._headers, timeout=self.timeout,
+            transport=self._transport,  # type: ignore[arg-type]
         )
 
     async def aclose(self) -> None:
@@ -283,22 +362,31 @@ class AsyncAtroposClient(_ClientBase):
         """
         if payload is not None:
             body, headers = _encode_body(payload)
-            kw = {**kw, "content": body, "headers": headers}
+            kw = {**kw, "content": body, "headers": {**kw.get("headers", {}), **headers}}
+        async for attempt in self._retrying(on_retry):
+            with attempt:
+                return _check(await self._send(method, path, **kw))
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _retrying(self, on_retry: Callable[[BaseException], None] | None) -> AsyncRetrying:
         retrying = AsyncRetrying(**self._retry_kwargs())
         if on_retry is not None:
             retrying = retrying.copy(
                 before_sleep=lambda state: on_retry(state.outcome.exception())
             )
-        async for attempt in retrying:
-            with attempt:
-                try:
-                    return _check(await self._http.request(method, path, **kw))
-                except httpx.TransportError as exc:
-                    raise ApiUnavailableError(f"cannot reach {self.base_url}{path}: {exc}") from exc
+        return retrying
+
+    async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ApiUnavailableError(f"cannot reach {self.base_url}{path}: {exc}") from exc
 
     async def register(self, registration: Registration) -> int:
-        """``POST /register``; returns the registration uuid (an int)."""
-        return (await self.request("POST", "/register", registration.model_dump()))["uuid"]
+        """``POST /register``; returns the registration uuid (an int); see :meth:`get_batch`."""
+        uuid_ = (await self.request("POST", "/register", registration.model_dump()))["uuid"]
+        self._note_registration(registration)
+        return uuid_
 
     async def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
         """``POST /register-env``; ``status`` is "success" or "wait for trainer to start"."""
@@ -324,17 +412,35 @@ class AsyncAtroposClient(_ClientBase):
         """``GET /status-env`` with the JSON body ``{"env_id": N}`` (see the sync client)."""
         return await self.request("GET", "/status-env", {"env_id": env_id})
 
-    async def post_scored_data(self, group: dict[str, Any], **kw: Any) -> dict[str, Any]:
-        """``POST /scored_data`` with one group (gzipped when large)."""
-        return await self.request("POST", "/scored_data", group, **kw)
+    async def post_scored_data(
+        self, group: dict[str, Any], idempotency_key: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
+        """``POST /scored_data`` with one group (gzipped when large).
 
-    async def post_scored_data_list(self, groups: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
-        """``POST /scored_data_list`` with several groups."""
-        return await self.request("POST", "/scored_data_list", groups, **kw)
+        Args:
+            group: a wire dict.
+            idempotency_key: sent as ``Idempotency-Key`` on every attempt (default: a new one
+                per call); pass the same key again to repeat a call whose outcome is unknown.
+            **kw: passed to :meth:`request` (e.g. ``on_retry``).
+        """
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        return await self.request("POST", "/scored_data", group, headers=headers, **kw)
+
+    async def post_scored_data_list(
+        self, groups: list[dict[str, Any]], idempotency_key: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
+        """``POST /scored_data_list`` with several groups (one key covers the list)."""
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        return await self.request("POST", "/scored_data_list", groups, headers=headers, **kw)
 
     async def get_batch(self) -> list[dict[str, Any]] | None:
-        """``GET /batch``: a list of groups summing to batch_size sequences, or None."""
-        return _batch_or_none(await self.request("GET", "/batch"))
+        """``GET /batch`` with lost-reply recovery (see :meth:`AtroposClient.get_batch`)."""
+        async for attempt in self._retrying(None):
+            with attempt:
+                params = self._batch_params(attempt.retry_state.attempt_number)
+                self._batch_unanswered = True
+                return self._note_batch(await self._send("GET", "/batch", params=params))
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
     async def latest_example(self) -> dict[str, Any]:
         """``GET /latest_example``."""

@@ -7,7 +7,9 @@
         ├── UnknownEnvError        404: env_id was never registered (or the API was reset)
         ├── InvalidGroupError      422: a scored group cannot be queued as sent
         ├── PayloadTooLargeError   413: a group larger than the queue itself
-        └── QueueFullError         429: the queue is at its limit; retry after ``retry_after`` s
+        ├── QueueFullError         429: the queue is at its limit; retry after ``retry_after`` s
+        ├── IdempotencyKeyError    422: an Idempotency-Key too long, or reused for another body
+        └── StepConflictError      409: GET /batch?step=N for a batch that cannot be served
 """
 
 from __future__ import annotations
@@ -52,3 +54,15 @@ class QueueFullError(ApiRequestError):
     def __init__(self, detail: str, retry_after: int):
         super().__init__(detail, {"Retry-After": str(retry_after)})
         self.retry_after = retry_after
+
+
+class IdempotencyKeyError(ApiRequestError):
+    """An ``Idempotency-Key`` header that cannot be honoured (422)."""
+
+    status_code = 422
+
+
+class StepConflictError(ApiRequestError):
+    """``GET /batch?step=N`` names neither the last served step nor the next one (409)."""
+
+    status_code = 409

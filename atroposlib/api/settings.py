@@ -102,6 +102,12 @@ class ApiSettings(BaseModel):
         "serving them; counted per env in /status. Groups without a policy_version are never "
         "dropped. A trainer's /register max_staleness overrides it. Default: no limit.",
     )
+    idempotency_keys: int = Field(
+        default=100_000, gt=0,
+        description="POSTs of scored data that carry an Idempotency-Key header are remembered "
+        "(with --db, on disk): a retry with the same key gets the first answer and stores nothing "
+        "twice. The newest this many keys are kept (about 400 bytes of memory each).",
+    )
     env_heartbeat_timeout_s: float | None = Field(
         default=600.0,
         description="An env silent this long (no /status-env poll, no data) stops counting for "

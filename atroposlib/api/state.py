@@ -12,7 +12,8 @@ import hashlib
 import logging
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,9 +21,11 @@ import orjson
 
 from atroposlib.api.codec import encode_group, group_json, group_python
 from atroposlib.api.errors import (
+    IdempotencyKeyError,
     InvalidGroupError,
     PayloadTooLargeError,
     QueueFullError,
+    StepConflictError,
     UnknownEnvError,
 )
 from atroposlib.api.models import PER_TOKEN_FIELDS, RegisterEnv, Registration, ScoredData
@@ -33,7 +36,14 @@ from atroposlib.api.packing import (
     search_limit_note,
 )
 from atroposlib.api.settings import ApiSettings
-from atroposlib.api.store import GroupMeta, MemoryStore, PartialMeta, SqliteStore, open_store
+from atroposlib.api.store import (
+    GroupMeta,
+    IdempotentReply,
+    MemoryStore,
+    PartialMeta,
+    SqliteStore,
+    open_store,
+)
 
 log = logging.getLogger("atroposlib.api")
 
@@ -164,6 +174,13 @@ class ApiState:
         self.latest_id: int | None = max(self.groups) if self.groups else None
         #: groups dropped as too stale, per env id as a string ("null": no env id)
         self.stale_dropped: Counter[str] = Counter(meta.get("stale_dropped", {}))
+        last = meta.get("last_batch")
+        #: (step, group ids in batch order) of the last served batch, while it can be served again
+        self.last_batch: tuple[int, list[int]] | None = (
+            (int(last["step"]), list(last["ids"])) if last else None)
+        self.replies: OrderedDict[str, IdempotentReply] = OrderedDict(
+            (r.key, r) for r in snap.replies)
+        self.next_reply_seq = max((r.seq for r in snap.replies), default=0) + 1
         self.version = 0
         self._no_batch_key: tuple | None = None
         self._no_batch_reason = ""
@@ -216,8 +233,10 @@ class ApiState:
         with self.store.transaction():
             self.store.set_meta("registration", reg.model_dump())
             self.store.set_meta("step", reg.starting_step)
+            self.store.set_meta("last_batch", None)  # step numbering starts again
         self.registration = reg
         self.step = reg.starting_step
+        self.last_batch = None
         self._changed()
         log.info(
             "trainer %s: batch_size=%d max_token_len=%d starting_step=%d num_steps=%d",
@@ -316,11 +335,17 @@ class ApiState:
             )
         return target
 
-    def ingest(self, groups: list[ScoredData]) -> list[dict[str, Any]]:
+    def ingest(
+        self,
+        groups: list[ScoredData],
+        remember: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> list[dict[str, Any]]:
         """Queue (or buffer) scored groups, all or nothing.
 
         Args:
             groups: validated groups, in arrival order.
+            remember: called with the results inside the transaction that stores the groups
+                (see :meth:`ingest_once`).
 
         Returns:
             One response dict per group: ``{"status": "received"}`` or
@@ -353,12 +378,71 @@ class ApiState:
                         results.append(self._buffer(group, target, n_tokens, now, blob))
                 self.store.set_meta("next_id", self.next_id)
                 self.store.set_meta("next_partial_id", self.next_partial_id)
+                if remember is not None:
+                    remember(results)
         except Exception:
             log.exception("storing scored data failed; reloading state from the store")
             self._load()
             raise
         self._changed()
         return results
+
+    def ingest_once(
+        self,
+        key: str,
+        fingerprint: str,
+        groups: list[ScoredData],
+        render: Callable[[list[dict[str, Any]]], bytes],
+    ) -> tuple[bytes, bool]:
+        """Queue groups sent with an ``Idempotency-Key``, or answer a repeat as the first time.
+
+        The answer is stored with the groups in one transaction, so a client that lost the reply
+        and sends the same request again gets the same answer and nothing is stored twice, even
+        across a server crash with ``--db``. The newest ``--idempotency-keys`` answers are kept.
+        Refused requests (4xx, 429) are not remembered: they stored nothing, and a retry is
+        judged afresh.
+
+        Args:
+            key: the route path and the client's key (keys of different routes never match).
+            fingerprint: hash of the request body.
+            groups: the validated groups.
+            render: turns :meth:`ingest`'s results into the JSON answer.
+
+        Returns:
+            ``(answer, replayed)``: replayed is True when the key was seen before.
+
+        Raises:
+            IdempotencyKeyError: the key was used before for a different body.
+            ApiRequestError: as :meth:`ingest`.
+        """
+        old = self.replies.get(key)
+        if old is not None:
+            if old.fingerprint != fingerprint:
+                raise IdempotencyKeyError(
+                    f"Idempotency-Key {key.split(' ', 1)[1]!r} was already used for a different "
+                    "request body; send a new key with each new request, and the same key only "
+                    "when repeating the same request"
+                )
+            return old.reply, True
+        answer: list[bytes] = []
+
+        def remember(results: list[dict[str, Any]]) -> None:
+            answer.append(render(results))
+            self._remember(IdempotentReply(key, self.next_reply_seq, fingerprint, answer[0]))
+
+        self.ingest(groups, remember)
+        return answer[0], False
+
+    def _remember(self, reply: IdempotentReply) -> None:
+        """Store one answer and forget the oldest past ``--idempotency-keys`` (in a transaction)."""
+        self.store.put_reply(reply)
+        self.next_reply_seq += 1
+        self.replies[reply.key] = reply
+        forgotten = []
+        while len(self.replies) > self.settings.idempotency_keys:
+            forgotten.append(self.replies.popitem(last=False)[0])
+        if forgotten:
+            self.store.delete_replies(forgotten)
 
     def _check_room(self, n_groups: int, n_tokens: int) -> None:
         s = self.settings
@@ -473,9 +557,9 @@ class ApiState:
             self._no_batch_reason = self._why_no_batch(reg.batch_size, metas, needs)
             return b'{"batch":null}', {"reason": self._no_batch_reason}
         chosen = [metas[i] for i in picked]
-        blobs = self.store.group_blobs(g.id for g in chosen)
-        body = b'{"batch":[' + b",".join(group_json(blobs[g.id]) for g in chosen) + b"]}"
+        body = self._batch_body([g.id for g in chosen])
         step = self.step + 1
+        self.last_batch = (step, [g.id for g in chosen])
         for g in chosen:
             self._unindex_queued(g)
             g.served_step = step
@@ -486,6 +570,7 @@ class ApiState:
             with self.store.transaction():
                 self.store.mark_served([g.id for g in chosen], step)
                 self.store.set_meta("step", step)
+                self.store.set_meta("last_batch", {"step": step, "ids": [g.id for g in chosen]})
                 self.store.delete_groups(g.id for g in pruned)
         except Exception:
             log.exception("recording a served batch failed; reloading state from the store")
@@ -536,6 +621,58 @@ class ApiState:
         log.info("dropped %d stale groups (policy_version more than %d steps behind step %d): %s",
                  len(stale), limit, self.step, dict(Counter(g.env_id for g in stale)))
 
+    def _batch_body(self, ids: list[int]) -> bytes:
+        blobs = self.store.group_blobs(ids)
+        return b'{"batch":[' + b",".join(group_json(blobs[i]) for i in ids) + b"]}"
+
+    def batch_for_step(self, step: int) -> tuple[bytes | None, dict[str, Any]]:
+        """``GET /batch?step=N``: the batch of step N, served once and then fetchable again.
+
+        Steps count served batches: ``/register`` sets the step to its ``starting_step`` and
+        each served batch is numbered one more than the step before it. So with N = the next
+        step, a new batch is served exactly as by a plain ``GET /batch``; with N = the step of
+        the last served batch, that same batch is answered again (same groups, same order)
+        until the next batch is served. A trainer that lost a ``/batch`` reply (connection
+        error, server crash) retries with the step it expected and gets its batch whether or
+        not the server had served it. With ``--db`` this survives restarts.
+
+        Args:
+            step: the step the caller expects the batch to have.
+
+        Returns:
+            As :meth:`next_batch`; ``info["replayed"]`` is True for a batch answered again.
+
+        Raises:
+            StepConflictError: N is neither the next step nor the last served one (an older
+                batch, or a step the server has not reached).
+        """
+        if self.registration is None:
+            return orjson.dumps(NOT_REGISTERED), {}
+        if step == self.step + 1:
+            return self.next_batch()
+        if self.last_batch is not None and step == self.step == self.last_batch[0]:
+            ids = self.last_batch[1]
+            log.warning("batch of step %d served again (the trainer lost the first reply)", step)
+            return self._batch_body(ids), {
+                "step": step, "groups": len(ids), "replayed": True,
+                "sequences": sum(self.groups[i].n_seqs for i in ids),
+                "tokens": sum(self.groups[i].n_tokens for i in ids)}
+        if step > self.step:
+            raise StepConflictError(
+                f"step {step} is ahead of the server: it is at step {self.step}, so the next batch "
+                f"is step {self.step + 1}. Did the trainer register with another starting_step, "
+                "or was the API reset or restarted without --db?"
+            )
+        if self.last_batch is not None and self.last_batch[0] == self.step:
+            why = (f"the server is at step {self.step} and only the last served batch (step "
+                   f"{self.step}) can be fetched again")
+        else:
+            why = f"no batch was served as step {step} since the trainer registered"
+        raise StepConflictError(
+            f"the batch of step {step} cannot be served: {why}. GET /batch?step={self.step + 1} "
+            "serves the next batch."
+        )
+
     def _why_no_batch(self, batch_size: int, metas: list[GroupMeta], needs: dict[int, int]) -> str:
         """One line telling the trainer's operator why ``/batch`` answered null."""
         total = sum(g.n_seqs for g in metas)
@@ -554,22 +691,28 @@ class ApiState:
                 f"batch_size {batch_size}")
 
     def _prune_served(self) -> list[GroupMeta]:
-        """Drop the oldest served groups past the observe retention window (never the latest)."""
+        """Drop the oldest served groups past the observe retention window.
+
+        Never drops the latest example, nor the groups of the last batch (which
+        ``GET /batch?step=N`` may serve again).
+        """
         s = self.settings
+        # keep /latest_example and a repeat of the last batch (GET /batch?step=N) answerable
+        keep = {self.latest_id, *(self.last_batch[1] if self.last_batch else ())}
         pruned = []
-        kept = None
+        kept = []
         while self.served and (len(self.served) > s.observe_retention_groups
                                or self.served_tokens > s.observe_retention_tokens):
             g = self.served.popleft()
             self.served_tokens -= g.n_tokens
-            if g.id == self.latest_id:  # keep /latest_example answerable
-                kept = g
+            if g.id in keep:
+                kept.append(g)
                 continue
             del self.groups[g.id]
             pruned.append(g)
-        if kept is not None:
-            self.served.appendleft(kept)
-            self.served_tokens += kept.n_tokens
+        for g in reversed(kept):
+            self.served.appendleft(g)
+            self.served_tokens += g.n_tokens
         return pruned
 
     # ------------------------------------------------------------------ reads

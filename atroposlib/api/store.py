@@ -12,6 +12,8 @@ an OS crash can lose the last commits. ``synchronous=FULL`` fsyncs every commit 
 too, at the cost of one fsync per accepted POST. Every mutating request is one transaction that
 commits before the response is sent, so a 200 means "stored". Serving a batch marks its groups
 served in the same transaction that advances the step, so after a restart nothing is served twice.
+The answers to recent POSTs that carried an ``Idempotency-Key`` are stored in the transaction
+that stores their groups, so a retried POST is answered from the store, not stored again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 
 import orjson
 
-__all__ = ["GroupMeta", "MemoryStore", "PartialMeta", "Snapshot", "SqliteStore", "open_store"]
+__all__ = ["GroupMeta", "IdempotentReply", "MemoryStore", "PartialMeta", "Snapshot", "SqliteStore",
+           "open_store"]
 
 
 @dataclass(slots=True)
@@ -68,6 +71,23 @@ class PartialMeta:
     policy_version: int | None = None
 
 
+@dataclass(slots=True)
+class IdempotentReply:
+    """The remembered answer to a POST that carried an ``Idempotency-Key``.
+
+    Attributes:
+        key: the client's key, prefixed by the route path (``"/scored_data key"``).
+        seq: insertion order (the oldest are forgotten first).
+        fingerprint: hash of the request body, to refuse a key reused for another body.
+        reply: the JSON answer that was sent (bytes).
+    """
+
+    key: str
+    seq: int
+    fingerprint: str
+    reply: bytes
+
+
 @dataclass
 class Snapshot:
     """Everything a store holds except payload blobs (read once at start-up)."""
@@ -76,6 +96,7 @@ class Snapshot:
     envs: list[dict[str, Any]] = field(default_factory=list)
     groups: list[GroupMeta] = field(default_factory=list)
     partials: list[PartialMeta] = field(default_factory=list)
+    replies: list[IdempotentReply] = field(default_factory=list)
 
 
 class MemoryStore:
@@ -93,6 +114,7 @@ class MemoryStore:
         self._groups: dict[int, tuple[GroupMeta, bytes]] = {}
         self._partials: dict[int, tuple[PartialMeta, bytes]] = {}
         self._undo: list[Callable[[], None]] | None = None
+        self._replies: dict[str, IdempotentReply] = {}
 
     def load(self) -> Snapshot:
         """Return the current contents (metadata only, copies: the caller may change them)."""
@@ -101,6 +123,7 @@ class MemoryStore:
             [self._envs[k] for k in sorted(self._envs)],
             [replace(m) for m, _ in self._groups.values()],
             [replace(m) for m, _ in self._partials.values()],
+            sorted(self._replies.values(), key=lambda r: r.seq),
         )
 
     @contextlib.contextmanager
@@ -177,15 +200,28 @@ class MemoryStore:
             self._remember(self._partials, i)
             self._partials.pop(i, None)
 
+    def put_reply(self, reply: IdempotentReply) -> None:
+        """Remember the answer to an idempotent POST."""
+        self._remember(self._replies, reply.key)
+        self._replies[reply.key] = reply
+
+    def delete_replies(self, keys: Iterable[str]) -> None:
+        """Forget remembered answers (the oldest, past the bound)."""
+        for key in keys:
+            self._remember(self._replies, key)
+            self._replies.pop(key, None)
+
     def reset(self) -> None:
         """Drop everything (``/reset_data``)."""
         if self._undo is not None:
-            saved = [(t, dict(t)) for t in (self._meta, self._envs, self._groups, self._partials)]
+            tables = (self._meta, self._envs, self._groups, self._partials, self._replies)
+            saved = [(t, dict(t)) for t in tables]
             self._undo.append(lambda: [t.update(old) for t, old in saved])
         self._meta.clear()
         self._envs.clear()
         self._groups.clear()
         self._partials.clear()
+        self._replies.clear()
 
     def close(self) -> None:
         """Nothing to release."""
@@ -203,6 +239,9 @@ CREATE TABLE IF NOT EXISTS partials (
     id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, target INTEGER NOT NULL,
     signature TEXT NOT NULL, n_seqs INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
     received_at REAL NOT NULL, blob BLOB NOT NULL, policy_version INTEGER);
+-- answers to POSTs that carried an Idempotency-Key (bounded: the oldest are deleted)
+CREATE TABLE IF NOT EXISTS replies (
+    key TEXT PRIMARY KEY, seq INTEGER NOT NULL, fingerprint TEXT NOT NULL, reply BLOB NOT NULL);
 """
 #: 2 added the policy_version columns (a version-1 file gets them on open).
 _SCHEMA_VERSION = 2
@@ -285,6 +324,10 @@ class SqliteStore:
                     "SELECT id, env_id, target, signature, n_seqs, n_tokens, received_at, "
                     "policy_version FROM partials ORDER BY id"
                 )
+            ],
+            [
+                IdempotentReply(*row)
+                for row in db.execute("SELECT key, seq, fingerprint, reply FROM replies ORDER BY seq")
             ],
         )
 
@@ -378,9 +421,18 @@ class SqliteStore:
         for chunk in _chunks(ids):
             self._db.execute(f"DELETE FROM partials WHERE id IN ({','.join('?' * len(chunk))})", chunk)
 
+    def put_reply(self, reply: IdempotentReply) -> None:
+        """Remember the answer to an idempotent POST."""
+        self._db.execute("INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?)",
+                         (reply.key, reply.seq, reply.fingerprint, reply.reply))
+
+    def delete_replies(self, keys: Iterable[str]) -> None:
+        """Forget remembered answers (the oldest, past the bound)."""
+        self._db.executemany("DELETE FROM replies WHERE key = ?", [(k,) for k in keys])
+
     def reset(self) -> None:
         """Drop everything (``/reset_data``)."""
-        for table in ("meta", "envs", "groups", "group_blobs", "partials"):
+        for table in ("meta", "envs", "groups", "group_blobs", "partials", "replies"):
             self._db.execute(f"DELETE FROM {table}")
 
     def close(self) -> None:

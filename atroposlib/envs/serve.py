@@ -9,7 +9,8 @@ The loop (spec 3.3, with upstream's weaknesses fixed, see spec 10.6):
   cancels) while the API queue plus our unsent groups reach ``max_batches_offpolicy`` batches;
 * finished groups go to a bounded local outbox; one sender task posts them with retries and
   backoff (gzip via the client) and keeps them through API outages; when the API has forgotten
-  this env (404, e.g. after a restart) it re-registers and resends;
+  this env (404, e.g. after a restart) it re-registers and resends; every post of one group
+  carries the same ``Idempotency-Key``, so a retry after a lost reply is not stored twice;
 * an inference outage re-queues the item and backs off instead of dropping it; a rollout that
   raises is logged, counted and dropped;
 * timed-out rollouts are cancelled and their item re-queued (FIFO backlog);
@@ -34,7 +35,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from atroposlib.api.client import AsyncAtroposClient
+from atroposlib.api.client import AsyncAtroposClient, new_idempotency_key
 from atroposlib.api.models import RegisterEnv
 from atroposlib.envs.base import ROLLOUT_POLICY_VERSION
 from atroposlib.envs.config import EvalHandlingEnum
@@ -141,6 +142,7 @@ class ServeLoop:
         self.eval_task: asyncio.Task | None = None
         self.sender_task: asyncio.Task | None = None
         self.sending: dict[str, Any] | None = None
+        self.sending_key: str | None = None  # the Idempotency-Key of `sending`
         self.wake = asyncio.Event()
         self.stop_event: asyncio.Event = getattr(env, "_stop_event", None) or asyncio.Event()
         self.register_lock = asyncio.Lock()
@@ -260,24 +262,28 @@ class ServeLoop:
         self.env._maybe_init_wandb(project=project, group=group)
 
     # ------------------------------------------------------------------ sending
-    async def _post(self, group: dict[str, Any]) -> None:
+    async def _post(self, group: dict[str, Any], key: str) -> None:
         env_id = self.env.env_id
         group["env_id"] = env_id
         try:
-            await self.client.post_scored_data(group)
+            await self.client.post_scored_data(group, idempotency_key=key)
         except ApiRejectedError as exc:
             if exc.status_code == 404 and not isinstance(exc, ApiBackpressureError):
                 raise _NotRegistered(str(exc)) from exc
             raise
 
-    async def send_group(self, group: dict[str, Any], deadline: float | None = None) -> bool:
+    async def send_group(
+        self, group: dict[str, Any], deadline: float | None = None, key: str | None = None
+    ) -> bool:
         """Post one group, surviving outages and re-registrations; True when the API took it.
 
         Transient failures (unreachable API, 5xx, 429) are retried with random exponential
         backoff up to 30 s per wait, indefinitely (or until ``deadline``); a 404 for our env_id
         triggers re-registration; other 4xx mean the group itself is invalid: logged, counted
-        and dropped.
+        and dropped. Every attempt sends the same ``Idempotency-Key`` (``key``, default a new
+        one), so a group whose reply was lost is stored once.
         """
+        key = key or new_idempotency_key()
         stop = stop_after_delay(max(0.0, deadline - time.monotonic())) if deadline else (lambda _s: False)
         retrying = AsyncRetrying(
             retry=retry_if_exception_type((ApiUnavailableError, ApiBackpressureError, _NotRegistered)),
@@ -290,7 +296,7 @@ class ServeLoop:
             async for attempt in retrying:
                 with attempt:
                     try:
-                        await self._post(group)
+                        await self._post(group, key)
                     except _NotRegistered:
                         await self.reregister(group.get("env_id"))
                         raise
@@ -315,9 +321,10 @@ class ServeLoop:
         """Drain the outbox forever, one group at a time, in order."""
         while True:
             group = await self.outbox.get()
-            self.sending = group  # if cancelled mid-send, flush() sends it again
+            self.sending = group  # if cancelled mid-send, flush() sends it again (same key)
+            self.sending_key = new_idempotency_key()
             try:
-                await self.send_group(group)
+                await self.send_group(group, key=self.sending_key)
                 self.sending = None
             finally:
                 self.outbox.task_done()
@@ -328,14 +335,14 @@ class ServeLoop:
             self.sender_task.cancel()
             await asyncio.gather(self.sender_task, return_exceptions=True)
             self.sender_task = None
-        pending = [self.sending] if self.sending is not None else []
+        pending = [(self.sending, self.sending_key)] if self.sending is not None else []
         self.sending = None
         while not self.outbox.empty():
-            pending.append(self.outbox.get_nowait())
+            pending.append((self.outbox.get_nowait(), None))
         deadline = time.monotonic() + self.flush_timeout
         left = 0
-        for group in pending:
-            if time.monotonic() >= deadline or not await self.send_group(group, deadline=deadline):
+        for group, key in pending:
+            if time.monotonic() >= deadline or not await self.send_group(group, deadline, key):
                 left += 1
         if left:
             self.env.stats["groups_unsent_at_shutdown"] += left

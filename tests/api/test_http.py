@@ -16,6 +16,7 @@ import pytest
 from atroposlib.api.client import AtroposClient
 from atroposlib.api.models import Registration
 from tests.fixtures.api_server import RunApi, start_run_api
+from tests.fixtures.lossy import LossyTransport
 
 from .conftest import REGISTRATION, make_group
 
@@ -93,66 +94,95 @@ def test_auth_caps_and_backpressure_over_http() -> None:
         assert api.stop() == 0
 
 
-def test_kill_9_loses_no_acked_group_and_serves_none_twice(tmp_path) -> None:
+def test_kill_9_and_lost_replies_lose_no_group_and_store_or_serve_none_twice(tmp_path) -> None:
+    """4 posters and a trainer through lossy connections; the server is killed -9 five times."""
     db = tmp_path / "queue.db"
     api = start_run_api(db=db)
-    assert post(api, "/register", {**REGISTRATION, "batch_size": 2}).status_code == 200
-    assert get(api, "/batch").json() == {"batch": None}
+    trainer_http = LossyTransport(0.2, seed=0)
+    trainer = AtroposClient(api.url, max_attempts=10_000, max_retry_seconds=60, transport=trainer_http)
+    trainer.register(Registration(**{**REGISTRATION, "batch_size": 2}))
+    assert trainer.get_batch() is None
     env = post(api, "/register-env", {"max_token_length": 256, "desired_name": "e", "weight": 1,
                                       "group_size": 2}).json()["env_id"]
     assert post(api, "/scored_data", make_group(1, env_id=env, seed=10_000)).json()["status"] == "buffered"
     acked: list[int] = []
-    stop = threading.Event()
+    served: list[int] = []
+    stop_posting, stop_training = threading.Event(), threading.Event()
+    poster_http = [LossyTransport(0.1, seed=p) for p in range(1, 5)]
 
-    def poster() -> None:
-        client = httpx.Client(base_url=api.url, timeout=5)
-        i = 0
-        while not stop.is_set():
-            group = make_group(2, env_id=env, seed=i)
-            group["tokens"][0][0] = i  # an id we can recognise
-            try:
-                if client.post("/scored_data", json=group).status_code == 200:
-                    acked.append(i)
-            except httpx.HTTPError:
-                return
-            i += 1
+    def poster(p: int) -> None:
+        with AtroposClient(api.url, max_attempts=10_000, max_retry_seconds=60,
+                           transport=poster_http[p]) as client:
+            i = 0
+            while not stop_posting.is_set():
+                group = make_group(2, env_id=env, seed=i)
+                group["tokens"][0][0] = gid = 1_000_000 * (p + 1) + i  # an id we can recognise
+                client.post_scored_data(group)  # retried (same key) until stored
+                acked.append(gid)
+                i += 1
 
-    thread = threading.Thread(target=poster)
-    thread.start()
-    served_before: list[int] = []
-    deadline = time.monotonic() + 30
-    while len(acked) < 40 and time.monotonic() < deadline:
-        batch = get(api, "/batch").json()["batch"]
-        served_before += [g["tokens"][0][0] for g in batch or []]
-        time.sleep(0.01)
-    api.kill()
-    stop.set()
-    thread.join(10)
-    assert len(acked) >= 40 and served_before
+    def train() -> None:
+        while not stop_training.is_set():
+            batch = trainer.get_batch()
+            served.extend(g["tokens"][0][0] for g in batch or [])
+            if not batch:
+                time.sleep(0.01)
 
-    again = start_run_api(db=db)
+    threads = [threading.Thread(target=poster, args=(p,)) for p in range(4)]
+    threads.append(threading.Thread(target=train))
+    for thread in threads:
+        thread.start()
+    kills = 0
     try:
-        assert get(again, "/info").json()["batch_size"] == 2
-        assert get(again, "/status").json()["current_step"] == len(served_before)
-        served_after = [g["tokens"][0][0] for g in drain(again)]
-        everything = served_before + served_after
-        assert len(everything) == len(set(everything)), "a group was served twice"
-        assert set(acked) <= set(everything), "an acknowledged group was lost"
-        # /observe survived: cursors are persisted and keep increasing after the restart
-        observed = get(again, "/observe", params={"after": 0, "limit": 1000}).json()
+        while kills < 5:
+            goal_acked, goal_served = len(acked) + 15, len(served) + 4
+            deadline = time.monotonic() + 30
+            while (len(acked) < goal_acked or len(served) < goal_served) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            api.kill()
+            kills += 1
+            time.sleep(0.1)
+            api = start_run_api(db=db, port=api.port)
+    finally:
+        stop_posting.set()
+        for thread in threads[:4]:
+            thread.join(90)
+        stop_training.set()
+        threads[4].join(90)
+    try:
+        assert get(api, "/info").json()["batch_size"] == 2
+        while (batch := trainer.get_batch()) is not None:  # drain
+            served.extend(g["tokens"][0][0] for g in batch)
+        lost = set(acked) - set(served)
+        duplicated = len(served) - len(set(served))
+        lost_post_replies = sum(t.lost_replies for t in poster_http)
+        print(f"\ndurability: kills={kills} groups_acked={len(acked)} served={len(served)} "
+              f"lost={len(lost)} duplicated={duplicated} lost_post_replies={lost_post_replies} "
+              f"lost_batch_replies={trainer_http.lost_replies} "
+              f"groups_in_lost_batch_replies={trainer_http.lost_groups}")
+        assert kills == 5 and len(acked) >= 40
+        assert trainer_http.lost_groups > 0 and lost_post_replies > 0  # the faults did happen
+        assert not lost, f"{len(lost)} acknowledged groups were lost"
+        assert duplicated == 0, f"{duplicated} groups were served twice"
+        assert set(served) == set(acked), "a group was served that no poster sent"
+        # one group per batch: every step the server counted reached the trainer
+        assert get(api, "/status").json() == {"current_step": len(served), "queue_size": 0}
+        # /observe survived: cursors are persisted and keep increasing after the restarts
+        observed = get(api, "/observe", params={"after": 0, "limit": 1000}).json()
         cursors = [g["cursor"] for g in observed["groups"]]
         assert cursors == sorted(set(cursors)) and observed["next_cursor"] >= len(acked)
         # the registered env and its buffered partial group survived too
-        merged = post(again, "/scored_data", make_group(1, env_id=env, seed=10_001))
+        merged = post(api, "/scored_data", make_group(1, env_id=env, seed=10_001))
         assert merged.json() == {"status": "buffered", "buffer_size": 0}
-        assert get(again, "/status-env", params={"env_id": env}).status_code == 200
-        after_restart = get(again, "/observe", params={"after": observed["next_cursor"]}).json()
+        assert get(api, "/status-env", params={"env_id": env}).status_code == 200
+        after_restart = get(api, "/observe", params={"after": observed["next_cursor"]}).json()
         assert [g["cursor"] for g in after_restart["groups"]] == [observed["next_cursor"] + 1]
-        [merged_group] = drain(again)
+        [merged_group] = drain(api)
         assert merged_group["tokens"] == (make_group(1, seed=10_000)["tokens"]
                                           + make_group(1, seed=10_001)["tokens"])
     finally:
-        assert again.stop() == 0
+        trainer.close()
+        assert api.stop() == 0
 
 
 def test_help_is_fast_and_mentions_safer_default_host() -> None:

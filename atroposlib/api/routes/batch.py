@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 
 from atroposlib.api.deps import StateDep
 from atroposlib.api.models import Batch
@@ -13,8 +14,18 @@ from atroposlib.api.routes._common import json_response
 router = APIRouter(tags=["batch"])
 
 
-@router.get("/batch", response_model=Batch)
-async def batch(state: StateDep) -> Response:
+#: Response header naming the step of the served batch (absent on a null batch).
+STEP_HEADER = "X-Atropos-Step"
+
+
+@router.get("/batch", response_model=Batch,
+            responses={409: {"description": "?step=N names neither the next nor the last step"}})
+async def batch(
+    state: StateDep,
+    step: Annotated[int | None, Query(
+        ge=0, description="Fetch the batch of this step: the next step serves a new batch, the "
+        "step of the last served batch answers it again (until the next one is served).")] = None,
+) -> Response:
     """Serve ONE batch of exactly ``batch_size`` sequences, or ``{"batch": null}``.
 
     Groups are never split; among the subsets of the queue that fill a batch exactly, the one
@@ -25,11 +36,21 @@ async def batch(state: StateDep) -> Response:
     The ``Server-Timing`` header gives the server time spent (ms); with a null batch,
     ``X-Atropos-Wait-Reason`` says why (too few sequences, no combination of group sizes fits,
     or an env's minimum allocation is not met).
+
+    Steps: ``/register`` sets the step to its ``starting_step``; each served batch gets the
+    next step (``X-Atropos-Step`` header), which ``/status`` then reports as ``current_step``.
+    A plain ``GET /batch`` that loses its reply (connection error, server crash) would lose
+    that batch's groups, so a trainer that knows the step it expects can ask for it:
+    ``GET /batch?step=N`` serves a new batch when N is the next step, answers the batch served
+    as step N again when N is the current step (until the next batch is served; with ``--db``
+    across restarts too), and answers 409 for any other N.
     """
     start = time.perf_counter()
-    body, info = state.next_batch()
+    body, info = state.next_batch() if step is None else state.batch_for_step(step)
     elapsed_ms = (time.perf_counter() - start) * 1e3
     headers = {"Server-Timing": f"app;dur={elapsed_ms:.2f}"}
+    if "step" in info:
+        headers[STEP_HEADER] = str(info["step"])
     if info.get("reason"):
         headers["X-Atropos-Wait-Reason"] = info["reason"]
     return json_response(body, headers=headers)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+import hashlib
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import TypeAdapter
 
 from atroposlib.api.deps import StateDep
+from atroposlib.api.errors import IdempotencyKeyError
 from atroposlib.api.models import (
     LatestExamplePlaceholder,
     ScoredData,
@@ -14,6 +20,7 @@ from atroposlib.api.models import (
     ScoredDataResponse,
 )
 from atroposlib.api.routes._common import body_schema, json_response, parse_body
+from atroposlib.api.state import ApiState
 
 router = APIRouter(tags=["data"])
 _ONE = TypeAdapter(ScoredData)
@@ -24,36 +31,71 @@ _ERRORS = {
     422: {"description": "malformed group (shapes, messages, size vs group_size/batch_size)"},
     429: {"description": "queue full; retry after the Retry-After header (nothing was stored)"},
 }
+#: Longest ``Idempotency-Key`` accepted (characters).
+MAX_IDEMPOTENCY_KEY = 255
+#: Set on an answer repeated for an ``Idempotency-Key`` seen before.
+REPLAYED_HEADER = "Idempotent-Replayed"
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", max_length=MAX_IDEMPOTENCY_KEY,
+    description="Optional: a unique key per request (e.g. a UUID), sent again unchanged on "
+    "every retry of that request. A repeat gets the first answer (with `Idempotent-Replayed: "
+    "true`) and stores nothing twice.",
+)]
+
+
+def _reply_one(results: list[dict[str, Any]]) -> bytes:
+    return orjson.dumps(results[0])
+
+
+def _reply_list(results: list[dict[str, Any]]) -> bytes:
+    body: dict[str, Any] = {"status": "received", "groups_processed": len(results)}
+    buffered = [r for r in results if r["status"] == "buffered"]
+    if buffered:
+        body["buffered"] = len(buffered)
+        body["last_buffer_size"] = buffered[-1]["buffer_size"]
+    return orjson.dumps(body)
+
+
+async def _store(request: Request, state: ApiState, key: str | None, adapter: TypeAdapter,
+                 render: Callable[[list[dict[str, Any]]], bytes]) -> Response:
+    """Validate the body and queue its groups, once per ``Idempotency-Key`` when one is sent."""
+    parsed = await parse_body(request, adapter)
+    groups = parsed if isinstance(parsed, list) else [parsed]
+    if key is None:
+        return json_response(render(state.ingest(groups)))
+    if not key:
+        raise IdempotencyKeyError("the Idempotency-Key header is empty; send a unique key per "
+                                  "request (e.g. a UUID), or no header")
+    fingerprint = hashlib.sha1(await request.body(), usedforsecurity=False).hexdigest()
+    body, replayed = state.ingest_once(f"{request.url.path} {key}", fingerprint, groups, render)
+    return json_response(body, headers={REPLAYED_HEADER: "true"} if replayed else None)
 
 
 @router.post(
     "/scored_data", response_model=ScoredDataResponse, response_model_exclude_none=True,
     openapi_extra=body_schema("#/components/schemas/ScoredData"), responses=_ERRORS,
 )
-async def scored_data(request: Request, state: StateDep) -> Response:
+async def scored_data(request: Request, state: StateDep, key: IdempotencyKey = None) -> Response:
     """Queue one scored group (gzip bodies accepted).
 
     A group with fewer sequences than its env's group_size is buffered and merged with other
     partial groups of that env into one full group (``{"status": "buffered", "buffer_size"}``).
+    With an ``Idempotency-Key`` header, a retry of the same request is answered as the first
+    time and the group is stored once (keys are remembered across restarts with ``--db``).
     """
-    group = await parse_body(request, _ONE)
-    return json_response(state.ingest([group])[0])
+    return await _store(request, state, key, _ONE, _reply_one)
 
 
 @router.post(
     "/scored_data_list", response_model=ScoredDataListResponse, response_model_exclude_none=True,
     openapi_extra=body_schema("#/components/schemas/ScoredDataList"), responses=_ERRORS,
 )
-async def scored_data_list(request: Request, state: StateDep) -> Response:
-    """Queue several groups at once, in order; all are stored or none (e.g. on 429)."""
-    groups = await parse_body(request, _MANY)
-    results = state.ingest(groups)
-    body: dict = {"status": "received", "groups_processed": len(groups)}
-    buffered = [r for r in results if r["status"] == "buffered"]
-    if buffered:
-        body["buffered"] = len(buffered)
-        body["last_buffer_size"] = buffered[-1]["buffer_size"]
-    return json_response(body)
+async def scored_data_list(request: Request, state: StateDep, key: IdempotencyKey = None) -> Response:
+    """Queue several groups at once, in order; all are stored or none (e.g. on 429).
+
+    ``Idempotency-Key`` works as for ``/scored_data``: one key covers the whole list.
+    """
+    return await _store(request, state, key, _MANY, _reply_list)
 
 
 @router.get("/latest_example", response_model=ScoredData | LatestExamplePlaceholder)
