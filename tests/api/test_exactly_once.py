@@ -23,6 +23,7 @@ class Server:
     """An in-process app that can be 'restarted' on the same database (or lost without one)."""
 
     def __init__(self, db, **settings):
+        settings.setdefault("allowed_hosts", ["api"])  # the in-process clients' base URL
         self.settings = ApiSettings(db=db, **settings)
         self.app = build_app(self.settings)
 
