@@ -218,3 +218,25 @@ def test_create_html_for_group_renders_one_group():
     assert "Group 3" in block and "User" in block and "<script>" not in block
     assert "two" not in block  # more messages than scores: only the scored ones
     assert create_html_for_group({"messages": [], "scores": []}, 1) == ""
+
+
+def test_env_config_accepts_undeclared_fields_from_code_with_one_warning():
+    from atroposlib.envs.config import UnknownConfigFieldWarning
+
+    with pytest.warns(UnknownConfigFieldWarning) as record:
+        config = BaseEnvConfig(score_buffer_size=5, dataset_path="d.jsonl", group_size=2)
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "dataset_path, score_buffer_size" in message and "BaseEnvConfig" in message
+    assert record[0].filename == __file__  # points at the caller, not pydantic
+    assert config.score_buffer_size == 5 and config.dataset_path == "d.jsonl"
+    assert config.model_dump()["score_buffer_size"] == 5 and config.group_size == 2
+
+    class MyConfig(BaseEnvConfig):
+        start_tok_length: int = 8
+
+    with pytest.warns(UnknownConfigFieldWarning, match="MyConfig.*max_gen_per_turn"):
+        sub = MyConfig(start_tok_length=4, max_gen_per_turn=3)
+    assert (sub.start_tok_length, sub.max_gen_per_turn) == (4, 3)
+    with pytest.raises(ValueError):  # declared fields are still validated
+        BaseEnvConfig(group_size=0, score_buffer_size=5)
