@@ -770,38 +770,25 @@ class BaseEnv:
         Returns:
             The path of ``metrics.json``, or None when no file was written.
         """
-        end_time = time.time() if end_time is None else end_time
-        task = task_name or self.name or "env"
-        model = model_name or self.server.servers[0].config.model_name
-        payload = {
-            "config_general": {
-                "model_name": model,
-                "total_evaluation_time_seconds": str(
-                    end_time - start_time if start_time is not None else 0.0
-                ),
-                "generation_parameters": {
-                    **(generation_parameters or {}),
-                    "max_new_tokens": self.config.max_token_length,
-                },
+        from atroposlib.envs.eval import evaluate_log
+
+        writes = bool(self.config.data_dir_to_save_evals or self._eval_mode)
+        path = evaluate_log(
+            metrics,
+            eval_dir=self._eval_dir_path() if writes else None,
+            task_name=task_name or self.name or "env",
+            model_name=model_name or self.server.servers[0].config.model_name,
+            start_time=start_time,
+            end_time=end_time,
+            generation_parameters={
+                **(generation_parameters or {}),
+                "max_new_tokens": self.config.max_token_length,
             },
-            "results": {f"atropos|{task}|0": dict(metrics), "all": dict(metrics)},
-        }
-        if verbose:
-            from atroposlib.utils.metrics import format_metrics_table
-
-            print(format_metrics_table(metrics, title=f"{task} ({model})"))
-        if not (self.config.data_dir_to_save_evals or self._eval_mode):
+            samples=samples,
+            verbose=verbose,
+        )
+        if path is None:
             return None
-        out_dir = self._eval_dir_path()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "metrics.json"
-        path.write_text(json.dumps(payload, indent=2, default=str))
-        if samples:
-            from atroposlib.utils.io import dumps_line
-
-            with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as fh:
-                for sample in samples:
-                    fh.write(dumps_line(sample))
         self._eval_metrics_path = path
         return path
 

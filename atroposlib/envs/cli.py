@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import logging
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.config import BaseEnvConfig, UnknownConfigFieldWarning
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -181,6 +183,38 @@ def _env_config_class(env_cls: type[BaseEnv], init_env: BaseEnvConfig) -> type[B
     return type(init_env) if isinstance(init_env, declared) else declared
 
 
+def _reject_typed_unknown_fields(
+    config_cls: type[BaseEnvConfig],
+    yaml_env: dict[str, Any],
+    code_extras: dict[str, Any],
+    config_path: str | None,
+) -> None:
+    """Reject YAML ``env:`` keys the config class does not declare, suggesting the closest.
+
+    Env configs accept undeclared keyword fields from Python code (with a warning), but a key
+    a person typed into YAML is most likely a typo. Keys that ``config_init`` itself set
+    (``code_extras``) are allowed, so YAML can override them. ``--env.*`` flags need no check
+    here: argparse already rejects unknown ones with a suggestion.
+
+    Raises:
+        ConfigError: naming each unknown key and its closest declared field.
+    """
+    known = set(config_cls.model_fields) | set(code_extras)
+    unknown = sorted(set(yaml_env) - known)
+    if not unknown:
+        return
+    lines = [f"invalid env configuration in --config {config_path}:"]
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+        hint = (
+            f"did you mean {' or '.join(f'--env.{c}' for c in close)}?"
+            if close
+            else "check the spelling; see --help"
+        )
+        lines.append(f"  --env.{key}: unknown field; {hint}")
+    raise ConfigError("\n".join(lines))
+
+
 def build_configs(
     env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
 ) -> tuple[BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
@@ -197,7 +231,14 @@ def build_configs(
     env_values = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
     env_values.update(data.get("env") or {})
     env_values.update(overrides["env"])
-    env_config = _validated(_env_config_class(env_cls, init_env), env_values, "env", "env configuration")
+    env_cls_config = _env_config_class(env_cls, init_env)
+    _reject_typed_unknown_fields(
+        env_cls_config, data.get("env") or {}, init_env.model_extra or {}, namespace.config
+    )
+    with warnings.catch_warnings():
+        # Undeclared fields set by config_init's code were already warned about there.
+        warnings.simplefilter("ignore", UnknownConfigFieldWarning)
+        env_config = _validated(env_cls_config, env_values, "env", "env configuration")
     servers = resolve_server_configs(init_servers, data.get("openai"), overrides["openai"])
     manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
     manager_values.update({k: v for k, v in overrides[""].items() if k not in ("config", "mode")})

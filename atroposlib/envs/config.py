@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from enum import StrEnum
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class UnknownConfigFieldWarning(UserWarning):
+    """An env config was given keyword fields its class does not declare.
+
+    Raised (as a warning) when Python code builds a config with extra keywords, e.g.
+    ``BaseEnvConfig(score_buffer_size=5)``: the values are kept as attributes so existing
+    environments run unmodified, but they are not validated and have no ``--env.*`` flag.
+    """
 
 
 class EvalHandlingEnum(StrEnum):
@@ -19,11 +31,17 @@ class EvalHandlingEnum(StrEnum):
 class BaseEnvConfig(BaseModel):
     """Settings shared by every environment. Subclass it to add env-specific fields.
 
-    Every field appears on the CLI as ``--env.<field>`` and in YAML under ``env:``. Unknown
-    keys are rejected (``extra="forbid"``), so a typo is an error rather than a silent no-op.
+    Every field appears on the CLI as ``--env.<field>`` and in YAML under ``env:``.
+
+    Unknown keys depend on who wrote them. On the command line and in YAML a person typed
+    them, so the env CLI rejects them with a did-you-mean suggestion. Keyword fields set in
+    Python code (an environment's ``config_init`` passing ``dataset_path=...`` to the base
+    class, as many existing environments do) are accepted and kept as attributes
+    (``config.dataset_path``), with one :class:`UnknownConfigFieldWarning` naming them all;
+    declare them on a subclass to get validation and a ``--env.*`` flag.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, use_enum_values=False)
 
     group_size: int = Field(default=4, ge=1, description="Rollouts (responses) per group.")
     max_num_workers: int = Field(
@@ -142,5 +160,29 @@ class BaseEnvConfig(BaseModel):
             )
         return self
 
+    def model_post_init(self, context: Any, /) -> None:
+        """Warn once per construction about keyword fields the class does not declare."""
+        super().model_post_init(context)
+        if self.model_extra:
+            names = ", ".join(sorted(self.model_extra))
+            warnings.warn(
+                f"{type(self).__name__} got field(s) it does not declare: {names}. They are kept "
+                "as attributes but not validated and have no --env.* flag; declare them on a "
+                f"{type(self).__name__} subclass to fix this.",
+                UnknownConfigFieldWarning,
+                stacklevel=_caller_stacklevel(),
+            )
 
-__all__ = ["BaseEnvConfig", "EvalHandlingEnum"]
+
+def _caller_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel of the first frame outside pydantic and this module."""
+    import pydantic
+
+    skip = (str(Path(pydantic.__file__).parent), __file__)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+__all__ = ["BaseEnvConfig", "EvalHandlingEnum", "UnknownConfigFieldWarning"]

@@ -1,12 +1,22 @@
-"""Evaluation helpers for ``BaseEnv.evaluate``: bounded-concurrency runs, mean metrics, pass@k."""
+"""Evaluation helpers: bounded-concurrency runs, mean metrics, pass@k and ``metrics.json``.
+
+:class:`EvalBase` runs a standalone evaluation against an inference server.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from atroposlib.envs.server_handling.server_manager import ServerManager
 
 logger = logging.getLogger(__name__)
 
@@ -80,4 +90,181 @@ def mean_metrics(results: Sequence[Mapping[str, float]], prefix: str = "eval/") 
     return {f"{prefix}{key}": sums[key] / counts[key] for key in sums}
 
 
-__all__ = ["evaluate_items", "mean_metrics", "pass_at_k"]
+def evaluate_log(
+    metrics: Mapping[str, Any],
+    eval_dir: str | Path | None = None,
+    task_name: str | None = None,
+    model_name: str | None = None,
+    start_time: float | None = None,
+    end_time: float | None = None,
+    generation_parameters: Mapping[str, Any] | None = None,
+    samples: Sequence[Mapping[str, Any]] | None = None,
+    verbose: bool = True,
+) -> Path | None:
+    """Write evaluation results as ``{eval_dir}/metrics.json`` (+ ``samples.jsonl``).
+
+    ``metrics.json`` = ``{"config_general": {"model_name", "total_evaluation_time_seconds"
+    (a string), "generation_parameters"}, "results": {"atropos|<task>|0": metrics, "all":
+    metrics}}``; ``samples.jsonl`` has one JSON object per sample.
+
+    Args:
+        metrics: metric name -> value.
+        eval_dir: output directory (created); None writes nothing (logged).
+        task_name: the task's name in ``results`` (default ``"eval"``).
+        model_name: the evaluated model.
+        start_time: ``time.time()`` at the start (the duration is 0 without it).
+        end_time: ``time.time()`` at the end (default now).
+        generation_parameters: the sampling settings used.
+        samples: per-example records.
+        verbose: also print a metrics table.
+
+    Returns:
+        The path of ``metrics.json``, or None when ``eval_dir`` is None.
+    """
+    end_time = time.time() if end_time is None else end_time
+    task = task_name or "eval"
+    payload = {
+        "config_general": {
+            "model_name": model_name,
+            "total_evaluation_time_seconds": str(
+                end_time - start_time if start_time is not None else 0.0
+            ),
+            "generation_parameters": dict(generation_parameters or {}),
+        },
+        "results": {f"atropos|{task}|0": dict(metrics), "all": dict(metrics)},
+    }
+    if verbose:
+        from atroposlib.utils.metrics import format_metrics_table
+
+        print(format_metrics_table(dict(metrics), title=f"{task} ({model_name})"))
+    if eval_dir is None:
+        logger.info("no eval_dir given: evaluation metrics were not written to disk")
+        return None
+    out_dir = Path(eval_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "metrics.json"
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    if samples:
+        from atroposlib.utils.io import dumps_line
+
+        with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as fh:
+            for sample in samples:
+                fh.write(dumps_line(sample))
+    return path
+
+
+class EvalBase(ABC):
+    """A standalone evaluation (no ``BaseEnv``): items in, mean metrics out.
+
+    Subclass it and implement :meth:`setup_data` (the items) and :meth:`run_item` (score one
+    item, returning ``(metrics, samples)``); then ``await MyEval(...)(server_manager)`` or
+    ``asyncio.run(eval_runner(MyEval(...)))`` from a script.
+
+    Args:
+        pass_at_n: the ``k`` of pass@k an implementation reports.
+        pass_at_n_samples: completions drawn per item (``n``); requests ask for
+            ``max(pass_at_n, pass_at_n_samples)``.
+        **kwargs: stored as attributes; ``temperature``, ``top_p``, ``max_tokens`` shape the
+            requests, ``eval_dir`` (where ``metrics.json`` goes), ``task_name``,
+            ``max_concurrency`` (default 16) the run.
+    """
+
+    def __init__(self, pass_at_n: int = 1, pass_at_n_samples: int = 1, **kwargs: Any):
+        self.pass_at_n = pass_at_n
+        self.pass_at_n_samples = pass_at_n_samples
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+        self.data = self.setup_data()
+
+    def get_generation_params(self) -> dict[str, Any]:
+        """Sampling keywords for each request.
+
+        Returns temperature (default 0), n, top_p (1) and max_tokens (-1 = server's limit).
+        """
+        return {
+            "temperature": getattr(self, "temperature", 0.0),
+            "n": max(self.pass_at_n, self.pass_at_n_samples),
+            "top_p": getattr(self, "top_p", 1.0),
+            "max_tokens": getattr(self, "max_tokens", -1),
+        }
+
+    async def chat_completion(self, server: Any, messages: list[dict[str, Any]]) -> Any:
+        """One chat completion with :meth:`get_generation_params` (an OpenAI ``ChatCompletion``)."""
+        return await server.chat_completion(messages=messages, **self.get_generation_params())
+
+    @abstractmethod
+    def setup_data(self) -> list:
+        """Return the evaluation items (called once, by ``__init__``)."""
+
+    @abstractmethod
+    async def run_item(self, server: ServerManager, data_item: Any) -> tuple[dict, list]:
+        """Score one item: ``(metrics such as {"correct": 1.0}, sample records)``."""
+
+    async def __call__(self, server_manager: ServerManager) -> dict[str, float]:
+        """Run every item (bounded concurrency), average the metrics, write them.
+
+        Returns:
+            The mean of each metric over the items that did not fail.
+        """
+        start = time.time()
+        results, failed = await evaluate_items(
+            self.data,
+            lambda item: self.run_item(server_manager, item),
+            getattr(self, "max_concurrency", 16),
+        )
+        metrics = mean_metrics([m for m, _ in results], prefix="")
+        if failed:
+            metrics["failed_items"] = failed
+        samples = [s for _, item_samples in results for s in (item_samples or [])]
+        servers = getattr(server_manager, "servers", None) or []
+        evaluate_log(
+            metrics,
+            eval_dir=getattr(self, "eval_dir", None),
+            task_name=getattr(self, "task_name", None) or type(self).__name__,
+            model_name=servers[0].config.model_name if servers else None,
+            start_time=start,
+            generation_parameters=self.get_generation_params(),
+            samples=samples,
+            verbose=getattr(self, "verbose", True),
+        )
+        return metrics
+
+
+async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> dict[str, float]:
+    """Command-line entry for an :class:`EvalBase`: point it at an OpenAI-compatible server.
+
+    Flags: ``--base-url`` (default ``http://localhost:9001/v1``), ``--model-name``,
+    ``--api-key`` (default ``x``), ``--server-type`` (default ``openai``), ``--eval-dir``.
+
+    Returns:
+        The metrics :meth:`EvalBase.__call__` returned.
+    """
+    import argparse
+
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+    parser = argparse.ArgumentParser(description=f"Run the {type(eval_env).__name__} evaluation.")
+    parser.add_argument("--base-url", default="http://localhost:9001/v1")
+    parser.add_argument("--model-name", required=True)
+    parser.add_argument("--api-key", default="x")
+    parser.add_argument("--server-type", default="openai")
+    parser.add_argument("--eval-dir", default=None)
+    args = parser.parse_args(argv)
+    if args.eval_dir is not None:
+        eval_env.eval_dir = args.eval_dir
+    config = APIServerConfig(
+        base_url=args.base_url, model_name=args.model_name, api_key=args.api_key,
+        server_type=args.server_type,
+    )
+    return await eval_env(ServerManager([config]))
+
+
+__all__ = [
+    "EvalBase",
+    "eval_runner",
+    "evaluate_items",
+    "evaluate_log",
+    "mean_metrics",
+    "pass_at_k",
+]

@@ -45,6 +45,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -274,6 +275,102 @@ class TeacherDistillationEnv(BaseEnv):
                     "/ --env.tokenizer_name at the same tokenizer"
                 )
         self._teacher_tokenizer_checked = True
+
+    # ------------------------------------------------------------------ Atropos 0.4 names
+    @property
+    def teacher_server(self) -> ServerManager | None:
+        """The teacher ``ServerManager`` (None without a teacher).
+
+        Atropos 0.4's name for :attr:`teacher`.
+        """
+        return self.__dict__.get("teacher")
+
+    @teacher_server.setter
+    def teacher_server(self, value: Any) -> None:
+        self.teacher = value
+
+    async def _attach_teacher_distillation(self, group: ScoredDataGroup) -> ScoredDataGroup:
+        """Set (or null, on failure) the group's ``distill_*`` fields and return the group.
+
+        Atropos 0.4's name for the per-group step :meth:`handle_send_to_api` performs; a
+        no-op without a teacher.
+        """
+        if self.__dict__.get("teacher") is None:
+            return group
+        if "stats" not in self.__dict__:  # an env built without __init__ (tests)
+            from collections import Counter
+
+            self.stats = Counter()
+        await self._enrich_group(group)
+        return group
+
+    def _validate_teacher_tokenizer_compatibility(self, teacher_tokenizer_name: str) -> None:
+        """Check that the tokenizer named ``teacher_tokenizer_name`` matches the student's.
+
+        The same name as the student tokenizer's ``name_or_path`` passes without loading.
+
+        Raises:
+            ConfigError (a ``ValueError``): "Cross-tokenizer distillation is not supported",
+                with the first difference, or the teacher tokenizer cannot be loaded.
+        """
+        if getattr(self.tokenizer, "name_or_path", None) == teacher_tokenizer_name:
+            return
+        from transformers import AutoTokenizer
+
+        try:
+            teacher = AutoTokenizer.from_pretrained(teacher_tokenizer_name)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot load the teacher tokenizer {teacher_tokenizer_name!r} ({exc})"
+            ) from exc
+        difference = tokenizer_difference(self.tokenizer, teacher)
+        if difference is not None:
+            raise ConfigError(
+                f"Cross-tokenizer distillation is not supported: the teacher tokenizer "
+                f"{teacher_tokenizer_name!r} differs from the student's ({difference}); use a "
+                "teacher that shares the student's tokenizer"
+            )
+
+    @classmethod
+    def _resolve_teacher_server_configs(
+        cls,
+        default_teacher_server_configs: Any,
+        yaml_config: dict[str, Any] | None,
+        cli_passed_flags: dict[str, Any] | None,
+    ) -> Any:
+        """Resolve the ``teacher`` namespace like ``openai``.
+
+        Defaults < YAML ``teacher:`` < ``--teacher.*`` flags (Atropos 0.4's helper; the env
+        CLI does this itself).
+
+        Returns:
+            None when no default, YAML key or flag names a teacher; else the resolved configs.
+        """
+        yaml_teacher = (yaml_config or {}).get("teacher")
+        flags = {
+            key.split(".", 1)[1]: value
+            for key, value in (cli_passed_flags or {}).items()
+            if key.startswith("teacher.")
+        }
+        if default_teacher_server_configs is None and not yaml_teacher and not flags:
+            return None
+        merged: dict[str, Any] = {}
+        if isinstance(default_teacher_server_configs, ServerBaseline):
+            merged.update(default_teacher_server_configs.model_dump())
+        if isinstance(yaml_teacher, dict):
+            merged.update(yaml_teacher)
+        merged.update(flags)
+        return resolve_openai_configs(
+            default_server_configs=(
+                default_teacher_server_configs
+                if default_teacher_server_configs is not None
+                else ServerBaseline()
+            ),
+            openai_config_dict=merged,
+            yaml_config={"openai": yaml_teacher} if yaml_teacher is not None else {},
+            cli_passed_flags={f"openai.{key}": value for key, value in flags.items()},
+            logger=logger,
+        )
 
     # ------------------------------------------------------------------ enrichment
     def _group_top_k(self, group: ScoredDataGroup) -> int | None:

@@ -108,7 +108,29 @@ def test_bad_yaml_is_explained(tmp_path, capsys):
     cfg.write_text("env:\n  group_sizes: 4\n")
     with pytest.raises(SystemExit):
         parse_args(ChatLengthEnv, ["serve", "--config", str(cfg)])
-    assert "--env.group_sizes: unknown field" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--env.group_sizes: unknown field; did you mean --env.group_size?" in err
+
+
+class ExtraFieldsEnv(ChatLengthEnv):
+    """An env whose config_init passes a field BaseEnvConfig does not declare (upstream idiom)."""
+
+    @classmethod
+    def config_init(cls):
+        env_config, servers = super().config_init()
+        return env_config.model_copy(update={"score_buffer_size": 5}), servers
+
+
+def test_code_set_extra_fields_survive_the_cli_and_yaml_may_override_them(tmp_path, recwarn):
+    _, env, _, _ = parse_args(ExtraFieldsEnv, ["serve"])
+    assert env.score_buffer_size == 5
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("env:\n  score_buffer_size: 9\n")
+    _, env, _, _ = parse_args(ExtraFieldsEnv, ["serve", "--config", str(cfg)])
+    assert env.score_buffer_size == 9
+    cfg.write_text("env:\n  score_bufer_size: 9\n")  # a typo is still an error
+    with pytest.raises(SystemExit):
+        parse_args(ExtraFieldsEnv, ["serve", "--config", str(cfg)])
 
 
 def test_help_lists_every_option_with_description_and_default_without_torch():

@@ -32,12 +32,12 @@ MESSAGES = [{"role": "user", "content": "Say hi"}]
 class ProxyThread:
     """The proxy app served by uvicorn in a background thread (lifespan on: the reaper runs)."""
 
-    def __init__(self, config: Any, settings: ProxySettings | None = None):
+    def __init__(self, config: Any, settings: ProxySettings | None = None, app: Any = None):
         import uvicorn
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(config, settings)
+        self.app = app if app is not None else create_app(config, settings)
         self._server = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         )
@@ -495,3 +495,25 @@ def test_proxy_through_real_vllm(vllm_server):
     assert node["masked_tokens"] == [-100] * p + completion
     assert all(lp <= 0.0 for lp in node["logprobs"][p:])
     assert node["logprobs"][:p] == [1.0] * p
+
+
+def test_create_app_serves_a_prebuilt_server_manager(tiny_tokenizer):
+    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+    manager = ServerManager([FakeServer(REPLIES, tokenizer=tiny_tokenizer, model_name="fake")])
+    app = create_app(server_manager=manager, tokenizer=tiny_tokenizer, model_name="prebuilt")
+    with ProxyThread(None, app=app) as running:
+        health = httpx.get(f"{running.url}/health", timeout=10).json()
+        assert health["status"] == "ok" and health["model"] == "prebuilt"
+        sid = _session(running.url)
+        response = httpx.post(f"{running.url}/{sid}/v1/chat/completions",
+                              json={"messages": MESSAGES, "max_tokens": 32}, timeout=30)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"] in REPLIES
+        nodes = httpx.get(f"{running.url}/{sid}/nodes", timeout=10).json()["nodes"]
+        assert len(nodes) == 1
+    with pytest.raises(TypeError, match="not both"):
+        create_app({"model_name": "m", "servers": []}, server_manager=manager,
+                   tokenizer=tiny_tokenizer, model_name="m")
+    with pytest.raises(TypeError, match="all three"):
+        create_app(server_manager=manager, model_name="m")

@@ -218,3 +218,194 @@ def test_create_html_for_group_renders_one_group():
     assert "Group 3" in block and "User" in block and "<script>" not in block
     assert "two" not in block  # more messages than scores: only the scored ones
     assert create_html_for_group({"messages": [], "scores": []}, 1) == ""
+
+
+def test_env_config_accepts_undeclared_fields_from_code_with_one_warning():
+    from atroposlib.envs.config import UnknownConfigFieldWarning
+
+    with pytest.warns(UnknownConfigFieldWarning) as record:
+        config = BaseEnvConfig(score_buffer_size=5, dataset_path="d.jsonl", group_size=2)
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "dataset_path, score_buffer_size" in message and "BaseEnvConfig" in message
+    assert record[0].filename == __file__  # points at the caller, not pydantic
+    assert config.score_buffer_size == 5 and config.dataset_path == "d.jsonl"
+    assert config.model_dump()["score_buffer_size"] == 5 and config.group_size == 2
+
+    class MyConfig(BaseEnvConfig):
+        start_tok_length: int = 8
+
+    with pytest.warns(UnknownConfigFieldWarning, match="MyConfig.*max_gen_per_turn"):
+        sub = MyConfig(start_tok_length=4, max_gen_per_turn=3)
+    assert (sub.start_tok_length, sub.max_gen_per_turn) == (4, 3)
+    with pytest.raises(ValueError):  # declared fields are still validated
+        BaseEnvConfig(group_size=0, score_buffer_size=5)
+
+
+def test_message_history_utils_trim_thinking_and_long_steps(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from atroposlib.utils.message_history_utils import (
+        ensure_trajectory_token_limit,
+        strip_thinking,
+        truncate_thinking,
+    )
+
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    text = "<think>" + " ".join(f"step{i}" for i in range(50)) + "</think>The answer is 4."
+    short = truncate_thinking(text, tok, 5)
+    assert short.startswith("<think>...") and short.endswith("</think>The answer is 4.")
+    kept = short[len("<think>...") : short.index("</think>")]
+    assert len(tok.encode(kept, add_special_tokens=False)) <= 5 and kept.endswith("49")
+    assert truncate_thinking(text, tok, 10_000) == text
+    assert truncate_thinking("no block here", tok, 1) == "no block here"
+    assert strip_thinking(text) == "The answer is 4."
+
+    from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+
+    chat = [{"role": "system", "content": "sys"}]
+    for turn in range(6):
+        chat += [{"role": "user", "content": f"observation {turn} " * 5},
+                 {"role": "assistant", "content": f"action {turn} " * 5}]
+    full = tokenize_for_trainer(tok, chat)
+    step = {"messages": [chat, chat], "tokens": [full["tokens"]] * 2, "masks": [full["masks"]] * 2,
+            "scores": [1.0, 0.0]}
+    fine = {"messages": [chat[:3]], "tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1.0]}
+    limit = len(full["tokens"]) - 10
+    out = ensure_trajectory_token_limit([fine, step], tok, limit)
+    assert out[0] is fine and len(out) == 2
+    trimmed = out[1]
+    assert all(len(t) <= limit for t in trimmed["tokens"])
+    assert trimmed["messages"][0][0] == chat[0] and trimmed["messages"][0][-2:] == chat[-2:]
+    assert len(trimmed["messages"][0]) < len(chat)
+    assert trimmed["masks"][0][-1] == trimmed["tokens"][0][-1]  # still trains on the last turn
+    assert ensure_trajectory_token_limit([step], tok, 5) == []  # cannot fit: dropped
+
+
+async def test_eval_base_runs_items_and_writes_metrics(tmp_path):
+    from atroposlib.envs.eval import EvalBase, eval_runner, evaluate_log
+
+    path = evaluate_log({"acc": 0.5}, eval_dir=tmp_path / "e", task_name="t", model_name="m",
+                        start_time=1.0, end_time=3.0, samples=[{"x": 1}], verbose=False)
+    payload = json.loads(path.read_text())
+    assert payload["results"] == {"atropos|t|0": {"acc": 0.5}, "all": {"acc": 0.5}}
+    assert payload["config_general"]["total_evaluation_time_seconds"] == "2.0"
+    assert (tmp_path / "e" / "samples.jsonl").read_text().strip() == '{"x":1}'
+    assert evaluate_log({"acc": 1.0}, verbose=False) is None
+
+    class Doubling(EvalBase):
+        def setup_data(self):
+            return [1, 2, 3, 4]
+
+        async def run_item(self, server, data_item):
+            if data_item == 4:
+                raise RuntimeError("broken item")
+            return {"correct": float(data_item % 2)}, [{"item": data_item}]
+
+    ev = Doubling(pass_at_n=2, eval_dir=str(tmp_path / "d"), verbose=False, temperature=0.7)
+    assert ev.get_generation_params() == {"temperature": 0.7, "n": 2, "top_p": 1.0, "max_tokens": -1}
+    metrics = await ev(server_manager=None)
+    assert metrics == {"correct": pytest.approx(2 / 3), "failed_items": 1}
+    assert (tmp_path / "d" / "metrics.json").exists()
+    with pytest.raises(SystemExit):  # --model-name is required
+        await eval_runner(ev, [])
+
+
+async def test_managed_server_adapter_looks_like_async_openai():
+    from atroposlib.envs.server_handling.managed_server import ManagedServerAdapter
+
+    class Recorder:
+        async def chat_completion(self, **kwargs):
+            return ("chat", kwargs)
+
+        async def completion(self, **kwargs):
+            return ("completion", kwargs)
+
+    adapter = ManagedServerAdapter(Recorder(), base_url="http://x/v1")
+    assert await adapter.chat.completions.create(messages=[], n=2) == ("chat", {"messages": [], "n": 2})
+    assert await adapter.completions.create(prompt="p") == ("completion", {"prompt": "p"})
+    assert adapter.base_url == "http://x/v1"
+
+
+def test_combined_reward_and_reasoning_flag_at_upstream_paths():
+    from atroposlib.envs.reward_fns import CombinedReward, registry
+    from atroposlib.envs.server_handling.server_baseline import ReasoningConfig
+
+    assert isinstance(registry.create({"type": "combined", "rewards": ["format"]}), CombinedReward)
+    assert not ReasoningConfig().is_reasoning_kwargs_active()
+    assert ReasoningConfig(effort="high").is_reasoning_kwargs_active()
+    assert ReasoningConfig(enabled=True).is_reasoning_kwargs_active()
+
+
+def test_resolve_openai_configs_merges_yaml_and_flags():
+    from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
+    from atroposlib.envs.server_handling.server_baseline import ServerBaseline
+    from atroposlib.envs.server_handling.vllm_server import resolve_openai_configs as from_vllm
+    from atroposlib.errors import ConfigError
+
+    assert from_vllm is resolve_openai_configs
+    default = APIServerConfig(model_name="m", base_url="http://a/v1", api_key="x")
+    out = resolve_openai_configs(default, {"base_url": "http://flag/v1"},
+                                 {"openai": {"model_name": "yaml-model"}},
+                                 {"openai.base_url": "http://flag/v1"}, None)
+    assert [(c.model_name, c.base_url) for c in out] == [("yaml-model", "http://flag/v1")]
+    assert isinstance(resolve_openai_configs(ServerBaseline(), {}, {}, {}, None), ServerBaseline)
+    with pytest.raises(ConfigError):
+        resolve_openai_configs([default, default], {}, {}, {"openai.base_url": "http://f/v1"}, None)
+
+
+async def test_teacher_distillation_upstream_helper_names(monkeypatch):
+    from atroposlib.envs import teacher_distillation_env as module
+    from atroposlib.envs.teacher_distillation_env import TeacherDistillationEnv
+
+    class Env(TeacherDistillationEnv):
+        async def get_next_item(self):
+            return None
+
+        async def evaluate(self, *args, **kwargs):
+            return None
+
+    class FakeTeacher:
+        calls = 0
+
+        async def get_logprobs(self, **kwargs):
+            FakeTeacher.calls += 1
+            seq = kwargs["input_ids"]
+            return {"prompt_tokens": seq, "prompt_topk_token_ids": [[t, t + 1] for t in seq],
+                    "prompt_topk_logprobs": [[-0.1, -0.2] for _ in seq]}
+
+    env = object.__new__(Env)
+    env.config = module.TeacherDistillationConfig(teacher_enabled=True, teacher_top_k=2,
+                                                  use_wandb=False)
+    assert env.teacher_server is None
+    group = {"tokens": [[1, 2, 3]], "masks": [[-100, 2, 3]], "scores": [1.0]}
+    assert await env._attach_teacher_distillation(group) is group  # no teacher: untouched
+    assert "distill_token_ids" not in group
+    env.teacher_server = FakeTeacher()
+    out = await env._attach_teacher_distillation(group)
+    assert len(out["distill_token_ids"][0]) == 3 and FakeTeacher.calls == 1
+
+    class Tok:
+        name_or_path = "student"
+        bos_token_id = eos_token_id = pad_token_id = unk_token_id = None
+
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+    env.tokenizer = Tok({"a": 1})
+    env._validate_teacher_tokenizer_compatibility("student")  # same name: no load
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: Tok({"b": 1}))
+    with pytest.raises(ValueError, match="Cross-tokenizer distillation is not supported"):
+        env._validate_teacher_tokenizer_compatibility("teacher")
+
+    assert Env._resolve_teacher_server_configs(None, {}, {}) is None
+    resolved = Env._resolve_teacher_server_configs(
+        APIServerConfig(model_name="t", base_url="http://t/v1", api_key="x", server_type="vllm"),
+        {"teacher": {"tokenizer_name": "teacher-tok"}},
+        {"teacher.base_url": "http://override/v1"},
+    )
+    assert [(c.base_url, c.tokenizer_name, c.model_name) for c in resolved] == [
+        ("http://override/v1", "teacher-tok", "t")]

@@ -483,4 +483,37 @@ class DummyManagedServer(ManagedServer):
         raise NotImplementedError("DummyManagedServer cannot compute log-probs")
 
 
-__all__ = ["DummyManagedServer", "ManagedServer", "SequenceNode"]
+class ManagedServerAdapter:
+    """Make a :class:`ManagedServer` look like an ``openai.AsyncOpenAI`` client.
+
+    Libraries that expect an OpenAI client (e.g. ``verifiers``) call
+    ``adapter.chat.completions.create(**kwargs)`` or ``adapter.completions.create(**kwargs)``;
+    both go to the managed server, so every call is tracked as sequence nodes exactly like
+    ``managed.chat_completion(...)`` / ``managed.completion(...)``.
+
+    Args:
+        managed_server: the managed server (from ``server.managed_server(...)``).
+        base_url: reported as ``adapter.base_url`` (clients sometimes read it); no request
+            goes there.
+    """
+
+    class _Completions:
+        def __init__(self, create: Any):
+            self.create = create
+
+    class _Chat:
+        def __init__(self, managed: ManagedServer):
+            self.completions = ManagedServerAdapter._Completions(managed.chat_completion)
+
+    def __init__(self, managed_server: ManagedServer, base_url: str = "http://managed-server/v1"):
+        self.managed_server = managed_server
+        self.base_url = base_url
+        self.chat = ManagedServerAdapter._Chat(managed_server)
+        self.completions = ManagedServerAdapter._Completions(managed_server.completion)
+
+    def copy(self, **_: Any) -> ManagedServerAdapter:
+        """The same adapter (OpenAI clients' ``with_options``-style copies share the server)."""
+        return self
+
+
+__all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]

@@ -543,20 +543,46 @@ def _server_row(server: Any) -> dict[str, Any]:
 def create_app(
     config: ProxyConfig | dict[str, Any] | None = None,
     settings: ProxySettings | None = None,
+    *,
+    server_manager: Any = None,
+    tokenizer: Any = None,
+    model_name: str | None = None,
 ) -> Any:
     """Build the proxy's FastAPI app.
+
+    Two forms: ``create_app(config, settings)`` builds its own backends from a config, and
+    ``create_app(server_manager=..., tokenizer=..., model_name=...)`` (the Atropos 0.4 form)
+    serves an already-built ``ServerManager`` and tokenizer.
 
     Args:
         config: the backends (a :class:`ProxyConfig` or its dict); None = configure later with
             ``POST /setup``.
         settings: TTL and session cap; default :class:`ProxySettings()`.
+        server_manager: a ready ``ServerManager`` to serve (keyword-only; with ``tokenizer``
+            and ``model_name``, and without ``config``).
+        tokenizer: the HF tokenizer of ``server_manager``'s model.
+        model_name: the model name reported by ``/health`` and ``/v1/models``.
 
     Returns:
         A FastAPI application; serve it with uvicorn.
 
     Raises:
         pydantic.ValidationError: ``config`` is a dict that does not match :class:`ProxyConfig`.
+        TypeError: ``config`` combined with the ``server_manager`` form, or that form missing
+            one of its three keywords.
     """
+    prebuilt = (server_manager, tokenizer, model_name)
+    if any(value is not None for value in prebuilt):
+        if config is not None:
+            raise TypeError(
+                "create_app takes either config (and settings) or server_manager=, tokenizer=, "
+                "model_name=, not both"
+            )
+        if any(value is None for value in prebuilt):
+            raise TypeError(
+                "create_app(server_manager=..., tokenizer=..., model_name=...) needs all three "
+                "keywords"
+            )
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
@@ -565,6 +591,14 @@ def create_app(
     if isinstance(config, dict):
         config = ProxyConfig.model_validate(config)
     state = ProxyState(config, settings or ProxySettings())
+    if server_manager is not None:
+        # Already-built backends: no validation of their configs (they may be test doubles).
+        state.config = ProxyConfig.model_construct(
+            model_name=model_name,
+            tokenizer_name=getattr(tokenizer, "name_or_path", None),
+            servers=[getattr(s, "config", None) for s in getattr(server_manager, "servers", [])],
+        )
+        state.manager, state.tokenizer = server_manager, tokenizer
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

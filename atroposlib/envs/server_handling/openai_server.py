@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from atroposlib.envs.server_handling.server_baseline import (
@@ -96,4 +97,42 @@ class OpenAIServer(APIServer):
         return await self._request_n(self.openai.completions.create, kwargs)
 
 
-__all__ = ["OpenAIServer"]
+
+def resolve_openai_configs(
+    default_server_configs: Any,
+    openai_config_dict: Mapping[str, Any] | None,
+    yaml_config: Mapping[str, Any] | None,
+    cli_passed_flags: Mapping[str, Any] | None,
+    logger: logging.Logger | None = None,
+) -> Any:
+    """Merge inference-server configs: defaults < YAML ``openai:`` < ``--openai.*`` flags.
+
+    The Atropos 0.4 helper signature over the env CLI's resolver (one server stays a list of
+    one config, several come from a YAML ``openai:`` list, flags cannot edit several).
+
+    Args:
+        default_server_configs: what the env's ``config_init`` returned for its servers.
+        openai_config_dict: the merged ``openai`` values; its keys that were passed as
+            ``openai.<key>`` flags are the flag values used (the rest is ignored).
+        yaml_config: the whole YAML mapping (its ``openai`` key is read).
+        cli_passed_flags: flags given on the command line, keyed ``"openai.<field>"``.
+        logger: unused (kept for the call signature).
+
+    Returns:
+        A list of ``APIServerConfig`` / ``APIServer``, or a bare ``ServerBaseline``.
+
+    Raises:
+        ConfigError: flags combined with several servers, or invalid values.
+    """
+    from atroposlib.envs.cli import resolve_server_configs
+
+    merged = dict(openai_config_dict or {})
+    cli = {
+        key.split(".", 1)[1]: merged.get(key.split(".", 1)[1], value)
+        for key, value in (cli_passed_flags or {}).items()
+        if key.startswith("openai.")
+    }
+    return resolve_server_configs(default_server_configs, (yaml_config or {}).get("openai"), cli)
+
+
+__all__ = ["OpenAIServer", "resolve_openai_configs"]

@@ -161,6 +161,13 @@ class ReasoningConfig:
         if self.effort is not None or self.max_tokens is not None:
             self.enabled = True
 
+    def is_reasoning_kwargs_active(self) -> bool:
+        """Whether requests carry reasoning options.
+
+        True when ``enabled`` (also implied by an ``effort`` or ``max_tokens``).
+        """
+        return self.enabled
+
     def build_extra_body(
         self, base_url: str | None = None, use_max_tokens: bool = False
     ) -> dict[str, Any] | None:

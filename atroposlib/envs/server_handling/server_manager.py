@@ -128,6 +128,12 @@ class ServerManager:
     ``wandb_metrics()``.
     """
 
+    # Defaults for managers assembled without __init__ (test doubles built with
+    # object.__new__ that set only servers / max_n_completions / reasoning_config).
+    proxy_url: str | None = None
+    use_proxy: bool = False
+    tool_parser: Any = None
+
     def __init__(
         self,
         configs: APIServerConfig | ServerBaseline | Sequence[APIServerConfig | APIServer] | APIServer,

@@ -136,4 +136,7 @@ class SGLangServer(OpenAIServer):
         return input_ids, outputs, logprobs, reasons
 
 
-__all__ = ["SGLangServer", "finish_reason_of"]
+# Atropos 0.4 also exposed the server-config resolver from this module.
+from atroposlib.envs.server_handling.openai_server import resolve_openai_configs  # noqa: E402
+
+__all__ = ["SGLangServer", "finish_reason_of", "resolve_openai_configs"]

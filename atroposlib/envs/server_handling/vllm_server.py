@@ -273,4 +273,7 @@ class VLLMServer(OpenAIServer):
         }
 
 
-__all__ = ["VLLMServer", "parse_token_id", "root_url"]
+# Atropos 0.4 also exposed the server-config resolver from this module.
+from atroposlib.envs.server_handling.openai_server import resolve_openai_configs  # noqa: E402
+
+__all__ = ["VLLMServer", "parse_token_id", "resolve_openai_configs", "root_url"]
