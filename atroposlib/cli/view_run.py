@@ -13,7 +13,9 @@ Example::
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser
@@ -21,6 +23,11 @@ from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: view-run does not register"
 _ALL = "all envs"
 _NO_ENV = "no env id"
+NEWEST = "newest first"
+BEST = "mean score: high to low"
+WORST = "mean score: low to high"
+#: The choices of the sort dropdown.
+SORTS = (NEWEST, BEST, WORST)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="view-run",
         description="Show the rollout groups arriving at a running trajectory API in a local web "
-        "page (Gradio): chat messages, scores, a per-env filter, refresh and auto refresh. Reads "
+        "page (Gradio): chat messages, scores, summary statistics, a per-env filter, sorting and "
+        "filtering by mean score, refresh and auto refresh. Reads "
         "the API's read-only GET /observe tap, so it does not take data from the trainer.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -61,8 +69,54 @@ def _env_filter(choice: str | None) -> tuple[bool, int | None]:
     return True, int(choice.removeprefix("env "))
 
 
+def _bound(value: Any) -> float | None:
+    """A score bound from the UI: None / empty / NaN mean "no bound"."""
+    if value is None or value == "":
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def sort_and_filter(groups: Sequence[Any], sort: str = NEWEST, min_score: float | None = None,
+                    max_score: float | None = None) -> list[Any]:
+    """Order and filter groups by their mean score (a pure function of its arguments).
+
+    Args:
+        groups: :class:`~atroposlib.tools.observe.ObservedGroup` (anything with a ``.group``
+            dict holding ``scores``), newest first.
+        sort: one of :data:`SORTS`: keep the given (newest first) order, or order by mean
+            score, high to low or low to high; ties keep the given order.
+        min_score: keep only groups whose mean score is ``>= min_score`` (None: no bound).
+        max_score: keep only groups whose mean score is ``<= max_score`` (None: no bound).
+            With a bound set, groups without a numeric score are dropped; without one they are
+            kept, and sorting puts them last.
+
+    Returns:
+        A new list; ``groups`` is not modified.
+
+    Raises:
+        ValueError: ``sort`` is not one of :data:`SORTS`.
+    """
+    from atroposlib.frontend.render import group_stats
+
+    if sort not in SORTS:
+        raise ValueError(f"sort must be one of {list(SORTS)}, got {sort!r}")
+    means = [group_stats(g.group).mean_score for g in groups]
+    keep = [
+        (g, m) for g, m in zip(groups, means, strict=True)
+        if (min_score is None and max_score is None)
+        or (m is not None and (min_score is None or m >= min_score)
+            and (max_score is None or m <= max_score))
+    ]
+    if sort != NEWEST:
+        sign = -1.0 if sort == BEST else 1.0
+        keep.sort(key=lambda gm: (gm[1] is None, 0.0 if gm[1] is None else sign * gm[1]))
+    return [g for g, _ in keep]
+
+
 def refresh_view(
-    feed: Any, decoder: Any, api_url: str, env_choice: str | None, shown: float
+    feed: Any, decoder: Any, api_url: str, env_choice: str | None, shown: float,
+    sort: str = NEWEST, min_score: Any = None, max_score: Any = None,
 ) -> tuple[list[str], str, str, str]:
     """Pull new groups and render the page state (pure Python: no Gradio objects).
 
@@ -71,7 +125,10 @@ def refresh_view(
         decoder: a :class:`~atroposlib.tools.rollouts.TokenDecoder` or None.
         api_url: shown in the status line.
         env_choice: the env dropdown's value (``"all envs"``, ``"env N"`` or ``"no env id"``).
-        shown: how many groups to show, newest first.
+        shown: how many groups to show (after sorting and filtering).
+        sort: the sort dropdown's value (see :func:`sort_and_filter`).
+        min_score: lower bound of the mean-score filter (None or empty: no bound).
+        max_score: upper bound of the mean-score filter (None or empty: no bound).
 
     Returns:
         ``(env_choices, env_value, status_markdown, groups_html)``.
@@ -81,17 +138,26 @@ def refresh_view(
     feed.refresh()
     filtered, env_id = _env_filter(env_choice)
     everything = feed.snapshot()
-    groups = [g for g in everything if not filtered or g.env_id == env_id][: max(1, int(shown))]
+    lo, hi = _bound(min_score), _bound(max_score)
+    sort = sort if sort in SORTS else NEWEST
+    matching = sort_and_filter([g for g in everything if not filtered or g.env_id == env_id],
+                               sort, lo, hi)
+    groups = matching[: max(1, int(shown))]
     choices = [_ALL] + [_NO_ENV if i is None else f"env {i}" for i in feed.env_ids()]
     value = env_choice if env_choice in choices else _ALL
     status = f"{len(everything)} groups received · showing {len(groups)} · API {api_url}"
+    if lo is not None or hi is not None:
+        status += f" · {len(matching)} match the mean-score filter"
+        if lo is not None and hi is not None and lo > hi:
+            status += " (min score is above max score: nothing can match)"
     if feed.observer.missed:
         status += (f" · {feed.observer.missed} groups left the API's retention window before "
                    "they could be shown")
     if feed.last_error:
         status += f" · **API error:** {feed.last_error}"
     empty = "No groups yet: waiting for environments to POST /scored_data."
-    return choices, value, status, render_groups(groups, decoder, empty_message=empty)
+    body = render_groups(groups, decoder, empty_message=empty, summary_label="Shown groups")
+    return choices, value, status, str(body)
 
 
 def build_ui(feed: Any, decoder: Any = None, *, api_url: str = "", refresh_seconds: float = 2.0) -> Any:
@@ -108,26 +174,32 @@ def build_ui(feed: Any, decoder: Any = None, *, api_url: str = "", refresh_secon
     """
     import gradio as gr  # lazy: heavy import
 
-    def update(env_choice: str | None, shown: float) -> tuple[Any, str, str]:
-        choices, value, status, body = refresh_view(feed, decoder, api_url, env_choice, shown)
+    def update(env_choice: str | None, shown: float, sort: str, lo: Any, hi: Any) -> tuple[Any, str, str]:
+        choices, value, status, body = refresh_view(feed, decoder, api_url, env_choice, shown,
+                                                     sort, lo, hi)
         return gr.Dropdown(choices=choices, value=value), status, body
 
     with gr.Blocks(title="Atropos run viewer", analytics_enabled=False) as demo:
         gr.Markdown("## Atropos run viewer")
         with gr.Row():
             env = gr.Dropdown(choices=[_ALL], value=_ALL, label="Environment", interactive=True)
-            shown = gr.Slider(1, 200, value=20, step=1, label="Groups shown (newest first)")
+            shown = gr.Slider(1, 200, value=20, step=1, label="Groups shown")
             auto = gr.Checkbox(value=True, label=f"Auto refresh every {refresh_seconds:g} s")
             refresh = gr.Button("Refresh", variant="primary")
+        with gr.Row():
+            sort = gr.Dropdown(choices=list(SORTS), value=NEWEST, label="Sort", interactive=True)
+            lo = gr.Number(value=None, label="Min mean score (empty: none)")
+            hi = gr.Number(value=None, label="Max mean score (empty: none)")
         status = gr.Markdown(elem_id="atr-status")
         view = gr.HTML(elem_id="atr-groups")
         timer = gr.Timer(refresh_seconds, active=True)
-        outputs = [env, status, view]
-        refresh.click(update, [env, shown], outputs, api_name="refresh")
+        inputs, outputs = [env, shown, sort, lo, hi], [env, status, view]
+        refresh.click(update, inputs, outputs, api_name="refresh")
         # a slow refresh must not pile up ticks: keep only the latest pending one
-        timer.tick(update, [env, shown], outputs, show_progress="hidden", trigger_mode="always_last")
-        env.change(update, [env, shown], outputs)
-        demo.load(update, [env, shown], outputs)
+        timer.tick(update, inputs, outputs, show_progress="hidden", trigger_mode="always_last")
+        for control in (env, sort, lo, hi):
+            control.change(update, inputs, outputs)
+        demo.load(update, inputs, outputs)
         auto.change(lambda on: gr.Timer(active=on), auto, timer)
     return demo
 
@@ -139,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         print("view-run: error: --refresh-seconds must be > 0", file=sys.stderr)
         return 2
     from atroposlib.api.client import AtroposClient
+    from atroposlib.frontend.render import CSS
     from atroposlib.tools.observe import GroupObserver, RecentGroups
-    from atroposlib.tools.render import CSS
     from atroposlib.tools.rollouts import TokenDecoder
 
     client = AtroposClient(args.api_url, api_key=args.api_key, max_attempts=2, max_retry_seconds=5)

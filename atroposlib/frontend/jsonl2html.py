@@ -1,107 +1,27 @@
-"""Render a JSONL file of scored groups as one self-contained, sanitised HTML page.
+"""Render a JSONL file of scored groups as one self-contained HTML page (``process`` writes one).
 
-Each group becomes a collapsible "Group N" block listing every sequence's messages and score.
-Message content is rendered from Markdown and then sanitised with ``nh3`` (upstream emitted raw
-model output, an XSS hole); scores and roles are HTML-escaped by the template engine (Jinja2
-with autoescaping).
+Each group becomes a collapsible "Group N" block: the prompt once when all rollouts share it, the
+reference answer when the group carries one, every completion with its score and length, and
+summary statistics per group and for the whole file. Rendering is done by
+:mod:`atroposlib.frontend.render`, the same renderer ``view-run`` uses: rollout text is rendered
+from Markdown with raw HTML escaped, so ``<think>``/``<answer>`` tags show literally (nothing is
+stripped) and nothing the model wrote can run.
 
 CLI: ``jsonl2html groups.jsonl [-o groups.html]``.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from atroposlib.frontend.render import pooled_stats, render_group_html, render_page
 from atroposlib.utils.cli import ArgumentParser
 
 logger = logging.getLogger(__name__)
-
-_TEMPLATE = Path(__file__).with_name("template.html")
-_MARKDOWN_EXTENSIONS = ["fenced_code", "tables", "nl2br"]
-
-
-def _markdown_to_safe_html(text: str) -> str:
-    import markdown
-    import nh3
-
-    rendered = markdown.markdown(text, extensions=_MARKDOWN_EXTENSIONS)
-    return nh3.clean(rendered)
-
-
-def _message_html(message: Any) -> str:
-    """Render one sequence's messages: a string, a list of {role, content} dicts, or other."""
-    if isinstance(message, str):
-        return _markdown_to_safe_html(message)
-    if isinstance(message, list):
-        parts = []
-        for turn in message:
-            if isinstance(turn, dict):
-                role = html.escape(str(turn.get("role", "?")).capitalize())
-                content = turn.get("content", "")
-                if not isinstance(content, str):
-                    content = "\n".join(
-                        str(p.get("text", p)) if isinstance(p, dict) else str(p) for p in content
-                    )
-                parts.append(
-                    f'<div class="message"><span class="role">{role}</span>'
-                    f"{_markdown_to_safe_html(content)}</div>"
-                )
-            else:
-                parts.append(f'<div class="message">{_markdown_to_safe_html(str(turn))}</div>')
-        return "\n".join(parts)
-    return _markdown_to_safe_html(str(message))
-
-
-def _css_class(score: Any) -> str:
-    try:
-        value = float(score)
-    except (TypeError, ValueError):
-        return "reward-zero"
-    if math.isnan(value) or value == 0:
-        return "reward-zero"
-    return "reward-positive" if value > 0 else "reward-negative"
-
-
-def _group_view(index: int, messages: list[Any], scores: list[Any]) -> dict[str, Any] | None:
-    if len(messages) != len(scores):
-        logger.warning(
-            "group %d has %d messages but %d scores; showing the first %d",
-            index, len(messages), len(scores), min(len(messages), len(scores)),
-        )
-    n = min(len(messages), len(scores))
-    if n == 0:
-        return None
-    items = [
-        {"index": i, "score": str(scores[i]), "css": _css_class(scores[i]),
-         "html": _message_html(messages[i])}
-        for i in range(n)
-    ]
-    scores_text = ", ".join(str(s) for s in scores[:n])
-    return {"index": index, "items": items, "scores_text": scores_text}
-
-
-_GROUP_TEMPLATE = """\
-<details class="group"{% if open %} open{% endif %}>
-  <summary>Group {{ group.index }} &mdash; scores: {{ group.scores_text }}</summary>
-  {% for item in group["items"] %}
-  <div class="item {{ item.css }}">
-    <div>Sequence {{ item.index }} &middot; score <span class="score">{{ item.score }}</span></div>
-    {{ item.html }}
-  </div>
-  {% endfor %}
-</details>"""
-
-
-def _jinja_env() -> Any:
-    import jinja2
-
-    return jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
 
 
 def create_html_for_group(group_data: dict[str, Any], index: int, open: bool = False) -> str:
@@ -110,47 +30,38 @@ def create_html_for_group(group_data: dict[str, Any], index: int, open: bool = F
     Args:
         group_data: a JSONL record with ``messages`` (one entry per sequence: a string or a
             list of ``{role, content}`` turns) and ``scores``; without ``messages``, each
-            sequence shows ``[tokens: N]``.
+            sequence shows its token count.
         index: the number shown as "Group N".
         open: render the block expanded.
 
     Returns:
-        The HTML block (content rendered from Markdown and sanitised, scores escaped), or ``""``
-        when the group has no sequence with both a message and a score. When the counts differ
-        only the first ``min(len(messages), len(scores))`` sequences are shown.
+        The HTML block (text rendered from Markdown with raw HTML escaped, scores escaped), or
+        ``""`` when the group has no sequence with both a message and a score. When the counts
+        differ only the first ``min(len(messages), len(scores))`` sequences are shown.
     """
-    import markupsafe
+    return str(render_group_html(group_data, title=f"Group {index}", open=open))
 
-    messages = group_data.get("messages")
-    if not messages:
-        messages = [f"[tokens: {len(t)}]" for t in group_data.get("tokens") or []]
-    view = _group_view(index, list(messages), list(group_data.get("scores") or []))
-    if view is None:
-        return ""
-    for item in view["items"]:
-        item["html"] = markupsafe.Markup(item["html"])
-    return _jinja_env().from_string(_GROUP_TEMPLATE).render(group=view, open=open)
+
+def _page(groups: list[dict[str, Any]], title: str, skipped: int) -> str:
+    blocks = []
+    for group in groups:
+        block = create_html_for_group(group, len(blocks) + 1, open=not blocks)
+        if block:
+            blocks.append(block)
+    return render_page(blocks, title=title, stats=pooled_stats(groups), skipped=skipped)
 
 
 def render_groups(groups: list[dict[str, Any]], title: str = "Rollouts") -> str:
-    """Render already-parsed groups (dicts with ``messages`` and ``scores``) to an HTML page.
+    """Render already-parsed groups (dicts with ``messages`` and/or ``tokens``, and ``scores``).
 
-    Groups without ``messages`` (e.g. written without ``include_messages``) show decoded
-    placeholders ``[tokens: N]`` so the page still lists every score.
+    Groups without ``messages`` (e.g. written without ``include_messages``) show token counts so
+    the page still lists every score.
     """
-    import markupsafe
-
-    template = _jinja_env().from_string(_TEMPLATE.read_text(encoding="utf-8"))
-    blocks = []
-    for k, group in enumerate(groups, start=1):
-        block = create_html_for_group(group, k, open=not blocks)
-        if block:
-            blocks.append(markupsafe.Markup(block))
-    return template.render(title=title, groups=blocks, skipped=0)
+    return _page(groups, title, 0)
 
 
 def generate_html(input_path: str | Path, output_path: str | Path | None = None) -> Path:
-    """Convert a JSONL file of groups to a sanitised, self-contained HTML page.
+    """Convert a JSONL file of groups to a self-contained HTML page.
 
     Lines without both ``messages`` and ``scores`` (or not valid JSON) are skipped with a
     warning.
@@ -165,13 +76,11 @@ def generate_html(input_path: str | Path, output_path: str | Path | None = None)
     Raises:
         FileNotFoundError: ``input_path`` does not exist.
     """
-    import markupsafe
-
     input_path = Path(input_path)
     if not input_path.is_file():
         raise FileNotFoundError(f"{input_path} does not exist; pass a JSONL file of groups")
     output_path = Path(output_path) if output_path else input_path.with_suffix(".html")
-    blocks: list[Any] = []
+    groups: list[dict[str, Any]] = []
     skipped = 0
     with open(input_path, encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, start=1):
@@ -191,11 +100,8 @@ def generate_html(input_path: str | Path, output_path: str | Path | None = None)
                 logger.warning("%s:%d has messages=null; skipped", input_path, line_no)
                 skipped += 1
                 continue
-            block = create_html_for_group(record, len(blocks) + 1, open=not blocks)
-            if block:
-                blocks.append(markupsafe.Markup(block))
-    template = _jinja_env().from_string(_TEMPLATE.read_text(encoding="utf-8"))
-    page = template.render(title=input_path.name, groups=blocks, skipped=skipped)
+            groups.append(record)
+    page = _page(groups, input_path.name, skipped)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     output_path.write_text(page, encoding="utf-8")
     return output_path
@@ -217,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     print(path)
 
 
-__all__ = ["generate_html", "main", "render_groups"]
+__all__ = ["create_html_for_group", "generate_html", "main", "render_groups"]
 
 
 if __name__ == "__main__":

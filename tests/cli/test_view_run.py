@@ -1,6 +1,7 @@
 """view-run: the page over a live run-api, checked in a real headless Chromium."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -10,8 +11,9 @@ import httpx
 import pytest
 
 from atroposlib.api.client import AtroposClient
-from atroposlib.cli.view_run import refresh_view
-from atroposlib.tools.observe import GroupObserver, RecentGroups
+from atroposlib.cli.view_run import BEST, NEWEST, SORTS, WORST, refresh_view, sort_and_filter
+from atroposlib.frontend.jsonl2html import create_html_for_group
+from atroposlib.tools.observe import GroupObserver, ObservedGroup, RecentGroups
 from tests.fixtures.api_server import free_port, start_run_api
 from tests.tools.groups import load_tokenizer, make_group, register_trainer_and_envs
 
@@ -134,3 +136,71 @@ def test_page_screenshot_has_chat_bubbles(live, tmp_path):
         if bubbles > 5000:
             break
     assert bubbles > 5000, f"no assistant chat bubbles in the screenshot {shot}"
+
+
+def _observed(cursor, scores, answers=None, question="q"):
+    answers = answers or [f"a{i}" for i in range(len(scores))]
+    msgs = [[{"role": "user", "content": question}, {"role": "assistant", "content": a}] for a in answers]
+    return ObservedGroup(cursor=cursor, env_id=None, received_at=0,
+                         group={"scores": list(scores), "messages": msgs})
+
+
+def test_sort_and_filter_is_a_pure_function_of_mean_scores():
+    newest_first = [_observed(4, [0.0, 1.0]), _observed(3, [1.0, 1.0]), _observed(2, ["n/a"]),
+                    _observed(1, [-1.0, 0.0])]  # means 0.5, 1, none, -0.5
+    before = list(newest_first)
+    cursors = lambda gs: [g.cursor for g in gs]  # noqa: E731
+    assert cursors(sort_and_filter(newest_first)) == [4, 3, 2, 1]
+    assert cursors(sort_and_filter(newest_first, BEST)) == [3, 4, 1, 2]  # no score: last
+    assert cursors(sort_and_filter(newest_first, WORST)) == [1, 4, 3, 2]
+    assert cursors(sort_and_filter(newest_first, NEWEST, min_score=0.0)) == [4, 3]
+    assert cursors(sort_and_filter(newest_first, WORST, max_score=0.5)) == [1, 4]
+    assert cursors(sort_and_filter(newest_first, BEST, 0.5, 0.5)) == [4]
+    assert sort_and_filter(newest_first, BEST, 2.0, 1.0) == []
+    ties = [_observed(9, [1.0]), _observed(8, [1.0])]
+    assert cursors(sort_and_filter(ties, BEST)) == [9, 8]  # stable
+    assert newest_first == before  # input untouched
+    with pytest.raises(ValueError, match="sort must be one of"):
+        sort_and_filter(newest_first, "random")
+    assert len(SORTS) == 3
+
+
+class _Feed:
+    """A stand-in for RecentGroups (refresh/snapshot/env_ids/observer.missed/last_error)."""
+
+    def __init__(self, groups):
+        self.groups, self.last_error = groups, None
+        self.observer = type("O", (), {"missed": 0})()
+
+    def refresh(self):
+        return 0
+
+    def snapshot(self):
+        return list(self.groups)
+
+    def env_ids(self):
+        return [None]
+
+
+TAGGED = "<think>x</think><answer>42</answer> <script>alert('pwn')</script>"
+
+
+def _assistant_bubbles(html):
+    return re.findall(r'<div class="atr-msg atr-assistant">.*?</div>\s*</div>', html, re.S)
+
+
+def test_view_run_and_jsonl2html_render_tags_escaped_and_identically():
+    feed = _Feed([_observed(5, [1.0, 0.0], [TAGGED, "**no**"], question="Use <think> tags"),
+                  _observed(6, [-1.0, -1.0])])
+    _, _, status, html = refresh_view(feed, None, "U", "all envs", 20, BEST, -0.5, None)
+    assert "1 match the mean-score filter" in status and "Group #5" in html and "Group #6" not in html
+    escaped = ("&lt;think&gt;x&lt;/think&gt;&lt;answer&gt;42&lt;/answer&gt; "
+               "&lt;script&gt;alert('pwn')&lt;/script&gt;")
+    static = create_html_for_group(feed.groups[0].group, 1)
+    for view in (html, static):
+        assert escaped in view and "<script" not in view and "<think>" not in view
+        assert view.count("Use &lt;think&gt; tags") == 1  # the prompt once per group
+    assert _assistant_bubbles(html) == _assistant_bubbles(static) != []
+    assert "Shown groups: 1 group(s) · 2 rollouts · mean score 0.5 · 50% correct" in html
+    _, _, status, html = refresh_view(feed, None, "U", "all envs", 20, NEWEST, "", None)
+    assert "Group #6" in html and "match the mean-score filter" not in status

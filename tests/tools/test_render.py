@@ -51,7 +51,7 @@ def test_token_only_group_is_decoded_with_a_tokenizer(tokenizer, bundled_model_d
     assert "tok answer&lt;|im_end|&gt;" in html and "decode &lt;me&gt;" in html
     assert "atr-zero" in html and "no env id" in html
     plain = render_group(observed, None)
-    assert "tokens (start view-run with --tokenizer" in plain and "tok answer" not in plain
+    assert f"{len(g['tokens'][0])} tokens (decode them with a tokenizer" in plain and "tok answer" not in plain
     broken = render_group(observed, TokenDecoder("/nonexistent/tok"))
     assert "cannot decode" in broken
 
