@@ -13,15 +13,16 @@ is outside every budget.
   (run-api, the trainer with its vLLM, the arithmetic env), ``--loss-type <loss>``,
   ``--max-train-seconds 60*M``, no periodic evaluations. The training clock starts when the
   trainer registers with run-api (model loading and vLLM start-up are outside it, as TRL's model
-  loading is). The bench copies the weights the trainer last pushed to vLLM at each wall point;
-  the point M is the trainer's final checkpoint.
+  loading is). At each wall point the bench copies the weights the trainer last pushed to vLLM
+  (the final checkpoint for points after the trainer stopped).
 * ``trl``: TRL's ``GRPOTrainer`` with its own HF generation on CPU, the same prompts (the env's
   training split), the env's reward, ``GRPOConfig(per_device_train_batch_size=16,
   num_generations=8, max_completion_length=24, learning_rate=3e-5, loss_type="grpo", beta=0.0,
   epsilon=0.2, temperature=1.0, use_cpu=True)``. A callback keeps the clock from
-  ``on_train_begin``, saves the trainable weights at the wall points (saving time is subtracted
-  from the clock) and stops training when the next step would end past the budget, like our
-  trainer's ``--max-train-seconds``.
+  ``on_train_begin``, saves the trainable weights held at each wall point (saving time is
+  subtracted from the clock) and stops training when the next step would end past the budget,
+  like our trainer's ``--max-train-seconds``. For both, a step that ends past the budget counts
+  neither in the point M nor in samples/s.
 
 Reported per contender: accuracy before and after, points gained per training minute, samples
 (sequences) trained per second, peak RSS of its whole process tree (vLLM, envs and run-api
@@ -193,8 +194,8 @@ def run_ours(name: str, minutes: float, out: Path) -> dict[str, Any]:
                 raise RuntimeError(f"{name}: the trainer never registered; see {trainer_log}")
             time.sleep(0.5)
         start = time.monotonic()
-        reached: dict[float, str | None] = {}
-        for frac in POINTS[1:-1]:
+        reached: dict[float, tuple[str | None, int]] = {}
+        for frac in POINTS[1:]:
             while time.monotonic() - start < frac * budget and tree.proc.poll() is None:
                 time.sleep(0.2)
             if tree.proc.poll() is None:
@@ -207,15 +208,20 @@ def run_ours(name: str, minutes: float, out: Path) -> dict[str, Any]:
         raise RuntimeError(f"{name}: atropos-launch exited with {code}; see {run_dir}/logs")
     summary = json.loads((run_dir / "summary.json").read_text())
     history = [json.loads(line) for line in _read(run_dir / "metrics.jsonl").splitlines() if line]
-    final = run_dir / "checkpoints" / "final"
-    # a point after the trainer had already stopped holds the final policy
-    points = {0.0: None, **{f: reached.get(f, str(final)) for f in POINTS[1:-1]}, 1.0: str(final)}
-    return {"points": points, "steps": summary["steps"],
+    final = str(run_dir / "checkpoints" / "final")
+    # a point after the trainer had stopped holds the final policy; a step that ended past the
+    # budget (its length misjudged) is not counted: the point M is the policy at M
+    points = {0.0: None, **{f: reached[f][0] if f in reached else final for f in POINTS[1:]}}
+    if 1.0 in reached:
+        history, seconds = history[:reached[1.0][1]], budget
+    else:
+        seconds = min(summary["train_loop_seconds"], budget)
+    return {"points": points, "steps": len(history),
             "sequences": sum(h.get("sequences", 0) for h in history),
-            "train_seconds": summary["train_loop_seconds"], "peak_rss_bytes": tree.peak_rss}
+            "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss}
 
 
-def _snapshot_sync_weights(run_dir: Path, dest: Path) -> str | None:
+def _snapshot_sync_weights(run_dir: Path, dest: Path) -> tuple[str | None, int]:
     """Copy the weights the trainer last pushed to vLLM, never a half-written file.
 
     The trainer writes ``vllm_weights/model.safetensors`` and then appends the step to
@@ -224,7 +230,8 @@ def _snapshot_sync_weights(run_dir: Path, dest: Path) -> str | None:
     policy, so nothing is copied (the evaluator then uses the bundled model).
 
     Returns:
-        ``dest`` (a model directory), or None when no step has finished yet.
+        ``(dest, steps)``: the model directory (None when no step has finished yet, the
+        starting model is the policy) and the steps finished when it was copied.
 
     Raises:
         RuntimeError: no consistent copy within about a minute.
@@ -233,14 +240,14 @@ def _snapshot_sync_weights(run_dir: Path, dest: Path) -> str | None:
     metrics = run_dir / "metrics.jsonl"
     for _ in range(200):
         if not weights.exists() or not metrics.exists():
-            return None
+            return None, 0
         before = (weights.stat().st_mtime_ns, metrics.stat().st_mtime_ns)
         if before[0] <= before[1]:
             dest.mkdir(parents=True, exist_ok=True)
             shutil.copy2(weights, dest / "model.safetensors")
             shutil.copy2(run_dir / "vllm_weights" / "config.json", dest / "config.json")
             if (weights.stat().st_mtime_ns, metrics.stat().st_mtime_ns) == before:
-                return str(dest)
+                return str(dest), len(_read(metrics).splitlines())
         time.sleep(0.25)
     raise RuntimeError(f"could not take a consistent copy of {weights}")
 
@@ -319,8 +326,9 @@ def trl_worker(run_dir: Path, minutes: float) -> None:
             self.last_step = 0.0
             self.step_begin = 0.0
             self.pre_step: dict[str, torch.Tensor] = {}
-            self.saved: dict[float, str] = {0.0: None}
-            self.steps = 0
+            self.saved: dict[float, str | None] = {0.0: None}
+            self.steps = 0  # steps that ended within the budget
+            self.seconds = 0.0  # training seconds those steps took (the budget if still going at M)
 
         def elapsed(self) -> float:
             return time.monotonic() - self.start - self.paused
@@ -344,10 +352,13 @@ def trl_worker(run_dir: Path, minutes: float) -> None:
         def on_step_end(self, args, state, control, **kwargs):
             now = self.elapsed()
             self.last_step = now - self.step_begin
-            self.steps += 1
-            for frac in POINTS[1:-1]:  # a point this step crossed: the policy before it
+            for frac in POINTS[1:]:  # a point this step crossed: the policy before it
                 if frac not in self.saved and now > frac * budget:
                     self.save(frac, self.pre_step)
+            if now <= budget:
+                self.steps, self.seconds = self.steps + 1, now
+            else:  # this step's length was misjudged: the point M holds the policy before it
+                self.seconds = budget
             if now + self.last_step > budget:  # the next step would end past the budget
                 control.should_training_stop = True
             return control
@@ -368,11 +379,10 @@ def trl_worker(run_dir: Path, minutes: float) -> None:
     trainer = GRPOTrainer(model=model, reward_funcs=arithmetic_reward, args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[clock])
     trainer.train()
-    train_seconds = clock.elapsed()
     clock.finish()
     (run_dir / "result.json").write_text(json.dumps({
         "points": {str(k): v for k, v in clock.saved.items()}, "steps": clock.steps,
-        "sequences": clock.steps * BATCH_SIZE, "train_seconds": train_seconds}))
+        "sequences": clock.steps * BATCH_SIZE, "train_seconds": clock.seconds}))
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
