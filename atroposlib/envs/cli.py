@@ -32,21 +32,19 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from atroposlib.envs.config import BaseEnvConfig, UnknownConfigFieldWarning
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
     ServerBaseline,
 )
+from atroposlib.envs.server_handling.server_configs import resolve_server_configs, validated
 from atroposlib.envs.server_handling.server_manager import ServerManagerConfig
 from atroposlib.errors import ConfigError, RolloutError
 from atroposlib.utils.cli import (
     add_model_options,
     collect_overrides,
     unknown_flag_message,
-    validation_error_message,
 )
 
 if TYPE_CHECKING:
@@ -115,68 +113,6 @@ def _load_yaml(path: str, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     return data
 
 
-def _validated(cls: type, values: dict[str, Any], prefix: str | None, source: str) -> Any:
-    try:
-        return cls(**values)
-    except ValidationError as exc:
-        raise ConfigError(validation_error_message(exc, prefix, source)) from exc
-
-
-def resolve_server_configs(
-    init_servers: Any, yaml_openai: Any, cli_openai: dict[str, Any], prefix: str = "openai"
-) -> list[APIServerConfig | APIServer] | ServerBaseline:
-    """Merge server configs: ``config_init`` < YAML ``openai:`` < ``--openai.*`` flags.
-
-    Args:
-        init_servers: what ``config_init`` returned for the servers.
-        yaml_openai: the YAML ``<prefix>:`` value (mapping, list or None).
-        cli_openai: the ``--<prefix>.*`` flags given.
-        prefix: the namespace (``openai``, or an extra one such as ``teacher``), for messages.
-
-    Returns:
-        A list of configs (a single server is a list of one, its URL honoured), or a bare
-        ``ServerBaseline`` when nothing gives a URL.
-
-    Raises:
-        ConfigError: ``--openai.*`` flags combined with several servers, or invalid values.
-    """
-    init_list = list(init_servers) if isinstance(init_servers, (list, tuple)) else None
-    yaml_list = yaml_openai if isinstance(yaml_openai, list) else None
-    if (yaml_list is not None and len(yaml_list) >= 2) or (init_list is not None and len(init_list) >= 2):
-        if cli_openai:
-            flags = ", ".join(f"--{prefix}.{k}" for k in cli_openai)
-            raise ConfigError(
-                f"{flags} cannot be combined with several inference servers; edit the "
-                f"`{prefix}:` list in the YAML config instead"
-            )
-        if yaml_list is not None and len(yaml_list) >= 2:
-            return [
-                _validated(APIServerConfig, dict(d), prefix, f"--config {prefix}[{i}]")
-                for i, d in enumerate(yaml_list)
-            ]
-        return list(init_list or [])
-    if init_list is not None:
-        if not init_list:
-            raise ConfigError("config_init returned an empty server list; return at least one")
-        base = init_list[0]
-    else:
-        base = init_servers
-    if isinstance(base, APIServer):
-        if yaml_openai or cli_openai:
-            raise ConfigError(
-                f"config_init returned a server instance; --{prefix}.* cannot change it"
-            )
-        return [base]
-    if yaml_list is not None:
-        yaml_dict = dict(yaml_list[0]) if yaml_list else {}
-    else:
-        yaml_dict = dict(yaml_openai or {})
-    if isinstance(base, APIServerConfig) or yaml_dict or cli_openai:
-        merged = {**base.model_dump(), **yaml_dict, **cli_openai}
-        return [_validated(APIServerConfig, merged, prefix, f"{prefix} server configuration")]
-    return base
-
-
 def _env_config_class(env_cls: type[BaseEnv], init_env: BaseEnvConfig) -> type[BaseEnvConfig]:
     """The config class whose fields become ``--env.*``: ``config_init``'s when more specific."""
     declared = env_cls.env_config_cls
@@ -238,11 +174,11 @@ def build_configs(
     with warnings.catch_warnings():
         # Undeclared fields set by config_init's code were already warned about there.
         warnings.simplefilter("ignore", UnknownConfigFieldWarning)
-        env_config = _validated(env_cls_config, env_values, "env", "env configuration")
+        env_config = validated(env_cls_config, env_values, "env", "env configuration")
     servers = resolve_server_configs(init_servers, data.get("openai"), overrides["openai"])
     manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
     manager_values.update({k: v for k, v in overrides[""].items() if k not in ("config", "mode")})
-    manager = _validated(ServerManagerConfig, manager_values, None, "server manager configuration")
+    manager = validated(ServerManagerConfig, manager_values, None, "server manager configuration")
     return env_config, servers, manager
 
 

@@ -124,7 +124,7 @@ def resolve_openai_configs(
     Raises:
         ConfigError: flags combined with several servers, or invalid values.
     """
-    from atroposlib.envs.cli import resolve_server_configs
+    from atroposlib.envs.server_handling.server_configs import resolve_server_configs
 
     merged = dict(openai_config_dict or {})
     cli = {
