@@ -6,6 +6,7 @@ import httpx
 
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.factory import build_app
+from atroposlib.api.settings import ApiSettings
 from atroposlib.envs.base import BaseEnvConfig
 from atroposlib.envs.serve import ServeLoop
 from atroposlib.testing.fake_server import FakeServer
@@ -23,7 +24,7 @@ def group(seed: int) -> dict:
 
 
 async def test_lost_replies_and_a_flush_resend_store_each_group_once(tiny_tokenizer) -> None:
-    app = build_app()
+    app = build_app(ApiSettings(allowed_hosts=["api"]))  # the in-process client's base URL
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:
         await c.post("/register", json=REGISTRATION)
         await c.get("/batch")
