@@ -20,14 +20,11 @@ Run it (see ``atropos-launch configs/quickstart-cpu.yaml`` for the whole loop)::
 
 from __future__ import annotations
 
-import asyncio
 import operator
-import os
 import random
 import re
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +33,7 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/arithmetic_server.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB  # noqa: E402
-from atroposlib.envs.base import (  # noqa: E402
-    APIServerConfig,
-    BaseEnv,
-    BaseEnvConfig,
-    ScoredDataGroup,
-)
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
 
 #: difficulty -> (smallest operand, largest operand, operators)
 DIFFICULTIES: dict[int, tuple[int, int, tuple[str, ...]]] = {
@@ -54,11 +45,6 @@ DIFFICULTIES: dict[int, tuple[int, int, tuple[str, ...]]] = {
 }
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 PROMPT = "What is {a} {op} {b}? Answer with just the number."
-
-
-def _bundled_dir() -> str:
-    root = os.environ.get("ATROPOS_CACHE_DIR") or str(Path.home() / ".cache" / "atroposlib")
-    return str(Path(root) / "bundled" / "SmolLM2-135M-Instruct")
 
 
 def is_heldout(a: int, op: str, b: int, fraction: float) -> bool:
@@ -190,7 +176,7 @@ def score_reply(text: str, answer: int, finish_reason: str | None) -> float:
     return 1.0 if verify(gold, predicted, **vkw) else 0.0
 
 
-class ArithmeticEnvConfig(BaseEnvConfig):
+class ArithmeticEnvConfig(SingleTurnEnvConfig):
     """Settings of :class:`ArithmeticEnv`."""
 
     difficulty: int = Field(default=2, ge=1, le=max(DIFFICULTIES),
@@ -206,37 +192,29 @@ class ArithmeticEnvConfig(BaseEnvConfig):
     eval_temperature: float = Field(default=0.0, ge=0, description="Evaluation temperature (0 = greedy).")
     heldout_fraction: float = Field(default=0.25, gt=0, lt=1,
                                     description="Share of operand pairs reserved for evaluation.")
+    max_token_length: int = Field(default=256, ge=1, description="Longest sequence, in tokens.")
+    steps_per_eval: int = Field(default=10_000, description="Evaluate every this many trainer "
+                                "steps in serve mode (the quickstart evaluates from the trainer).")
 
 
-class ArithmeticEnv(BaseEnv):
-    """Arithmetic questions; reward 1 for the right number in a reply that stops by itself."""
+class ArithmeticEnv(SingleTurnEnv):
+    """Arithmetic questions; reward 1 for the right number in a reply that stops by itself.
+
+    ``evaluate`` reports ``eval/accuracy`` on the held-out problems (greedy by default).
+    """
 
     name = "arithmetic"
     env_config_cls = ArithmeticEnvConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[ArithmeticEnvConfig, list[APIServerConfig]]:
-        """Defaults: bundled tokenizer, groups of 8, the dev vLLM at 127.0.0.1:9100."""
-        config = ArithmeticEnvConfig(
-            tokenizer_name=_bundled_dir(), group_size=8, max_token_length=256,
-            wandb_name=cls.name, use_wandb=False, steps_per_eval=10_000,
-        )
-        server = APIServerConfig(model_name="smollm2", base_url="http://127.0.0.1:9100/v1",
-                                 api_key="x", server_type="vllm", num_requests_for_eval=64)
-        return config, [server]
+    truncated_reward = 0.0  # a reply cut off by max_tokens scores 0
 
     async def setup(self) -> None:
-        """Seed the training generator and build the fixed held-out evaluation set."""
+        """Build the fixed held-out evaluation set (training problems come from ``self.rng``)."""
         cfg = self.config
-        self.rng = random.Random(cfg.seed)
         self.eval_items = heldout_problems(cfg.difficulty, cfg.heldout_fraction, cfg.eval_size,
                                            cfg.eval_seed)
-        self.iter = 0
-        self.train_correct: list[float] = []
 
-    async def get_next_item(self) -> dict[str, Any]:
+    def train_item(self, index: int) -> dict[str, Any]:
         """A fresh training-split problem."""
-        self.iter += 1
         return make_problem(self.rng, self.config.difficulty, False, self.config.heldout_fraction)
 
     @staticmethod
@@ -244,68 +222,17 @@ class ArithmeticEnv(BaseEnv):
         """The chat prompt of a problem (the model's default system prompt is kept)."""
         return [{"role": "user", "content": item["question"]}]
 
-    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredDataGroup | None, list]:
-        """Sample ``group_size`` replies with exact tokens and sampler log-probs, then score them."""
-        messages = self.messages(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[],
-                                messages=[] if self.config.include_messages else None,
-                                generation_params={"temperature": self.config.temperature})
-        for choice, node in zip(completion.choices, nodes, strict=True):
-            text = choice.message.content or ""
-            score = score_reply(text, item["answer"], choice.finish_reason)
-            self.train_correct.append(score)
-            self.completion_lengths.append(sum(1 for m in node.masked_tokens if m != IGNORE_INDEX))
-            group["tokens"].append(list(node.tokens))
-            group["masks"].append(list(node.masked_tokens))
-            group["inference_logprobs"].append(
-                [lp if m != IGNORE_INDEX else MASKED_LOGPROB
-                 for lp, m in zip(node.logprobs, node.masked_tokens, strict=True)])
-            group["scores"].append(score)
-            if group["messages"] is not None:
-                group["messages"].append(messages + [{"role": "assistant", "content": text}])
-        return group, []
+    def prompt(self, item: dict[str, Any]) -> list[dict[str, str]]:
+        """See :meth:`messages`."""
+        return self.messages(item)
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """Accuracy on the held-out set (greedy by default); writes metrics via ``evaluate_log``."""
-        cfg = self.config
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, cfg.max_eval_workers))
+    def score(self, item: dict[str, Any], completion: str) -> float:
+        """:func:`score_reply` of a reply that stopped by itself."""
+        return score_reply(completion, item["answer"], "stop")
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            async with sem:
-                completion = await self.server.chat_completion(
-                    messages=self.messages(item), n=1, max_tokens=cfg.max_tokens,
-                    temperature=cfg.eval_temperature, split="eval",
-                )
-            choice = completion.choices[0]
-            text = choice.message.content or ""
-            return {"question": item["question"], "answer": item["answer"], "reply": text,
-                    "finish_reason": choice.finish_reason,
-                    "correct": score_reply(text, item["answer"], choice.finish_reason)}
-
-        samples = await asyncio.gather(*(one(item) for item in self.eval_items))
-        accuracy = sum(s["correct"] for s in samples) / len(samples)
-        stopped = sum(s["finish_reason"] != "length" for s in samples) / len(samples)
-        metrics = {"eval/accuracy": accuracy, "eval/stopped_fraction": stopped,
-                   "eval/num_problems": float(len(samples))}
-        self.evaluate_log(metrics, start_time=start, samples=samples,
-                          generation_parameters={"temperature": cfg.eval_temperature,
-                                                 "max_tokens": cfg.max_tokens})
-        return metrics
-
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        """Add the training accuracy of the rollouts since the last call."""
-        metrics = dict(metrics or {})
-        if self.train_correct:
-            metrics["train/percent_correct"] = sum(self.train_correct) / len(self.train_correct)
-            self.train_correct = []
-        await super().wandb_log(metrics)
+    def answer(self, item: dict[str, Any]) -> int:
+        """The true result."""
+        return item["answer"]
 
 
 if __name__ == "__main__":

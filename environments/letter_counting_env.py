@@ -12,16 +12,8 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/letter_counting_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
-from environments.common import (  # noqa: E402
-    add_rollout,
-    default_server,
-    default_tokenizer_name,
-    extract_answer_tag,
-    make_word,
-    new_group,
-    run_eval,
-)
+from atroposlib.envs.helpers import extract_answer_tag, make_word  # noqa: E402
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
 
 SYSTEM_PROMPT = (
     "You count letters carefully. Spell the word letter by letter, count, then give only the "
@@ -79,7 +71,7 @@ def score_answer(text: str, counts: list[int]) -> float:
     return 0.5 if numbers_in(text)[-len(counts):] == counts else 0.0
 
 
-class LetterCountingConfig(BaseEnvConfig):
+class LetterCountingConfig(SingleTurnEnvConfig):
     """Settings of :class:`LetterCountingEnv`."""
 
     min_word_length: int = Field(default=5, ge=1, description="Shortest generated word.")
@@ -88,84 +80,36 @@ class LetterCountingConfig(BaseEnvConfig):
         default=1, ge=1, le=5, description="How many different letters each question asks about."
     )
     max_tokens: int = Field(default=128, ge=1, description="Completion budget per rollout.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
-    seed: int = Field(default=0, description="Seed of the training-question generator.")
     eval_size: int = Field(default=50, ge=1, description="Questions in the evaluation set.")
 
 
-class LetterCountingEnv(BaseEnv):
+class LetterCountingEnv(SingleTurnEnv):
     """Counts letters in pseudo-words; reward 1 / 0.5 (right but untagged) / 0."""
 
     name = "letter_counting"
     env_config_cls = LetterCountingConfig
 
-    @classmethod
-    def config_init(cls):
-        return (
-            LetterCountingConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=1024,
-                wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
-
     async def setup(self) -> None:
         cfg = self.config
         if cfg.min_word_length > cfg.max_word_length:
             raise ValueError("min_word_length must be <= max_word_length; swap or adjust them")
-        self.rng = random.Random(cfg.seed)
-        self.iter = 0
         eval_rng = random.Random(cfg.seed + 1_000_003)
-        self.eval_items = [
-            make_question(eval_rng, cfg.min_word_length, cfg.max_word_length,
-                          cfg.letters_per_question)
-            for _ in range(cfg.eval_size)
-        ]
-        self.percent_correct: list[float] = []
+        self.eval_items = [self.train_item(i, eval_rng) for i in range(cfg.eval_size)]
 
-    async def get_next_item(self):
-        self.iter += 1
+    def train_item(self, index, rng=None):
         cfg = self.config
-        return make_question(self.rng, cfg.min_word_length, cfg.max_word_length,
+        return make_question(rng or self.rng, cfg.min_word_length, cfg.max_word_length,
                              cfg.letters_per_question)
 
-    @staticmethod
-    def _messages(item):
+    def prompt(self, item):
         return [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": item["question"]}]
 
-    async def collect_trajectories(self, item):
-        messages = self._messages(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        group = new_group()
-        for choice, node in zip(completion.choices, nodes, strict=True):
-            text = choice.message.content or ""
-            score = score_answer(text, item["counts"])
-            self.percent_correct.append(1.0 if score == 1.0 else 0.0)
-            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
-        return group, []
+    def score(self, item, completion):
+        return score_answer(completion, item["counts"])
 
-    async def evaluate(self, *args, **kwargs):
-        return await run_eval(
-            self, self.eval_items, self._messages,
-            lambda item, text, _reason: float(score_answer(text, item["counts"]) > 0),
-            max_tokens=self.config.max_tokens,
-        )
-
-    async def wandb_log(self, metrics=None):
-        metrics = dict(metrics or {})
-        if self.percent_correct:
-            metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
-            self.percent_correct = []
-        await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
+    def answer(self, item):
+        return item["counts"]
 
 
 if __name__ == "__main__":

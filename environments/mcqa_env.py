@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import re
 import sys
 from pathlib import Path
@@ -13,17 +12,8 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/mcqa_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
-from environments.common import (  # noqa: E402
-    add_rollout,
-    default_server,
-    default_tokenizer_name,
-    extract_answer_tag,
-    load_rows,
-    maybe_json,
-    new_group,
-    run_eval,
-)
+from atroposlib.envs.helpers import extract_answer_tag, load_rows, maybe_json  # noqa: E402
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
 
 LETTERS = "ABCDEFGHIJ"
 SYSTEM_PROMPT = (
@@ -76,7 +66,7 @@ def parse_letter(text: str, n_choices: int) -> str | None:
     return found[-1].upper() if found else None
 
 
-class MCQAConfig(BaseEnvConfig):
+class MCQAConfig(SingleTurnEnvConfig):
     """Settings of :class:`MCQAEnv`."""
 
     dataset_name: str = Field(
@@ -99,24 +89,15 @@ class MCQAConfig(BaseEnvConfig):
     seed: int = Field(default=42, description="Seed for shuffling rows and options.")
     limit: int | None = Field(default=None, description="Use at most this many training rows.")
     max_tokens: int = Field(default=256, ge=1, description="Completion budget per rollout.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+    max_token_length: int = Field(default=2048, ge=1, description="Longest sequence, in tokens.")
 
 
-class MCQAEnv(BaseEnv):
+class MCQAEnv(SingleTurnEnv):
     """Reward 1 for the right letter, 0 otherwise (and 0 when the reply was cut off)."""
 
     name = "mcqa"
     env_config_cls = MCQAConfig
-
-    @classmethod
-    def config_init(cls):
-        return (
-            MCQAConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
-                wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
+    truncated_reward = 0.0
 
     def _rows(self, split: str, limit: int | None) -> list[dict[str, Any]]:
         c = self.config
@@ -126,18 +107,21 @@ class MCQAEnv(BaseEnv):
         ]
 
     async def setup(self) -> None:
-        self.rng = random.Random(self.config.seed)
-        self.train = self._rows(self.config.split, self.config.limit)
-        if not self.train:
+        self.train_items = self._rows(self.config.split, self.config.limit)
+        if not self.train_items:
             raise ValueError(f"dataset {self.config.dataset_name!r} has no training rows")
-        self.rng.shuffle(self.train)
-        self.iter = 0
-        self._eval_items: list[dict[str, Any]] | None = None
-        self.percent_correct: list[float] = []
+        self.rng.shuffle(self.train_items)
+        self._eval_rows: list[dict[str, Any]] | None = None
 
-    async def get_next_item(self):
-        item = self.train[self.iter % len(self.train)]
-        self.iter += 1
+    @property
+    def eval_items(self) -> list[dict[str, Any]]:
+        """The eval split's rows, loaded on first use (serve mode may never evaluate)."""
+        if self._eval_rows is None:
+            self._eval_rows = self._rows(self.config.eval_split, self.config.eval_limit)
+        return self._eval_rows
+
+    def train_item(self, index: int) -> dict[str, Any]:
+        item = super().train_item(index)
         if self.config.shuffle_choices:
             order = list(range(len(item["choices"])))
             self.rng.shuffle(order)
@@ -146,51 +130,17 @@ class MCQAEnv(BaseEnv):
                     "answer": order.index(item["answer"])}
         return item
 
-    @staticmethod
-    def _messages(item):
+    def prompt(self, item):
         options = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(item["choices"]))
         return [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": f"{item['question']}\n\n{options}"}]
 
-    @staticmethod
-    def score(item, text: str, finish_reason: str) -> float:
-        """1.0 when the parsed letter is correct and the reply was not truncated, else 0.0."""
-        if finish_reason == "length":
-            return 0.0
-        letter = parse_letter(text, len(item["choices"]))
-        return 1.0 if letter == LETTERS[item["answer"]] else 0.0
+    def score(self, item, completion: str) -> float:
+        """1.0 when the parsed letter is the right one, else 0.0."""
+        return 1.0 if parse_letter(completion, len(item["choices"])) == LETTERS[item["answer"]] else 0.0
 
-    async def collect_trajectories(self, item):
-        messages = self._messages(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        group = new_group()
-        for choice, node in zip(completion.choices, nodes, strict=True):
-            text = choice.message.content or ""
-            score = self.score(item, text, node.metadata.get("finish_reason", "stop"))
-            self.percent_correct.append(score)
-            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
-        return group, []
-
-    async def evaluate(self, *args, **kwargs):
-        if self._eval_items is None:
-            self._eval_items = self._rows(self.config.eval_split, self.config.eval_limit)
-        return await run_eval(self, self._eval_items, self._messages, self.score,
-                              max_tokens=self.config.max_tokens)
-
-    async def wandb_log(self, metrics=None):
-        metrics = dict(metrics or {})
-        if self.percent_correct:
-            metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
-            self.percent_correct = []
-        await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
+    def answer(self, item):
+        return LETTERS[item["answer"]]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,190 @@
+"""``SingleTurnEnv``: one prompt, ``group_size`` sampled replies, a score per reply.
+
+Subclass it and write three things: the prompt of an item (:meth:`SingleTurnEnv.prompt`), the
+score of a reply (:meth:`SingleTurnEnv.score`) and, in ``setup``, the items
+(``self.train_items`` / ``self.eval_items``). Sampling through ``managed_server`` (exact tokens
+and sampler log-probs), the group, evaluation, train accuracy and checkpoints are done here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
+
+from atroposlib.api.models import IGNORE_INDEX
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.helpers import (
+    add_rollout,
+    default_server,
+    default_tokenizer_name,
+    eval_samples,
+    new_group,
+)
+from atroposlib.type_definitions import Item, Message
+
+
+class SingleTurnEnvConfig(BaseEnvConfig):
+    """``BaseEnvConfig`` plus the sampling settings of a single-turn env.
+
+    Defaults differ from ``BaseEnvConfig`` where a single-turn env wants them to: the bundled
+    tokenizer, groups of 8, 1024-token sequences, no W&B unless asked.
+    """
+
+    tokenizer_name: str = Field(
+        default_factory=default_tokenizer_name,
+        description="Tokenizer (HF id or local dir); default the bundled SmolLM2-135M-Instruct.",
+    )
+    group_size: int = Field(default=8, ge=1, description="Rollouts (responses) per group.")
+    max_token_length: int = Field(default=1024, ge=1, description="Longest sequence, in tokens.")
+    use_wandb: bool = Field(default=False, description="Log metrics to Weights & Biases.")
+    max_tokens: int = Field(default=256, ge=1, description="Completion budget per rollout.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+    eval_temperature: float = Field(default=0.0, ge=0, description="Evaluation temperature (0 = greedy).")
+    seed: int = Field(default=0, description="Seed of ``self.rng`` (item generators, shuffles).")
+
+
+class SingleTurnEnv(BaseEnv):
+    """A single-turn environment: implement :meth:`prompt`, :meth:`score`, and ``setup``.
+
+    In ``setup`` fill ``self.train_items`` (a list, cycled with a cursor) or override
+    :meth:`train_item` (e.g. a seeded generator using ``self.rng``), and ``self.eval_items``.
+    Optional: :meth:`answer` (reference answer, kept in eval samples for the views) and
+    ``truncated_reward`` (the reward of a reply cut off at ``max_tokens``, instead of
+    calling :meth:`score`; None = score it like any reply).
+
+    Done for you: ``config_init`` (bundled tokenizer, the dev vLLM server), ``get_next_item``,
+    ``collect_trajectories`` (``group_size`` replies in one chat call, exact tokens and
+    log-probs), ``evaluate`` (one reply per eval item at ``eval_temperature``; logs
+    ``eval/accuracy`` = share of replies scoring >= 1, ``eval/mean_score``,
+    ``eval/stopped_fraction``, ``eval/num_items``), ``train/percent_correct`` in
+    ``wandb_log``, and the cursor (``self.iter``) in checkpoints.
+    """
+
+    env_config_cls: type[BaseEnvConfig] = SingleTurnEnvConfig
+    #: Reward of a reply that hit ``max_tokens`` (None: call ``score`` on it like any reply).
+    truncated_reward: float | None = None
+    train_items: Sequence[Item] = ()
+    eval_items: Sequence[Item] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        import random
+
+        self.iter = 0
+        self.rng = random.Random(getattr(self.config, "seed", 0))
+        self.train_correct: list[float] = []
+
+    @classmethod
+    def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
+        """Defaults: ``env_config_cls()`` named after the env, the dev vLLM at 127.0.0.1:9100."""
+        return cls.env_config_cls(wandb_name=cls.name), [default_server()]
+
+    # ------------------------------------------------------------------ the hooks
+    def prompt(self, item: Item) -> list[Message]:
+        """The chat messages sent for ``item``.
+
+        Raises:
+            NotImplementedError: the subclass did not implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement prompt(item)")
+
+    def score(self, item: Item, completion: str) -> float:
+        """The reward of reply text ``completion`` to ``item`` (1.0 = fully correct).
+
+        Raises:
+            NotImplementedError: the subclass did not implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement score(item, completion)")
+
+    def answer(self, item: Item) -> Any:
+        """The reference answer of ``item``, kept in eval samples; default None."""
+        return None
+
+    def train_item(self, index: int) -> Item:
+        """The ``index``-th training item; default ``self.train_items`` cycled.
+
+        Raises:
+            ValueError: ``self.train_items`` is empty (fill it in ``setup``).
+        """
+        if not self.train_items:
+            raise ValueError(
+                f"{type(self).__name__} has no training items: fill self.train_items in setup() "
+                "or override train_item(index)"
+            )
+        return self.train_items[index % len(self.train_items)]
+
+    # ------------------------------------------------------------------ done once, here
+    def _reward(self, item: Item, text: str, finish_reason: str | None) -> float:
+        if finish_reason == "length" and self.truncated_reward is not None:
+            return float(self.truncated_reward)
+        return float(self.score(item, text))
+
+    async def get_next_item(self) -> Item:
+        """The training item at the cursor; advances the cursor."""
+        item = self.train_item(self.iter)
+        self.iter += 1
+        return item
+
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup, list[Item]]:
+        """Sample ``group_size`` replies in one ``managed_server`` chat call and score them."""
+        messages = self.prompt(item)
+        temperature = self.config.temperature
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            completion = await managed.chat_completion(
+                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
+                temperature=temperature,
+            )
+            nodes = managed.get_state()["nodes"]
+        group = new_group()
+        group["generation_params"] = {"temperature": temperature}
+        for choice, node in zip(completion.choices, nodes, strict=True):
+            text = choice.message.content or ""
+            score = self._reward(item, text, choice.finish_reason)
+            self.train_correct.append(1.0 if score >= 1.0 else 0.0)
+            self.completion_lengths.append(sum(1 for m in node.masked_tokens if m != IGNORE_INDEX))
+            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
+        return group, []
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """One reply per eval item at ``eval_temperature``; logs and returns the metrics.
+
+        Returns:
+            ``{"eval/accuracy", "eval/mean_score", "eval/stopped_fraction",
+            "eval/num_items"}`` (+ ``"eval/failed_items"`` when some requests failed).
+        """
+        start = time.time()
+        cfg = self.config
+        samples, failed = await eval_samples(
+            self, list(self.eval_items), self.prompt, self._reward, max_tokens=cfg.max_tokens,
+            temperature=cfg.eval_temperature, answer_fn=self.answer,
+        )
+        n = max(1, len(samples))
+        metrics = {
+            "eval/accuracy": sum(s["score"] >= 1.0 for s in samples) / n,
+            "eval/mean_score": sum(s["score"] for s in samples) / n,
+            "eval/stopped_fraction": sum(s["finish_reason"] != "length" for s in samples) / n,
+            "eval/num_items": float(len(samples)),
+        }
+        if failed:
+            metrics["eval/failed_items"] = float(failed)
+        self.evaluate_log(metrics, start_time=start, samples=samples, generation_parameters={
+            "temperature": cfg.eval_temperature, "max_tokens": cfg.max_tokens})
+        return metrics
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Add ``train/percent_correct``: share of rollouts since the last call scoring >= 1."""
+        metrics = dict(metrics or {})
+        if self.train_correct:
+            metrics["train/percent_correct"] = sum(self.train_correct) / len(self.train_correct)
+            self.train_correct = []
+        await super().wandb_log(metrics)
+
+    def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:
+        """Save the cursor (``iter``) with ``data``; ``load_checkpoint`` restores it."""
+        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
+
+
+__all__ = ["SingleTurnEnv", "SingleTurnEnvConfig"]

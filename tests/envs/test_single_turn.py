@@ -1,0 +1,129 @@
+"""SingleTurnEnv: the README example passes check_env; evaluate, train accuracy, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+from atroposlib.envs.checks import check_env
+from atroposlib.testing.fake_server import FakeServer
+from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_tokenizer_single_turn")
+    make_tiny_tokenizer(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def add_env_cls():
+    """The env class of README's "Writing an env" example, executed as a module."""
+    text = README.read_text()
+    section = text[text.index("### Writing an env"):]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert 20 <= len(code.splitlines()) <= 35, "the README example should stay about 30 lines"
+    module = types.ModuleType("add_env")
+    exec(compile(code, "README:add_env.py", "exec"), module.__dict__)  # noqa: S102
+    return module.AddEnv
+
+
+def _add_reply(req):
+    a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", req.prompt)[-1])
+    return [str(a + b), f"{a} + {b} = {a + b + 1}", "no idea"][req.index % 3]
+
+
+def _env(cls, tok_dir, tmp_path, **overrides):
+    config, _ = cls.config_init()
+    config = cls.env_config_cls(**{**config.model_dump(), "tokenizer_name": tok_dir,
+                                   "group_size": 3, "data_dir_to_save_evals": str(tmp_path / "ev"),
+                                   **overrides})
+    return cls(config, [FakeServer(_add_reply)])
+
+
+async def test_readme_example_passes_check_env(add_env_cls, tok_dir):
+    groups = await check_env(add_env_cls, FakeServer(_add_reply),
+                             {"tokenizer_name": tok_dir, "group_size": 3}, num_groups=2)
+    for group in groups:
+        assert group["scores"] == [1.0, 0.0, 0.0]
+        assert group["generation_params"] == {"temperature": 1.0}
+        assert group["messages"][0][-1]["role"] == "assistant"
+
+
+async def test_evaluate_scores_every_eval_item_greedily(add_env_cls, tok_dir, tmp_path):
+    env = _env(add_env_cls, tok_dir, tmp_path)
+    await env.setup()
+    metrics = await env.evaluate()
+    # eval requests are n=1, so every reply is choice 0: the right sum
+    assert metrics["eval/accuracy"] == 1.0 == metrics["eval/mean_score"]
+    assert metrics["eval/num_items"] == 100.0 and metrics["eval/stopped_fraction"] == 1.0
+    server = env.server.servers[0]
+    assert all(r.kwargs.get("temperature") == 0.0 for r in server.requests)
+    samples = [json.loads(x) for x in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 100
+    assert samples[0]["answer"] == sum(env.eval_items[0]) and samples[0]["score"] == 1.0
+    written = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert written["results"]["all"]["eval/accuracy"] == 1.0
+
+
+async def test_truncated_reward_replaces_the_score_of_cut_off_replies(add_env_cls, tok_dir, tmp_path):
+    cls = type("TruncAdd", (add_env_cls,), {"truncated_reward": -1.0})
+    env = _env(cls, tok_dir, tmp_path, max_tokens=1)  # every reply is cut off at 1 token
+    await env.setup()
+    group, _ = await env.collect_trajectories(await env.get_next_item())
+    assert group["scores"] == [-1.0, -1.0, -1.0]
+    metrics = await env.evaluate()
+    stopped = metrics["eval/stopped_fraction"]  # one-digit sums fit in 1 token and are right
+    assert stopped < 0.1 and metrics["eval/accuracy"] == stopped
+    assert metrics["eval/mean_score"] == pytest.approx(stopped - (1 - stopped))
+
+
+async def test_train_accuracy_is_logged_then_reset(add_env_cls, tok_dir, tmp_path, monkeypatch):
+    env = _env(add_env_cls, tok_dir, tmp_path)
+    await env.setup()
+    await env.collect_trajectories(await env.get_next_item())
+    seen = {}
+
+    async def fake_base_log(self, metrics=None):
+        seen.update(metrics or {})
+
+    monkeypatch.setattr("atroposlib.envs.base.BaseEnv.wandb_log", fake_base_log)
+    await env.wandb_log({})
+    assert seen["train/percent_correct"] == pytest.approx(1 / 3)
+    assert env.train_correct == []
+
+
+async def test_checkpoint_restores_the_cursor(add_env_cls, tok_dir, tmp_path):
+    env = _env(add_env_cls, tok_dir, tmp_path)
+    env.checkpoint_dir = str(tmp_path / "ck")
+    await env.setup()
+    items = [await env.get_next_item() for _ in range(5)]
+    env.save_checkpoint(10)
+    following = await env.get_next_item()
+
+    resumed = _env(add_env_cls, tok_dir, tmp_path)
+    resumed.checkpoint_dir, resumed.curr_step = str(tmp_path / "ck"), 12
+    await resumed.setup()
+    resumed.load_checkpoint()
+    assert resumed.iter == 5
+    assert await resumed.get_next_item() == following
+    assert items[0] != following
+
+
+async def test_missing_hooks_and_items_say_what_to_implement(tok_dir, tmp_path):
+    from atroposlib.envs import SingleTurnEnv
+
+    env = _env(SingleTurnEnv, tok_dir, tmp_path)
+    with pytest.raises(ValueError, match="train_items"):
+        await env.get_next_item()
+    with pytest.raises(NotImplementedError, match="prompt"):
+        env.prompt({})
+    with pytest.raises(NotImplementedError, match="score"):
+        env.score({}, "x")
