@@ -162,7 +162,7 @@ def samples_summary(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> s
         out_dir: the directory holding ``samples.jsonl`` and ``samples.csv``.
     """
     scores = [float(r["score"]) for r in rows if r.get("score") is not None]
-    parts = [f"{len(rows)} samples"]
+    parts = [f"{len(rows)} sample{'' if len(rows) == 1 else 's'}"]
     if scores:
         mean = sum(scores) / len(scores)
         accuracy = sum(s > 0 for s in scores) / len(scores)
