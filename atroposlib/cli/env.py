@@ -39,7 +39,9 @@ def build_parser() -> ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("name", metavar="NAME", help="a registered environment name, or `list`")
+    parser.add_argument(
+        "name", metavar="NAME", help="a registered environment name, or `list` (reserved)"
+    )
     parser.add_argument(
         "rest",
         nargs=argparse.REMAINDER,
@@ -121,8 +123,11 @@ def main(argv: list[str] | None = None) -> None:
     from atroposlib.envs.cli import run_cli
 
     # The env command line names itself after argv[0] in usage and errors.
-    sys.argv = [f"atropos-env {args.name}", *args.rest]
-    run_cli(env_cls, list(args.rest))
+    saved, sys.argv = sys.argv, [f"atropos-env {args.name}", *args.rest]
+    try:
+        run_cli(env_cls, list(args.rest))
+    finally:
+        sys.argv = saved
 
 
 if __name__ == "__main__":
