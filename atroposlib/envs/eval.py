@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import logging
 import math
@@ -90,6 +91,89 @@ def mean_metrics(results: Sequence[Mapping[str, float]], prefix: str = "eval/") 
     return {f"{prefix}{key}": sums[key] / counts[key] for key in sums}
 
 
+#: Columns of ``samples.csv``: what was asked, what the model answered, its score, the answer.
+SAMPLE_COLUMNS = ("prompt", "completion", "score", "reference")
+
+# Keys environments commonly use for each column, first match wins.
+_PROMPT_KEYS = ("prompt", "question", "instruction", "problem", "input")
+_COMPLETION_KEYS = ("completion", "response", "reply", "output", "generation")
+_SCORE_KEYS = ("score", "correct", "reward")
+_REFERENCE_KEYS = ("reference", "answer", "gold_answer", "gold", "target", "expected")
+
+
+def _first(sample: Mapping[str, Any], keys: Sequence[str]) -> Any:
+    for key in keys:
+        if sample.get(key) is not None:
+            return sample[key]
+    return None
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def sample_row(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """One evaluation sample as a ``samples.csv`` row of :data:`SAMPLE_COLUMNS`.
+
+    Each column takes the first key present among the usual names: prompt from
+    ``prompt``/``question``/``instruction``/``problem``/``input``, else the last user message
+    of ``messages``; completion from ``completion``/``response``/``reply``/``output``/
+    ``generation``, else the last assistant message of ``messages``; score from ``score``/
+    ``correct``/``reward`` (booleans as 0/1); reference from ``reference``/``answer``/
+    ``gold_answer``/``gold``/``target``/``expected``. Missing columns are empty (score None).
+    Non-string values are written as JSON.
+    """
+    messages = sample.get("messages")
+    messages = messages if isinstance(messages, list) else []
+
+    def last(role: str) -> Any:
+        for message in reversed(messages):
+            if isinstance(message, Mapping) and message.get("role") == role:
+                return message.get("content")
+        return None
+
+    prompt = _first(sample, _PROMPT_KEYS)
+    completion = _first(sample, _COMPLETION_KEYS)
+    score = _first(sample, _SCORE_KEYS)
+    if isinstance(score, bool):
+        score = float(score)
+    elif not isinstance(score, (int, float)):
+        score = None
+    return {
+        "prompt": _text(prompt if prompt is not None else last("user")),
+        "completion": _text(completion if completion is not None else last("assistant")),
+        "score": score,
+        "reference": _text(_first(sample, _REFERENCE_KEYS)),
+    }
+
+
+def samples_summary(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> str:
+    """One line: sample count, mean score, accuracy and where the samples were written.
+
+    Accuracy is the share of scored samples with a score above 0 (right under 0/1 and ±1
+    rewards alike). Samples without a score count in N but not in the mean or accuracy.
+
+    Args:
+        rows: :func:`sample_row` outputs.
+        out_dir: the directory holding ``samples.jsonl`` and ``samples.csv``.
+    """
+    scores = [float(r["score"]) for r in rows if r.get("score") is not None]
+    parts = [f"{len(rows)} sample{'' if len(rows) == 1 else 's'}"]
+    if scores:
+        mean = sum(scores) / len(scores)
+        accuracy = sum(s > 0 for s in scores) / len(scores)
+        unscored = f" ({len(rows) - len(scores)} unscored)" if len(scores) < len(rows) else ""
+        parts.append(f"mean score {mean:.4g}{unscored}")
+        parts.append(f"accuracy {accuracy:.1%} (score > 0)")
+    out = Path(out_dir)
+    return (", ".join(parts) + f"; samples written to {out / 'samples.jsonl'} and "
+            f"{out / 'samples.csv'}")
+
+
 def evaluate_log(
     metrics: Mapping[str, Any],
     eval_dir: str | Path | None = None,
@@ -105,7 +189,9 @@ def evaluate_log(
 
     ``metrics.json`` = ``{"config_general": {"model_name", "total_evaluation_time_seconds"
     (a string), "generation_parameters"}, "results": {"atropos|<task>|0": metrics, "all":
-    metrics}}``; ``samples.jsonl`` has one JSON object per sample.
+    metrics}}``; ``samples.jsonl`` has one JSON object per sample, as given, and
+    ``samples.csv`` the same samples as a table of :data:`SAMPLE_COLUMNS` (see
+    :func:`sample_row`). With ``verbose``, a one-line summary of the samples is printed too.
 
     Args:
         metrics: metric name -> value.
@@ -150,6 +236,13 @@ def evaluate_log(
         with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as fh:
             for sample in samples:
                 fh.write(dumps_line(sample))
+        rows = [sample_row(sample) for sample in samples]
+        with open(out_dir / "samples.csv", "w", encoding="utf-8", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=SAMPLE_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        if verbose:
+            print(samples_summary(rows, out_dir))
     return path
 
 
@@ -261,10 +354,13 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
 
 
 __all__ = [
+    "SAMPLE_COLUMNS",
     "EvalBase",
     "eval_runner",
     "evaluate_items",
     "evaluate_log",
     "mean_metrics",
     "pass_at_k",
+    "sample_row",
+    "samples_summary",
 ]
