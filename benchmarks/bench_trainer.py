@@ -13,6 +13,8 @@ Prints tokens/s and seconds per step for each setting, and ratios against the fi
 
 Peak memory is the process's peak resident set (``ru_maxrss``: weights, optimizer state,
 activations and the Python runtime) on the CPU, and ``torch.cuda.max_memory_allocated`` on GPUs.
+Sharded runs load the whole model on every rank's CPU before ``fully_shard`` splits it, so on the
+CPU that peak includes one full copy of the weights per process.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.worker_out).write_text(json.dumps({
             "processes": world, "lora_r": args.worker_lora_r, "seconds_per_step": best,
             "tokens_per_second": tokens / best, "peak_memory_mib_per_process": peaks,
-            "trainable_parameters": sum(p.numel() for p in trainable) * (world if dist.enabled else 1)}))
+            "trainable_parameters": sum(p.numel() for p in trainable)}))  # DTensor: global
     dist.close()
 
 
