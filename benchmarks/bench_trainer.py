@@ -1,15 +1,33 @@
 """Trainer throughput on CPU/CUDA: one GRPO optimizer step on a synthetic batch of the bundled model.
 
 Prints tokens/s and seconds per step for each setting, and ratios against the first setting
-(the baseline) measured in the same run. Usage::
+(the baseline) measured in the same run. Two kinds of settings::
 
+    # in one process: attention kernels, torch threads, frozen layers
     python benchmarks/bench_trainer.py --batch-size 32 --seq-len 64 --micro-batch-size 16 --repeats 2
+
+    # across processes (torchrun, FSDP2; gloo on the CPU) and LoRA against full fine-tuning:
+    # every setting trains the same batches; adds the peak memory of each process
+    python benchmarks/bench_trainer.py --processes 1,2 --lora-r 0,8 --batch-size 8 --seq-len 48 \\
+        --micro-batch-size 2 --json-out bench.json
+
+Peak memory is the process's peak resident set (``ru_maxrss``: weights, optimizer state,
+activations and the Python runtime) on the CPU, and ``torch.cuda.max_memory_allocated`` on GPUs.
+Sharded runs load the whole model on every rank's CPU before ``fully_shard`` splits it, so on the
+CPU that peak includes one full copy of the weights per process.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -17,6 +35,8 @@ from example_trainer.config import default_model_dir
 from example_trainer.data import TrainSequence, make_micro_batches
 from example_trainer.grpo import freeze_all_but_last_layers, load_policy
 from example_trainer.loss import grpo_loss
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def synthetic(batch_size: int, seq_len: int, prompt_len: int, vocab: int) -> list[TrainSequence]:
@@ -30,29 +50,26 @@ def synthetic(batch_size: int, seq_len: int, prompt_len: int, vocab: int) -> lis
     return out
 
 
-def one_step(model, optimizer, micro_batches, n) -> float:
+def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0) -> float:
     begin = time.perf_counter()
     for mb in micro_batches:
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs, num_sequences=n).loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        (grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs, num_sequences=n).loss * scale).backward()
+    torch.nn.utils.clip_grad_norm_(list(model.parameters()) if params is None else params, 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return time.perf_counter() - begin
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=default_model_dir())
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--prompt-len", type=int, default=40)
-    parser.add_argument("--micro-batch-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", default="2,1", help="comma-separated torch thread counts")
-    parser.add_argument("--attn", default="eager,sdpa")
-    parser.add_argument("--last-layers", default="0", help="comma-separated; 0 = train all layers")
-    args = parser.parse_args()
+def peak_memory_mib(device: torch.device) -> float:
+    """This process's peak memory in MiB: CUDA allocations on GPUs, else the peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def in_process(args: argparse.Namespace) -> list[dict]:
+    """Attention kernel x frozen layers x torch threads, all in this process."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = []
@@ -68,15 +85,128 @@ def main() -> None:
         for threads in [int(t) for t in args.threads.split(",")]:
             torch.set_num_threads(threads)
             one_step(model, optimizer, mbs, len(seqs))  # warm-up (first call allocates)
-            times = [one_step(model, optimizer, mbs, len(seqs)) for _ in range(args.repeats)]
-            best = min(times)
+            best = min(one_step(model, optimizer, mbs, len(seqs)) for _ in range(args.repeats))
             name = f"{attn} threads={threads} layers={last or 'all'}"
-            rows.append((name, best, tokens / best))
+            rows.append({"name": name, "seconds_per_step": best, "tokens_per_second": tokens / best})
             print(f"{name}: {best:.2f} s/step, {tokens / best:.0f} tokens/s "
                   f"({args.batch_size}x{args.seq_len} tokens, micro {args.micro_batch_size})", flush=True)
-    base = rows[0][1]
-    for name, secs, _ in rows:
-        print(f"ratio {name} vs {rows[0][0]}: {base / secs:.2f}x speed")
+    return rows
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One process of a ``--processes`` setting (run by torchrun or alone); rank 0 writes the row."""
+    import torch.distributed as tdist
+
+    from example_trainer import distributed, lora
+    from example_trainer.config import TrainerConfig
+
+    world = distributed.world_from_env()[0]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dist = distributed.setup(TrainerConfig(fsdp="on" if world > 1 else "off", batch_size=args.batch_size,
+                                           micro_batch_size=args.micro_batch_size), device)
+    device = dist.device
+    torch.set_num_threads(int(args.threads.split(",")[0]))
+    torch.manual_seed(0)
+    model, tok = load_policy(args.model, torch.device("cpu") if dist.enabled else device, dtype,
+                             args.attn.split(",")[0])
+    if args.worker_lora_r:
+        model = lora.apply_lora(model, r=args.worker_lora_r, alpha=2 * args.worker_lora_r, dropout=0.0,
+                                target_modules=list(lora.DEFAULT_TARGET_MODULES))
+    model = dist.shard(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-7)
+    seqs = synthetic(args.batch_size, args.seq_len, args.prompt_len, len(tok))
+    mbs = make_micro_batches(seqs, args.micro_batch_size, 0, 16)
+    tokens = sum(int(mb.attention_mask.sum()) for mb in mbs)  # the whole batch, all ranks
+    mine = [mb.to(device) for mb in dist.my_share(mbs)]
+    one_step(model, optimizer, mine, len(seqs), trainable, dist.grad_scale)  # warm-up
+    times = [one_step(model, optimizer, mine, len(seqs), trainable, dist.grad_scale)
+             for _ in range(args.repeats)]
+    peaks = [peak_memory_mib(device)]
+    if dist.enabled:
+        peaks = [None] * world
+        tdist.all_gather_object(peaks, peak_memory_mib(device))
+        slowest = torch.tensor(times, dtype=torch.float64)
+        tdist.all_reduce(slowest, op=tdist.ReduceOp.MAX)  # a step ends when its last rank does
+        times = slowest.tolist()
+    if dist.is_main:
+        best = min(times)
+        Path(args.worker_out).write_text(json.dumps({
+            "processes": world, "lora_r": args.worker_lora_r, "seconds_per_step": best,
+            "tokens_per_second": tokens / best, "peak_memory_mib_per_process": peaks,
+            "trainable_parameters": sum(p.numel() for p in trainable)}))  # DTensor: global
+    dist.close()
+
+
+def across_processes(args: argparse.Namespace) -> list[dict]:
+    """Processes x LoRA rank: each setting a fresh torchrun (or one plain process) on the same batches."""
+    rows = []
+    for lora_r in [int(r) for r in args.lora_r.split(",")]:
+        for n in [int(p) for p in args.processes.split(",")]:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "row.json"
+                launcher = [sys.executable]
+                if n > 1:
+                    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+                                "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+                flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                         if v is not None and k not in ("json_out", "processes", "lora_r", "worker_out",
+                                                         "worker_lora_r")]
+                env = {**os.environ, "OMP_NUM_THREADS": args.threads.split(",")[0],
+                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                subprocess.run([*launcher, str(Path(__file__).resolve()), *flags, "--worker-out", str(out),
+                                "--worker-lora-r", str(lora_r)], check=True, env=env, cwd=ROOT)
+                row = json.loads(out.read_text())
+            row["name"] = f"{'lora r=' + str(lora_r) if lora_r else 'full'} processes={n}"
+            rows.append(row)
+            peaks = ", ".join(f"{p:.0f}" for p in row["peak_memory_mib_per_process"])
+            print(f"{row['name']}: {row['seconds_per_step']:.2f} s/step, {row['tokens_per_second']:.0f} "
+                  f"tokens/s (all processes), peak memory per process {peaks} MiB, "
+                  f"{row['trainable_parameters'] / 1e6:.2f}M trainable", flush=True)
+    return rows
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=default_model_dir())
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=40)
+    parser.add_argument("--micro-batch-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", default="2,1",
+                        help="comma-separated torch thread counts (per process: the first one)")
+    parser.add_argument("--attn", default="eager,sdpa", help="with --processes: the first one")
+    parser.add_argument("--last-layers", default="0", help="comma-separated; 0 = train all layers")
+    parser.add_argument("--processes", default=None,
+                        help="comma-separated process counts (e.g. 1,2): compare across processes "
+                             "with FSDP2 instead of the in-process settings")
+    parser.add_argument("--lora-r", default="0", help="with --processes: comma-separated LoRA ranks, 0 = full")
+    parser.add_argument("--json-out", default=None, help="also write the rows and ratios here")
+    parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-lora-r", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker_out:
+        return worker(args)
+    rows = across_processes(args) if args.processes else in_process(args)
+    base = rows[0]
+    for row in rows:
+        row["speed_vs_baseline"] = base["seconds_per_step"] / row["seconds_per_step"]
+        print(f"ratio {row['name']} vs {base['name']}: {row['speed_vs_baseline']:.2f}x speed"
+              + (f", {max(row['peak_memory_mib_per_process']) / max(base['peak_memory_mib_per_process']):.2f}x "
+                 "peak memory per process" if "peak_memory_mib_per_process" in row else ""))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"settings": vars(args), "baseline": base["name"],
+                                                   "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -122,8 +122,13 @@ class Distributed:
         freezing layers or enabling gradient checkpointing. The model may be on the CPU: FSDP
         moves each shard to this rank's device.
 
+        A peft LoRA model is sharded the same way (apply LoRA first): each decoder layer's
+        unit then holds its frozen base weights and its trainable adapter side by side, which
+        FSDP2 allows (only parameters that received a gradient are reduced).
+
         Args:
-            model: a HF causal LM (decoder layers in ``model.model.layers``).
+            model: a HF causal LM (decoder layers in ``model.model.layers``), or a peft model
+                wrapping one.
 
         Returns:
             The same module, now an ``FSDPModule`` (unchanged when not enabled).
@@ -132,8 +137,7 @@ class Distributed:
             return model
         from torch.distributed.fsdp import fully_shard
 
-        layers = getattr(getattr(model, "model", None), "layers", None) or []
-        for layer in layers:
+        for layer in decoder_layers(model):
             fully_shard(layer, mesh=self.mesh)
         fully_shard(model, mesh=self.mesh)
         return model
@@ -296,6 +300,12 @@ class Distributed:
         return guard()
 
 
+def decoder_layers(model: Any) -> list[Any]:
+    """The decoder layers of a HF causal LM (``model.model.layers``), also inside a peft model; [] if none."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return list(getattr(getattr(base, "model", None), "layers", None) or [])
+
+
 def _is_collective_failure(exc: BaseException) -> bool:
     import torch.distributed as dist
 
@@ -319,7 +329,7 @@ def setup(config: TrainerConfig, device: Any, environ: dict[str, str] | None = N
 
     Raises:
         ValueError: ``--fsdp on`` outside torchrun, ``--fsdp off`` under a multi-process
-            torchrun, a batch layout that does not split evenly over the ranks, or LoRA.
+            torchrun, a batch layout that does not split evenly over the ranks.
     """
     world, rank, local_rank = world_from_env(environ)
     env = os.environ if environ is None else environ
@@ -334,9 +344,6 @@ def setup(config: TrainerConfig, device: Any, environ: dict[str, str] | None = N
     if mode == "off" or (mode == "auto" and world == 1):
         return Distributed(device=device)
     check_batch_layout(config.batch_size, config.micro_batch_size, world)
-    if config.lora_r:
-        raise ValueError("--lora-r is not supported with FSDP yet: train the adapter in one "
-                         "process (without torchrun)")
 
     import torch
     import torch.distributed as dist

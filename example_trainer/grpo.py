@@ -108,12 +108,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         model.gradient_checkpointing_enable()
         if config.lora_r:  # frozen embeddings: inputs must carry grad for checkpointed blocks
             model.enable_input_require_grads()
+    if resume is not None and resume.lora:  # before sharding: FSDP shards the loaded adapter
+        lora.load_adapter(model, resume.adapter_dir)
     model = dist.shard(model)
-    if resume is not None:
-        if resume.lora:
-            lora.load_adapter(model, resume.adapter_dir)
-        else:
-            ckpt_io.load_full_weights(model, resume)
+    if resume is not None and not resume.lora:
+        ckpt_io.load_full_weights(model, resume)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     if dist.is_main:
@@ -131,10 +130,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     def save_checkpoint(name: str) -> None:
         def write_weights(out: Path) -> None:
             if lora.is_lora(model):
-                lora.save_adapter(model, out / "adapter")
+                lora.save_adapter(model, out / "adapter", full)
                 if name != "final":  # a full model only where something must load one
                     return
-            save_weights(lora.export_model(model), tokenizer, out, True, state_dict=full)
+            hf_model, weights = lora.export(model, full)  # LoRA: the adapter merged in
+            save_weights(hf_model, tokenizer, out, True, state_dict=weights)
 
         full = dist.full_state_dict(model)  # sharded: every rank gathers, rank 0 writes
         ckpt_io.save_checkpoint(run_dir / "checkpoints" / name, step=steps_done, model=model,

@@ -7,7 +7,6 @@ starts at zero, so the wrapped model starts equal to the base one).
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +61,16 @@ def is_lora(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
 
 
-def save_adapter(model: Any, out_dir: Path) -> None:
-    """Save only the adapter (``adapter_config.json`` + ``adapter_model.safetensors``)."""
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+def save_adapter(model: Any, out_dir: Path, state_dict: dict[str, Any] | None = None) -> None:
+    """Save only the adapter (``adapter_config.json`` + ``adapter_model.safetensors``).
+
+    Args:
+        model: the peft model (plain or FSDP2-sharded).
+        out_dir: directory to write.
+        state_dict: the model's full state dict (gathered from the FSDP shards, CPU tensors);
+            None to read the (unsharded) model's own. peft picks the adapter tensors out of it.
+    """
+    model.save_pretrained(str(out_dir), safe_serialization=True, state_dict=state_dict)
 
 
 def load_adapter(model: Any, adapter_dir: Path) -> None:
@@ -88,14 +94,65 @@ def load_adapter(model: Any, adapter_dir: Path) -> None:
                          "with the original run's --lora-r and --lora-target-modules")
 
 
-def merged_copy(model: Any) -> Any:
-    """A plain HF model with the adapter merged in (``W + (alpha/r) B A``); ``model`` is untouched.
+def merged_state_dict(model: Any, state_dict: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plain HF weights with the adapter folded in; ``model`` is left untouched.
 
-    Costs one extra copy of the weights in memory while it lives.
+    Every adapted linear layer ``W`` (``[out, in]``) becomes ``W + scaling * B @ A`` with
+    ``A: [r, in]``, ``B: [out, r]`` and ``scaling = alpha / r`` (``alpha / sqrt(r)`` with rsLoRA),
+    the update of Hu et al. 2021 (arXiv:2106.09685, eq. 3) as peft's ``LoraLayer.get_delta_weight``
+    computes it (transposed for ``fan_in_fan_out`` layers). The same function serves the single
+    process (the model's own tensors) and FSDP2 (the full state dict gathered from the shards):
+    only the module attributes (``scaling``, ``fan_in_fan_out``) are read from ``model``.
+
+    Args:
+        model: the peft LoRA model (plain or sharded).
+        state_dict: its full state dict under the peft names (``base_model.model.…``); None to
+            read the unsharded model's own.
+
+    Returns:
+        ``{HF name: tensor}`` as the base model names its weights (``model.layers.0…``), adapter
+        tensors left out; loadable by ``AutoModelForCausalLM.from_pretrained``.
+
+    Raises:
+        NotImplementedError: the adapter uses DoRA (its merge needs the weight norms).
     """
-    return copy.deepcopy(model).merge_and_unload()
+    from peft.tuners.lora import LoraLayer
+
+    state = model.state_dict() if state_dict is None else state_dict
+    adapter = model.active_adapter
+    merged: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer) or adapter not in module.lora_A:
+            continue
+        if module.use_dora.get(adapter, False):
+            raise NotImplementedError("merging a DoRA adapter is not supported; train with plain LoRA")
+        weight = state[f"{name}.base_layer.weight"]
+        a, b = state[f"{name}.lora_A.{adapter}.weight"], state[f"{name}.lora_B.{adapter}.weight"]
+        delta = b.float() @ a.float()
+        if module.fan_in_fan_out:
+            delta = delta.T
+        merged[f"{name}.base_layer.weight"] = (weight.float() + delta * module.scaling[adapter]).to(weight.dtype)
+    prefix = "base_model.model."
+    out = {}
+    for key, tensor in state.items():
+        if ".lora_" in key:
+            continue
+        plain = key.removeprefix(prefix).replace(".base_layer.", ".")
+        out[plain] = merged.get(key, tensor)
+    return out
 
 
-def export_model(model: Any) -> Any:
-    """The model to save as a full HF directory: merged copy for LoRA, else ``model`` itself."""
-    return merged_copy(model) if is_lora(model) else model
+def export(model: Any, state_dict: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any] | None]:
+    """What to pass to ``save_pretrained`` to write the policy as a full HF model directory.
+
+    Args:
+        model: the policy (plain, peft-wrapped, sharded or not).
+        state_dict: its full state dict gathered from the FSDP shards, or None in one process.
+
+    Returns:
+        ``(hf_model, state_dict)``: for LoRA, the base HF model and the merged weights
+        (:func:`merged_state_dict`); otherwise ``model`` and ``state_dict`` unchanged.
+    """
+    if not is_lora(model):
+        return model, state_dict
+    return model.get_base_model(), merged_state_dict(model, state_dict)

@@ -132,11 +132,12 @@ class VLLMSync:
         if mode == "none":
             return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
         if mode == "lora":
-            return self._load_adapter(model)
-        from example_trainer.lora import export_model
+            return self._load_adapter(model, state_dict)
+        from example_trainer.lora import export
 
-        save_s = save_weights(export_model(model), tokenizer, self.weights_dir,
-                              with_tokenizer=mode == "restart", state_dict=state_dict)
+        hf_model, weights = export(model, state_dict)  # LoRA: the adapter merged in
+        save_s = save_weights(hf_model, tokenizer, self.weights_dir,
+                              with_tokenizer=mode == "restart", state_dict=weights)
         if mode == "restart":
             update_s = self.process.restart(model=self.weights_dir, timeout=self.config.vllm_start_timeout)
         elif self.process is not None:
@@ -145,7 +146,7 @@ class VLLMSync:
             update_s = self._reload_external()
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
 
-    def _load_adapter(self, model: Any) -> dict[str, float]:
+    def _load_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> dict[str, float]:
         """Save the adapter and load it in place into every server (``lora`` mode)."""
         import httpx
 
@@ -153,7 +154,7 @@ class VLLMSync:
 
         begin = time.perf_counter()
         adapter_dir = (self.weights_dir / "adapter").resolve()
-        save_adapter(model, adapter_dir)
+        save_adapter(model, adapter_dir, state_dict)
         save_s = time.perf_counter() - begin
         urls = self._external_urls or [self.process.base_url]
         payload = {"lora_name": self.model_name, "lora_path": str(adapter_dir), "load_inplace": True}

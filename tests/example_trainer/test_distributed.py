@@ -61,8 +61,6 @@ def test_fsdp_flag_must_match_how_the_trainer_was_launched():
     with pytest.raises(ValueError, match="--fsdp on needs the variables torchrun sets"):
         setup(TrainerConfig(fsdp="on"), cpu, {})
     assert not setup(TrainerConfig(), cpu, {}).enabled  # auto in one process: today's path
-    with pytest.raises(ValueError, match="--lora-r is not supported with FSDP"):
-        setup(TrainerConfig(lora_r=8), cpu, {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "x"})
 
 
 class FakeVLLM:
@@ -183,6 +181,67 @@ def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F
         assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
         assert y["trained_tokens"] == x["trained_tokens"] == 8 * 6  # summed over both ranks
     assert json.loads((tmp_path / "two/summary.json").read_text())["steps"] == 4
+
+
+def _adapter(run_dir: Path, name: str = "final") -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "checkpoints" / name / "adapter" / "adapter_model.safetensors"))
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {x["step"]: x["loss"] for x in lines if "loss" in x}
+
+
+@needs_tokenizer
+def test_two_fsdp_ranks_train_a_lora_adapter_like_one_process(tiny_model, tmp_path):  # noqa: F811
+    lora = ("--lora-r", "4", "--lora-alpha", "8")
+    vllm = FakeVLLM()
+    try:
+        single, _ = _run_trainer([sys.executable, "-m", "example_trainer.grpo"], tiny_model,
+                                 tmp_path / "one", vllm, extra=lora)
+        assert single.returncode == 0, single.stdout[-3000:]
+        single_reloads, vllm.reloads = vllm.reloads, []
+        sharded, _ = _run_trainer([*_torchrun(2), "-m", "example_trainer.grpo"], tiny_model,
+                                  tmp_path / "two", vllm, extra=lora)
+        assert sharded.returncode == 0, sharded.stdout[-3000:]
+        sharded_reloads = list(vllm.reloads)
+        two_final = _adapter(tmp_path / "two")
+        # the merged export of the sharded run loads in transformers (before the resume replaces it)
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_pretrained(tmp_path / "two/checkpoints/final")
+        two_merged = _load_state(tmp_path / "two/checkpoints/final")
+        # resumed sharded: the adapter of step 3 and its AdamW state come back on both ranks
+        resumed, _ = _run_trainer([*_torchrun(2), "-m", "example_trainer.grpo"], tiny_model,
+                                  tmp_path / "two", vllm, steps=4, seeds=range(6, 8),
+                                  extra=(*lora, "--resume", str(tmp_path / "two")))
+        assert resumed.returncode == 0, resumed.stdout[-3000:]
+        assert "after step 3" in resumed.stdout
+    finally:
+        vllm.stop()
+    assert "x 2 ranks (FSDP)" in sharded.stdout
+    # every reload wrote the merged full model (plain HF names, no adapter tensors)
+    assert len(single_reloads) == len(sharded_reloads) == 3 and sharded_reloads == single_reloads
+    assert not any("lora_" in k for k in sharded_reloads[0])
+
+    one, start = _adapter(tmp_path / "one"), _load_state(tiny_model)
+    assert one.keys() == two_final.keys() and all("lora_" in k for k in one)
+    assert any(k.endswith("lora_B.weight") and one[k].abs().max() > 0 for k in one)  # it trained
+    assert max((one[k] - two_final[k]).abs().max().item() for k in one) <= 1e-5
+    assert (tmp_path / "two/checkpoints/step_2/adapter/adapter_model.safetensors").exists()
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert list(a) == [1, 2, 3] and list(b) == [1, 2, 3, 4]
+    for step in a:
+        assert b[step] == pytest.approx(a[step], abs=1e-6)
+    assert any(not torch.equal(two_final[k], v) for k, v in _adapter(tmp_path / "two").items())
+
+    # the merged export: base names only, the same weights from one process and from two
+    merged_one = _load_state(tmp_path / "one/checkpoints/final")
+    assert set(merged_one) == set(two_merged) == set(start)
+    assert any(not torch.equal(merged_one[k], start[k]) for k in start)
+    assert max((merged_one[k] - two_merged[k]).abs().max().item() for k in start) <= 1e-5
 
 
 DIES_EARLY = """
