@@ -177,7 +177,8 @@ def build_configs(
         env_config = validated(env_cls_config, env_values, "env", "env configuration")
     servers = resolve_server_configs(init_servers, data.get("openai"), overrides["openai"])
     manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
-    manager_values.update({k: v for k, v in overrides[""].items() if k not in ("config", "mode")})
+    manager_values.update({k: v for k, v in overrides[""].items()
+                           if k not in ("config", "mode", "wait_for_services")})
     manager = validated(ServerManagerConfig, manager_values, None, "server manager configuration")
     return env_config, servers, manager
 
@@ -234,6 +235,12 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
             default=None,
             metavar="YAML",
             help="YAML with keys env:, openai: (mapping or list), slurm:, testing:.",
+        )
+        mode_parser.add_argument(
+            "--wait-for-services", action=argparse.BooleanOptionalAction,
+            default=mode == "serve",
+            help="wait (logging what for) until run-api and the inference server answer, "
+            "instead of failing at once with the fix",
         )
         env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
         add_model_options(
@@ -343,6 +350,42 @@ def build_env(env_cls: type[BaseEnv], argv: list[str] | None = None) -> tuple[st
     return mode, env
 
 
+def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
+    """Check, in seconds, what the mode needs before it starts: tokenizer, run-api, inference.
+
+    ``serve`` needs run-api (``--env.rollout_server_url``); every mode needs the tokenizer
+    (``--env.tokenizer_name``) and each configured inference server serving its model
+    (skipped for servers without a ``base_url``, e.g. ``--testing``'s fake one). With ``wait`` an
+    unreachable run-api or inference server is waited for (logged every 30 s) instead.
+
+    Raises:
+        PreflightError: one line per problem, each with its fix.
+    """
+    from atroposlib.utils import preflight as pf
+
+    pf.raise_on_problems([pf.check_model_path(env.config.tokenizer_name, "--env.tokenizer_name",
+                                              "tokenizer")])
+    # --testing's in-process FakeServer has no base_url: nothing to probe
+    servers = [s.config for s in env.server.servers
+               if getattr(getattr(s, "config", None), "base_url", None)]
+    if wait:
+        if mode == "serve":
+            url = env.config.rollout_server_url
+            pf.wait_until_ok(lambda: pf.check_run_api(url, "--env.rollout_server_url"),
+                             f"run-api at {url} (start it with `run-api`)")
+        for server in servers:
+            pf.wait_until_ok(
+                lambda s=server: pf.check_inference_server(s.base_url, None, "--openai.base_url",
+                                                           "--openai.model_name", s.api_key),
+                f"inference server at {server.base_url} (start it, e.g. `vllm serve`)")
+    problems = []
+    if mode == "serve":
+        problems.append(pf.check_run_api(env.config.rollout_server_url, "--env.rollout_server_url"))
+    problems += [pf.check_inference_server(s.base_url, s.model_name, "--openai.base_url",
+                                           "--openai.model_name", s.api_key) for s in servers]
+    pf.raise_on_problems(problems)
+
+
 def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     """Entry point behind ``BaseEnv.cli()``: parse, build the env, run the chosen mode."""
     logging.basicConfig(
@@ -353,7 +396,10 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         mode, env = build_env(env_cls, argv)
-    except ConfigError as exc:  # e.g. a teacher that cannot be used
+        parser = build_parser(env_cls)
+        wait = parser.parse_known_args(argv)[0].wait_for_services
+        env_preflight(mode, env, wait=wait)
+    except ConfigError as exc:  # e.g. a teacher that cannot be used; a failed pre-flight
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:
