@@ -117,7 +117,7 @@ def _reason(exc: httpx.HTTPError) -> str:
     if isinstance(exc, httpx.ConnectError):
         return "connection refused"
     if isinstance(exc, httpx.TimeoutException):
-        return "no answer within {:.0f} s".format(PROBE_TIMEOUT_S)
+        return f"no answer within {PROBE_TIMEOUT_S:.0f} s"
     return type(exc).__name__
 
 
@@ -156,7 +156,8 @@ def check_inference_server(base_url: str | None, model_name: str | None, flag: s
     Args:
         base_url: OpenAI base URL, e.g. ``http://127.0.0.1:9001/v1``.
         model_name: the model the caller will request (empty: not checked).
-        flag: the option that set ``base_url``; model_flag: the one that set the name.
+        flag: the option that set ``base_url``, named in the message.
+        model_flag: the option that set ``model_name``.
         api_key: bearer token, if the server wants one.
         timeout: seconds for the probe.
 
@@ -231,7 +232,14 @@ def wait_until_ok(check: Callable[[], str | None], waiting_for: str,
     Raises:
         PreflightError: ``max_wait_s`` passed and the check still fails.
     """
-    from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, stop_never, wait_fixed
+    from tenacity import (
+        RetryError,
+        Retrying,
+        retry_if_result,
+        stop_after_delay,
+        stop_never,
+        wait_fixed,
+    )
 
     state = {"last_log": None}
 
