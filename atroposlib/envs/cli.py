@@ -363,12 +363,12 @@ def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
     """
     from atroposlib.utils import preflight as pf
 
-    pf.raise_on_problems([pf.check_model_path(env.config.tokenizer_name, "--env.tokenizer_name",
-                                              "tokenizer")])
+    paths = [pf.check_model_path(env.config.tokenizer_name, "--env.tokenizer_name", "tokenizer")]
     # --testing's in-process FakeServer has no base_url: nothing to probe
     servers = [s.config for s in env.server.servers
                if getattr(getattr(s, "config", None), "base_url", None)]
-    if wait:
+    if wait:  # a wrong path is never worth waiting for
+        pf.raise_on_problems(paths)
         if mode == "serve":
             url = env.config.rollout_server_url
             pf.wait_until_ok(lambda: pf.check_run_api(url, "--env.rollout_server_url"),
@@ -378,7 +378,7 @@ def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
                 lambda s=server: pf.check_inference_server(s.base_url, None, "--openai.base_url",
                                                            "--openai.model_name", s.api_key),
                 f"inference server at {server.base_url} (start it, e.g. `vllm serve`)")
-    problems = []
+    problems = list(paths)
     if mode == "serve":
         problems.append(pf.check_run_api(env.config.rollout_server_url, "--env.rollout_server_url"))
     problems += [pf.check_inference_server(s.base_url, s.model_name, "--openai.base_url",
