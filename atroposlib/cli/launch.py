@@ -199,16 +199,35 @@ def _validation_problems(exc: ValidationError, prefix: str, model: type[BaseMode
     return lines
 
 
-def env_arg_problems(env: EnvSection) -> list[str]:
+def env_arg_problems(env: EnvSection, timeout: float = 30.0) -> list[str]:
     """Validate one env's ``args`` against its script's env class, as ``serve`` would parse them.
 
-    The script is imported (not run) to find the ``BaseEnv`` subclass it defines; a script with
-    none or several is not checked here (its own start-up still is).
+    The script is imported (not run) in a child Python, so its top-level code cannot affect the
+    launcher, to find the ``BaseEnv`` subclass it defines. A script that cannot be imported,
+    takes longer than ``timeout`` seconds, or defines none or several env classes is not
+    checked here (its own start-up still reports its problems).
 
     Returns:
         One line per problem, named by its full key path (``envs.<name>.args.env.group_size``),
         an unknown flag with the closest known ones.
     """
+    import json
+
+    code = ("import json, sys; from atroposlib.cli.launch import EnvSection, _env_arg_problems; "
+            "print(json.dumps(_env_arg_problems(EnvSection.model_validate_json(sys.argv[1]))))")
+    try:
+        child = subprocess.run([sys.executable, "-c", code, env.model_dump_json()],
+                               capture_output=True, text=True, timeout=timeout,
+                               env={**OFFLINE_ENV, **os.environ})
+        lines = child.stdout.strip().splitlines()
+        problems = json.loads(lines[-1]) if child.returncode == 0 and lines else []
+    except (subprocess.TimeoutExpired, ValueError):
+        return []
+    return [str(p) for p in problems] if isinstance(problems, list) else []
+
+
+def _env_arg_problems(env: EnvSection) -> list[str]:
+    """:func:`env_arg_problems` in this process (it imports the env script)."""
     import importlib.util
     import inspect
 
@@ -222,8 +241,8 @@ def env_arg_problems(env: EnvSection) -> list[str]:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import error is the user's script failing
-        return [f"envs.{env.name}.script: importing {env.script} failed: {type(exc).__name__}: {exc}"]
+    except BaseException:  # noqa: BLE001 - its own start-up will report the script's failure
+        return []
     classes = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, BaseEnv)
                and c.__module__ == module.__name__ and not inspect.isabstract(c)]
     if len(classes) != 1:
