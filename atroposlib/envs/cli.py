@@ -355,34 +355,43 @@ def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
 
     ``serve`` needs run-api (``--env.rollout_server_url``); every mode needs the tokenizer
     (``--env.tokenizer_name``) and each configured inference server serving its model
-    (skipped for servers without a ``base_url``, e.g. ``--testing``'s fake one). With ``wait`` an
-    unreachable run-api or inference server is waited for (logged every 30 s) instead.
+    (skipped for servers without a ``base_url``, e.g. ``--testing``'s fake one).
+
+    With ``wait`` an unreachable service is waited for instead of failing: ``serve`` logs what
+    it waits for and starts (its loop already waits for run-api and rides out inference
+    outages, and stops cleanly on SIGTERM meanwhile); ``process``/``evaluate`` wait here until
+    the inference server answers. A missing path or an unserved model never waits.
 
     Raises:
         PreflightError: one line per problem, each with its fix.
     """
     from atroposlib.utils import preflight as pf
 
-    paths = [pf.check_model_path(env.config.tokenizer_name, "--env.tokenizer_name", "tokenizer")]
-    # --testing's in-process FakeServer has no base_url: nothing to probe
-    servers = [s.config for s in env.server.servers
-               if getattr(getattr(s, "config", None), "base_url", None)]
-    if wait:  # a wrong path is never worth waiting for
-        pf.raise_on_problems(paths)
-        if mode == "serve":
-            url = env.config.rollout_server_url
-            pf.wait_until_ok(lambda: pf.check_run_api(url, "--env.rollout_server_url"),
-                             f"run-api at {url} (start it with `run-api`)")
-        for server in servers:
-            pf.wait_until_ok(
-                lambda s=server: pf.check_inference_server(s.base_url, None, "--openai.base_url",
-                                                           "--openai.model_name", s.api_key),
-                f"inference server at {server.base_url} (start it, e.g. `vllm serve`)")
-    problems = list(paths)
+    problems = [pf.check_model_path(env.config.tokenizer_name, "--env.tokenizer_name", "tokenizer")]
     if mode == "serve":
-        problems.append(pf.check_run_api(env.config.rollout_server_url, "--env.rollout_server_url"))
-    problems += [pf.check_inference_server(s.base_url, s.model_name, "--openai.base_url",
-                                           "--openai.model_name", s.api_key) for s in servers]
+        url = env.config.rollout_server_url
+        down = pf.check_run_api(url, "--env.rollout_server_url")
+        if down and wait:
+            logger.warning("waiting for run-api at %s (start it with `run-api`)", url)
+        else:
+            problems.append(down)
+    # --testing's in-process FakeServer has no base_url: nothing to probe
+    for server in [s.config for s in env.server.servers
+                   if getattr(getattr(s, "config", None), "base_url", None)]:
+        def reachable(s: APIServerConfig = server) -> str | None:
+            return pf.check_inference_server(s.base_url, None, "--openai.base_url",
+                                             "--openai.model_name", s.api_key)
+
+        waiting_for = f"inference server at {server.base_url} (start it, e.g. `vllm serve`)"
+        if wait and reachable():
+            if mode == "serve":
+                logger.warning("waiting for %s; rollouts start when it answers", waiting_for)
+                continue
+            pf.raise_on_problems(problems)  # a wrong path is never worth waiting for
+            pf.wait_until_ok(reachable, waiting_for)
+        problems.append(pf.check_inference_server(server.base_url, server.model_name,
+                                                  "--openai.base_url", "--openai.model_name",
+                                                  server.api_key))
     pf.raise_on_problems(problems)
 
 
@@ -402,6 +411,9 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     except ConfigError as exc:  # e.g. a teacher that cannot be used; a failed pre-flight
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # while waiting for services
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     try:
         asyncio.run(_run_mode(env, mode))
     except ConfigError as exc:

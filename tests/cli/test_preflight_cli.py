@@ -114,3 +114,24 @@ def test_sft_gen_with_missing_tokenizer(tmp_path):
     assert result.returncode == 1
     assert "tokenizer path does not exist: ./no-such-tokenizer" in result.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_env_serve_by_default_says_what_it_waits_for_and_keeps_running(tmp_path):
+    api = _closed()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, ENV_SCRIPT, "serve", "--env.rollout_server_url", api,
+         "--openai.base_url", _closed() + "/v1", "--env.tokenizer_name", str(tmp_path)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path)
+    try:
+        seen = []
+        for line in proc.stderr:  # the preflight lines come before the serve loop's
+            seen.append(line)
+            if "waiting for inference server" in line:
+                break
+        text = "".join(seen)
+        assert f"waiting for run-api at {api} (start it with `run-api`)" in text
+        assert proc.poll() is None  # told to wait (serve's default): not an error
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
