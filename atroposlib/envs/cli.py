@@ -239,8 +239,9 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
         mode_parser.add_argument(
             "--wait-for-services", action=argparse.BooleanOptionalAction,
             default=mode == "serve",
-            help="wait (logging what for) until run-api and the inference server answer, "
-            "instead of failing at once with the fix",
+            help="wait (logging what for) for an unreachable run-api or inference server "
+            "instead of failing at once with the fix (default: on for serve, off for "
+            "process and evaluate)",
         )
         env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
         add_model_options(
