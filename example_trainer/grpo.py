@@ -49,7 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     source = CliSettingsSource(TrainerConfig, root_parser=ArgumentParser(prog="atropos-grpo"))
     config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv,
                         cli_settings_source=source)
-    summary = train(config)
+    from atroposlib.utils.preflight import PreflightError
+
+    try:
+        summary = train(config)
+    except PreflightError as exc:
+        print(f"atropos-grpo: {exc}", file=sys.stderr)
+        return 2
     finished = summary.get("steps") == config.training_steps or summary.get("stopped_by_time_budget")
     return 0 if finished and summary.get("steps") else 1
 
@@ -81,6 +87,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     device = dist.device
     # checked before anything heavy loads: a bad --resume fails in a second, with the fix
     resume = ckpt_io.require_checkpoint(config.resume, config.lora_r > 0) if config.resume else None
+    # every rank (cheap probes), so none waits on a rank that failed; before the model loads
+    # and vLLM starts, so a wrong URL or path fails in seconds
+    _preflight(config)
     # ------------------------------------------------------------------ run directory
     run_dir = Path(dist.from_main(config.run_dir or config.resume
                                   or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))))
@@ -438,6 +447,26 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
 
 class _StopFlag:
     requested = False
+
+
+def _preflight(config: TrainerConfig) -> None:
+    """Check run-api (``--api-url``), the model path and external ``--vllm-url`` servers in seconds.
+
+    Raises:
+        PreflightError: one line per problem, each with its fix.
+    """
+    from atroposlib.utils import preflight as pf
+
+    # with weight_sync none the trainer never talks to vLLM, so its URL is not checked
+    vllm_urls = [u.strip() for u in (config.vllm_url or "").split(",") if u.strip()]
+    if config.weight_sync == "none":
+        vllm_urls = []
+    pf.raise_on_problems([
+        pf.check_model_path(config.model, "--model"),
+        pf.check_run_api(config.api_url, "--api-url"),
+        *(pf.check_inference_server(url, None, "--vllm-url", "--served-model-name")
+          for url in vllm_urls),
+    ])
 
 
 def _install_stop_handler() -> _StopFlag:

@@ -127,14 +127,22 @@ def load_config(path: str | Path) -> LaunchConfig:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping (trainer:, envs:, ...)")
+    # every section is validated before reporting, so one run shows every problem
+    problems: list[str] = []
+    config = None
     try:
         config = LaunchConfig.model_validate(data)
-        trainer = {k: v for k, v in config.trainer.items() if k != "nproc_per_node"}
+    except ValidationError as exc:
+        problems += _validation_problems(exc, "", LaunchConfig)
+    trainer = data.get("trainer") if isinstance(data.get("trainer"), dict) else {}
+    trainer = {k: v for k, v in trainer.items()
+               if k not in ("nproc_per_node", "api_url", "run_dir", "vllm_port")}
+    try:
         TrainerConfig.model_validate({**trainer, "api_url": "http://x", "run_dir": "x"})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())
-        raise ConfigError(f"{path}: invalid launch config: {problems}") from exc
+        problems += _validation_problems(exc, "trainer.", TrainerConfig)
+    if config is None:
+        raise ConfigError(f"{path}: invalid launch config:\n  " + "\n  ".join(problems))
     base = path.resolve().parent
     for env in config.envs:
         script = Path(env.script)
@@ -147,7 +155,145 @@ def load_config(path: str | Path) -> LaunchConfig:
             raise ConfigError(f"{path}: env {env.name!r}: script {env.script} not found "
                               f"(looked next to the config and in {Path.cwd()})")
         env.script = str(script.resolve())
+    problems += [p for env in config.envs for p in env_arg_problems(env)]
+    if problems:
+        raise ConfigError(f"{path}: invalid launch config:\n  " + "\n  ".join(problems))
     return config
+
+
+def _closest(key: str, known: list[str]) -> list[str]:
+    """Up to 3 known names close to ``key``.
+
+    Similar spelling, or else a known name that starts it (``lr_rate`` -> ``lr``).
+    """
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    if not close:
+        close = [k for k in known if len(k) >= 2 and key.startswith(k)][:3]
+    return close
+
+
+def _validation_problems(exc: ValidationError, prefix: str, model: type[BaseModel]) -> list[str]:
+    """One line per pydantic error.
+
+    Each names the key's full path (``trainer.lr``) and what is wrong, and for an unknown key
+    the closest known ones.
+    """
+    sections = {"api": ApiSection, "envs": EnvSection}
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        where = prefix + ".".join(loc) if loc else prefix.rstrip(".") or "<root>"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            owner = model
+            if not prefix and loc and loc[0] in sections:
+                owner = sections[loc[0]]
+            close = _closest(loc[-1], list(owner.model_fields))
+            message = "unknown key" + (
+                f"; did you mean {' or '.join(prefix + '.'.join([*loc[:-1], c]) for c in close)}?"
+                if close else "; see `atropos-grpo --help`" if prefix == "trainer." else
+                f"; known keys: {', '.join(owner.model_fields)}")
+        lines.append(f"{where}: {message}")
+    return lines
+
+
+def env_arg_problems(env: EnvSection, timeout: float = 30.0) -> list[str]:
+    """Validate one env's ``args`` against its script's env class, as ``serve`` would parse them.
+
+    The script is imported (not run) in a child Python, so its top-level code cannot affect the
+    launcher, to find the ``BaseEnv`` subclass it defines. A script that cannot be imported,
+    takes longer than ``timeout`` seconds, or defines none or several env classes is not
+    checked here (its own start-up still reports its problems).
+
+    Returns:
+        One line per problem, named by its full key path (``envs.<name>.args.env.group_size``),
+        an unknown flag with the closest known ones.
+    """
+    import json
+
+    code = ("import json, sys; from atroposlib.cli.launch import EnvSection, _env_arg_problems; "
+            "print(json.dumps(_env_arg_problems(EnvSection.model_validate_json(sys.argv[1]))))")
+    try:
+        child = subprocess.run([sys.executable, "-c", code, env.model_dump_json()],
+                               capture_output=True, text=True, timeout=timeout,
+                               env={**OFFLINE_ENV, **os.environ})
+        lines = child.stdout.strip().splitlines()
+        problems = json.loads(lines[-1]) if child.returncode == 0 and lines else []
+    except (subprocess.TimeoutExpired, ValueError):
+        return []
+    return [str(p) for p in problems] if isinstance(problems, list) else []
+
+
+def _env_arg_problems(env: EnvSection) -> list[str]:
+    """:func:`env_arg_problems` in this process (it imports the env script)."""
+    import importlib.util
+    import inspect
+
+    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.cli import build_configs, build_parser
+
+    where = f"envs.{env.name}.args"
+    spec = importlib.util.spec_from_file_location(f"_atropos_launch_check_{env.name}", env.script)
+    if spec is None or spec.loader is None:
+        return []
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:  # noqa: BLE001 - its own start-up will report the script's failure
+        return []
+    classes = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, BaseEnv)
+               and c.__module__ == module.__name__ and not inspect.isabstract(c)]
+    if len(classes) != 1:
+        return []
+    parser = build_parser(classes[0])
+    mode_parser = parser.mode_parsers["serve"]  # type: ignore[attr-defined]
+
+    def _raise(message: str) -> None:
+        raise ConfigError(message)
+
+    for p in (parser, mode_parser):
+        p.error = _raise  # type: ignore[method-assign]
+    known = sorted(s[2:] for a in mode_parser._actions for s in a.option_strings if s.startswith("--"))
+    problems = []
+    for key in env.args:
+        if key not in known:
+            close = _closest(key, known)
+            problems.append(f"{where}.{key}: unknown flag" + (
+                f"; did you mean {' or '.join(f'{where}.{c}' for c in close)}?" if close
+                else f"; see `python {env.script} serve --help`"))
+    if problems:
+        return problems
+    try:
+        namespace, _ = parser.parse_known_args(["serve", *flags(env.args)])
+        build_configs(classes[0], "serve", namespace)
+    except ConfigError as exc:
+        return [f"{where}: {line.strip()}" for line in str(exc).splitlines()
+                if line.strip() and not line.strip().startswith("invalid env configuration")]
+    return []
+
+
+def launch_preflight(config: LaunchConfig) -> None:
+    """Check the trainer's model path, the envs' tokenizer paths and a fixed ``api.port``.
+
+    Runs before anything starts.
+
+    Raises:
+        PreflightError: one line per problem, each with its fix.
+    """
+    from atroposlib.utils import preflight as pf
+
+    problems = [pf.check_model_path(config.trainer.get("model"), "trainer.model")]
+    for env in config.envs:
+        tokenizer = env.args.get("env.tokenizer_name")
+        problems.append(pf.check_model_path(tokenizer, f"envs.{env.name}.args.env.tokenizer_name",
+                                            "tokenizer"))
+    if config.api.port:
+        problems.append(pf.check_port_free("127.0.0.1", config.api.port,
+                                           f"another run-api? stop it or set api.port: "
+                                           f"{config.api.port + 1}"))
+    pf.raise_on_problems(problems)
 
 
 def free_port() -> int:
@@ -476,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
+        launch_preflight(config)
     except ConfigError as exc:
         print(f"atropos-launch: {exc}", file=sys.stderr)
         return 2

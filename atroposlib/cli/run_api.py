@@ -100,6 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"run-api: {exc}", file=sys.stderr)
         return 2
+    from atroposlib.utils.preflight import check_port_free
+
+    busy = check_port_free(settings.host, settings.port,
+                           f"another run-api? stop it or pass --port {settings.port + 1}")
+    if busy:  # before any banner: uvicorn would only say "address already in use" after start-up
+        print(f"run-api: {busy}", file=sys.stderr)
+        return 2
     import uvicorn
 
     level = settings.log_level.upper()

@@ -177,7 +177,8 @@ def build_configs(
         env_config = validated(env_cls_config, env_values, "env", "env configuration")
     servers = resolve_server_configs(init_servers, data.get("openai"), overrides["openai"])
     manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
-    manager_values.update({k: v for k, v in overrides[""].items() if k not in ("config", "mode")})
+    manager_values.update({k: v for k, v in overrides[""].items()
+                           if k not in ("config", "mode", "wait_for_services")})
     manager = validated(ServerManagerConfig, manager_values, None, "server manager configuration")
     return env_config, servers, manager
 
@@ -234,6 +235,13 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
             default=None,
             metavar="YAML",
             help="YAML with keys env:, openai: (mapping or list), slurm:, testing:.",
+        )
+        mode_parser.add_argument(
+            "--wait-for-services", action=argparse.BooleanOptionalAction,
+            default=mode == "serve",
+            help="wait (logging what for) for an unreachable run-api or inference server "
+            "instead of failing at once with the fix (default: on for serve, off for "
+            "process and evaluate)",
         )
         env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
         add_model_options(
@@ -343,6 +351,51 @@ def build_env(env_cls: type[BaseEnv], argv: list[str] | None = None) -> tuple[st
     return mode, env
 
 
+def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
+    """Check, in seconds, what the mode needs before it starts: tokenizer, run-api, inference.
+
+    ``serve`` needs run-api (``--env.rollout_server_url``); every mode needs the tokenizer
+    (``--env.tokenizer_name``) and each configured inference server serving its model
+    (skipped for servers without a ``base_url``, e.g. ``--testing``'s fake one).
+
+    With ``wait`` an unreachable service is waited for instead of failing: ``serve`` logs what
+    it waits for and starts (its loop already waits for run-api and rides out inference
+    outages, and stops cleanly on SIGTERM meanwhile); ``process``/``evaluate`` wait here until
+    the inference server answers. A missing path or an unserved model never waits.
+
+    Raises:
+        PreflightError: one line per problem, each with its fix.
+    """
+    from atroposlib.utils import preflight as pf
+
+    problems = [pf.check_model_path(env.config.tokenizer_name, "--env.tokenizer_name", "tokenizer")]
+    if mode == "serve":
+        url = env.config.rollout_server_url
+        down = pf.check_run_api(url, "--env.rollout_server_url")
+        if down and wait:
+            logger.warning("waiting for run-api at %s (start it with `run-api`)", url)
+        else:
+            problems.append(down)
+    # --testing's in-process FakeServer has no base_url: nothing to probe
+    for server in [s.config for s in env.server.servers
+                   if getattr(getattr(s, "config", None), "base_url", None)]:
+        def reachable(s: APIServerConfig = server) -> str | None:
+            return pf.check_inference_server(s.base_url, None, "--openai.base_url",
+                                             "--openai.model_name", s.api_key)
+
+        waiting_for = f"inference server at {server.base_url} (start it, e.g. `vllm serve`)"
+        if wait and reachable():
+            if mode == "serve":
+                logger.warning("waiting for %s; rollouts start when it answers", waiting_for)
+                continue
+            pf.raise_on_problems(problems)  # a wrong path is never worth waiting for
+            pf.wait_until_ok(reachable, waiting_for)
+        problems.append(pf.check_inference_server(server.base_url, server.model_name,
+                                                  "--openai.base_url", "--openai.model_name",
+                                                  server.api_key))
+    pf.raise_on_problems(problems)
+
+
 def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     """Entry point behind ``BaseEnv.cli()``: parse, build the env, run the chosen mode."""
     logging.basicConfig(
@@ -353,9 +406,15 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         mode, env = build_env(env_cls, argv)
-    except ConfigError as exc:  # e.g. a teacher that cannot be used
+        parser = build_parser(env_cls)
+        wait = parser.parse_known_args(argv)[0].wait_for_services
+        env_preflight(mode, env, wait=wait)
+    except ConfigError as exc:  # e.g. a teacher that cannot be used; a failed pre-flight
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # while waiting for services
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     try:
         asyncio.run(_run_mode(env, mode))
     except ConfigError as exc:

@@ -102,6 +102,18 @@ def _validate(args: argparse.Namespace, kind: str) -> None:
         raise ConfigError(f"--poll-interval must be > 0 seconds (got {args.poll_interval})")
 
 
+def _preflight(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fail at once on a missing ``--tokenizer`` directory.
+
+    An unreachable API is reported by the first poll already. The default tokenizer is only needed for token-only groups, so only one given on the
+    command line is checked here.
+    """
+    from atroposlib.utils import preflight as pf
+
+    if args.tokenizer != parser.get_default("tokenizer"):
+        pf.raise_on_problems([pf.check_model_path(args.tokenizer, "--tokenizer", "tokenizer")])
+
+
 def run(kind: str, argv: list[str] | None = None) -> int:
     """Parse ``argv``, collect groups from the API and write the dataset.
 
@@ -120,6 +132,7 @@ def run(kind: str, argv: list[str] | None = None) -> int:
     stats = CollectStats()
     try:
         _validate(args, kind)
+        _preflight(args, parser)
         path = Path(args.filepath)
         existing = read_existing_layout(path, kind) if args.append_to_previous else None
         resolver = LayoutResolver(args.format, save_messages=args.save_messages, existing=existing)
