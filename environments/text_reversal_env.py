@@ -32,7 +32,8 @@ class TextReversalConfig(SingleTurnEnvConfig):
 
 class TextReversalEnv(SingleTurnEnv):
     """Reverses short texts; exact-match reward with optional similarity partial credit."""
-    name, env_config_cls = "text_reversal", TextReversalConfig
+    name = "text_reversal"
+    env_config_cls = TextReversalConfig
 
     async def setup(self):
         c = self.config
@@ -44,16 +45,13 @@ class TextReversalEnv(SingleTurnEnv):
     def train_item(self, index, rng=None):
         c, rng = self.config, rng or self.rng
         text = " ".join(make_word(rng, c.min_word_length, c.max_word_length) for _ in range(rng.randint(c.min_words, c.max_words)))
-        return {"question": f"Reverse this text: {text}", "target": text[::-1]}
+        return {"question": f"Reverse this text: {text}", "answer": text[::-1]}
 
     def prompt(self, item):
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["question"]}]
 
     def score(self, item, completion):
-        return score_reversal(completion, item["target"], self.config.partial_credit)
-
-    def answer(self, item):
-        return item["target"]
+        return score_reversal(completion, item["answer"], self.config.partial_credit)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ and sampler log-probs), the group, evaluation, train accuracy and checkpoints ar
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import Field
@@ -100,8 +100,11 @@ class SingleTurnEnv(BaseEnv):
         raise NotImplementedError(f"{type(self).__name__} must implement score(item, completion)")
 
     def answer(self, item: Item) -> Any:
-        """The reference answer of ``item``, kept in eval samples; default None."""
-        return None
+        """The reference answer of ``item``, kept in eval samples and shown in the rollout views.
+
+        Default: ``item["answer"]`` when the item is a mapping with that key, else None.
+        """
+        return item.get("answer") if isinstance(item, Mapping) else None
 
     def train_item(self, index: int) -> Item:
         """The ``index``-th training item; default ``self.train_items`` cycled.
