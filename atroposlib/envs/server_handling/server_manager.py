@@ -346,7 +346,7 @@ class ServerManager:
         from atroposlib.envs.server_handling.openai_server import OpenAIServer
 
         if self.proxy_url:
-            from atroposlib.envs.server_handling.managed_server_proxy import create_proxy_session
+            from atroposlib.envs.server_handling.proxy.client import create_proxy_session
 
             parser = tool_parser if tool_parser is not None else self.tool_parser
             proxy = await create_proxy_session(
