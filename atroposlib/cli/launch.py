@@ -24,6 +24,7 @@ Example config (``configs/quickstart-cpu.yaml`` is the full one)::
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import signal
@@ -39,6 +40,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from atroposlib.errors import ConfigError
 from atroposlib.utils.offline import OFFLINE_ENV
+
+#: The trainer atropos-launch starts (``python -m TRAINER_MODULE``) and the pydantic model of its
+#: settings (``module:attribute``), checked against the ``trainer:`` section before anything
+#: starts. Named by module path, not imported: the trainer is an application built on this
+#: library, run as a child process, so atroposlib does not depend on its code.
+TRAINER_MODULE = "example_trainer.grpo"
+TRAINER_CONFIG_MODEL = "example_trainer.config:TrainerConfig"
 
 
 class ApiSection(BaseModel):
@@ -116,8 +124,7 @@ def load_config(path: str | Path) -> LaunchConfig:
     """
     import yaml
 
-    from example_trainer.config import TrainerConfig
-
+    trainer_config_model = _load_object(TRAINER_CONFIG_MODEL)
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist; see configs/quickstart-cpu.yaml")
@@ -130,7 +137,7 @@ def load_config(path: str | Path) -> LaunchConfig:
     try:
         config = LaunchConfig.model_validate(data)
         trainer = {k: v for k, v in config.trainer.items() if k != "nproc_per_node"}
-        TrainerConfig.model_validate({**trainer, "api_url": "http://x", "run_dir": "x"})
+        trainer_config_model.model_validate({**trainer, "api_url": "http://x", "run_dir": "x"})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())
@@ -148,6 +155,20 @@ def load_config(path: str | Path) -> LaunchConfig:
                               f"(looked next to the config and in {Path.cwd()})")
         env.script = str(script.resolve())
     return config
+
+
+def _load_object(spec: str) -> Any:
+    """The object ``"package.module:attribute"`` names (imported now).
+
+    Raises:
+        ConfigError: the module or attribute does not exist.
+    """
+    module_name, _, attribute = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {spec} ({exc}); is the trainer package installed "
+                          "(pip install -e .)?") from exc
 
 
 def free_port() -> int:
@@ -202,9 +223,9 @@ def trainer_command(nproc_per_node: int) -> list[str]:
     the trainer sees ``WORLD_SIZE`` and shards the policy with FSDP.
     """
     if nproc_per_node <= 1:
-        return [sys.executable, "-m", "example_trainer.grpo"]
+        return [sys.executable, "-m", TRAINER_MODULE]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc_per_node), "-m", "example_trainer.grpo"]
+            "--nproc-per-node", str(nproc_per_node), "-m", TRAINER_MODULE]
 
 
 class Part:

@@ -173,6 +173,10 @@ class ServerManager:
         self.use_proxy = use_proxy
         self.tool_parser = tool_parser
         if testing:
+            # The ``--testing`` mode of the env CLI (and Atropos 0.4's ``testing=True``): one
+            # scripted server that answers any prompt. Code that wants a test double passes the
+            # server instance itself in ``configs``; this flag is the only place production code
+            # reaches the test package, and only when asked to.
             from atroposlib.testing.fake_server import FakeServer
 
             self.servers: list[APIServer] = [FakeServer()]
