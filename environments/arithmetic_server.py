@@ -37,12 +37,14 @@ if __package__ in (None, ""):  # run as `python environments/arithmetic_server.p
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB  # noqa: E402
+from atroposlib.defaults import DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_URL  # noqa: E402
 from atroposlib.envs.base import (  # noqa: E402
     APIServerConfig,
     BaseEnv,
     BaseEnvConfig,
     ScoredDataGroup,
 )
+from atroposlib.inference.bundled import bundled_model_dir  # noqa: E402
 
 #: difficulty -> (smallest operand, largest operand, operators)
 DIFFICULTIES: dict[int, tuple[int, int, tuple[str, ...]]] = {
@@ -54,11 +56,6 @@ DIFFICULTIES: dict[int, tuple[int, int, tuple[str, ...]]] = {
 }
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 PROMPT = "What is {a} {op} {b}? Answer with just the number."
-
-
-def _bundled_dir() -> str:
-    root = os.environ.get("ATROPOS_CACHE_DIR") or str(Path.home() / ".cache" / "atroposlib")
-    return str(Path(root) / "bundled" / "SmolLM2-135M-Instruct")
 
 
 def is_heldout(a: int, op: str, b: int, fraction: float) -> bool:
@@ -218,10 +215,10 @@ class ArithmeticEnv(BaseEnv):
     def config_init(cls) -> tuple[ArithmeticEnvConfig, list[APIServerConfig]]:
         """Defaults: bundled tokenizer, groups of 8, the dev vLLM at 127.0.0.1:9100."""
         config = ArithmeticEnvConfig(
-            tokenizer_name=_bundled_dir(), group_size=8, max_token_length=256,
+            tokenizer_name=str(bundled_model_dir()), group_size=8, max_token_length=256,
             wandb_name=cls.name, use_wandb=False, steps_per_eval=10_000,
         )
-        server = APIServerConfig(model_name="smollm2", base_url="http://127.0.0.1:9100/v1",
+        server = APIServerConfig(model_name=DEFAULT_INFERENCE_MODEL, base_url=DEFAULT_INFERENCE_URL,
                                  api_key="x", server_type="vllm", num_requests_for_eval=64)
         return config, [server]
 

@@ -10,18 +10,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atroposlib.defaults import DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_URL
 from atroposlib.envs.base import APIServerConfig, ScoredDataGroup
 from atroposlib.errors import ConfigError
+from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.type_definitions import Message
 
 #: The shared development vLLM (model ``smollm2``) that the defaults point at.
-DEFAULT_BASE_URL = "http://127.0.0.1:9100/v1"
+DEFAULT_BASE_URL = DEFAULT_INFERENCE_URL
 
 
 def default_tokenizer_name() -> str:
     """The bundled SmolLM2-135M-Instruct directory (``atropos-bundled-model`` prepares it)."""
-    root = os.environ.get("ATROPOS_CACHE_DIR") or str(Path.home() / ".cache" / "atroposlib")
-    return str(Path(root) / "bundled" / "SmolLM2-135M-Instruct")
+    return str(bundled_model_dir())
 
 
 def default_server(**overrides: Any) -> APIServerConfig:
@@ -31,7 +32,7 @@ def default_server(**overrides: Any) -> APIServerConfig:
     log-probs). Override on the command line: ``--openai.base_url``, ``--openai.model_name``.
     """
     values: dict[str, Any] = {
-        "model_name": "smollm2",
+        "model_name": DEFAULT_INFERENCE_MODEL,
         "base_url": DEFAULT_BASE_URL,
         "api_key": "x",
         "server_type": "vllm",
