@@ -18,6 +18,7 @@ from typing import Any
 from atroposlib.envs.server_handling.proxy.errors import ProxyHTTPError
 from atroposlib.envs.server_handling.proxy.models import ProxyConfig, ProxySettings, SessionInfo
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.utils.hf_tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +93,8 @@ class ProxyState:
         """
         tokenizer_name = config.tokenizer
 
-        def _load() -> Any:
-            from transformers import AutoTokenizer
-
-            return AutoTokenizer.from_pretrained(tokenizer_name)
-
         try:
-            tokenizer = await asyncio.to_thread(_load)
+            tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_name)
         except Exception as exc:  # noqa: BLE001 - reported with the fix
             raise ProxyHTTPError(
                 503,
