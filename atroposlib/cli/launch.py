@@ -38,6 +38,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from atroposlib.api.packing import batch_size_problem
 from atroposlib.errors import ConfigError
 from atroposlib.utils.offline import OFFLINE_ENV
 
@@ -137,11 +138,19 @@ def load_config(path: str | Path) -> LaunchConfig:
     try:
         config = LaunchConfig.model_validate(data)
         trainer = {k: v for k, v in config.trainer.items() if k != "nproc_per_node"}
-        trainer_config_model.model_validate({**trainer, "api_url": "http://x", "run_dir": "x"})
+        trainer_config = trainer_config_model.model_validate(
+            {**trainer, "api_url": "http://x", "run_dir": "x"})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"{path}: invalid launch config: {problems}") from exc
+    group_sizes = [env.args.get("env.group_size") for env in config.envs]
+    batch_size = getattr(trainer_config, "batch_size", None)
+    if isinstance(batch_size, int) and all(isinstance(g, int) for g in group_sizes):
+        problem = batch_size_problem(batch_size, group_sizes)
+        if problem is not None:
+            raise ConfigError(f"{path}: trainer.batch_size and envs[].args env.group_size do not "
+                              f"fit: {problem}")
     base = path.resolve().parent
     for env in config.envs:
         script = Path(env.script)

@@ -32,3 +32,12 @@ def test_module_prints_the_document():
     out = subprocess.run([sys.executable, "-m", "atroposlib.envs.config_docs"],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out == generate()
+
+
+def test_tokenizer_default_is_the_local_bundled_model_not_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATROPOS_CACHE_DIR", str(tmp_path))
+    from atroposlib.inference.bundled import bundled_model_dir
+
+    assert BaseEnvConfig().tokenizer_name == str(bundled_model_dir())
+    assert str(tmp_path) in BaseEnvConfig().tokenizer_name
+    assert BaseEnvConfig(tokenizer_name="/some/dir").tokenizer_name == "/some/dir"
