@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import operator
-import os
 import random
 import re
 import sys
