@@ -34,7 +34,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 config-docs: install
-	$(PY) -m atroposlib.utils.config_docs > CONFIG.md
+	$(PY) -m atroposlib.envs.config_docs > CONFIG.md
 
 bench: install
 	$(PY) benchmarks/bench_api.py

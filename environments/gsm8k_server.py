@@ -40,6 +40,11 @@ if __package__ in (None, ""):  # run as `python environments/gsm8k_server.py ...
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.api.models import IGNORE_INDEX  # noqa: E402
+from atroposlib.defaults import (  # noqa: E402
+    DEFAULT_API_URL,
+    DEFAULT_INFERENCE_MODEL,
+    DEFAULT_INFERENCE_URL,
+)
 from atroposlib.envs.base import (  # noqa: E402
     APIServerConfig,
     BaseEnv,
@@ -238,15 +243,15 @@ class GSM8kEnv(BaseEnv):
             tokenizer_name=str(bundled_model_dir()),
             group_size=8,
             use_wandb=False,
-            rollout_server_url="http://localhost:8000",
+            rollout_server_url=DEFAULT_API_URL,
             total_steps=1000,
             steps_per_eval=100,
             max_token_length=2048,
             wandb_name="gsm8k",
         )
         server = APIServerConfig(
-            model_name="smollm2",
-            base_url="http://127.0.0.1:9100/v1",
+            model_name=DEFAULT_INFERENCE_MODEL,
+            base_url=DEFAULT_INFERENCE_URL,
             api_key="x",
             server_type="vllm",
             num_requests_for_eval=256,

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from atroposlib.defaults import DEFAULT_API_URL
+
 
 def default_model_dir() -> str:
     """The bundled SmolLM2-135M-Instruct directory (``atropos-bundled-model`` prepares it)."""
@@ -75,7 +77,7 @@ class TrainerConfig(BaseSettings):
                                             "batches), sdpa on CUDA.")
 
     # ---------------------------------------------------------------- trajectory API
-    api_url: str = Field(default="http://127.0.0.1:8000", description="run-api base URL.")
+    api_url: str = Field(default=DEFAULT_API_URL, description="run-api base URL.")
     api_key: str | None = Field(default=None, description="Bearer token for run-api (default: "
                                 "the ATROPOS_API_KEY environment variable).")
     batch_timeout: float = Field(default=900.0, gt=0, description="Seconds to wait for one "

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from atroposlib.api.models import IGNORE_INDEX
+
 if TYPE_CHECKING:
     import torch
-
-IGNORE_INDEX = -100
 
 
 def group_advantages(scores: Sequence[float], eps: float = 1e-8, scale: bool = True) -> list[float]:

@@ -370,10 +370,12 @@ def load_policy(model_dir: str, device: Any, dtype: Any, attn_implementation: st
     Returns:
         ``(model, tokenizer)``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from atroposlib.utils.hf_tokenizer import load_tokenizer
 
     attn = attn_implementation or ("sdpa" if device.type == "cuda" else "eager")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
     return model.to(device), tokenizer
 

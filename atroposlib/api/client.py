@@ -38,6 +38,7 @@ from tenacity import (
 )
 
 from atroposlib.api.models import RegisterEnv, Registration
+from atroposlib.defaults import DEFAULT_API_URL
 from atroposlib.errors import (
     ApiBackpressureError,
     ApiNotRegisteredError,
@@ -116,7 +117,7 @@ class _ClientBase:
 
     def __init__(
         self,
-        base_url: str = "http://127.0.0.1:8000",
+        base_url: str = DEFAULT_API_URL,
         api_key: str | None = None,
         timeout: float = 30.0,
         max_attempts: int = 5,

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["MAX_SEARCH_CELLS", "allocation_needs", "find_subset", "pack_with_minimums",
-           "reachable_sums", "search_limit_note", "search_window"]
+__all__ = ["MAX_SEARCH_CELLS", "allocation_needs", "batch_size_problem", "find_subset",
+           "pack_with_minimums", "reachable_sums", "search_limit_note", "search_window"]
 
 #: Most cells (groups considered x (target + 1) reachable sums) one exact search may touch:
 #: 2**25 bits = 4 MiB of bitsets and roughly 20 ms of CPU on one core.
@@ -147,6 +147,43 @@ def reachable_sums(sizes: Sequence[int], cap: int) -> int:
         if 0 < size <= cap:
             reach = (reach | (reach << size)) & mask
     return reach
+
+
+def batch_size_problem(batch_size: int, group_sizes: Sequence[int]) -> str | None:
+    """Why full groups of these sizes can never make up one batch, or None if they can.
+
+    Groups are atomic and a batch holds exactly ``batch_size`` sequences, so a batch exists only
+    if ``batch_size`` is a sum of group sizes (each size usable any number of times). With one
+    group size that means ``batch_size % group_size == 0``.
+
+    Args:
+        batch_size: the trainer's sequences per step (> 0).
+        group_sizes: the group size of every env feeding that trainer.
+
+    Returns:
+        None when a batch can be filled; else a message naming both numbers and the fix.
+    """
+    sizes = sorted({s for s in group_sizes if isinstance(s, int) and s > 0})
+    if not sizes or batch_size <= 0:
+        return None
+    mask = (1 << (batch_size + 1)) - 1
+    reach = 1  # bitset of the sums reachable with any number of groups of each size
+    for size in sizes:
+        for _ in range(batch_size // size):
+            reach |= (reach << size) & mask
+    if reach >> batch_size & 1:
+        return None
+    if len(sizes) == 1:
+        size = sizes[0]
+        lower = batch_size - batch_size % size
+        options = f"{lower} or {lower + size}" if lower else f"{size}"
+        return (f"batch_size {batch_size} is not a multiple of group_size {size}: full groups "
+                f"of {size} can never fill a batch of exactly {batch_size} sequences; use a "
+                f"batch_size that is a multiple of {size} (e.g. {options}) or a group_size that "
+                f"divides {batch_size}")
+    return (f"batch_size {batch_size} is not a sum of the group sizes {sizes}: full groups can "
+            f"never fill a batch of exactly {batch_size} sequences; use a batch_size that is a "
+            "multiple of one group size, or group sizes that divide the batch_size")
 
 
 def _convolve(a: int, b: int, mask: int) -> int:

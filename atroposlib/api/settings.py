@@ -10,6 +10,8 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from atroposlib.defaults import DEFAULT_API_HOST, DEFAULT_API_PORT
+
 #: Environment variable holding the bearer token when ``--api-key`` is not given.
 API_KEY_ENV = "ATROPOS_API_KEY"
 #: Environment variable used to hand settings to a ``--reload`` worker process (JSON).
@@ -22,11 +24,11 @@ class ApiSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     host: str = Field(
-        default="127.0.0.1",
+        default=DEFAULT_API_HOST,
         description="Interface to bind. Default 127.0.0.1 (local only; safer than upstream's "
         "0.0.0.0). Use 0.0.0.0 to accept envs/trainers on other machines, ideally with --api-key.",
     )
-    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
+    port: int = Field(default=DEFAULT_API_PORT, ge=0, le=65535, description="TCP port to listen on.")
     reload: bool = Field(
         default=False,
         description="Restart the server when source files change (development only; without "

@@ -31,6 +31,7 @@ from atroposlib.api.errors import (
 from atroposlib.api.models import PER_TOKEN_FIELDS, RegisterEnv, Registration, ScoredData
 from atroposlib.api.packing import (
     allocation_needs,
+    batch_size_problem,
     find_subset,
     pack_with_minimums,
     search_limit_note,
@@ -268,6 +269,9 @@ class ApiState:
                  env.registered_id, env.real_name, env.group_size, env.weight,
                  env.min_batch_allocation)
         reg = self.registration
+        problem = batch_size_problem(reg.batch_size, [e.group_size for e in self.envs])
+        if problem is not None:
+            log.warning("env %s registered, but %s", env.real_name, problem)
         return {
             "status": "success", "env_id": env.registered_id, "wandb_name": env.real_name,
             "checkpoint_dir": reg.checkpoint_dir, "starting_step": self.step,

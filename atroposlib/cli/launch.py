@@ -24,6 +24,7 @@ Example config (``configs/quickstart-cpu.yaml`` is the full one)::
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import signal
@@ -37,8 +38,16 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from atroposlib.api.packing import batch_size_problem
 from atroposlib.errors import ConfigError
 from atroposlib.utils.offline import OFFLINE_ENV
+
+#: The trainer atropos-launch starts (``python -m TRAINER_MODULE``) and the pydantic model of its
+#: settings (``module:attribute``), checked against the ``trainer:`` section before anything
+#: starts. Named by module path, not imported: the trainer is an application built on this
+#: library, run as a child process, so atroposlib does not depend on its code.
+TRAINER_MODULE = "example_trainer.grpo"
+TRAINER_CONFIG_MODEL = "example_trainer.config:TrainerConfig"
 
 
 class ApiSection(BaseModel):
@@ -116,8 +125,7 @@ def load_config(path: str | Path) -> LaunchConfig:
     """
     import yaml
 
-    from example_trainer.config import TrainerConfig
-
+    trainer_config_model = _load_object(TRAINER_CONFIG_MODEL)
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist; see configs/quickstart-cpu.yaml")
@@ -137,12 +145,20 @@ def load_config(path: str | Path) -> LaunchConfig:
     trainer = data.get("trainer") if isinstance(data.get("trainer"), dict) else {}
     trainer = {k: v for k, v in trainer.items()
                if k not in ("nproc_per_node", "api_url", "run_dir", "vllm_port")}
+    trainer_config = None
     try:
-        TrainerConfig.model_validate({**trainer, "api_url": "http://x", "run_dir": "x"})
+        trainer_config = trainer_config_model.model_validate(
+            {**trainer, "api_url": "http://x", "run_dir": "x"})
     except ValidationError as exc:
-        problems += _validation_problems(exc, "trainer.", TrainerConfig)
+        problems += _validation_problems(exc, "trainer.", trainer_config_model)
     if config is None:
         raise ConfigError(f"{path}: invalid launch config:\n  " + "\n  ".join(problems))
+    group_sizes = [env.args.get("env.group_size") for env in config.envs]
+    batch_size = getattr(trainer_config, "batch_size", None)
+    if isinstance(batch_size, int) and all(isinstance(g, int) for g in group_sizes):
+        problem = batch_size_problem(batch_size, group_sizes)
+        if problem is not None:
+            problems.append(f"trainer.batch_size and envs[].args env.group_size do not fit: {problem}")
     base = path.resolve().parent
     for env in config.envs:
         script = Path(env.script)
@@ -296,6 +312,20 @@ def launch_preflight(config: LaunchConfig) -> None:
     pf.raise_on_problems(problems)
 
 
+def _load_object(spec: str) -> Any:
+    """The object ``"package.module:attribute"`` names (imported now).
+
+    Raises:
+        ConfigError: the module or attribute does not exist.
+    """
+    module_name, _, attribute = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {spec} ({exc}); is the trainer package installed "
+                          "(pip install -e .)?") from exc
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -348,9 +378,9 @@ def trainer_command(nproc_per_node: int) -> list[str]:
     the trainer sees ``WORLD_SIZE`` and shards the policy with FSDP.
     """
     if nproc_per_node <= 1:
-        return [sys.executable, "-m", "example_trainer.grpo"]
+        return [sys.executable, "-m", TRAINER_MODULE]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc_per_node), "-m", "example_trainer.grpo"]
+            "--nproc-per-node", str(nproc_per_node), "-m", TRAINER_MODULE]
 
 
 class Part:

@@ -8,7 +8,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from atroposlib.defaults import DEFAULT_API_URL
+from atroposlib.inference.bundled import bundled_model_dir
 
 
 class UnknownConfigFieldWarning(UserWarning):
@@ -80,14 +83,18 @@ class BaseEnvConfig(BaseModel):
         description="Stop spawning rollouts while the API queue holds this many batches "
         "(bounds off-policy lag); <= 0 disables.",
     )
-    tokenizer_name: str = Field(
-        default="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
+    tokenizer_name: str | None = Field(
+        default=None,
+        validate_default=True,
         description="HF tokenizer name or local directory (loaded offline when "
-        "HF_HUB_OFFLINE=1).",
+        "HF_HUB_OFFLINE=1). None (the default): the bundled SmolLM2-135M-Instruct directory "
+        "($ATROPOS_CACHE_DIR or ~/.cache/atroposlib, then bundled/SmolLM2-135M-Instruct; "
+        "`atropos-bundled-model` prepares it). Set it to the tokenizer of the model your "
+        "inference server serves.",
     )
     use_wandb: bool = Field(default=True, description="Log metrics to Weights & Biases.")
     rollout_server_url: str = Field(
-        default="http://localhost:8000", description="Trajectory API (run-api) base URL."
+        default=DEFAULT_API_URL, description="Trajectory API (run-api) base URL."
     )
     total_steps: int = Field(
         default=1000,
@@ -149,6 +156,12 @@ class BaseEnvConfig(BaseModel):
     custom_thinking_prompt: str | None = Field(
         default=None, description="System prompt used for thinking mode instead of the default."
     )
+
+    @field_validator("tokenizer_name", mode="after")
+    @classmethod
+    def _default_tokenizer(cls, value: str | None) -> str:
+        # Offline-first: no hub id as default; the bundled model's tokenizer is always local.
+        return str(bundled_model_dir()) if value is None else value
 
     @model_validator(mode="after")
     def _check_consistency(self) -> BaseEnvConfig:

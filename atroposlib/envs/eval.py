@@ -326,7 +326,7 @@ class EvalBase(ABC):
 async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> dict[str, float]:
     """Command-line entry for an :class:`EvalBase`: point it at an OpenAI-compatible server.
 
-    Flags: ``--base-url`` (default ``http://localhost:9001/v1``), ``--model-name``,
+    Flags: ``--base-url`` (default ``DEFAULT_INFERENCE_URL``, ``http://127.0.0.1:9100/v1``), ``--model-name``,
     ``--api-key`` (default ``x``), ``--server-type`` (default ``openai``), ``--eval-dir``.
 
     Returns:
@@ -334,11 +334,12 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
     """
     import argparse
 
+    from atroposlib.defaults import DEFAULT_INFERENCE_URL
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
     parser = argparse.ArgumentParser(description=f"Run the {type(eval_env).__name__} evaluation.")
-    parser.add_argument("--base-url", default="http://localhost:9001/v1")
+    parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL)
     parser.add_argument("--model-name", required=True)
     parser.add_argument("--api-key", default="x")
     parser.add_argument("--server-type", default="openai")

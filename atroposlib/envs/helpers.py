@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+from atroposlib.defaults import DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_URL
 from atroposlib.envs.base import APIServerConfig, ScoredDataGroup
 from atroposlib.errors import ConfigError
 from atroposlib.type_definitions import Message
 
 #: The shared development vLLM (model ``smollm2``) that the defaults point at.
-DEFAULT_BASE_URL = "http://127.0.0.1:9100/v1"
+DEFAULT_BASE_URL = DEFAULT_INFERENCE_URL
 
 
 def default_tokenizer_name() -> str:
@@ -36,7 +37,7 @@ def default_server(**overrides: Any) -> APIServerConfig:
     log-probs). Override on the command line: ``--openai.base_url``, ``--openai.model_name``.
     """
     values: dict[str, Any] = {
-        "model_name": "smollm2",
+        "model_name": DEFAULT_INFERENCE_MODEL,
         "base_url": DEFAULT_BASE_URL,
         "api_key": "x",
         "server_type": "vllm",

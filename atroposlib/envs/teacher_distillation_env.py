@@ -315,14 +315,12 @@ class TeacherDistillationEnv(BaseEnv):
         """
         if getattr(self.tokenizer, "name_or_path", None) == teacher_tokenizer_name:
             return
-        from transformers import AutoTokenizer
+        from atroposlib.utils.hf_tokenizer import load_tokenizer
 
         try:
-            teacher = AutoTokenizer.from_pretrained(teacher_tokenizer_name)
+            teacher = load_tokenizer(teacher_tokenizer_name, "teacher tokenizer")
         except OSError as exc:
-            raise ConfigError(
-                f"cannot load the teacher tokenizer {teacher_tokenizer_name!r} ({exc})"
-            ) from exc
+            raise ConfigError(str(exc)) from exc
         difference = tokenizer_difference(self.tokenizer, teacher)
         if difference is not None:
             raise ConfigError(

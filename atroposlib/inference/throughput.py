@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from atroposlib.defaults import DEFAULT_INFERENCE_URL
 from atroposlib.utils.cli import ArgumentParser
 
 PROMPT = "Write a short story about a robot who learns to paint."
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="python -m atroposlib.inference.throughput", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--base-url", default="http://127.0.0.1:9100/v1")
+    parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--n", type=int, default=8, help="choices per request (group size)")
     parser.add_argument("--concurrency", type=int, default=32, help="0 skips the batch figure")

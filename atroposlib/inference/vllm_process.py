@@ -457,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
+    from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
     from atroposlib.utils.cli import ArgumentParser
 
     parser = ArgumentParser(
@@ -465,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fp32; dev mode for weight reloads) and keep it running until Ctrl-C.",
     )
     parser.add_argument("--model", default=None, help="model dir (default: the bundled model)")
-    parser.add_argument("--served-model-name", default="smollm2")
+    parser.add_argument("--served-model-name", default=DEFAULT_INFERENCE_MODEL)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=None, help="default: a free port")
     parser.add_argument("--dtype", default="auto")

@@ -6,10 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.errors import ConfigError
-
-#: Label value at prompt (untrained) positions of ``masks`` (Atropos wire convention).
-IGNORE_INDEX = -100
 
 
 class RolloutFormatError(ValueError):
@@ -106,9 +104,9 @@ def load_decoding_tokenizer(name: str) -> Any:
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(file))
-    from transformers import AutoTokenizer  # lazy: imports torch
+    from atroposlib.utils.hf_tokenizer import load_tokenizer  # lazy: imports torch
 
-    return AutoTokenizer.from_pretrained(name)
+    return load_tokenizer(name)
 
 
 class TokenDecoder:

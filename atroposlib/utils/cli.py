@@ -19,10 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from atroposlib.defaults import DEFAULT_API_URL
 from atroposlib.errors import ConfigError
-
-#: Default ``--api-url`` of the command-line tools: where ``run-api`` listens by default.
-DEFAULT_API_URL = "http://127.0.0.1:8000"
 
 #: Strings that mean None on the command line.
 NONE_STRINGS = frozenset({"None", "none", "null", "~"})

@@ -8,7 +8,12 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atroposlib.api.packing import allocation_needs, find_subset, pack_with_minimums
+from atroposlib.api.packing import (
+    allocation_needs,
+    batch_size_problem,
+    find_subset,
+    pack_with_minimums,
+)
 
 
 def brute_force_earliest(sizes: list[int], target: int) -> list[int] | None:
@@ -157,3 +162,22 @@ def test_huge_batch_size_is_bounded_and_says_why() -> None:
     # a batch_size whose single row is over the bound searches nothing beyond the greedy pass
     assert search_window(10, MAX_SEARCH_CELLS) == 0
     assert find_subset([2, 2], MAX_SEARCH_CELLS + 1) is None
+
+
+def test_batch_size_problem_names_both_numbers_and_the_fix():
+    assert batch_size_problem(32, [8]) is None
+    assert batch_size_problem(8, [3, 5]) is None  # one group of each fills it
+    message = batch_size_problem(12, [8])
+    assert message is not None and "batch_size 12" in message and "group_size 8" in message
+    assert "multiple of 8 (e.g. 8 or 16)" in message
+    assert "[4, 6]" in (batch_size_problem(7, [4, 6, 4]) or "")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 64), st.lists(st.integers(1, 16), min_size=1, max_size=3))
+def test_batch_size_problem_matches_brute_force(batch_size, sizes):
+    reachable = {0}
+    for total in range(1, batch_size + 1):
+        if any(total - s in reachable for s in sizes):
+            reachable.add(total)
+    assert (batch_size_problem(batch_size, sizes) is None) == (batch_size in reachable)

@@ -49,6 +49,9 @@ def test_quickstart_config_is_valid():
         ({"envs": [{"name": "a", "script": "nope/missing.py"}]}, "not found"),
         ({"envs": [{"name": "a", "script": "environments/arithmetic_server.py", "bogus": 1}]}, "bogus"),
         ({"trainer": {"nproc_per_node": 0}, "envs": [{"name": "a", "script": "environments/arithmetic_server.py"}]}, "nproc_per_node must be"),
+        ({"trainer": {"batch_size": 12, "micro_batch_size": 4},
+          "envs": [{"name": "a", "script": "environments/arithmetic_server.py", "args": {"env.group_size": 8}}]},
+         "batch_size 12 is not a multiple of group_size 8.*e.g. 8 or 16"),
     ],
 )
 def test_bad_configs_raise_config_error_naming_the_problem(tmp_path, data, match):

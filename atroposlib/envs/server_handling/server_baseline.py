@@ -375,12 +375,12 @@ class APIServer(ABC):
         lazily so that importing a backend never imports transformers.
         """
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
+            from atroposlib.utils.hf_tokenizer import load_tokenizer
 
             name = self.config.tokenizer_name
             if not name or name == "none":
                 name = self.config.model_name
-            self._tokenizer = AutoTokenizer.from_pretrained(name)
+            self._tokenizer = load_tokenizer(name)
         return self._tokenizer
 
     # ------------------------------------------------------------------ identity and health

@@ -173,6 +173,10 @@ class ServerManager:
         self.use_proxy = use_proxy
         self.tool_parser = tool_parser
         if testing:
+            # The ``--testing`` mode of the env CLI (and Atropos 0.4's ``testing=True``): one
+            # scripted server that answers any prompt. Code that wants a test double passes the
+            # server instance itself in ``configs``; this flag is the only place production code
+            # reaches the test package, and only when asked to.
             from atroposlib.testing.fake_server import FakeServer
 
             self.servers: list[APIServer] = [FakeServer()]
@@ -346,7 +350,7 @@ class ServerManager:
         from atroposlib.envs.server_handling.openai_server import OpenAIServer
 
         if self.proxy_url:
-            from atroposlib.envs.server_handling.managed_server_proxy import create_proxy_session
+            from atroposlib.envs.server_handling.proxy.client import create_proxy_session
 
             parser = tool_parser if tool_parser is not None else self.tool_parser
             proxy = await create_proxy_session(

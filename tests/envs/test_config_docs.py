@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.config_docs import generate
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.utils.config_docs import generate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_config_md_is_up_to_date():
     committed = (REPO / "CONFIG.md").read_text()
     assert committed == generate(), (
-        "CONFIG.md is stale: run `make config-docs` (python -m atroposlib.utils.config_docs > CONFIG.md)"
+        "CONFIG.md is stale: run `make config-docs` (python -m atroposlib.envs.config_docs > CONFIG.md)"
     )
 
 
@@ -29,6 +29,15 @@ def test_every_field_default_and_description_is_documented():
 
 
 def test_module_prints_the_document():
-    out = subprocess.run([sys.executable, "-m", "atroposlib.utils.config_docs"],
+    out = subprocess.run([sys.executable, "-m", "atroposlib.envs.config_docs"],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out == generate()
+
+
+def test_tokenizer_default_is_the_local_bundled_model_not_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATROPOS_CACHE_DIR", str(tmp_path))
+    from atroposlib.inference.bundled import bundled_model_dir
+
+    assert BaseEnvConfig().tokenizer_name == str(bundled_model_dir())
+    assert str(tmp_path) in BaseEnvConfig().tokenizer_name
+    assert BaseEnvConfig(tokenizer_name="/some/dir").tokenizer_name == "/some/dir"

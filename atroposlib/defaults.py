@@ -1,0 +1,34 @@
+"""Default addresses of a local development setup, defined once for the whole project.
+
+The library, the command-line tools, the example trainer and the bundled environments all take
+these as their defaults, so a run started with no flags finds its parts:
+
+* ``run-api`` listens on ``DEFAULT_API_HOST:DEFAULT_API_PORT`` and everything that talks to it
+  defaults to ``DEFAULT_API_URL``;
+* environments and inference tools default to the development vLLM at ``DEFAULT_INFERENCE_URL``
+  serving the bundled model under the name ``DEFAULT_INFERENCE_MODEL``
+  (``python -m atroposlib.inference.vllm_process --port 9100 --served-model-name smollm2``).
+
+The bundled model's directory is :func:`atroposlib.inference.bundled.bundled_model_dir`. This
+module imports nothing.
+"""
+
+#: Interface ``run-api`` binds by default (local only).
+DEFAULT_API_HOST = "127.0.0.1"
+#: TCP port ``run-api`` listens on by default.
+DEFAULT_API_PORT = 8000
+#: Base URL of the trajectory API (``run-api``) that clients, envs and the trainer default to.
+DEFAULT_API_URL = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
+
+#: OpenAI base URL of the development inference server (vLLM) the environments default to.
+DEFAULT_INFERENCE_URL = "http://127.0.0.1:9100/v1"
+#: Model name that development server serves the bundled model under.
+DEFAULT_INFERENCE_MODEL = "smollm2"
+
+__all__ = [
+    "DEFAULT_API_HOST",
+    "DEFAULT_API_PORT",
+    "DEFAULT_API_URL",
+    "DEFAULT_INFERENCE_MODEL",
+    "DEFAULT_INFERENCE_URL",
+]

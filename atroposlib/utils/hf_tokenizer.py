@@ -1,0 +1,41 @@
+"""``load_tokenizer``: the one way the library loads a Hugging Face tokenizer.
+
+Lazy (``transformers`` imports torch, so it is imported on the first call, not with this module),
+``~`` in a directory path is expanded, and a failure says how to fix it: offline runs
+(``HF_HUB_OFFLINE=1``) need a local tokenizer directory or one already in the HF cache.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: The fix suggested when a tokenizer cannot be loaded.
+LOAD_HINT = ("pass a local tokenizer directory, e.g. the bundled model's (`atropos-bundled-model` "
+             "prints its path), or a hub id that is already in the HF cache when offline")
+
+
+def load_tokenizer(name: str | os.PathLike[str], what: str = "tokenizer") -> Any:
+    """Load ``transformers.AutoTokenizer.from_pretrained(name)``.
+
+    Args:
+        name: a local tokenizer (or model) directory, ``~`` allowed, or a hub id.
+        what: what the tokenizer is for, used in the error (e.g. ``"teacher tokenizer"``).
+
+    Returns:
+        The ``PreTrainedTokenizerBase``.
+
+    Raises:
+        OSError: it cannot be loaded (not a directory with tokenizer files, and not in the HF
+            cache or reachable); the message names ``name`` and the fix.
+    """
+    from transformers import AutoTokenizer
+
+    path = os.path.expanduser(os.fspath(name))
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        raise OSError(f"cannot load {what} {os.fspath(name)!r}: {exc}; {LOAD_HINT}") from exc
+
+
+__all__ = ["LOAD_HINT", "load_tokenizer"]
