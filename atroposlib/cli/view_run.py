@@ -70,8 +70,12 @@ def _env_filter(choice: str | None) -> tuple[bool, int | None]:
 
 
 def _bound(value: Any) -> float | None:
-    """A score bound from the UI: None / empty / NaN mean "no bound"."""
-    if value is None or value == "":
+    """A score bound from the UI's text box: None, blank or NaN mean "no bound".
+
+    Raises:
+        ValueError: the text is not a number.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
     value = float(value)
     return None if math.isnan(value) else value
@@ -138,7 +142,15 @@ def refresh_view(
     feed.refresh()
     filtered, env_id = _env_filter(env_choice)
     everything = feed.snapshot()
-    lo, hi = _bound(min_score), _bound(max_score)
+    problems = []
+    bounds = []
+    for label, raw in (("min", min_score), ("max", max_score)):
+        try:
+            bounds.append(_bound(raw))
+        except ValueError:
+            bounds.append(None)
+            problems.append(f"{label} score {str(raw)[:40]!r} is not a number: ignored")
+    lo, hi = bounds
     sort = sort if sort in SORTS else NEWEST
     matching = sort_and_filter([g for g in everything if not filtered or g.env_id == env_id],
                                sort, lo, hi)
@@ -150,6 +162,8 @@ def refresh_view(
         status += f" · {len(matching)} match the mean-score filter"
         if lo is not None and hi is not None and lo > hi:
             status += " (min score is above max score: nothing can match)"
+    for problem in problems:
+        status += f" · {problem}"
     if feed.observer.missed:
         status += (f" · {feed.observer.missed} groups left the API's retention window before "
                    "they could be shown")
@@ -188,8 +202,9 @@ def build_ui(feed: Any, decoder: Any = None, *, api_url: str = "", refresh_secon
             refresh = gr.Button("Refresh", variant="primary")
         with gr.Row():
             sort = gr.Dropdown(choices=list(SORTS), value=NEWEST, label="Sort", interactive=True)
-            lo = gr.Number(value=None, label="Min mean score (empty: none)")
-            hi = gr.Number(value=None, label="Max mean score (empty: none)")
+            # text, not gr.Number: an empty Number box reaches the server as 0 from a browser
+            lo = gr.Textbox(value="", label="Min mean score (empty: none)", placeholder="e.g. 0.5")
+            hi = gr.Textbox(value="", label="Max mean score (empty: none)", placeholder="e.g. 1")
         status = gr.Markdown(elem_id="atr-status")
         view = gr.HTML(elem_id="atr-groups")
         timer = gr.Timer(refresh_seconds, active=True)

@@ -204,3 +204,15 @@ def test_view_run_and_jsonl2html_render_tags_escaped_and_identically():
     assert "Shown groups: 1 group(s) · 2 rollouts · mean score 0.5 · 50% correct" in html
     _, _, status, html = refresh_view(feed, None, "U", "all envs", 20, NEWEST, "", None)
     assert "Group #6" in html and "match the mean-score filter" not in status
+
+
+def test_score_bounds_typed_as_text_blank_means_none_and_junk_is_reported():
+    # the browser sends the text boxes' contents; an empty box must not act as a bound of 0
+    feed = _Feed([_observed(5, [1.0, 1.0]), _observed(6, [-1.0, -1.0])])
+    _, _, status, html = refresh_view(feed, None, "U", "all envs", 20, NEWEST, "  ", "")
+    assert "Group #5" in html and "Group #6" in html and "mean-score filter" not in status
+    _, _, status, html = refresh_view(feed, None, "U", "all envs", 20, NEWEST, "0.5", "")
+    assert "Group #5" in html and "Group #6" not in html
+    _, _, status, html = refresh_view(feed, None, "U", "all envs", 20, NEWEST, "abc", "")
+    assert "min score 'abc' is not a number: ignored" in status
+    assert "Group #5" in html and "Group #6" in html
