@@ -1,6 +1,6 @@
 """Shared type aliases of environments: messages, items, agent/game histories and eval schemas.
 
-Import-compatible with Atropos 0.4 ``atroposlib.type_definitions`` (spec section 2.4).
+Import-compatible with Atropos 0.4 ``atroposlib.type_definitions``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-r"""GSM8K grade-school math: chat prompt asking for ``\boxed{}``, scored with math-verify (spec 7.1).
+r"""GSM8K grade-school math: chat prompt asking for ``\boxed{}``, scored with math-verify.
 
 Each item is a GSM8K training question; the policy samples ``group_size`` answers through the
 managed server (exact token ids + sampler log-probs), each scored ``+1.0`` when math-verify finds
@@ -109,7 +109,7 @@ def score_answer(completion: str, gold_parsed: list[Any], answer_format: str = "
 
     Parsed with math-verify's ``LatexExtractionConfig`` (boxed answers preferred, basic LaTeX,
     units and equations normalised, no extraction without an anchor) and compared with
-    ``verify`` (spec 7.1).
+    ``verify``.
 
     With ``answer_format="last_number"`` a reply without any ``\boxed{}`` is judged by its last
     number instead (for small models that never write ``\boxed{}``, e.g. the bundled
@@ -390,7 +390,7 @@ class GSM8kEnv(BaseEnv):
         return self.score(rollouts, item["gold_answer"]), []
 
     def score(self, rollouts: list[dict[str, Any]], gold: str) -> ScoredDataGroup | None:
-        """Score one group (spec 7.1 ``score``).
+        """Score one group (the env's ``score`` hook).
 
         Args:
             rollouts: dicts with ``text``, ``finish_reason``, ``node`` (a managed-server

@@ -1,6 +1,6 @@
 """Turn one ``GET /batch`` (a list of scored groups) into padded, shifted training tensors.
 
-Wire conventions (spec 2.1): ``tokens[i]`` is prompt + completion; ``masks[i]`` holds -100 where
+Wire conventions: ``tokens[i]`` is prompt + completion; ``masks[i]`` holds -100 where
 not trained and the token id where trained; ``inference_logprobs[i]`` holds 1.0 at masked
 positions and the sampler's log-prob at generated ones; ``advantages[i]`` (optional) is
 per-token. Position ``t`` of the model input predicts token ``t + 1``, so every per-token field

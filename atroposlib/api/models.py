@@ -393,7 +393,7 @@ class Status(BaseModel):
 
 
 class EnvStatus(BaseModel):
-    """``GET /status-env`` response (formulas: spec section 1.7)."""
+    """``GET /status-env`` response."""
 
     current_step: int = Field(description="Batches served so far (plus starting_step).")
     queue_size: int = Field(description="Sequences ahead of this env, in units of its group size.")

@@ -3,7 +3,7 @@
 Groups are atomic (never split), a batch holds exactly ``batch_size`` sequences, and the choice
 prefers the oldest groups: among all index subsets that sum to the target, the
 lexicographically earliest one (compare sorted index lists). Unlike Atropos 0.4's
-pack-to-largest-group heuristic (spec section 1.6), this never wedges: whenever *some* subset of
+pack-to-largest-group heuristic, this never wedges: whenever *some* subset of
 the queue sums to the target, one is returned.
 
 Algorithm: a FIFO greedy pass (take each group that still fits) answers the common case in
@@ -211,7 +211,7 @@ def allocation_needs(
 ) -> dict[int, int]:
     """Turn ``min_batch_allocation`` fractions into minimum sequence counts per env.
 
-    As Atropos 0.4 (spec 1.6 step 5): ``need = int(batch_size * fraction)``; when the needs sum
+    As Atropos 0.4: ``need = int(batch_size * fraction)``; when the needs sum
     to more than ``batch_size`` each is scaled by ``batch_size / sum`` (truncated), but never
     below the env's smallest queued group.
 

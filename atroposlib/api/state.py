@@ -733,7 +733,7 @@ class ApiState:
         return out
 
     def status_env(self, env_id: int) -> dict[str, Any]:
-        """``GET /status-env``: queue pressure seen by one env (spec 1.7, without its 500s).
+        """``GET /status-env``: queue pressure seen by one env (without its 500s).
 
         Differences from Atropos 0.4: no permanent growth of the env's group_size; other envs'
         data counts even when every group has one sequence; no division by zero.

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 
 class ScoredDataGroup(TypedDict, total=False):
-    """One scored group of rollouts, as sent to the API (spec 2.1-2.2).
+    """One scored group of rollouts, as sent to the API.
 
     Shapes: ``G`` sequences, ``T_i`` tokens in sequence ``i``, ``K`` teacher top-k.
 
@@ -79,7 +79,7 @@ class ScoredDataGroup(TypedDict, total=False):
 
 
 class ScoredDataItem(TypedDict, total=False):
-    """One scored rollout, returned by ``collect_trajectory`` (spec 2.3, plus logprobs).
+    """One scored rollout, returned by ``collect_trajectory`` (plus logprobs).
 
     Keys: ``tokens [T]``, ``masks [T]``, ``scores`` (float), and optional ``advantages [T]``,
     ``ref_logprobs [T]``, ``inference_logprobs [T]`` (1.0 at masked positions; carried into
@@ -112,7 +112,7 @@ _ITEM_LIST_FIELDS = (
     "distill_token_ids",
     "distill_logprobs",
 )
-#: Optional group keys set to None when absent before sending (spec 3.4 step 6).
+#: Optional group keys set to None when absent before sending.
 _OPTIONAL_GROUP_KEYS = tuple(k for k in ScoredDataGroup.__annotations__
                              if k not in ("tokens", "masks", "scores", "policy_version"))
 #: Trainer step when the current rollout started; set per rollout task by the serve loop.
@@ -259,7 +259,7 @@ class BaseEnv:
 
     @property
     def derived_batch_size(self) -> int:
-        """This env's share of a batch in sequences (spec 3.1).
+        """This env's share of a batch in sequences.
 
         ``config.batch_size`` until a status is known (or when it is -1), else
         ``int(batch_size * (unallocated_fraction + (min_batch_allocation or 0)))``.

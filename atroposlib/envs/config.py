@@ -1,4 +1,4 @@
-"""``BaseEnvConfig``: the pydantic settings every environment shares (spec 2.5)."""
+"""``BaseEnvConfig``: the pydantic settings every environment shares."""
 
 from __future__ import annotations
 

@@ -238,7 +238,7 @@ async def run_episode(
 
     Each assistant turn is sampled with ``n=1`` inside ONE ``managed_server`` context, so the
     next prompt (previous sequence + the env's reply) extends the tracked sequence and the
-    final node's masks train every assistant turn (spec 4.8).
+    final node's masks train every assistant turn.
 
     Args:
         server: the env's ``ServerManager``.

@@ -1,6 +1,6 @@
 """Serve mode: register with the trajectory API and keep it supplied with scored groups.
 
-The loop (spec 3.3, with upstream's weaknesses fixed, see spec 10.6):
+The loop (with upstream's weaknesses fixed):
 
 * registers with ``POST /register-env`` (waiting while the API says "wait for trainer to
   start"), reads ``GET /info``, then polls ``GET /status-env`` every ``status_interval`` s with
@@ -74,7 +74,7 @@ def offpolicy_room(
     """How many more groups this env may have in flight without exceeding the staleness window.
 
     ``room = max_batches_offpolicy * derived_batch_size // group_size - queue_size - unsent``,
-    raised to the minimum-allocation floor of spec 3.3 when ``min_batch_allocation`` is set.
+    raised to the env's minimum-allocation floor when ``min_batch_allocation`` is set.
 
     Args:
         status: the ``/status-env`` response.

@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 
 class TeacherDistillationConfig(BaseEnvConfig):
-    """``BaseEnvConfig`` plus the teacher switches (spec 3.8)."""
+    """``BaseEnvConfig`` plus the teacher switches."""
 
     teacher_enabled: bool = Field(
         default=False,

@@ -50,7 +50,7 @@ def has_chat_messages(group: Mapping[str, Any]) -> bool:
     """Whether the group's rollouts carry chat messages with an assistant turn to train on.
 
     Messages that an env synthesised from tokens (one ``user`` message holding the whole decoded
-    sequence, spec 3.4 step 9) do not count: they have no assistant turn.
+    sequence) do not count: they have no assistant turn.
     """
     messages = group_messages(dict(group), 0)
     if messages is None:

@@ -16,7 +16,7 @@ def select_for_sft(
 ) -> list[int]:
     """Pick the rollouts of a group worth keeping as SFT examples (rejection sampling).
 
-    The rule is Atropos 0.4's ``atropos-sft-gen`` (spec 5.6): sort by score, descending; drop
+    The rule is Atropos 0.4's ``atropos-sft-gen``: sort by score, descending; drop
     scores <= 0 unless ``allow_negative_scores``; when ``minimum_score_diff_max_min > 0`` keep only
     rollouts with ``score - min(scores) > minimum_score_diff_max_min``; keep the first ``top_n``.
     Non-finite scores are never selected.
@@ -59,7 +59,7 @@ def pair_for_dpo(
 ) -> list[tuple[int, int]]:
     """Build (chosen, rejected) preference pairs from the scores of one group.
 
-    The rule is Atropos 0.4's ``atropos-dpo-gen`` (spec 5.7): chosen candidates are the rollouts
+    The rule is Atropos 0.4's ``atropos-dpo-gen``: chosen candidates are the rollouts
     sorted by score, descending, without scores <= 0 unless ``allow_negative_scores``; the
     rejected pool is the ``n_pairs`` lowest-scored rollouts. For each of the first
     ``min(n_pairs, len(chosen))`` candidates, a rejected rollout is drawn at random from the pool

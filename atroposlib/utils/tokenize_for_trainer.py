@@ -32,7 +32,7 @@ def tokenize_for_trainer(
     train_on_all_assistant_turns: bool = False,
     finish_reason: str = "",
 ) -> dict[str, Any]:
-    """Tokenize a chat for training (spec 5.1).
+    """Tokenize a chat for training.
 
     Args:
         tokenizer: an HF tokenizer with a chat template.

@@ -1,4 +1,4 @@
-"""Endpoint shapes and semantics, in process (httpx.ASGITransport): spec 1.4-1.7 and issue #2."""
+"""Endpoint shapes and semantics, in process (httpx.ASGITransport): registration, data, batch and status routes."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def test_batch_is_exact_fifo_and_never_wedges(sizes: list[int], batch_size: int)
 
 
 def test_upstream_wedge_case_is_served() -> None:
-    # Atropos 0.4 returned null forever for sizes [1,1,1,1,1,3] with batch 4 (spec 1.6)
+    # Atropos 0.4 returned null forever for sizes [1,1,1,1,1,3] with batch 4
     assert find_subset([1, 1, 1, 1, 1, 3], 4) == [0, 1, 2, 3]
     # a head group that fits no batch does not block later ones
     assert find_subset([3, 2, 2], 4) == [1, 2]

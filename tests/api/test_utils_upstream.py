@@ -1,4 +1,4 @@
-"""Atropos 0.4's expected results for atroposlib.api.utils (spec 1.5 and 1.6), on our packer."""
+"""Atropos 0.4's expected results for atroposlib.api.utils, on our packer."""
 
 from __future__ import annotations
 

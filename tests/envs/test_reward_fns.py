@@ -1,4 +1,4 @@
-"""Tests of the reward-function registry and the built-in rewards (spec 5.3)."""
+"""Tests of the reward-function registry and the built-in rewards."""
 
 from __future__ import annotations
 

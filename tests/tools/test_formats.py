@@ -40,7 +40,7 @@ def test_split_messages_after_last_user_turn():
 
 
 def test_split_messages_rejects_conversations_without_an_answer():
-    # what BaseEnv synthesises from tokens when include_messages is set (spec 3.4 step 9)
+    # what BaseEnv synthesises from tokens when include_messages is set
     with pytest.raises(RolloutFormatError, match="no assistant"):
         split_messages([{"role": "user", "content": "whole decoded sequence"}])
     with pytest.raises(RolloutFormatError, match="no assistant message after"):

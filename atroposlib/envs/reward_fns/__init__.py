@@ -1,4 +1,4 @@
-r"""Reusable reward functions and the registry that builds them by name (spec 5.3).
+r"""Reusable reward functions and the registry that builds them by name.
 
 Example::
 

@@ -27,7 +27,7 @@ def math_equal(gold: str, prediction: str, float_rounding: int = 6) -> bool:
 
     The gold may be bare (``"42"``, ``"\\frac{1}{2}"``) or boxed. math-verify's timeouts rely
     on ``signal.alarm``, which only works in the main thread; from other threads they are
-    disabled (see NOTES-cpu-stack.md).
+    disabled (``parsing_timeout=None``, ``timeout_seconds=None``), else math-verify raises.
 
     Args:
         gold: the reference answer.

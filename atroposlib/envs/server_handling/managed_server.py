@@ -1,6 +1,6 @@
 """``ManagedServer``: OpenAI-style calls that record the exact sampled token ids and log-probs.
 
-Why (spec 4.8): a trainer must see exactly the tokens the sampler produced, with aligned
+Why: a trainer must see exactly the tokens the sampler produced, with aligned
 sampler log-probs; re-tokenising decoded text can differ. ``ManagedServer`` renders the chat
 template itself, generates from token ids through ``APIServer.tokens_and_logprobs_completion``
 and keeps one :class:`SequenceNode` per sampled sequence:

@@ -3,14 +3,14 @@
 One :class:`APIServer` exists per inference endpoint (vLLM, SGLang, OpenAI, TRL, or an
 in-process fake). The base class owns everything that is the same for every backend:
 
-* two adaptive semaphores (``sem`` for training, ``eval_sem`` for evaluation; spec 4.2);
+* two adaptive semaphores (``sem`` for training, ``eval_sem`` for evaluation);
 * health gating: a cheap background health check (never a paid completion), and a bounded
   wait for health before each request (``config.timeout`` seconds, then
   :class:`~atroposlib.errors.InferenceUnavailableError`);
 * tenacity retries, applied ONCE per request (3 attempts, random-exponential backoff), only on
   transient failures (connection errors, timeouts, 429, 5xx);
 * bounded timing/attempt metrics (``rolling_buffer_length``) and ``wandb_metrics()``;
-* reasoning-kwargs injection for chat completions (:class:`ReasoningConfig`, spec 2.8).
+* reasoning-kwargs injection for chat completions (:class:`ReasoningConfig`).
 
 Subclasses implement only ``_chat_completion_wrapper``, ``_completion_wrapper`` and, when the
 backend can return exact token ids and sampler log-probs, ``_tokens_and_logprobs_completion_wrapper``
@@ -53,7 +53,7 @@ REQUEST_ATTEMPTS = 3
 
 
 class ServerBaseline(BaseModel):
-    """Settings shared by every inference server (spec 2.6).
+    """Settings shared by every inference server.
 
     A bare ``ServerBaseline`` (no URL) returned by ``config_init`` means "servers are found by the
     launcher": ``ServerManager`` derives URLs from SLURM variables or uses localhost:9004-9007.
@@ -103,7 +103,7 @@ class ServerBaseline(BaseModel):
 
 
 class APIServerConfig(ServerBaseline):
-    """One concrete inference endpoint (spec 2.6)."""
+    """One concrete inference endpoint."""
 
     api_key: str | None = Field(default="", description="API key / bearer token for the server.")
     base_url: str | None = Field(
@@ -138,7 +138,7 @@ _EFFORT_TOKENS = {
 
 @dataclass
 class ReasoningConfig:
-    """Reasoning ("thinking") request options injected into chat completions (spec 2.8).
+    """Reasoning ("thinking") request options injected into chat completions.
 
     Attributes:
         enabled: send reasoning options at all.
@@ -193,7 +193,7 @@ class ReasoningConfig:
 
 
 class AsyncSemWithAdaptiveWeight:
-    """A FIFO async semaphore whose effective size is ``max_val * weight`` (spec 4.2).
+    """A FIFO async semaphore whose effective size is ``max_val * weight``.
 
     Waiters are admitted only while ``value > max_val * (1 - weight)``, so an env whose API
     ``env_weight`` is 0.25 uses about a quarter of the server's slots. Use it as
@@ -319,7 +319,7 @@ class _SplitMetrics:
 
 
 class APIServer(ABC):
-    """Abstract inference backend: one instance per endpoint (spec 4.1).
+    """Abstract inference backend: one instance per endpoint.
 
     Public calls (all ``async``; keyword arguments are OpenAI request parameters plus
     ``split="train"|"eval"`` to pick the semaphore and metrics):

@@ -1,6 +1,6 @@
 """``ServerManager``: spreads an env's inference requests over one or more ``APIServer`` backends.
 
-Routing (spec 4.7, with upstream's bugs fixed):
+Routing (with upstream's bugs fixed):
 
 * a single ``APIServerConfig`` is honoured as given (wrapped in a list), never replaced by
   localhost:9004-9007; only a bare ``ServerBaseline`` (no URL at all) synthesises URLs, from
@@ -39,7 +39,7 @@ DEFAULT_LOCAL_PORTS = (9004, 9005, 9006, 9007)
 
 
 class ServerManagerConfig(BaseModel):
-    """Settings of the server manager (spec 2.7); CLI flags are unprefixed (``--slurm``)."""
+    """Settings of the server manager; CLI flags are unprefixed (``--slurm``)."""
 
     model_config = ConfigDict(extra="forbid")
 

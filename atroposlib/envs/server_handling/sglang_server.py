@@ -1,4 +1,4 @@
-"""``SGLangServer``: the ``APIServer`` backend for an SGLang server (spec 4.5).
+"""``SGLangServer``: the ``APIServer`` backend for an SGLang server.
 
 * chat and text completions: SGLang's OpenAI-compatible ``/v1`` routes, through the ``openai``
   client (inherited from :class:`OpenAIServer`);

@@ -1,4 +1,4 @@
-"""``TrlVllmServer``: the ``APIServer`` backend for ``trl vllm-serve`` (spec 4.6).
+"""``TrlVllmServer``: the ``APIServer`` backend for ``trl vllm-serve``.
 
 TRL's server has one generation route, ``POST {root}/generate/``, taking text prompts and
 returning ``completion_ids``. Chat requests are rendered with the tokenizer's chat template here;
