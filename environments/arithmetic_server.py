@@ -206,6 +206,7 @@ class ArithmeticEnv(SingleTurnEnv):
     name = "arithmetic"
     env_config_cls = ArithmeticEnvConfig
     truncated_reward = 0.0  # a reply cut off by max_tokens scores 0
+    send_messages = False  # token-only groups unless --env.include_messages
 
     async def setup(self) -> None:
         """Build the fixed held-out evaluation set (training problems come from ``self.rng``)."""

@@ -66,6 +66,9 @@ class SingleTurnEnv(BaseEnv):
     env_config_cls: type[BaseEnvConfig] = SingleTurnEnvConfig
     #: Reward of a reply that hit ``max_tokens`` (None: call ``score`` on it like any reply).
     truncated_reward: float | None = None
+    #: Send each rollout's chat messages with the group. False: only when the env config's
+    #: ``include_messages`` is set (token-only groups, smaller posts; tools decode the tokens).
+    send_messages: bool = True
     train_items: Sequence[Item] = ()
     eval_items: Sequence[Item] = ()
 
@@ -149,6 +152,8 @@ class SingleTurnEnv(BaseEnv):
             self.train_correct.append(1.0 if score >= 1.0 else 0.0)
             self.completion_lengths.append(sum(1 for m in node.masked_tokens if m != IGNORE_INDEX))
             add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
+        if not (self.send_messages or self.config.include_messages):
+            group["messages"] = None
         return group, []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
