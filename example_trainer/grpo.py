@@ -157,6 +157,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         dist.wait_for_main()
         return metrics
     reference = None  # frozen starting policy for the KL term, loaded on first need
+    keep_logits = accepts_logits_to_keep(model)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.mixed_precision == "bf16")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # ------------------------------------------------------------------ vLLM + bookkeeping
@@ -176,6 +178,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     steps_done = start_step
     eval_before = eval_after = math.nan
     train_seconds = 0.0
+    eval_seconds = 0.0  # periodic evaluations: not charged to --max-train-seconds
     out_of_time = False
     failure: BaseException | None = None
     try:
@@ -187,13 +190,16 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             sync_vllm()  # serve the resumed policy (or the first adapter)
 
         def evaluate(step: int) -> float:
+            nonlocal eval_seconds
             if not config.eval_command or not dist.is_main:
                 return math.nan
+            begin = time.perf_counter()
             metrics = run_eval_command(
                 config.eval_command, base_url=vllm.base_url, model_name=vllm.model_name,
                 out_dir=run_dir / "evals" / f"step_{step}", step=step, metric=config.eval_metric,
                 timeout=config.eval_timeout, log_path=run_dir / "logs" / "eval.log")
             runlog.log_eval(step, metrics, config.eval_metric)
+            eval_seconds += time.perf_counter() - begin  # outside the training budget
             return metrics[config.eval_metric]
 
         if resume is None:
@@ -219,8 +225,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             if dist.from_main(stop.requested):  # rank 0 decides for every rank
                 print("[grpo] stop requested: finishing early", flush=True)
                 break
-            # stop when the next step (assumed as long as the last one) would overrun the budget
-            elapsed = time.perf_counter() - train_start
+            # stop when the next step (assumed as long as the last one) would overrun the budget;
+            # evaluations do not count: the budget is for training, however often one evaluates
+            elapsed = time.perf_counter() - train_start - eval_seconds
             if dist.from_main(bool(config.max_train_seconds)
                               and elapsed + last_step_total > config.max_train_seconds):
                 print(f"[grpo] time budget of {config.max_train_seconds:.0f}s used after "
@@ -250,14 +257,17 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             micro_batches = dist.my_share(micro_batches)  # all of them in a single process
             sums: dict[str, float] = {}
             for mb in micro_batches:
-                mb = mb.to(device)
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+                # the LM head runs only where completions are: prompt positions carry no loss
+                keep, mb = mb.to(device).trained_tail() if keep_logits else (0, mb.to(device))
+                with autocast:
+                    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                   **({"logits_to_keep": keep} if keep else {})).logits.float()
                 ref_lp = mb.ref_logprobs
                 # rows the env sent none for; sharded, every rank runs the (collective) forward
                 if config.kl_coef > 0 and reference is not None and (dist.enabled or _needs_reference(mb)):
-                    with torch.no_grad():
-                        ref_logits = reference(input_ids=mb.input_ids,
-                                               attention_mask=mb.attention_mask).logits
+                    with torch.no_grad(), autocast:
+                        ref_logits = reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                               **({"logits_to_keep": keep} if keep else {})).logits.float()
                         model_ref = token_logprobs(ref_logits, mb.labels, mb.temperatures)
                     ref_lp = model_ref if ref_lp is None else torch.where(
                         torch.isnan(ref_lp), model_ref, ref_lp)
@@ -347,7 +357,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             eval_accuracy_delta=eval_after - eval_before,
             evals=[{"step": s, "accuracy": a} for s, a in runlog.evals],
             final_checkpoint=str(run_dir / "checkpoints" / "final"),
-            stopped_by_time_budget=out_of_time,
+            stopped_by_time_budget=out_of_time, eval_seconds=eval_seconds,
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
             mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
@@ -378,6 +388,17 @@ def load_policy(model_dir: str, device: Any, dtype: Any, attn_implementation: st
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
     return model.to(device), tokenizer
+
+
+def accepts_logits_to_keep(model: Any) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (HF causal LMs since transformers 4.50).
+
+    Looks through wrappers (peft's ``get_base_model``); FSDP2 keeps the module's own class.
+    """
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(type(base).forward).parameters
 
 
 def freeze_all_but_last_layers(model: Any, n: int) -> None:

@@ -136,6 +136,9 @@ class VLLMSync:
         from example_trainer.lora import export
 
         hf_model, weights = export(model, state_dict)  # LoRA: the adapter merged in
+        if mode == "reload" and self.config.vllm_dtype in ("bfloat16", "float16"):
+            weights = _cast_floats(weights if weights is not None else hf_model.state_dict(),
+                                   self.config.vllm_dtype)  # half the bytes to write and read
         save_s = save_weights(hf_model, tokenizer, self.weights_dir,
                               with_tokenizer=mode == "restart", state_dict=weights)
         if mode == "restart":
@@ -221,3 +224,27 @@ class VLLMSync:
         """Stop the launched vLLM (its own process group only); no-op for an external server."""
         if self.process is not None:
             self.process.stop()
+
+
+def _cast_floats(state_dict: dict[str, Any], dtype_name: str) -> dict[str, Any]:
+    """``state_dict`` with floating tensors cast to ``torch.<dtype_name>`` (the server's dtype).
+
+    vLLM casts whatever it loads to its own dtype, so writing that dtype directly loses nothing
+    and halves the bytes of an fp32 policy. Tensors that share storage (tied embeddings) stay
+    shared, so ``save_pretrained`` still recognises the tie.
+    """
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    cast: dict[int, Any] = {}
+    out = {}
+    for name, tensor in state_dict.items():
+        if not tensor.is_floating_point():
+            out[name] = tensor
+            continue
+        key = tensor.untyped_storage().data_ptr()
+        if key not in cast:
+            cast[key] = tensor.detach().to(dtype)
+        out[name] = cast[key]
+    return out
+

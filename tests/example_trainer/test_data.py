@@ -98,3 +98,39 @@ def test_teacher_arrays_are_shifted_like_labels_and_padded_to_the_widest_positio
     assert torch.isinf(mb.distill_logprobs[2:]).all()  # sequences without teacher arrays
     [mb_plain] = make_micro_batches(seqs[2:], micro_batch_size=4)
     assert mb_plain.distill_token_ids is None and mb_plain.distill_logprobs is None
+
+
+def test_trained_tail_gives_the_same_loss_and_gradients_as_full_logits():
+    """logits_to_keep on the tail is an optimisation only: loss and grads match the full forward."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from example_trainer.grpo import accepts_logits_to_keep
+    from example_trainer.loss import grpo_loss
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=2, max_position_embeddings=64))
+    assert accepts_logits_to_keep(model)
+    # prompts of 5 and 9 tokens: the tail starts at the shorter one's first completion token
+    groups = [{"tokens": [list(range(1, 13)), list(range(20, 36))],
+               "masks": [[-100] * 5 + list(range(6, 13)), [-100] * 9 + list(range(29, 36))],
+               "scores": [1.0, 0.0], "inference_logprobs": [[0.0] * 5 + [-3.0] * 7, [0.0] * 9 + [-4.0] * 7]}]
+    seqs, stats = batch_to_sequences(groups)
+    (mb,) = make_micro_batches(seqs, micro_batch_size=2, pad_token_id=0, pad_multiple=16)
+    keep, tail = mb.trained_tail()
+    assert keep == 16 - 4 and tail.labels.shape == (2, keep) and tail.input_ids.shape == (2, 16)
+    assert int((tail.labels != -100).sum()) == int((mb.labels != -100).sum())
+
+    def loss_and_grads(batch, **kw):
+        model.zero_grad()
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kw).logits
+        out = grpo_loss(logits, batch.labels, batch.advantages, batch.old_logprobs,
+                        num_sequences=stats.num_sequences, num_tokens=14, temperature=batch.temperatures)
+        out.loss.backward()
+        return out.loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    full_loss, full_grads = loss_and_grads(mb)
+    tail_loss, tail_grads = loss_and_grads(tail, logits_to_keep=keep)
+    assert torch.allclose(full_loss, tail_loss, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full_grads, tail_grads))
