@@ -42,8 +42,8 @@ class TrainerConfig(BaseSettings):
                        "null: the bundled SmolLM2-135M-Instruct (atropos-bundled-model prints "
                        "its path).")
     run_dir: str | None = Field(default=None, description="Directory for checkpoints, logs, "
-                                "metrics.jsonl, plot.png and summary.json (default: "
-                                "runs/<UTC timestamp>).")
+                                "metrics.jsonl, plot.png and summary.json; null: "
+                                "runs/<UTC timestamp>.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Training device; "
                                                    "auto = cuda when available.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="Training "
@@ -61,7 +61,7 @@ class TrainerConfig(BaseSettings):
                                "continues at that step and metrics.jsonl is appended to. "
                                "run_dir defaults to it.")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads "
-                                      "(default: torch's choice).")
+                                      "(null: torch's choice).")
     train_last_layers: int | None = Field(default=None, ge=1, description="Train only the last "
                                           "N decoder layers and the final norm (embeddings and "
                                           "the LM head frozen); None trains everything. Cuts "
@@ -72,10 +72,9 @@ class TrainerConfig(BaseSettings):
                               "by alpha / r).")
     lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
     lora_target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                 "down_proj"],
-        description="Module names that get LoRA adapters (default: every attention and MLP "
-        "projection of Llama-style models).")
+        default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names that get LoRA adapters (the default: every attention and MLP "
+        "projection of Llama-style models); a JSON list or comma-separated names.")
     gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
     attn_implementation: str | None = Field(default=None, description="HF attention kernel; "
                                             "default eager on CPU (fast for short padded "
@@ -83,8 +82,8 @@ class TrainerConfig(BaseSettings):
 
     # ---------------------------------------------------------------- trajectory API
     api_url: str = Field(default=DEFAULT_API_URL, description="run-api base URL.")
-    api_key: str | None = Field(default=None, description="Bearer token for run-api (default: "
-                                "the ATROPOS_API_KEY environment variable).")
+    api_key: str | None = Field(default=None, description="Bearer token for run-api "
+                                "(null: the ATROPOS_API_KEY environment variable).")
     batch_timeout: float = Field(default=900.0, gt=0, description="Seconds to wait for one "
                                  "batch before failing with a hint (are the envs running?).")
     wandb_project: str | None = Field(default=None, description="W&B project (also sent to "
@@ -170,12 +169,12 @@ class TrainerConfig(BaseSettings):
                                  "mode, reload only) instead of launching one. Comma-separated "
                                  "URLs: reload all of them (multi-node).")
     vllm_port: int | None = Field(default=None, description="Port of the vLLM the trainer "
-                                  "launches (default: a free one).")
+                                  "launches (null: a free one).")
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="dtype of the launched vLLM (auto: float32 on CPU).")
     vllm_max_model_len: int = Field(default=2048, ge=1, description="Context of the launched vLLM.")
-    vllm_extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` "
-                                       "flags for the launched server.")
+    vllm_extra_args: list[str] = Field(default=[], description="Extra `vllm serve` "
+                                       "flags for the launched server (a JSON list).")
     vllm_start_timeout: float = Field(default=600.0, gt=0, description="Seconds to wait for "
                                       "the launched vLLM to become healthy.")
     served_model_name: str = Field(default="smollm2", description="Model name vLLM serves.")

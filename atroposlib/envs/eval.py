@@ -332,18 +332,21 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
     Returns:
         The metrics :meth:`EvalBase.__call__` returned.
     """
-    import argparse
-
     from atroposlib.defaults import DEFAULT_INFERENCE_URL
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
     from atroposlib.envs.server_handling.server_manager import ServerManager
+    from atroposlib.utils.cli import ArgumentParser
 
-    parser = argparse.ArgumentParser(description=f"Run the {type(eval_env).__name__} evaluation.")
-    parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL)
-    parser.add_argument("--model-name", required=True)
-    parser.add_argument("--api-key", default="x")
-    parser.add_argument("--server-type", default="openai")
-    parser.add_argument("--eval-dir", default=None)
+    parser = ArgumentParser(description=f"Run the {type(eval_env).__name__} evaluation.")
+    parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL,
+                        help=f"OpenAI-compatible base URL of the model (default {DEFAULT_INFERENCE_URL})")
+    parser.add_argument("--model-name", required=True, help="model name sent in every request")
+    parser.add_argument("--api-key", default="x", help="bearer token of the server (default x)")
+    parser.add_argument("--server-type", default="openai",
+                        help="backend: openai, vllm, sglang or trl (default openai)")
+    parser.add_argument("--eval-dir", default=None,
+                        help="write metrics.json and samples.jsonl there (default: the "
+                        "evaluation's eval_dir; none: only log the metrics)")
     args = parser.parse_args(argv)
     if args.eval_dir is not None:
         eval_env.eval_dir = args.eval_dir

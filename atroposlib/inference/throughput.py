@@ -103,12 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="python -m atroposlib.inference.throughput", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL)
-    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL,
+                        help=f"OpenAI-compatible base URL (default {DEFAULT_INFERENCE_URL})")
+    parser.add_argument("--model", default="smollm2", help="served model name (default smollm2)")
     parser.add_argument("--n", type=int, default=8, help="choices per request (group size)")
     parser.add_argument("--concurrency", type=int, default=32, help="0 skips the batch figure")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128,
+                        help="tokens generated per choice, EOS ignored (default 128)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs per figure, after one warm-up; the median is reported (default 3)")
     args = parser.parse_args(argv)
     result = asyncio.run(
         measure(args.base_url, args.model, args.n, args.concurrency, args.max_tokens, args.repeats)

@@ -464,13 +464,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m atroposlib.inference.vllm_process",
         description="Start a stock vLLM OpenAI server with the atroposlib defaults (CPU: eager "
         "fp32; dev mode for weight reloads) and keep it running until Ctrl-C.",
+        epilog="Any other flag is passed to `vllm serve` unchanged.",
     )
     parser.add_argument("--model", default=None, help="model dir (default: the bundled model)")
-    parser.add_argument("--served-model-name", default=DEFAULT_INFERENCE_MODEL)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--served-model-name", default=DEFAULT_INFERENCE_MODEL,
+                        help=f"model name clients send (default {DEFAULT_INFERENCE_MODEL})")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="default: a free port")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--dtype", default="auto",
+                        help="auto, float32, bfloat16 or float16 (default auto: float32 on CPU)")
+    parser.add_argument("--max-model-len", type=int, default=2048,
+                        help="context length in tokens (default 2048)")
     parser.add_argument("--no-dev-mode", action="store_true", help="disable /collective_rpc")
     parser.add_argument("--log", type=Path, default=None, help="server log file")
     args, extra = parser.parse_known_args(argv)

@@ -130,9 +130,11 @@ def collect_overrides(namespace: argparse.Namespace, prefixes: list[str]) -> dic
 
 
 def unknown_flag_message(unknown: list[str], parser: argparse.ArgumentParser) -> str:
-    """Build an error naming each unknown flag and the closest known ones.
+    """Build an error naming each unknown flag and the closest known one, one line per flag.
 
-    A bare value right after an unknown flag (``--env.typo 8``) is taken as that flag's value.
+    ``unknown flag --env.group_sze; did you mean --env.group_size?`` (closeness is
+    :func:`difflib.get_close_matches`' ratio). A bare value right after an unknown flag
+    (``--env.typo 8``) is taken as that flag's value.
     """
     known = [s for action in parser._actions for s in action.option_strings]
     lines = []
@@ -145,28 +147,36 @@ def unknown_flag_message(unknown: list[str], parser: argparse.ArgumentParser) ->
             continue
         flag = arg.split("=", 1)[0]
         previous_was_flag = "=" not in arg
-        close = difflib.get_close_matches(flag, known, n=3, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(close)}?" if close else "; see --help for all options"
-        lines.append(f"unknown option {flag}{hint}")
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else "; see --help for every flag"
+        lines.append(f"unknown flag {flag}{hint}")
     return "\n".join(lines)
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors name the closest known flag, before the usage.
 
-    A mistyped flag (``--num-seq 5``) fails with ``prog: error: unknown option --num-seq; did
-    you mean --num-seqs-to-save?`` first and the short usage after it, so the hint is not lost
-    below a long usage dump. Every atroposlib console script builds its parser from this class
-    (Python 3.14's ``suggest_on_error`` is not available on 3.11). Subparsers inherit it.
+    A mistyped flag (``--num-seq 5``) fails with ``prog: error: unknown flag --num-seq; did
+    you mean --num-seqs-to-save?`` first and the usage after it, so the hint is not lost
+    below a long usage dump; a usage longer than a few lines (an env's dozens of
+    ``--env.*`` flags) is shortened to ``usage: prog [-h] [flags]``. Every atroposlib
+    command line builds its parser from this class (Python 3.14's ``suggest_on_error`` is not
+    available on 3.11). Subparsers inherit it.
     """
 
+    #: Usages longer than this many lines are shortened in error messages.
+    max_usage_lines = 6
+
     def error(self, message: str) -> typing.NoReturn:
-        """Print ``prog: error: message`` (with did-you-mean hints), the usage line; exit 2."""
+        """Print ``prog: error: message`` (with did-you-mean hints), then the usage; exit 2."""
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):  # argparse's own wording, also when a library parses
             message = unknown_flag_message(message[len(prefix):].split(), self)
-        self.exit(2, f"{self.prog}: error: {message}\n\n{self.format_usage()}"
-                  f"(run {self.prog} --help for every option)\n")
+        usage = self.format_usage()
+        if usage.count("\n") > self.max_usage_lines:
+            usage = f"usage: {self.prog} [-h] [flags]\n"
+        self.exit(2, f"{self.prog}: error: {message}\n\n{usage}"
+                  f"(run {self.prog} --help for every flag)\n")
 
 
 def validation_error_message(

@@ -87,10 +87,10 @@ def test_several_yaml_servers_refuse_openai_flags(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["serve", "--env.group_sise", "8"], "unknown option --env.group_sise; did you mean --env.group_size"),
+    (["serve", "--env.group_sise", "8"], "unknown flag --env.group_sise; did you mean --env.group_size?"),
     (["serve", "--env.group_size", "many"], "--env.group_size: Input should be a valid integer"),
     (["serve", "--openai.server_type", "tgi"], "--openai.server_type"),
-    (["serve", "--bogus"], "unknown option --bogus"),
+    (["serve", "--bogus"], "unknown flag --bogus"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

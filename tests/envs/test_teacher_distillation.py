@@ -228,7 +228,7 @@ def test_cli_teacher_namespace_for_serve_and_process_only(tmp_path, capsys):
     assert parse_args_with_namespaces(DistillEnv, ["serve"])[4] == {}  # not given: not passed
     with pytest.raises(SystemExit) as exc:
         parse_args(DistillEnv, ["evaluate", "--teacher.base_url", "http://127.0.0.1:9/v1"])
-    assert exc.value.code == 2 and "unknown option --teacher.base_url" in capsys.readouterr().err
+    assert exc.value.code == 2 and "unknown flag --teacher.base_url" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(DistillEnv, ["serve", "--teacher.timeout", "soon"])
     assert "--teacher.timeout" in capsys.readouterr().err

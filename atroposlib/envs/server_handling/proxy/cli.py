@@ -19,11 +19,12 @@ from atroposlib.envs.server_handling.proxy.models import (
     ProxyConfig,
     ProxySettings,
 )
+from atroposlib.utils.cli import ArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser of ``python -m ...managed_server_proxy``."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m atroposlib.envs.server_handling.managed_server_proxy",
         description="OpenAI-compatible proxy whose sessions track exact token ids and "
         "log-probs (ManagedServer) for agent frameworks.",
@@ -41,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS,
                         help=f"most open sessions; more answer 429 (default {DEFAULT_MAX_SESSIONS})")
     parser.add_argument("--log-level", default="info",
-                        choices=["critical", "error", "warning", "info", "debug"])
+                        choices=["critical", "error", "warning", "info", "debug"],
+                        help="uvicorn log level (default info)")
     return parser
 
 

@@ -1,0 +1,156 @@
+"""Every command line's ``--help`` reads cleanly and a mistyped flag is named with its fix first.
+
+Each console script of pyproject's ``[project.scripts]``, the env command line
+(``python environments/arithmetic_server.py [serve|process|evaluate] --help``),
+``atropos-env`` and the ``python -m`` tools run as subprocesses, offline. Their help must not leak implementation
+details: pydantic's ``{str,null}`` types or ``default factory: <lambda>``, reStructuredText
+markup (double backticks, ``:class:`` roles), two defaults for one flag, or a flag without help.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+SCRIPTS = PYPROJECT["project"]["scripts"]
+ENV_ENTRY_POINTS = PYPROJECT["project"]["entry-points"]["atroposlib.environments"]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
+           "GRADIO_ANALYTICS_ENABLED": "False", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+#: What must never show in a help text, with why.
+LEAKS = {
+    r"\{[^{}\s]*,null\}": "pydantic's optional type ({str,null}); set a metavar",
+    r"default factory": "pydantic-settings' default factory; give a plain default",
+    r"<lambda>|<function |PydanticUndefined| object at 0x": "a Python repr",
+    r"``": "reStructuredText double backticks",
+    r":(?:class|func|meth|mod|attr|data|exc|obj|ref):`": "a reStructuredText role",
+}
+
+
+@pytest.fixture(scope="module")
+def entry_points(tmp_path_factory) -> Path:
+    """A ``*.dist-info`` declaring our environments, as ``pip install`` records them."""
+    root = tmp_path_factory.mktemp("site")
+    info = root / "atroposlib_help_check-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: atroposlib-help-check\nVersion: 0.1\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in ENV_ENTRY_POINTS.items())
+    (info / "entry_points.txt").write_text(f"[atroposlib.environments]\n{lines}")
+    return root
+
+
+def _run(command: list[str], extra_path: Path | None = None) -> subprocess.CompletedProcess:
+    paths = [str(extra_path)] if extra_path else []
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join([*paths, str(REPO)])}
+    return subprocess.run([sys.executable, *command], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _script(name: str, *args: str) -> list[str]:
+    """Run console script ``name`` the way its installed wrapper does."""
+    module, func = SCRIPTS[name].split(":")
+    code = f"import sys; sys.argv[0] = {name!r}; from {module} import {func}; sys.exit({func}())"
+    return ["-c", code, *args]
+
+
+ENV_SCRIPT = ["environments/arithmetic_server.py"]
+HELP_COMMANDS = {
+    **{name: _script(name, "--help") for name in SCRIPTS},
+    "env script": [*ENV_SCRIPT, "--help"],
+    **{f"env script {mode}": [*ENV_SCRIPT, mode, "--help"] for mode in ("serve", "process", "evaluate")},
+    "atropos-env arithmetic serve": _script("atropos-env", "arithmetic", "serve", "--help"),
+    **{module: ["-m", module, "--help"] for module in (
+        "atroposlib.envs.server_handling.managed_server_proxy",
+        "atroposlib.inference.vllm_process",
+        "atroposlib.inference.throughput",
+    )},
+}
+
+
+def help_problems(text: str) -> list[str]:
+    """Everything wrong with one ``--help`` output, one line per problem."""
+    problems = [f"{why}: {m.group(0)!r}" for pattern, why in LEAKS.items()
+                for m in re.finditer(pattern, text)]
+    # One entry per option: its first line starts with "  -"; the help follows on that
+    # line (after two spaces) or on the more deeply indented lines below it.
+    entries: list[list[str]] = []
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if re.match(r"^ {2}-", line):
+            current = [line]
+            entries.append(current)
+        elif current is not None and re.match(r"^ {3,}\S", line):
+            current.append(line)
+        else:
+            current = None
+    for entry in entries:
+        flag = entry[0].split()[0].rstrip(",")
+        first_help = re.split(r"\S {2,}", entry[0].strip(), maxsplit=1)[1:] or [""]
+        help_text = " ".join([first_help[0], *(line.strip() for line in entry[1:])]).strip()
+        if not help_text:
+            problems.append(f"{flag}: no help text")
+        if len(re.findall(r"\(default[: ]", help_text)) > 1:
+            problems.append(f"{flag}: two defaults in {help_text!r}")
+    return problems
+
+
+def test_help_problems_finds_each_kind_of_leak():
+    text = """usage: x [-h]
+
+options:
+  -h, --help            show this help message and exit
+  --a {str,null}        A (default factory: TrainerConfig.<lambda>)
+  --b B                 See :class:`Foo` and ``bar``.
+  --c C
+  --d D                 D (default: a free one). (default: null)
+"""
+    found = "\n".join(help_problems(text))
+    for expected in ("{str,null}", "default factory", "<lambda>", ":class:`", "``",
+                     "--c: no help text", "--d: two defaults"):
+        assert expected in found
+    assert "--b: no help" not in found and "-h" not in found
+
+
+@pytest.mark.parametrize("name", HELP_COMMANDS)
+def test_help_is_clean(name, entry_points):
+    result = _run(HELP_COMMANDS[name], entry_points)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: "), result.stdout[:200]
+    assert help_problems(result.stdout) == []
+
+
+TYPOS = {
+    "env script": ([*ENV_SCRIPT, "serve", "--env.group_sze", "8"],
+                   "unknown flag --env.group_sze; did you mean --env.group_size?"),
+    "env script openai": ([*ENV_SCRIPT, "process", "--openai.base-ur", "x"],
+                          "unknown flag --openai.base-ur; did you mean --openai.base_url?"),
+    "atropos-env": (_script("atropos-env", "arithmetic", "evaluate", "--env.eval_sise=5"),
+                    "unknown flag --env.eval_sise; did you mean --env.eval_size?"),
+    "atropos-grpo": (_script("atropos-grpo", "--trainng-steps", "3"),
+                     "unknown flag --trainng-steps; did you mean --training-steps?"),
+    "run-api": (_script("run-api", "--prot", "8000"), "unknown flag --prot; did you mean --port?"),
+    "view-run": (_script("view-run", "--api-ulr", "x"),
+                 "unknown flag --api-ulr; did you mean --api-url?"),
+    "atropos-dpo-gen": (_script("atropos-dpo-gen", "--num-seq-to-save", "2"),
+                        "unknown flag --num-seq-to-save; did you mean --num-seqs-to-save?"),
+    "atropos-launch": (_script("atropos-launch", "missing.yaml", "--run-dr", "x"),
+                       "unknown flag --run-dr; did you mean --run-dir?"),
+}
+
+
+@pytest.mark.parametrize("name", TYPOS)
+def test_a_mistyped_flag_is_named_first_with_the_closest_flag(name, entry_points):
+    command, message = TYPOS[name]
+    result = _run(command, entry_points)
+    assert result.returncode == 2, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.endswith(f"error: {message}"), result.stderr
+    assert "usage:" in result.stderr and len(result.stderr.splitlines()) < 12
