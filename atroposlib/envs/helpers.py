@@ -102,7 +102,8 @@ def load_rows(
         elif name_or_path.startswith((".", "/", "~")):
             raise ConfigError(
                 f"dataset path {name_or_path!r} does not exist (resolved to {path.resolve()}); "
-                "relative paths are taken from the current directory"
+                "pass an existing file or directory with --env.dataset_name PATH (relative "
+                "paths are taken from the current directory)"
             )
         else:
             ds = datasets.load_dataset(name_or_path, config_name, split=split)

@@ -88,6 +88,7 @@ class SingleTurnEnv(BaseEnv):
         self.iter = 0
         self.rng = random.Random(getattr(self.config, "seed", 0))
         self.train_correct: list[float] = []
+        self.train_scores: list[float] = []
 
     @classmethod
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
@@ -120,6 +121,14 @@ class SingleTurnEnv(BaseEnv):
         Default: ``item["answer"]`` when the item is a mapping with that key, else None.
         """
         return item.get("answer") if isinstance(item, Mapping) else None
+
+    def load_eval_items(self) -> Sequence[Item]:
+        """Eval items loaded on the first ``evaluate`` when ``setup`` left ``eval_items`` empty.
+
+        Override it for data that is costly to load (serve mode may never evaluate);
+        default: none.
+        """
+        return ()
 
     def max_tokens_for(self, messages: list[Message]) -> int:
         """The completion budget (tokens) for a prompt; default ``config.max_tokens``.
@@ -203,6 +212,7 @@ class SingleTurnEnv(BaseEnv):
             text = choice.message.content or ""
             score = self._reward(item, text, choice.finish_reason)
             self.train_correct.append(1.0 if score >= 1.0 else 0.0)
+            self.train_scores.append(score)
             add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
         if len(group["tokens"]) < len(nodes):
             return None, []
@@ -219,6 +229,8 @@ class SingleTurnEnv(BaseEnv):
         """
         start = time.time()
         cfg = self.config
+        if not self.eval_items:
+            self.eval_items = list(self.load_eval_items())
         samples, failed = await eval_samples(
             self, list(self.eval_items), self.prompt, self._reward,
             max_tokens=self.max_tokens_for, temperature=cfg.eval_temperature,
@@ -232,11 +244,15 @@ class SingleTurnEnv(BaseEnv):
         return metrics
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        """Add ``train/percent_correct``: share of rollouts since the last call scoring >= 1."""
+        """Add the training metrics of the rollouts since the last call.
+
+        ``train/percent_correct`` (share scoring >= 1) and ``train/mean_score``.
+        """
         metrics = dict(metrics or {})
         if self.train_correct:
             metrics["train/percent_correct"] = sum(self.train_correct) / len(self.train_correct)
-            self.train_correct = []
+            metrics["train/mean_score"] = sum(self.train_scores) / len(self.train_scores)
+            self.train_correct, self.train_scores = [], []
         await super().wandb_log(metrics)
 
     def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:
