@@ -13,23 +13,16 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/dataset_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import load_rows  # noqa: E402
 from atroposlib.envs.reward_fns import registry  # noqa: E402
-from environments.common import (  # noqa: E402
-    add_rollout,
-    default_server,
-    default_tokenizer_name,
-    load_rows,
-    new_group,
-    run_eval,
-)
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
 
 DEFAULT_SYSTEM_PROMPT = (
     "Think step by step inside <think></think>, then give the final answer as \\boxed{answer}."
 )
 
 
-class DatasetEnvConfig(BaseEnvConfig):
+class DatasetEnvConfig(SingleTurnEnvConfig):
     """Settings of :class:`DatasetEnv`."""
 
     dataset_name: str = Field(
@@ -66,24 +59,14 @@ class DatasetEnvConfig(BaseEnvConfig):
     seed: int = Field(default=42, description="Shuffle seed.")
     limit: int | None = Field(default=None, description="Use at most this many training rows.")
     max_tokens: int = Field(default=512, ge=1, description="Completion budget per rollout.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+    max_token_length: int = Field(default=2048, ge=1, description="Longest sequence, in tokens.")
 
 
-class DatasetEnv(BaseEnv):
+class DatasetEnv(SingleTurnEnv):
     """Single-turn prompts from a dataset; reward = the configured registry rewards."""
 
     name = "dataset"
     env_config_cls = DatasetEnvConfig
-
-    @classmethod
-    def config_init(cls):
-        return (
-            DatasetEnvConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
-                wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
 
     def _answer(self, row: dict[str, Any]) -> str:
         raw = row.get(self.config.answer_field)
@@ -112,24 +95,23 @@ class DatasetEnv(BaseEnv):
         rows = load_rows(c.dataset_name, c.split, c.dataset_config, c.limit)
         if not rows:
             raise ValueError(f"dataset {c.dataset_name!r} split {c.split!r} is empty")
-        self.train = [self._item(r) for r in rows]
+        self.train_items = [self._item(r) for r in rows]
         if c.shuffle:
-            random.Random(c.seed).shuffle(self.train)
+            random.Random(c.seed).shuffle(self.train_items)
         self.reward = registry.create(
             {"type": "combined", "rewards": list(c.reward_funcs)}
             if len(c.reward_funcs) != 1
             else c.reward_funcs[0]
         )
-        self.iter = 0
-        self._eval_items: list[dict[str, Any]] | None = None
-        self.reward_history: list[float] = []
 
-    async def get_next_item(self):
-        item = self.train[self.iter % len(self.train)]
-        self.iter += 1
-        return item
+    def load_eval_items(self) -> list[dict[str, Any]]:
+        """Rows of ``eval_split`` (of ``eval_dataset_name``, default ``dataset_name``)."""
+        c = self.config
+        rows = load_rows(c.eval_dataset_name or c.dataset_name, c.eval_split,
+                         c.dataset_config, c.eval_limit)
+        return [self._item(r) for r in rows]
 
-    def _messages(self, item):
+    def prompt(self, item):
         messages = []
         if self.config.system_prompt:
             messages.append({"role": "system", "content": self.config.system_prompt})
@@ -138,44 +120,22 @@ class DatasetEnv(BaseEnv):
         )
         return messages
 
-    async def collect_trajectories(self, item):
-        messages = self._messages(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        texts = [c.message.content or "" for c in completion.choices]
-        scores = self.reward(texts, solution=item["answer"])  # raises RolloutError on failure
-        self.reward_history.extend(scores)
-        group = new_group()
-        for text, node, score in zip(texts, nodes, scores, strict=True):
-            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
-        return group, []
+    def score(self, item, completion: str) -> float:
+        """The configured registry reward(s) of the reply (raises RolloutError on failure)."""
+        return self.reward([completion], solution=item["answer"])[0]
 
-    async def evaluate(self, *args, **kwargs):
-        c = self.config
-        if self._eval_items is None:
-            rows = load_rows(c.eval_dataset_name or c.dataset_name, c.eval_split,
-                             c.dataset_config, c.eval_limit)
-            self._eval_items = [self._item(r) for r in rows]
-        return await run_eval(
-            self, self._eval_items, self._messages,
-            lambda item, text, _r: self.reward([text], solution=item["answer"])[0],
-            max_tokens=c.max_tokens, metric="eval/mean_reward",
-        )
+    def eval_metrics(self, samples):
+        """SingleTurnEnv's metrics plus ``eval/mean_reward`` (= ``eval/mean_score``)."""
+        metrics = super().eval_metrics(samples)
+        metrics["eval/mean_reward"] = metrics["eval/mean_score"]
+        return metrics
 
     async def wandb_log(self, metrics=None):
         metrics = dict(metrics or {})
-        if self.reward_history:
-            metrics["train/mean_reward"] = sum(self.reward_history) / len(self.reward_history)
-            self.reward_history = []
+        if self.train_scores:
+            metrics["train/mean_reward"] = sum(self.train_scores) / len(self.train_scores)
         metrics.update(self.reward.metrics)
         await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import random
 import re
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,19 +38,10 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/gsm8k_server.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.api.models import IGNORE_INDEX  # noqa: E402
-from atroposlib.defaults import (  # noqa: E402
-    DEFAULT_API_URL,
-    DEFAULT_INFERENCE_MODEL,
-    DEFAULT_INFERENCE_URL,
-)
-from atroposlib.envs.base import (  # noqa: E402
-    APIServerConfig,
-    BaseEnv,
-    BaseEnvConfig,
-    ScoredDataGroup,
-)
-from atroposlib.inference.bundled import bundled_model_dir  # noqa: E402
+from atroposlib.envs.base import ScoredDataGroup  # noqa: E402
+from atroposlib.envs.helpers import load_rows  # noqa: E402
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
+from atroposlib.errors import ConfigError, RolloutError  # noqa: E402
 
 #: Atropos 0.4's GSM8K system prompt, paraphrased: think, then answer in \boxed{}.
 SYSTEM_PROMPT = (
@@ -191,8 +181,8 @@ def length_penalised(scores: list[float], lengths: list[int], max_token_length: 
     ]
 
 
-class GSM8kEnvConfig(BaseEnvConfig):
-    """Settings of :class:`GSM8kEnv` (plus everything in ``BaseEnvConfig``)."""
+class GSM8kEnvConfig(SingleTurnEnvConfig):
+    """Settings of :class:`GSM8kEnv` (plus everything in ``SingleTurnEnvConfig``)."""
 
     dataset_name: str = Field(
         default="openai/gsm8k",
@@ -216,6 +206,9 @@ class GSM8kEnvConfig(BaseEnvConfig):
         description="Completion budget per answer in tokens; null = max_token_length minus "
         "the prompt (never more than fits in max_token_length).",
     )
+    max_token_length: int = Field(
+        default=2048, ge=1, description="Longest sequence (prompt + completion) in tokens."
+    )
     system_prompt: str = Field(
         default=SYSTEM_PROMPT,
         description="System prompt; '{max_tokens}' is replaced by the completion budget. "
@@ -230,128 +223,63 @@ class GSM8kEnvConfig(BaseEnvConfig):
     seed: int = Field(default=42, description="Shuffling seed of both splits.")
 
 
-class GSM8kEnv(BaseEnv):
+class GSM8kEnv(SingleTurnEnv):
     """GSM8K with math-verify rewards (+1 right, -1 wrong) and Atropos 0.4's length penalty."""
 
     name = "gsm8k"
     env_config_cls = GSM8kEnvConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[GSM8kEnvConfig, list[APIServerConfig]]:
-        """Defaults: bundled tokenizer, groups of 8, stock vLLM at 127.0.0.1:9100 (managed mode)."""
-        config = GSM8kEnvConfig(
-            tokenizer_name=str(bundled_model_dir()),
-            group_size=8,
-            use_wandb=False,
-            rollout_server_url=DEFAULT_API_URL,
-            total_steps=1000,
-            steps_per_eval=100,
-            max_token_length=2048,
-            wandb_name="gsm8k",
-        )
-        server = APIServerConfig(
-            model_name=DEFAULT_INFERENCE_MODEL,
-            base_url=DEFAULT_INFERENCE_URL,
-            api_key="x",
-            server_type="vllm",
-            num_requests_for_eval=256,
-        )
-        return config, [server]
+    send_messages = False  # token-only groups unless --env.include_messages
+    min_completion_tokens = MIN_COMPLETION_TOKENS
+    server_defaults = {"num_requests_for_eval": 256}
 
     async def setup(self) -> None:
-        """Load and shuffle (seed 42) both splits; start at item 0."""
+        """Load and shuffle (seed ``seed``) both splits; keep ``eval_limit`` test questions."""
+        c = self.config
         train, test = await asyncio.to_thread(self._load_splits)
-        random.Random(self.config.seed).shuffle(train)
-        random.Random(self.config.seed).shuffle(test)
-        self.train = train
-        self.test = [
-            {"question": r["question"], "gold_answer": gold_answer(r["answer"])} for r in test
-        ]
-        if self.config.eval_limit is not None:
-            self.test = self.test[: self.config.eval_limit]
-        self.iter = 0
-        self.percent_correct_buffer: list[float] = []
-        self.eval_metrics: list[tuple[str, float]] = []
+        random.Random(c.seed).shuffle(train)
+        random.Random(c.seed).shuffle(test)
+        self.train_items = train
+        self.eval_items = test[: c.eval_limit] if c.eval_limit is not None else test
 
-    def _load_splits(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Read the train and test rows from a local directory or the hub.
+    def _load_splits(self) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        """Train and test items ``{"question", "answer"}`` (the gold number).
 
         Raises:
             ConfigError: the dataset cannot be read or lacks the question/answer fields.
         """
-        import datasets
-
-        from atroposlib.errors import ConfigError
-
-        name = self.config.dataset_name
-        path = Path(name).expanduser()
-        try:
-            if path.is_dir():
-                files = {s: path / f"{s}.jsonl" for s in ("train", "test")}
-                missing = [str(f) for f in files.values() if not f.is_file()]
-                if missing:
-                    raise ConfigError(
-                        f"--env.dataset_name {name}: a local GSM8K directory needs train.jsonl and "
-                        f"test.jsonl; missing {', '.join(missing)}"
-                    )
-                ds = datasets.load_dataset("json", data_files={s: str(f) for s, f in files.items()})
-            elif name.startswith((".", "/", "~")) or path.exists():
-                raise ConfigError(
-                    f"--env.dataset_name {name}: no such directory (resolved to "
-                    f"{path.resolve()}); relative paths are taken from the current directory"
-                )
-            else:
-                ds = datasets.load_dataset(name, self.config.dataset_config)
-        except ConfigError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - re-raised with the fix
-            raise ConfigError(
-                f"cannot load GSM8K from {name!r}: {type(exc).__name__}: {exc}. Pass a local "
-                "directory with train.jsonl/test.jsonl (--env.dataset_name DIR), or run once "
-                "online so the hub dataset is cached (HF_DATASETS_OFFLINE=1 blocks downloads)"
-            ) from exc
+        c = self.config
         splits = []
         for split in ("train", "test"):
-            rows = [dict(r) for r in ds[split]]
+            rows = load_rows(c.dataset_name, split, c.dataset_config)
             if rows and not {"question", "answer"} <= rows[0].keys():
                 raise ConfigError(
-                    f"GSM8K {split} rows need 'question' and 'answer' fields; {name!r} has "
-                    f"{sorted(rows[0])}"
+                    f"GSM8K {split} rows need 'question' and 'answer' fields; "
+                    f"{c.dataset_name!r} has {sorted(rows[0])}"
                 )
-            splits.append(rows)
+            splits.append(
+                [{"question": r["question"], "answer": gold_answer(r["answer"])} for r in rows]
+            )
         return splits[0], splits[1]
 
-    def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:
-        """Checkpoint the position in the training split (``iter``)."""
-        super().save_checkpoint(step, {**(data or {}), "iter": self.iter})
-
-    async def get_next_item(self) -> dict[str, Any]:
-        """The next training question (cycling through the shuffled split)."""
-        row = self.train[self.iter % len(self.train)]
-        self.iter += 1
-        return {"question": row["question"], "gold_answer": gold_answer(row["answer"])}
-
-    def messages(self, question: str, max_tokens: int) -> list[dict[str, str]]:
-        """Chat prompt: the system prompt (if any) and the question."""
+    def prompt(self, item: dict[str, str]) -> list[dict[str, str]]:
+        """The system prompt (if any; ``{max_tokens}`` = the wanted budget) and the question."""
+        wanted = self.config.max_tokens or self.config.max_token_length
         msgs = []
         if self.config.system_prompt:
             msgs.append(
-                {
-                    "role": "system",
-                    "content": self.config.system_prompt.replace("{max_tokens}", str(max_tokens)),
-                }
+                {"role": "system",
+                 "content": self.config.system_prompt.replace("{max_tokens}", str(wanted))}
             )
-        msgs.append({"role": "user", "content": question})
+        msgs.append({"role": "user", "content": item["question"]})
         return msgs
 
-    def _budget(self, question: str) -> tuple[list[dict[str, str]], int]:
-        """Messages and a completion budget that fits ``max_token_length`` with the prompt.
+    def max_tokens_for(self, messages: list[dict[str, str]]) -> int:
+        """``max_tokens`` (default: all the room), never more than fits in ``max_token_length``.
 
         Raises:
             ValueError: the prompt alone fills ``max_token_length``.
         """
         wanted = self.config.max_tokens or self.config.max_token_length
-        messages = self.messages(question, wanted)
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
@@ -362,146 +290,37 @@ class GSM8kEnv(BaseEnv):
                 f"the prompt is {prompt_len} tokens, which fills max_token_length "
                 f"({self.config.max_token_length}); raise --env.max_token_length"
             )
-        return messages, min(wanted, room)
+        return min(wanted, room)
 
-    async def collect_trajectories(
-        self, item: dict[str, Any]
-    ) -> tuple[ScoredDataGroup | None, list[Any]]:
-        """Sample ``group_size`` answers in one request (managed: exact tokens), then score them."""
-        messages, max_tokens = self._budget(item["question"])
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        rollouts = [
-            {
-                "text": choice.message.content or "",
-                "finish_reason": choice.finish_reason,
-                "node": node,
-                "messages": messages
-                + [{"role": "assistant", "content": choice.message.content or ""}],
-            }
-            for choice, node in zip(completion.choices, nodes, strict=True)
-        ]
-        return self.score(rollouts, item["gold_answer"]), []
+    def score(self, item: dict[str, str], completion: str) -> float:
+        """+1.0 when math-verify finds the gold number in the reply's final answer, else -1.0.
 
-    def score(self, rollouts: list[dict[str, Any]], gold: str) -> ScoredDataGroup | None:
-        """Score one group (the env's ``score`` hook).
-
-        Args:
-            rollouts: dicts with ``text``, ``finish_reason``, ``node`` (a managed-server
-                ``SequenceNode``) and ``messages``.
-            gold: the gold answer, e.g. ``"18"``.
-
-        Returns:
-            The group (tokens / masks / inference_logprobs / scores / messages), or None when
-            the gold cannot be parsed, fewer than ``group_size`` rollouts are usable, or all
-            scores end up equal (no GRPO signal) while ``ensure_scores_are_not_same`` is on.
+        Raises:
+            RolloutError: the gold answer cannot be parsed (the group is dropped, an eval
+                item is counted as failed, never as wrong).
         """
-        gold_parsed = parse_gold(gold)
-        if not gold_parsed:
-            return None
-        group = ScoredDataGroup(
-            tokens=[],
-            masks=[],
-            scores=[],
-            inference_logprobs=[],
-            messages=[] if self.config.include_messages else None,
-            generation_params={"temperature": self.config.temperature},
-        )
-        for rollout in rollouts:
-            node = rollout["node"]
-            generated = sum(1 for m in node.masked_tokens if m != IGNORE_INDEX)
-            if generated < MIN_COMPLETION_TOKENS:
-                continue
-            correct = score_answer(rollout["text"], gold_parsed, self.config.answer_format)
-            group["tokens"].append(list(node.tokens))
-            group["masks"].append(list(node.masked_tokens))
-            group["inference_logprobs"].append(list(node.logprobs))
-            group["scores"].append(1.0 if correct else -1.0)
-            if group["messages"] is not None:
-                group["messages"].append(rollout["messages"])
-            if len(group["tokens"]) >= self.config.group_size:
-                break
-        self.percent_correct_buffer.extend(max(s, 0.0) for s in group["scores"])
-        if len(group["tokens"]) < self.config.group_size:
-            return None
+        gold = parse_gold(item["answer"])
+        if not gold:
+            raise RolloutError(f"cannot parse the gold answer {item['answer']!r}")
+        return 1.0 if score_answer(completion, gold, self.config.answer_format) else -1.0
+
+    def finish_group(self, item: dict[str, str], group: ScoredDataGroup) -> ScoredDataGroup:
+        """Apply :func:`length_penalised` (all-correct groups prefer shorter answers)."""
         group["scores"] = length_penalised(
             group["scores"], [len(t) for t in group["tokens"]], self.config.max_token_length
         )
-        if self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1:
-            return None
         return group
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """Accuracy on the test split (``eval_limit`` questions), one answer each.
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """SingleTurnEnv's metrics plus Atropos's names for two of them.
 
-        Returns:
-            ``{"eval/percent_correct", "eval/finished_fraction", "eval/num_questions"}``.
+        ``eval/percent_correct`` (= ``eval/accuracy``) and ``eval/num_questions``
+        (= ``eval/num_items``).
         """
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
-
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            messages, max_tokens = self._budget(item["question"])
-            async with sem:
-                completion = await self.server.chat_completion(
-                    messages=messages,
-                    n=1,
-                    max_tokens=max_tokens,
-                    temperature=self.config.eval_temperature,
-                    split="eval",
-                )
-            choice = completion.choices[0]
-            text = choice.message.content or ""
-            gold_parsed = parse_gold(item["gold_answer"])
-            correct = bool(gold_parsed) and score_answer(
-                text, gold_parsed, self.config.answer_format
-            )
-            return {
-                "question": item["question"],
-                "gold_answer": item["gold_answer"],
-                "response": text,
-                "finish_reason": choice.finish_reason,
-                "score": 1 if correct else 0,
-            }
-
-        samples = await asyncio.gather(*(one(item) for item in self.test))
-        n = max(1, len(samples))
-        metrics = {
-            "eval/percent_correct": sum(s["score"] for s in samples) / n,
-            "eval/finished_fraction": sum(s["finish_reason"] == "stop" for s in samples) / n,
-            "eval/num_questions": float(len(samples)),
-        }
-        self.eval_metrics = [("eval/percent_correct", metrics["eval/percent_correct"])]
-        self.evaluate_log(
-            metrics,
-            start_time=start,
-            end_time=time.time(),
-            samples=samples,
-            generation_parameters={
-                "temperature": self.config.eval_temperature,
-                "max_tokens": self.config.max_tokens or self.config.max_token_length,
-            },
-        )
+        metrics = super().eval_metrics(samples)
+        metrics["eval/percent_correct"] = metrics["eval/accuracy"]
+        metrics["eval/num_questions"] = metrics["eval/num_items"]
         return metrics
-
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        """Add ``train/percent_correct`` (since the last call) and the latest eval metrics."""
-        metrics = dict(metrics or {})
-        if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
-                self.percent_correct_buffer
-            )
-            self.percent_correct_buffer = []
-        for key, value in self.eval_metrics:
-            metrics[key] = value
-        self.eval_metrics = []
-        await super().wandb_log(metrics)
 
 
 if __name__ == "__main__":

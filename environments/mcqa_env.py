@@ -111,14 +111,10 @@ class MCQAEnv(SingleTurnEnv):
         if not self.train_items:
             raise ValueError(f"dataset {self.config.dataset_name!r} has no training rows")
         self.rng.shuffle(self.train_items)
-        self._eval_rows: list[dict[str, Any]] | None = None
 
-    @property
-    def eval_items(self) -> list[dict[str, Any]]:
-        """The eval split's rows, loaded on first use (serve mode may never evaluate)."""
-        if self._eval_rows is None:
-            self._eval_rows = self._rows(self.config.eval_split, self.config.eval_limit)
-        return self._eval_rows
+    def load_eval_items(self) -> list[dict[str, Any]]:
+        """The eval split's rows, loaded on the first evaluate."""
+        return self._rows(self.config.eval_split, self.config.eval_limit)
 
     def train_item(self, index: int) -> dict[str, Any]:
         item = super().train_item(index)

@@ -14,17 +14,8 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/tool_calling_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
-from environments.common import (  # noqa: E402
-    add_rollout,
-    default_server,
-    default_tokenizer_name,
-    extract_tool_calls,
-    load_rows,
-    maybe_json,
-    new_group,
-    run_eval,
-)
+from atroposlib.envs.helpers import extract_tool_calls, load_rows, maybe_json  # noqa: E402
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
 
 SYSTEM_TEMPLATE = (
     "You are a function-calling assistant. You may call these tools:\n<tools>\n{tools}\n</tools>\n"
@@ -116,7 +107,7 @@ def score_tool_calls(text: str, expected: list[dict[str, Any]]) -> float:
     return 1.0 if not malformed and calls_match(calls, expected) else -1.0
 
 
-class ToolCallingConfig(BaseEnvConfig):
+class ToolCallingConfig(SingleTurnEnvConfig):
     """Settings of :class:`ToolCallingEnv`."""
 
     dataset_name: str = Field(
@@ -133,25 +124,14 @@ class ToolCallingConfig(BaseEnvConfig):
     limit: int | None = Field(default=None, description="Read at most this many rows.")
     builtin_size: int = Field(default=500, ge=10, description="Rows generated for 'builtin'.")
     seed: int = Field(default=42, description="Shuffle/generation seed.")
-    max_tokens: int = Field(default=256, ge=1, description="Completion budget per rollout.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+    max_token_length: int = Field(default=2048, ge=1, description="Longest sequence, in tokens.")
 
 
-class ToolCallingEnv(BaseEnv):
+class ToolCallingEnv(SingleTurnEnv):
     """Single-turn tool calling scored against the reference calls (+1 exact, -1 otherwise)."""
 
     name = "tool_calling"
     env_config_cls = ToolCallingConfig
-
-    @classmethod
-    def config_init(cls):
-        return (
-            ToolCallingConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
-                wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
 
     @staticmethod
     def _item(row: dict[str, Any]) -> dict[str, Any]:
@@ -178,53 +158,19 @@ class ToolCallingEnv(BaseEnv):
         n_eval = min(c.eval_limit, max(1, int(len(items) * c.eval_fraction)))
         if len(items) < 2:
             raise ValueError("the tool-calling dataset needs at least 2 rows (train + eval)")
-        self.eval_items, self.train = items[:n_eval], items[n_eval:]
-        self.iter = 0
-        self.percent_correct: list[float] = []
+        self.eval_items, self.train_items = items[:n_eval], items[n_eval:]
 
-    async def get_next_item(self):
-        item = self.train[self.iter % len(self.train)]
-        self.iter += 1
-        return item
-
-    @staticmethod
-    def _messages(item):
+    def prompt(self, item):
         tools = "\n".join(json.dumps(t) for t in item["tools"])
         return [{"role": "system", "content": SYSTEM_TEMPLATE.format(tools=tools)},
                 {"role": "user", "content": item["query"]}]
 
-    async def collect_trajectories(self, item):
-        messages = self._messages(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        group = new_group()
-        for choice, node in zip(completion.choices, nodes, strict=True):
-            text = choice.message.content or ""
-            score = score_tool_calls(text, item["answers"])
-            self.percent_correct.append(float(score > 0))
-            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
-        return group, []
+    def score(self, item, completion: str) -> float:
+        """:func:`score_tool_calls`: +1.0 for exactly the reference calls, else -1.0."""
+        return score_tool_calls(completion, item["answers"])
 
-    async def evaluate(self, *args, **kwargs):
-        return await run_eval(
-            self, self.eval_items, self._messages,
-            lambda item, text, _r: float(score_tool_calls(text, item["answers"]) > 0),
-            max_tokens=self.config.max_tokens,
-        )
-
-    async def wandb_log(self, metrics=None):
-        metrics = dict(metrics or {})
-        if self.percent_correct:
-            metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
-            self.percent_correct = []
-        await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
+    def answer(self, item):
+        return item["answers"]
 
 
 if __name__ == "__main__":

@@ -61,8 +61,9 @@ def load_rows(
 
     Args:
         name_or_path: a local ``.jsonl``/``.json``/``.csv``/``.parquet`` file, a local
-            directory (a ``save_to_disk`` dataset, or files ``datasets`` can read), or a hub
-            id such as ``"cais/mmlu"``.
+            directory (a ``save_to_disk`` dataset, one file per split such as
+            ``train.jsonl``/``test.jsonl``, or files ``datasets`` can read), or a hub id such
+            as ``"cais/mmlu"``. A name starting with ``.``, ``/`` or ``~`` is a path.
         split: split to read (ignored for single local files, which are one split).
         config_name: hub dataset configuration (e.g. ``"all"`` for MMLU).
         limit: keep at most this many rows.
@@ -90,21 +91,48 @@ def load_rows(
             ds = datasets.load_from_disk(str(path))
             if isinstance(ds, datasets.DatasetDict):
                 ds = ds[split]
-        else:
+        elif path.is_dir() and (split_file := _split_file(path, split)) is not None:
+            if split_file.stat().st_size == 0:
+                return []
             ds = datasets.load_dataset(
-                str(path) if path.is_dir() else name_or_path, config_name, split=split
+                _LOCAL_FORMATS[split_file.suffix.lower()], data_files=str(split_file), split="train"
             )
+        elif path.is_dir():
+            ds = datasets.load_dataset(str(path), split=split)
+        elif name_or_path.startswith((".", "/", "~")):
+            raise ConfigError(
+                f"dataset path {name_or_path!r} does not exist (resolved to {path.resolve()}); "
+                "pass an existing file or directory with --env.dataset_name PATH (relative "
+                "paths are taken from the current directory)"
+            )
+        else:
+            ds = datasets.load_dataset(name_or_path, config_name, split=split)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised with the fix
+        hint = (
+            f"A local directory needs {split}.jsonl (or .json/.csv/.parquet) or a save_to_disk "
+            "dataset"
+            if path.is_dir()
+            else "Pass a local JSONL file with --env.dataset_name PATH, or make the hub dataset "
+            "available (it is not cached while HF_DATASETS_OFFLINE=1)"
+        )
         raise ConfigError(
             f"cannot load dataset {name_or_path!r} (split {split!r}): {type(exc).__name__}: "
-            f"{exc}. Pass a local JSONL file with --env.dataset_name PATH, or make the hub "
-            "dataset available (it is not cached while HF_DATASETS_OFFLINE=1)"
+            f"{exc}. {hint}"
         ) from exc
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     return [dict(row) for row in ds]
+
+
+def _split_file(directory: Path, split: str) -> Path | None:
+    """``directory/<split>.jsonl`` (or another local format), when it exists."""
+    for suffix in _LOCAL_FORMATS:
+        candidate = directory / f"{split}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def maybe_json(value: Any) -> Any:
@@ -296,7 +324,7 @@ async def eval_samples(
     messages_fn: Callable[[Any], list[Message]],
     score_fn: Callable[[Any, str, str], float],
     *,
-    max_tokens: int,
+    max_tokens: int | Callable[[list[Message]], int],
     temperature: float = 0.0,
     answer_fn: Callable[[Any], Any] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
@@ -311,7 +339,7 @@ async def eval_samples(
         items: evaluation items.
         messages_fn: item -> chat messages.
         score_fn: ``(item, completion_text, finish_reason) -> score``.
-        max_tokens: completion budget.
+        max_tokens: completion budget, or a function of the item's messages returning it.
         temperature: sampling temperature (0 = greedy).
         answer_fn: item -> reference answer, stored in each sample as ``"answer"`` (for views).
 
@@ -323,8 +351,9 @@ async def eval_samples(
 
     async def one(item: Any) -> dict[str, Any]:
         messages = messages_fn(item)
+        budget = max_tokens(messages) if callable(max_tokens) else max_tokens
         completion = await env.server.chat_completion(
-            messages=messages, n=1, max_tokens=max_tokens, temperature=temperature,
+            messages=messages, n=1, max_tokens=budget, temperature=temperature,
             split="eval",
         )
         choice = completion.choices[0]

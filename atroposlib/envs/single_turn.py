@@ -51,9 +51,13 @@ class SingleTurnEnv(BaseEnv):
 
     In ``setup`` fill ``self.train_items`` (a list, cycled with a cursor) or override
     :meth:`train_item` (e.g. a seeded generator using ``self.rng``), and ``self.eval_items``.
-    Optional: :meth:`answer` (reference answer, kept in eval samples for the views) and
-    ``truncated_reward`` (the reward of a reply cut off at ``max_tokens``, instead of
-    calling :meth:`score`; None = score it like any reply).
+    Optional: :meth:`answer` (reference answer, kept in eval samples for the views),
+    :meth:`max_tokens_for` (a completion budget per prompt), :meth:`finish_group` (reshape or
+    drop a scored group), :meth:`eval_metrics` (extra evaluation metrics), and the class
+    attributes ``truncated_reward`` (the reward of a reply cut off at ``max_tokens``, instead
+    of calling :meth:`score`; None = score it like any reply), ``min_completion_tokens``
+    (a group with a shorter reply is dropped) and ``server_defaults`` (overrides of the
+    default server config).
 
     Done for you: ``config_init`` (bundled tokenizer, the dev vLLM server), ``get_next_item``,
     ``collect_trajectories`` (``group_size`` replies in one chat call, exact tokens and
@@ -69,6 +73,11 @@ class SingleTurnEnv(BaseEnv):
     #: Send each rollout's chat messages with the group. False: only when the env config's
     #: ``include_messages`` is set (token-only groups, smaller posts; tools decode the tokens).
     send_messages: bool = True
+    #: Replies with fewer generated tokens are not scored, and their group is dropped
+    #: (it would be short of ``group_size``); 0 = keep every reply.
+    min_completion_tokens: int = 0
+    #: Overrides of :func:`~atroposlib.envs.helpers.default_server` in ``config_init``.
+    server_defaults: Mapping[str, Any] = {}
     train_items: Sequence[Item] = ()
     eval_items: Sequence[Item] = ()
 
@@ -79,11 +88,15 @@ class SingleTurnEnv(BaseEnv):
         self.iter = 0
         self.rng = random.Random(getattr(self.config, "seed", 0))
         self.train_correct: list[float] = []
+        self.train_scores: list[float] = []
 
     @classmethod
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
-        """Defaults: ``env_config_cls()`` named after the env, the dev vLLM at 127.0.0.1:9100."""
-        return cls.env_config_cls(wandb_name=cls.name), [default_server()]
+        """Defaults: ``env_config_cls()`` named after the env, the dev vLLM at 127.0.0.1:9100.
+
+        ``server_defaults`` overrides fields of the server config.
+        """
+        return cls.env_config_cls(wandb_name=cls.name), [default_server(**cls.server_defaults)]
 
     # ------------------------------------------------------------------ the hooks
     def prompt(self, item: Item) -> list[Message]:
@@ -108,6 +121,45 @@ class SingleTurnEnv(BaseEnv):
         Default: ``item["answer"]`` when the item is a mapping with that key, else None.
         """
         return item.get("answer") if isinstance(item, Mapping) else None
+
+    def load_eval_items(self) -> Sequence[Item]:
+        """Eval items loaded on the first ``evaluate`` when ``setup`` left ``eval_items`` empty.
+
+        Override it for data that is costly to load (serve mode may never evaluate);
+        default: none.
+        """
+        return ()
+
+    def max_tokens_for(self, messages: list[Message]) -> int:
+        """The completion budget (tokens) for a prompt; default ``config.max_tokens``.
+
+        Used for training groups and evaluation replies alike.
+        """
+        return int(self.config.max_tokens)
+
+    def finish_group(self, item: Item, group: ScoredDataGroup) -> ScoredDataGroup | None:
+        """Reshape a scored group before it is sent (e.g. a length penalty); None drops it.
+
+        Default: the group unchanged. ``group["tokens"]`` and ``group["scores"]`` are
+        parallel lists of ``group_size`` entries.
+        """
+        return group
+
+    def eval_metrics(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """Metrics of scored eval samples (each ``{"score", "finish_reason", ...}``).
+
+        Returns:
+            ``{"eval/accuracy": share scoring >= 1, "eval/mean_score",
+            "eval/stopped_fraction": share not cut off at the budget, "eval/num_items"}``.
+            Override and extend ``super().eval_metrics(samples)`` to add metrics.
+        """
+        n = max(1, len(samples))
+        return {
+            "eval/accuracy": sum(s["score"] >= 1.0 for s in samples) / n,
+            "eval/mean_score": sum(s["score"] for s in samples) / n,
+            "eval/stopped_fraction": sum(s["finish_reason"] != "length" for s in samples) / n,
+            "eval/num_items": float(len(samples)),
+        }
 
     def train_item(self, index: int) -> Item:
         """The ``index``-th training item; default ``self.train_items`` cycled.
@@ -134,48 +186,57 @@ class SingleTurnEnv(BaseEnv):
         self.iter += 1
         return item
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup, list[Item]]:
-        """Sample ``group_size`` replies in one ``managed_server`` chat call and score them."""
+    async def collect_trajectories(
+        self, item: Item
+    ) -> tuple[ScoredDataGroup | None, list[Item]]:
+        """Sample ``group_size`` replies in one ``managed_server`` chat call and score them.
+
+        Returns ``(None, [])`` (the group is dropped) when a reply is shorter than
+        ``min_completion_tokens`` or :meth:`finish_group` returns None.
+        """
         messages = self.prompt(item)
         temperature = self.config.temperature
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
-                temperature=temperature,
+                messages=messages, n=self.config.group_size,
+                max_tokens=self.max_tokens_for(messages), temperature=temperature,
             )
             nodes = managed.get_state()["nodes"]
         group = new_group()
         group["generation_params"] = {"temperature": temperature}
         for choice, node in zip(completion.choices, nodes, strict=True):
+            generated = sum(1 for m in node.masked_tokens if m != IGNORE_INDEX)
+            self.completion_lengths.append(generated)
+            if generated < self.min_completion_tokens:
+                continue
             text = choice.message.content or ""
             score = self._reward(item, text, choice.finish_reason)
             self.train_correct.append(1.0 if score >= 1.0 else 0.0)
-            self.completion_lengths.append(sum(1 for m in node.masked_tokens if m != IGNORE_INDEX))
+            self.train_scores.append(score)
             add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
+        if len(group["tokens"]) < len(nodes):
+            return None, []
         if not (self.send_messages or self.config.include_messages):
             group["messages"] = None
-        return group, []
+        return self.finish_group(item, group), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """One reply per eval item at ``eval_temperature``; logs and returns the metrics.
 
         Returns:
-            ``{"eval/accuracy", "eval/mean_score", "eval/stopped_fraction",
-            "eval/num_items"}`` (+ ``"eval/failed_items"`` when some requests failed).
+            :meth:`eval_metrics` of the samples (+ ``"eval/failed_items"`` when some
+            requests or scorings failed; those items are not counted as wrong).
         """
         start = time.time()
         cfg = self.config
+        if not self.eval_items:
+            self.eval_items = list(self.load_eval_items())
         samples, failed = await eval_samples(
-            self, list(self.eval_items), self.prompt, self._reward, max_tokens=cfg.max_tokens,
-            temperature=cfg.eval_temperature, answer_fn=self.answer,
+            self, list(self.eval_items), self.prompt, self._reward,
+            max_tokens=self.max_tokens_for, temperature=cfg.eval_temperature,
+            answer_fn=self.answer,
         )
-        n = max(1, len(samples))
-        metrics = {
-            "eval/accuracy": sum(s["score"] >= 1.0 for s in samples) / n,
-            "eval/mean_score": sum(s["score"] for s in samples) / n,
-            "eval/stopped_fraction": sum(s["finish_reason"] != "length" for s in samples) / n,
-            "eval/num_items": float(len(samples)),
-        }
+        metrics = self.eval_metrics(samples)
         if failed:
             metrics["eval/failed_items"] = float(failed)
         self.evaluate_log(metrics, start_time=start, samples=samples, generation_parameters={
@@ -183,11 +244,15 @@ class SingleTurnEnv(BaseEnv):
         return metrics
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        """Add ``train/percent_correct``: share of rollouts since the last call scoring >= 1."""
+        """Add the training metrics of the rollouts since the last call.
+
+        ``train/percent_correct`` (share scoring >= 1) and ``train/mean_score``.
+        """
         metrics = dict(metrics or {})
         if self.train_correct:
             metrics["train/percent_correct"] = sum(self.train_correct) / len(self.train_correct)
-            self.train_correct = []
+            metrics["train/mean_score"] = sum(self.train_scores) / len(self.train_scores)
+            self.train_correct, self.train_scores = [], []
         await super().wandb_log(metrics)
 
     def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:

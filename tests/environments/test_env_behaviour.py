@@ -194,8 +194,8 @@ def test_tool_call_matching():
 
 async def test_tool_calling_builtin_dataset_splits_train_and_eval(tok_dir):
     env, _ = await make_env("tool_calling", tok_dir, None, dataset_name="builtin", builtin_size=40)
-    assert len(env.eval_items) == 2 and len(env.train) == 38
-    train_queries = {i["query"] for i in env.train}
+    assert len(env.eval_items) == 2 and len(env.train_items) == 38
+    train_queries = {i["query"] for i in env.train_items}
     assert all(i["query"] not in train_queries or True for i in env.eval_items)
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from atroposlib.envs.checks import check_env
-from atroposlib.errors import ConfigError
+from atroposlib.errors import ConfigError, RolloutError
 from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.testing.fake_server import FakeServer
 from environments.gsm8k_server import (
@@ -93,13 +93,14 @@ async def test_loads_the_shared_gsm8k_directory():
     config = config.model_copy(update={"dataset_name": str(SHARED_GSM8K), "eval_limit": 100})
     env = GSM8kEnv(config, [FakeServer()])
     await env.setup()
-    assert len(env.train) == 7473 and len(env.test) == 100
+    assert len(env.train_items) == 7473 and len(env.eval_items) == 100
     item = await env.get_next_item()
-    assert item["question"] and re.fullmatch(r"-?[\d.]+", item["gold_answer"])
+    assert item["question"] and re.fullmatch(r"-?[\d.]+", item["answer"])
     # seeded shuffle: the same order every time
     env2 = GSM8kEnv(config, [FakeServer()])
     await env2.setup()
-    assert env2.train[:3] == env.train[:3] and env2.test[:3] == env.test[:3]
+    assert env2.train_items[:3] == env.train_items[:3]
+    assert env2.eval_items[:3] == env.eval_items[:3]
 
 
 async def test_bad_dataset_path_is_a_clear_config_error(tmp_path):
@@ -163,30 +164,56 @@ def _node(n_prompt: int, n_generated: int):
     )
 
 
+class _ScriptedManaged:
+    """A managed_server stand-in returning fixed (reply, node) pairs."""
+
+    def __init__(self, rollouts):
+        self.rollouts = rollouts
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    async def chat_completion(self, **kwargs):
+        choices = [
+            SimpleNamespace(message=SimpleNamespace(content=text), finish_reason="stop")
+            for text, _ in self.rollouts
+        ]
+        return SimpleNamespace(choices=choices)
+
+    def get_state(self):
+        return {"nodes": [node for _, node in self.rollouts]}
+
+
+async def _group(env, rollouts, gold="5"):
+    env.server.managed_server = lambda **_kw: _ScriptedManaged(rollouts)
+    group, backlog = await env.collect_trajectories({"question": "What is 2 + 3?", "answer": gold})
+    assert backlog == []
+    return group
+
+
 @needs_tokenizer
-def test_score_drops_uniform_groups_and_penalises_long_all_correct_ones():
+async def test_groups_penalise_long_all_correct_answers_and_drop_short_replies():
     config, _ = GSM8kEnv.config_init()
     env = GSM8kEnv(
-        config.model_copy(update={"group_size": 2, "max_token_length": 100}), [FakeServer()]
+        config.model_copy(update={"group_size": 2, "max_token_length": 100, "system_prompt": ""}),
+        [FakeServer()],
     )
-    env.percent_correct_buffer = []
     right = "\\boxed{5}"
     short, long = _node(20, 20), _node(20, 55)
-    rollouts = [
-        {"text": right, "node": short, "messages": []},
-        {"text": right, "node": long, "messages": []},
-    ]
-    group = env.score(rollouts, "5")
+    group = await _group(env, [(right, short), (right, long)])
     assert group["scores"] == [1.0, 1.0 - (75 - 50) / 50]  # both right: the longer one pays
-    same = [{"text": right, "node": short, "messages": []}] * 2
-    assert env.score(same, "5") is None  # identical scores carry no signal
-    wrong = [{"text": "\\boxed{4}", "node": short, "messages": []}] * 2
-    assert env.score(wrong, "5") is None
-    too_short = [{"text": right, "node": _node(20, 3), "messages": []}, rollouts[1]]
-    assert env.score(too_short, "5") is None  # < 10 generated tokens: skipped, group too small
-    env.config.ensure_scores_are_not_same = False
-    assert env.score(wrong, "5")["scores"] == [-1.0, -1.0]
-    assert env.percent_correct_buffer.count(1.0) == 5  # every scored right answer counts
+    assert group["messages"] is None  # token-only unless --env.include_messages
+    # identical scores carry no signal: BaseEnv drops such groups (ensure_scores_are_not_same)
+    assert (await _group(env, [(right, short)] * 2))["scores"] == [1.0, 1.0]
+    assert (await _group(env, [("\\boxed{4}", short)] * 2))["scores"] == [-1.0, -1.0]
+    too_short = [(right, _node(20, 3)), (right, long)]
+    assert await _group(env, too_short) is None  # < 10 generated tokens: skipped, group too small
+    assert env.train_correct.count(1.0) == 5  # every scored right answer counts
+    with pytest.raises(RolloutError, match="gold answer"):
+        await _group(env, [(right, short)] * 2, gold="")
 
 
 @needs_tokenizer
@@ -210,13 +237,15 @@ async def test_evaluate_reports_accuracy_and_writes_samples(tiny_gsm8k, tmp_path
     await env.setup()
     metrics = await env.evaluate()
     assert metrics["eval/num_questions"] == 4.0
-    right = sum(int(re.search(r"What is (\d+)", t["question"])[1]) <= 2000 for t in env.test)
+    right = sum(
+        int(re.search(r"What is (\d+)", t["question"])[1]) <= 2000 for t in env.eval_items
+    )
     assert metrics["eval/percent_correct"] == right / 4
     assert all(r.kwargs.get("temperature") == 0.6 for r in server.requests)
     samples = [
         json.loads(x) for x in (tmp_path / "evals" / "samples.jsonl").read_text().splitlines()
     ]
-    assert len(samples) == 4 and {s["score"] for s in samples} <= {0, 1}
+    assert len(samples) == 4 and {s["score"] for s in samples} <= {-1.0, 1.0}
     saved = json.loads((tmp_path / "evals" / "metrics.json").read_text())
     assert saved["results"]["all"]["eval/percent_correct"] == right / 4
 
@@ -246,36 +275,42 @@ async def test_completion_budget_fits_max_token_length(tiny_gsm8k):
         config.model_copy(update={"dataset_name": str(tiny_gsm8k), "max_token_length": 300}),
         [FakeServer()],
     )
-    messages, budget = env._budget("What is 1 + 2?")
+    messages = env.prompt({"question": "What is 1 + 2?"})
+    budget = env.max_tokens_for(messages)
     text = env.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert budget + len(env.tokenizer.encode(text)) == 300
     env.config.max_tokens = 20
-    assert env._budget("What is 1 + 2?")[1] == 20
+    assert env.max_tokens_for(env.prompt({"question": "What is 1 + 2?"})) == 20
     env.config.max_token_length = 10
     with pytest.raises(ValueError, match="max_token_length"):
-        env._budget("What is 1 + 2?")
+        env.max_tokens_for(messages)
 
 
 async def test_missing_local_directory_names_the_resolved_path(tmp_path):
     config, _ = GSM8kEnv.config_init()
     missing = str(tmp_path / "nope")
     env = GSM8kEnv(config.model_copy(update={"dataset_name": missing}), [FakeServer()])
-    with pytest.raises(ConfigError, match="no such directory"):
+    with pytest.raises(ConfigError, match="does not exist"):
         await env.setup()
 
 
 def test_system_prompt_may_contain_braces_and_gets_the_budget():
     config, _ = GSM8kEnv.config_init()
-    env = GSM8kEnv(config, [FakeServer()])
-    assert "maximum of 300 tokens" in env.messages("Q?", 300)[0]["content"]
-    assert "\\boxed{your answer here}" in env.messages("Q?", 300)[0]["content"]
+    env = GSM8kEnv(config.model_copy(update={"max_tokens": 300}), [FakeServer()])
+    item = {"question": "Q?"}
+    assert "maximum of 300 tokens" in env.prompt(item)[0]["content"]
+    assert "\\boxed{your answer here}" in env.prompt(item)[0]["content"]
     env.config.system_prompt = "Answer as \\boxed{number}; budget {max_tokens}."
-    assert env.messages("Q?", 50) == [
+    env.config.max_tokens = 50
+    assert env.prompt(item) == [
         {"role": "system", "content": "Answer as \\boxed{number}; budget 50."},
         {"role": "user", "content": "Q?"},
     ]
     env.config.system_prompt = ""
-    assert env.messages("Q?", 50) == [{"role": "user", "content": "Q?"}]
+    assert env.prompt(item) == [{"role": "user", "content": "Q?"}]
+    env.config.max_tokens = None  # default budget: all of max_token_length
+    env.config.system_prompt = "budget {max_tokens}"
+    assert env.prompt(item)[0]["content"] == "budget 2048"
 
 
 @pytest.mark.parametrize(

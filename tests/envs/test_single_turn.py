@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
-import types
 from pathlib import Path
 
 import pytest
@@ -23,15 +23,20 @@ def tok_dir(tmp_path_factory):
     return str(path)
 
 
+EXAMPLE = README.parent / "examples" / "add_env.py"
+
+
 @pytest.fixture(scope="module")
 def add_env_cls():
-    """The env class of README's "Writing an env" example, executed as a module."""
+    """The env class of examples/add_env.py, the file README's "Writing an env" shows."""
     text = README.read_text()
     section = text[text.index("### Writing an env"):]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert code == EXAMPLE.read_text(), "README's example and examples/add_env.py differ"
     assert 20 <= len(code.splitlines()) <= 35, "the README example should stay about 30 lines"
-    module = types.ModuleType("add_env")
-    exec(compile(code, "README:add_env.py", "exec"), module.__dict__)  # noqa: S102
+    spec = importlib.util.spec_from_file_location("add_env", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module.AddEnv
 
 
