@@ -1,29 +1,38 @@
-"""``BaseEnv``: the environment contract, group validation/sinks, and the process/evaluate runners.
+"""``BaseEnv``: the environment contract (the hooks an env implements and what it may read).
 
 Import surface (Atropos 0.4 compatible)::
 
     from atroposlib.envs.base import (BaseEnv, BaseEnvConfig, ScoredDataGroup, ScoredDataItem,
         APIServerConfig, ServerBaseline, EvalHandlingEnum, OpenaiConfig)
 
-The serve-mode worker loop lives in :mod:`atroposlib.envs.serve`, the CLI in
-:mod:`atroposlib.envs.cli`.
+The runners that drive an env (serve loop, process/evaluate, output sinks) live in
+:mod:`atroposlib.envs.runtime`, the CLI in :mod:`atroposlib.envs.cli`; this module imports
+neither (``cli()``/``env_manager()``/``process_manager()`` load them by name when called).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import importlib
 import json
 import logging
-import math
 import os
 import time
-from collections import Counter, deque
+from collections import deque
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
-from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
+from atroposlib.api.models import MASKED_LOGPROB
+from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
+from atroposlib.envs.groups import (
+    OPTIONAL_GROUP_KEYS,
+    ScoredDataGroup,
+    ScoredDataItem,
+    aggregate_items,
+    completion_lengths,
+    reject_reason,
+)
+from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState, RunStateView, state_property
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -33,103 +42,9 @@ from atroposlib.envs.server_handling.server_baseline import (
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
 from atroposlib.errors import RolloutError
-from atroposlib.type_definitions import Item, Message
+from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)
-
-
-class ScoredDataGroup(TypedDict, total=False):
-    """One scored group of rollouts, as sent to the API.
-
-    Shapes: ``G`` sequences, ``T_i`` tokens in sequence ``i``, ``K`` teacher top-k.
-
-    Keys:
-        tokens: ``[G][T_i]`` prompt + completion token ids.
-        masks: ``[G][T_i]`` ``-100`` at untrained positions, else the token id.
-        scores: ``[G]`` scalar rewards.
-        advantages: ``[G][T_i]`` optional per-token advantages.
-        ref_logprobs: ``[G][T_i]`` optional reference log-probs.
-        messages: ``[G]`` optional chat transcripts.
-        generation_params: optional sampling parameters (e.g. ``{"temperature": 1.0}``).
-        inference_logprobs: ``[G][T_i]`` sampler log-probs, ``1.0`` at masked positions.
-        group_overrides: optional per-group overrides (``group_size``, ``temperature`` ...).
-        overrides: ``[G]`` optional per-sequence overrides.
-        images: optional images.
-        distill_token_ids: ``[G][T_i][K]`` teacher top-k token ids.
-        distill_logprobs: ``[G][T_i][K]`` teacher top-k log-probs.
-        policy_version: trainer step of the weights that generated the group (an atroposlib
-            extension that stock Atropos servers ignore). In serve mode it is set to the step
-            the env knew when the rollout started, unless the env already set it.
-    """
-
-    tokens: list[list[int]]
-    masks: list[list[int]]
-    scores: list[float]
-    advantages: list[list[float]] | None
-    ref_logprobs: list[list[float]] | None
-    messages: list[list[Message]] | None
-    generation_params: dict[str, Any] | None
-    inference_logprobs: list[list[float]] | None
-    group_overrides: dict[str, Any] | None
-    overrides: list[dict[str, Any]] | None
-    images: Any | None
-    distill_token_ids: list[list[list[int]]] | None
-    distill_logprobs: list[list[list[float]]] | None
-    policy_version: int | None
-
-
-class ScoredDataItem(TypedDict, total=False):
-    """One scored rollout, returned by ``collect_trajectory`` (plus logprobs).
-
-    Keys: ``tokens [T]``, ``masks [T]``, ``scores`` (float), and optional ``advantages [T]``,
-    ``ref_logprobs [T]``, ``inference_logprobs [T]`` (1.0 at masked positions; carried into
-    the group, unlike upstream), ``messages``, ``group_overrides``, ``overrides``, ``images``,
-    ``distill_token_ids [T][K]``, ``distill_logprobs [T][K]``.
-    """
-
-    tokens: list[int]
-    masks: list[int]
-    scores: float
-    advantages: list[float] | None
-    ref_logprobs: list[float] | None
-    inference_logprobs: list[float] | None
-    messages: list[Message] | None
-    group_overrides: dict[str, Any] | None
-    overrides: dict[str, Any] | None
-    images: Any | None
-    distill_token_ids: list[list[int]] | None
-    distill_logprobs: list[list[float]] | None
-
-
-#: Per-sequence optional fields aggregated from ScoredDataItems into a group.
-_ITEM_LIST_FIELDS = (
-    "advantages",
-    "ref_logprobs",
-    "inference_logprobs",
-    "messages",
-    "overrides",
-    "images",
-    "distill_token_ids",
-    "distill_logprobs",
-)
-#: Optional group keys set to None when absent before sending.
-_OPTIONAL_GROUP_KEYS = tuple(k for k in ScoredDataGroup.__annotations__
-                             if k not in ("tokens", "masks", "scores", "policy_version"))
-#: Trainer step when the current rollout started; set per rollout task by the serve loop.
-ROLLOUT_POLICY_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "rollout_policy_version", default=None)
-
-
-def _dedup_path(path: Path) -> Path:
-    """``x.jsonl`` if free, else ``x_1.jsonl``, ``x_2.jsonl`` ..."""
-    if not path.exists():
-        return path
-    k = 1
-    while True:
-        candidate = path.with_name(f"{path.stem}_{k}{path.suffix}")
-        if not candidate.exists():
-            return candidate
-        k += 1
 
 
 class BaseEnv:
@@ -164,7 +79,10 @@ class BaseEnv:
     Available inside hooks: ``self.config``, ``self.tokenizer`` (HF tokenizer of
     ``config.tokenizer_name``, loaded lazily), ``self.server`` (a ``ServerManager``; use
     ``self.server.chat_completion(...)`` or ``self.server.managed_server(tokenizer=...)``),
-    ``self.curr_step`` and ``self.stats`` (counters of sent and dropped groups).
+    ``self.run_state`` (read-only view of the runner's :class:`RunState`: ``curr_step``,
+    ``env_id``, ``status``, trainer limits, ``stats``), also readable as the Atropos attributes
+    ``self.curr_step``, ``self.max_token_len``, ``self.env_id``, ``self.stats`` ... The config
+    is read-only once a runner starts (assigning a field raises ``FrozenConfigError``).
 
     Returning None, raising inside ``collect_trajectories``/``collect_trajectory``, or (while
     ``ensure_scores_are_not_same``) returning identical scores drops the group; drops are
@@ -219,32 +137,35 @@ class BaseEnv:
                 server.set_tokenizer_factory(lambda: self.tokenizer)
         self._tokenizer: Any = None
         self.max_num_workers = self._compute_max_num_workers()
-        self.curr_step = 0
-        self.max_token_len = -1
-        self.env_id: int | None = None
-        self.wandb_prepend: str | None = None
-        self.status_dict: dict[str, Any] = {}
-        self.checkpoint_dir: str | None = None
-        self.checkpoint_interval = -1
-        self.items_sent_this_step = 0
-        self.stats: Counter[str] = Counter()
-        self.completion_lengths: list[int] = []
         self.rollouts_for_wandb: deque[list[tuple[str, float]]] = deque(
             maxlen=max(1, config.num_rollouts_to_keep)
         )
-        self.task_durations: deque[float] = deque(maxlen=1000)
+        self._run_state = RunState.for_config(config)
         self._eval_metrics_path: Path | None = None
         self._eval_dir: Path | None = None
-        self._eval_mode = False
-        self._jsonl_path: Path | None = (
-            _dedup_path(Path(config.data_path_to_save_groups))
-            if config.data_path_to_save_groups
-            else None
-        )
-        self._jsonl_file: Any = None
-        self._wandb_run: Any = None
 
     # ------------------------------------------------------------------ construction helpers
+    curr_step = state_property("curr_step")
+    max_token_len = state_property("max_token_len")
+    env_id = state_property("env_id")
+    status_dict = state_property("status")
+    wandb_prepend = state_property("wandb_prepend")
+    checkpoint_dir = state_property("checkpoint_dir")
+    checkpoint_interval = state_property("checkpoint_interval")
+    items_sent_this_step = state_property("items_sent_this_step")
+    stats = state_property("stats")
+    completion_lengths = state_property("completion_lengths")
+    task_durations = state_property("task_durations")
+
+    @property
+    def run_state(self) -> RunStateView:
+        """Read-only view of the run state the runner owns (see :class:`RunState`)."""
+        return RunStateView(self._run_state)
+
+    def bind_run_state(self, state: RunState) -> None:
+        """Runners call this when they start: ``state`` becomes the one the env reads."""
+        self._run_state = state
+
     @classmethod
     def config_init(
         cls,
@@ -261,10 +182,11 @@ class BaseEnv:
     def derived_batch_size(self) -> int:
         """This env's share of a batch in sequences.
 
-        ``config.batch_size`` until a status is known (or when it is -1), else
+        The trainer's batch size (``config.batch_size`` until known) until a status is known
+        (or when it is -1), else
         ``int(batch_size * (unallocated_fraction + (min_batch_allocation or 0)))``.
         """
-        batch_size = self.config.batch_size
+        batch_size = self._run_state.batch_size
         if batch_size == -1 or not self.status_dict:
             return batch_size
         share = self.status_dict.get("unallocated_fraction", 1.0) + (
@@ -360,33 +282,7 @@ class BaseEnv:
                     "ScoredDataItem dict with tokens, masks and scores"
                 )
             items.append(scored)
-        return self._aggregate_items(items), backlog
-
-    @staticmethod
-    def _aggregate_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
-        group = ScoredDataGroup(
-            tokens=[list(i["tokens"]) for i in items],
-            masks=[list(i["masks"]) for i in items],
-            scores=[float(i["scores"]) for i in items],
-        )
-        for key in _ITEM_LIST_FIELDS:
-            values = [i.get(key) for i in items]
-            present = [v is not None for v in values]
-            if all(present):
-                group[key] = values
-            elif any(present):
-                raise RolloutError(
-                    f"{sum(present)} of {len(items)} rollouts set {key!r} and the others did "
-                    f"not; set {key} on every ScoredDataItem or on none"
-                )
-            else:
-                group[key] = None
-        overrides: dict[str, Any] = {}
-        for item in items:
-            overrides.update(item.get("group_overrides") or {})
-        group["group_overrides"] = overrides or None
-        group["generation_params"] = None
-        return group
+        return aggregate_items(items), backlog
 
     async def postprocess_histories(
         self, trajectories: ScoredDataGroup | list[ScoredDataGroup]
@@ -449,42 +345,8 @@ class BaseEnv:
         logger.info("loaded env checkpoint %s (step %d)", best, step)
 
     # ------------------------------------------------------------------ group validation & sinks
-    def _expected_group_size(self, group: ScoredDataGroup) -> int:
-        overrides = group.get("group_overrides") or {}
-        return int(overrides.get("group_size", self.config.group_size))
-
-    def _reject_reason(
-        self, group: ScoredDataGroup, abort_on_any_max_length_exceeded: bool
-    ) -> tuple[str, str] | None:
-        """Return ``(counter_key, message)`` when a group must be dropped, else None."""
-        for key in ("tokens", "masks", "scores"):
-            if key not in group or group[key] is None:
-                return "invalid", f"group has no {key!r}"
-        problem = group_shape_error(group)  # type: ignore[arg-type]
-        if problem:
-            return "invalid", problem
-        expected = self._expected_group_size(group)
-        if len(group["tokens"]) != expected:
-            return (
-                "wrong_size",
-                f"group has {len(group['tokens'])} sequences, expected {expected} "
-                "(set group_overrides['group_size'] for variable-size groups)",
-            )
-        if self.config.ensure_scores_are_not_same and len(set(group["scores"])) <= 1 and len(
-            group["scores"]
-        ) > 1:
-            return "same_scores", "all scores are identical (no learning signal)"
-        if self.max_token_len > 0 and abort_on_any_max_length_exceeded:
-            longest = max(len(t) for t in group["tokens"])
-            if longest >= self.max_token_len:
-                return (
-                    "too_long",
-                    f"a sequence has {longest} tokens >= max_token_len {self.max_token_len}",
-                )
-        return None
-
     def _normalise_group(self, group: ScoredDataGroup) -> ScoredDataGroup:
-        for key in _OPTIONAL_GROUP_KEYS:
+        for key in OPTIONAL_GROUP_KEYS:
             group.setdefault(key, None)  # type: ignore[misc]
         group["scores"] = [float(s) for s in group["scores"]]
         if self.config.include_messages and group.get("messages") is None:
@@ -493,14 +355,6 @@ class BaseEnv:
                 for tokens in group["tokens"]
             ]
         return group
-
-    def _record_group(self, group: ScoredDataGroup, item: Item = None) -> None:
-        lengths = [sum(1 for m in masks if m != IGNORE_INDEX) for masks in group["masks"]]
-        self.completion_lengths.extend(lengths)
-        if len(self.completion_lengths) > 10_000:
-            del self.completion_lengths[: len(self.completion_lengths) - 10_000]
-        if self.config.use_wandb:
-            self.add_rollouts_for_wandb(group, item)
 
     def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None) -> None:
         """Keep some rollouts of an accepted group for the W&B ``train/rollouts`` table.
@@ -546,29 +400,13 @@ class BaseEnv:
         except Exception:  # noqa: BLE001 - logging text is best-effort
             return str(group["tokens"][index][:64])
 
-    def _write_jsonl(self, group: ScoredDataGroup) -> None:
-        if self._jsonl_path is None:
-            return
-        if self._jsonl_file is None:
-            self._jsonl_path.parent.mkdir(parents=True, exist_ok=True)
-            self._jsonl_file = open(self._jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
-        from atroposlib.utils.io import dumps_line
-
-        self._jsonl_file.write(dumps_line(group))
-        self._jsonl_file.flush()
-
-    def _close_jsonl(self) -> None:
-        if self._jsonl_file is not None:
-            self._jsonl_file.close()
-            self._jsonl_file = None
-
     def _accept_groups(
         self,
         scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
         abort_on_any_max_length_exceeded: bool = True,
         item: Item = None,
     ) -> list[ScoredDataGroup]:
-        """Validate groups, drop (log + count) bad ones, record and write the rest to JSONL.
+        """Validate groups, drop (log + count) bad ones, record the rest (lengths, counters).
 
         Args:
             scored_data: one group, a list of groups (None entries are skipped), or None.
@@ -590,7 +428,10 @@ class BaseEnv:
                 self.stats["groups_dropped_invalid"] += 1
                 logger.warning("dropping a %s: groups must be ScoredDataGroup dicts", type(group))
                 continue
-            reason = self._reject_reason(group, abort_on_any_max_length_exceeded)
+            reason = reject_reason(
+                group, self.config.group_size, self.config.ensure_scores_are_not_same,
+                self.max_token_len if abort_on_any_max_length_exceeded else -1,
+            )
             if reason is not None:
                 key, message = reason
                 self.stats[f"groups_dropped_{key}"] += 1
@@ -598,8 +439,9 @@ class BaseEnv:
                 log("dropping group: %s", message)
                 continue
             group = self._normalise_group(group)
-            self._record_group(group, item)
-            self._write_jsonl(group)
+            lengths = self._run_state.completion_lengths
+            lengths.extend(completion_lengths(group))
+            del lengths[: max(0, len(lengths) - 10_000)]
             self.stats["groups_accepted"] += 1
             accepted.append(group)
         return accepted
@@ -611,16 +453,20 @@ class BaseEnv:
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,
     ) -> list[ScoredDataGroup]:
-        """Validate, record and (in serve mode) queue groups for sending to the API.
+        """Validate and record groups; write them to the run's sinks and the API outbox.
 
-        Groups go to a bounded local outbox drained by the serve loop, so a finished group is
-        never lost to an API outage. Each sent group gets ``policy_version``: the trainer step
-        when its rollout started (else ``curr_step``), unless it already has one. Returns the
-        accepted groups.
+        Accepted groups go to every sink of the run (JSONL, W&B) and, with ``do_send_to_api``
+        (serve mode), to the outbox the serve loop drains, so a finished group is never lost
+        to an API outage. Each sent group gets ``policy_version``: the trainer step when its
+        rollout started (else ``curr_step``), unless it already has one. Returns the accepted
+        groups.
         """
         accepted = self._accept_groups(scored_data, abort_on_any_max_length_exceeded, item)
+        for group in accepted:
+            for sink in self._run_state.sinks:
+                await sink.write(group, item)
         if do_send_to_api and accepted:
-            outbox = getattr(self, "_outbox", None)
+            outbox = self._run_state.outbox
             if outbox is None:
                 raise RuntimeError(
                     "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
@@ -630,102 +476,16 @@ class BaseEnv:
             for group in accepted:
                 if group.get("policy_version") is None:
                     group["policy_version"] = self.curr_step if version is None else version
-                await outbox.put(group)
+                await outbox.write(group, item)
         return accepted
 
-    async def _run_item(self, item: Item, abort_on_any_max_length_exceeded: bool = True) -> Any:
-        """Collect -> postprocess for one item; exceptions are logged, counted, and give None."""
-        start = time.perf_counter()
-        try:
-            result, backlog = await self.collect_trajectories(item)
-            if result is not None:
-                result = await self.postprocess_histories(result)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a bad rollout is data: log, count, drop
-            self.stats["groups_dropped_error"] += 1
-            logger.warning(
-                "rollout failed, dropping its group (%s: %s)", type(exc).__name__, exc,
-                exc_info=logger.isEnabledFor(logging.DEBUG),
-            )
-            return None, []
-        finally:
-            self.task_durations.append(time.perf_counter() - start)
-        if result is None:
-            self.stats["groups_dropped_none"] += 1
-        return result, list(backlog or [])
-
-    # ------------------------------------------------------------------ process mode
     async def process_manager(self, show_progress: bool = True) -> Path | None:
-        """Generate ``config.total_steps`` groups without an API and write them to JSONL + HTML.
+        """Process mode: write ``config.total_steps`` groups to JSONL + HTML without an API.
 
-        ``total_steps <= 0`` means: until ``get_next_item`` returns None.
-
-        Returns:
-            The JSONL path written, or None when no path was configured.
-
-        Raises:
-            RuntimeError: ``get_next_item`` ran dry before any group was produced.
+        See :func:`atroposlib.envs.runtime.process.run_process`; returns the JSONL path or None.
         """
-        from tqdm.auto import tqdm
-
-        await self.setup()
-        self._maybe_init_wandb()
-        target = self.config.total_steps if self.config.total_steps > 0 else math.inf
-        done = 0
-        consecutive_failures = 0
-        backlog: list[Item] = []
-        progress = tqdm(
-            total=None if target == math.inf else target,
-            desc=f"{self.name or 'env'} groups",
-            disable=not show_progress,
-        )
-        try:
-            while done < target:
-                item = backlog.pop(0) if backlog else await self.get_next_item()
-                if item is None:
-                    logger.info("get_next_item returned None: stopping after %d groups", done)
-                    break
-                result, more = await self._run_item(item, abort_on_any_max_length_exceeded=False)
-                backlog.extend(more)
-                # Through the public hook (as upstream does), so subclasses that enrich groups
-                # before they are saved (e.g. TeacherDistillationEnv) also act in process mode.
-                accepted = await self.handle_send_to_api(
-                    result, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False
-                )
-                await self.cleanup()
-                if not accepted:
-                    consecutive_failures += 1
-                    limit = self.config.max_consecutive_failures
-                    if 0 < limit <= consecutive_failures:
-                        raise RolloutError(
-                            f"{consecutive_failures} items in a row produced no usable group "
-                            f"(stats: {dict(self.stats)}); check the log above for the failing "
-                            "rollouts, or raise --env.max_consecutive_failures"
-                        )
-                    if consecutive_failures in (10, 100, 1000):
-                        logger.warning(
-                            "%d items in a row produced no usable group; stats: %s",
-                            consecutive_failures,
-                            dict(self.stats),
-                        )
-                    continue
-                consecutive_failures = 0
-                done += len(accepted)
-                progress.update(len(accepted))
-                await self.wandb_log({})
-        finally:
-            # Also on Ctrl-C: what was generated stays on disk, with its HTML view.
-            progress.close()
-            self._close_jsonl()
-            await self.server.aclose()
-            if self._jsonl_path is not None and self._jsonl_path.exists():
-                from atroposlib.frontend.jsonl2html import generate_html
-
-                html = generate_html(self._jsonl_path)
-                logger.info("wrote %d groups to %s and %s", done, self._jsonl_path, html)
-            self._finish_wandb()
-        return self._jsonl_path
+        runtime = importlib.import_module("atroposlib.envs.runtime")
+        return await runtime.run_process(self, show_progress=show_progress)
 
     # ------------------------------------------------------------------ evaluation
     def _eval_dir_path(self) -> Path:
@@ -772,7 +532,7 @@ class BaseEnv:
         """
         from atroposlib.envs.eval import evaluate_log
 
-        writes = bool(self.config.data_dir_to_save_evals or self._eval_mode)
+        writes = bool(self.config.data_dir_to_save_evals or self._run_state.eval_mode)
         path = evaluate_log(
             metrics,
             eval_dir=self._eval_dir_path() if writes else None,
@@ -793,54 +553,8 @@ class BaseEnv:
         return path
 
     async def _evaluate_and_save(self) -> Path:
-        """Run ``setup`` and ``evaluate``; make sure ``metrics.json`` exists; return its path."""
-        self._eval_mode = True
-        await self.setup()
-        start = time.time()
-        try:
-            metrics = await self.evaluate()
-        finally:
-            await self.server.aclose()
-        if self._eval_metrics_path is None:  # evaluate() did not call evaluate_log itself
-            self.evaluate_log(dict(metrics or {}), start_time=start)
-        assert self._eval_metrics_path is not None
-        if self.config.use_wandb:
-            self._maybe_init_wandb()
-            await self.wandb_log({f"eval/{k}" if "/" not in k else k: v for k, v in (metrics or {}).items()})
-            self._finish_wandb()
-        return self._eval_metrics_path
-
-    # ------------------------------------------------------------------ logging
-    def _maybe_init_wandb(self, project: str | None = None, group: str | None = None) -> None:
-        if not self.config.use_wandb or self._wandb_run is not None:
-            return
-        import random
-        import string
-
-        import wandb
-
-        base = self.config.wandb_name or self.name or "env"
-        suffix = "".join(random.choices(string.ascii_lowercase, k=6))
-        try:
-            self._wandb_run = wandb.init(
-                project=project,
-                group=group,
-                name=f"{base}-{time.strftime('%Y-%m-%d')}-{suffix}",
-                config=self.config.model_dump(mode="json"),
-                reinit="finish_previous",
-            )
-        except Exception as exc:  # noqa: BLE001 - metrics must not stop data generation
-            logger.warning(
-                "W&B init failed (%s); continuing without W&B. Log in (`wandb login`), set "
-                "WANDB_MODE=offline, or pass --env.use_wandb false",
-                exc,
-            )
-            self.config.use_wandb = False
-
-    def _finish_wandb(self) -> None:
-        if self._wandb_run is not None:
-            self._wandb_run.finish()
-            self._wandb_run = None
+        """Evaluate mode (see :func:`atroposlib.envs.runtime.process.run_evaluate`)."""
+        return await importlib.import_module("atroposlib.envs.runtime").run_evaluate(self)
 
     def perf_stats(self) -> dict[str, float]:
         """Mean/std/max/min of recent rollout-group durations (seconds)."""
@@ -890,17 +604,13 @@ class BaseEnv:
     # ------------------------------------------------------------------ serve mode
     async def env_manager(self) -> None:
         """Serve mode: register with the API and keep it fed with groups until told to stop."""
-        from atroposlib.envs.serve import ServeLoop
-
-        await ServeLoop(self).run()
+        await importlib.import_module("atroposlib.envs.runtime").ServeLoop(self).run()
 
     # ------------------------------------------------------------------ CLI
     @classmethod
     def cli(cls, argv: list[str] | None = None) -> None:
         """Run the command line: ``python my_env.py serve|process|evaluate [--env.* ...]``."""
-        from atroposlib.envs.cli import run_cli
-
-        run_cli(cls, argv)
+        importlib.import_module("atroposlib.envs.cli").run_cli(cls, argv)
 
 
 __all__ = [
@@ -908,8 +618,12 @@ __all__ = [
     "BaseEnv",
     "BaseEnvConfig",
     "EvalHandlingEnum",
+    "FrozenConfigError",
     "MASKED_LOGPROB",
     "OpenaiConfig",
+    "ROLLOUT_POLICY_VERSION",
+    "ReasoningConfig",
+    "RunState",
     "ScoredDataGroup",
     "ScoredDataItem",
     "ServerBaseline",

@@ -105,6 +105,7 @@ async def check_env(
         AssertionError: an invariant is violated, ``collect_trajectories`` raised or returned
             the wrong shape, or no group was produced within ``max_items`` items.
     """
+    from atroposlib.envs.runtime.step import Skip, run_item
     from atroposlib.testing.fake_server import FakeServer
 
     env_config, _ = env_cls.config_init()
@@ -127,24 +128,14 @@ async def check_env(
             tried += 1
             item = await env.get_next_item()
             assert item is not None, f"{env_cls.__name__}.get_next_item() returned None after setup()"
-            try:
-                result = await env.collect_trajectories(item)
-            except Exception as exc:
+            # The same step the runners take; check_group below is stricter than its checks.
+            outcome = await run_item(env, item, validate=False)
+            if outcome.reason in (Skip.ERROR, Skip.INFERENCE):
+                exc = outcome.error
                 raise AssertionError(
                     f"{env_cls.__name__}.collect_trajectories raised {type(exc).__name__}: {exc}"
                 ) from exc
-            assert isinstance(result, tuple) and len(result) == 2, (
-                f"{env_cls.__name__}.collect_trajectories must return (group | list | None, "
-                f"backlog_items), got {type(result).__name__}"
-            )
-            scored, backlog = result
-            assert backlog is None or isinstance(backlog, list), (
-                f"backlog must be a list of items, got {type(backlog).__name__}"
-            )
-            if scored is None:
-                continue
-            scored = await env.postprocess_histories(scored)
-            batch = scored if isinstance(scored, list) else [scored]
+            batch = outcome.groups
             for k, group in enumerate(batch):
                 if group is None:
                     continue

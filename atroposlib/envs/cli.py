@@ -329,7 +329,9 @@ async def _run_mode(env: BaseEnv, mode: str) -> Any:
         return path
     stop = asyncio.Event()
     _install_signal_handlers(stop)
-    env._stop_event = stop
+    from atroposlib.envs.runtime.serve import SERVE_STOP_EVENT
+
+    SERVE_STOP_EVENT.set(stop)  # the serve loop env_manager() starts stops on it
     return await env.env_manager()
 
 

@@ -8,9 +8,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from atroposlib.defaults import DEFAULT_API_URL
+from atroposlib.errors import ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
 
 
@@ -21,6 +22,10 @@ class UnknownConfigFieldWarning(UserWarning):
     ``BaseEnvConfig(score_buffer_size=5)``: the values are kept as attributes so existing
     environments run unmodified, but they are not validated and have no ``--env.*`` flag.
     """
+
+
+class FrozenConfigError(ConfigError, AttributeError):
+    """A field of an env config was assigned after a runner started (the config is read-only)."""
 
 
 class EvalHandlingEnum(StrEnum):
@@ -157,6 +162,38 @@ class BaseEnvConfig(BaseModel):
         default=None, description="System prompt used for thinking mode instead of the default."
     )
 
+    _frozen: bool = PrivateAttr(default=False)
+
+    def freeze(self) -> None:
+        """Make the config read-only; runners call this when they start.
+
+        The env and its ``config_init``/``__init__`` may adjust fields until then. A frozen
+        config is shared by the env and its runner, so a later change would be seen by some
+        parts of the run and not others; ``model_copy(update=...)`` gives a new, unfrozen one.
+        """
+        self._frozen = True
+
+    @property
+    def frozen(self) -> bool:
+        """True once a runner has started with this config (assignments then raise)."""
+        return self._frozen
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_") and self.__pydantic_private__ and self.__pydantic_private__.get("_frozen"):
+            raise FrozenConfigError(
+                f"cannot set {type(self).__name__}.{name}: the env config is read-only once a "
+                "runner has started. Set it before (in config_init, the env's __init__ or with "
+                f"--env.{name}); trainer-given values (batch_size, max_token_len, total_steps) "
+                "are in env.run_state"
+            )
+        super().__setattr__(name, value)
+
+    def model_copy(self, *, update: Any = None, deep: bool = False) -> Any:
+        """A copy (with ``update`` applied) that is not frozen."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._frozen = False
+        return copy
+
     @field_validator("tokenizer_name", mode="after")
     @classmethod
     def _default_tokenizer(cls, value: str | None) -> str:
@@ -198,4 +235,4 @@ def _caller_stacklevel() -> int:
     return level
 
 
-__all__ = ["BaseEnvConfig", "EvalHandlingEnum", "UnknownConfigFieldWarning"]
+__all__ = ["BaseEnvConfig", "EvalHandlingEnum", "FrozenConfigError", "UnknownConfigFieldWarning"]

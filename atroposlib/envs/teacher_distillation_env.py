@@ -45,6 +45,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.groups import reject_reason
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -297,10 +298,10 @@ class TeacherDistillationEnv(BaseEnv):
         """
         if self.__dict__.get("teacher") is None:
             return group
-        if "stats" not in self.__dict__:  # an env built without __init__ (tests)
-            from collections import Counter
+        if "_run_state" not in self.__dict__:  # an env built without __init__ (tests)
+            from atroposlib.envs.run_state import RunState
 
-            self.stats = Counter()
+            self._run_state = RunState()
         await self._enrich_group(group)
         return group
 
@@ -459,7 +460,10 @@ class TeacherDistillationEnv(BaseEnv):
             todo = [
                 g for g in groups
                 if isinstance(g, dict)
-                and self._reject_reason(g, abort_on_any_max_length_exceeded) is None
+                and reject_reason(
+                    g, self.config.group_size, self.config.ensure_scores_are_not_same,
+                    self.max_token_len if abort_on_any_max_length_exceeded else -1,
+                ) is None
             ]
             await asyncio.gather(*(self._enrich_group(g) for g in todo))
         return await super().handle_send_to_api(

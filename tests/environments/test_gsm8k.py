@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from atroposlib.envs.checks import check_env
+from atroposlib.envs.run_state import RunState
 from atroposlib.errors import ConfigError, RolloutError
 from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.testing.fake_server import FakeServer
@@ -255,13 +256,13 @@ async def test_checkpoint_restores_the_position(tiny_gsm8k, tmp_path):
     config, _ = GSM8kEnv.config_init()
     config = config.model_copy(update={"dataset_name": str(tiny_gsm8k)})
     env = GSM8kEnv(config, [FakeServer()])
-    env.checkpoint_dir = str(tmp_path)
+    env.bind_run_state(RunState(checkpoint_dir=str(tmp_path)))
     await env.setup()
     for _ in range(3):
         await env.get_next_item()
     env.save_checkpoint(7)
     fresh = GSM8kEnv(config, [FakeServer()])
-    fresh.checkpoint_dir, fresh.curr_step = str(tmp_path), 7
+    fresh.bind_run_state(RunState(checkpoint_dir=str(tmp_path), curr_step=7))
     await fresh.setup()
     fresh.load_checkpoint()
     assert fresh.iter == 3

@@ -7,6 +7,9 @@ import json
 import pytest
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.groups import aggregate_items
+from atroposlib.envs.run_state import RunState
+from atroposlib.envs.runtime.sinks import WandbSink
 from atroposlib.envs.serve import offpolicy_room
 from atroposlib.errors import RolloutError
 from atroposlib.testing.fake_server import FakeServer
@@ -20,6 +23,13 @@ def _env(tokenizer, **overrides) -> BaseEnv:
     return env
 
 
+def _bind(env: BaseEnv, **values) -> RunState:
+    """Bind a run state as a runner would (the env's run attributes are read-only)."""
+    state = RunState.for_config(env.config, **values)
+    env.bind_run_state(state)
+    return state
+
+
 def _group(scores=(1.0, 0.0), length=3, **extra) -> ScoredDataGroup:
     return ScoredDataGroup(
         tokens=[[5] * length for _ in scores], masks=[[-100] + [5] * (length - 1) for _ in scores],
@@ -29,7 +39,7 @@ def _group(scores=(1.0, 0.0), length=3, **extra) -> ScoredDataGroup:
 
 def test_groups_are_validated_dropped_and_counted(tiny_tokenizer):
     env = _env(tiny_tokenizer)
-    env.max_token_len = 10
+    _bind(env, max_token_len=10)
     bad_masks = _group()
     bad_masks["masks"][1] = [1]
     accepted = env._accept_groups([
@@ -67,10 +77,10 @@ def test_default_aggregation_rejects_partially_set_fields():
         {"tokens": [1, 3], "masks": [-100, 3], "scores": 0.0},
     ]
     with pytest.raises(RolloutError, match="inference_logprobs"):
-        BaseEnv._aggregate_items(items)
+        aggregate_items(items)
     items[1]["inference_logprobs"] = [1.0, -0.2]
     items[0]["group_overrides"] = {"temperature": 0.7}
-    group = BaseEnv._aggregate_items(items)
+    group = aggregate_items(items)
     assert group["inference_logprobs"] == [[1.0, -0.1], [1.0, -0.2]]
     assert group["group_overrides"] == {"temperature": 0.7}
     assert group["advantages"] is None
@@ -99,12 +109,12 @@ async def test_process_counts_failures_and_still_produces_total_steps_groups(tin
 
 def test_checkpoint_roundtrip_uses_newest_at_or_before_step(tiny_tokenizer, tmp_path):
     env = _env(tiny_tokenizer)
-    env.checkpoint_dir, env.wandb_prepend = str(tmp_path), "chat_length_0"
+    _bind(env, checkpoint_dir=str(tmp_path), wandb_prepend="chat_length_0")
     env.save_checkpoint(10, {"iter": 10})
     env.save_checkpoint(20, {"iter": 20})
     env.save_checkpoint(30)  # no data: nothing written
     fresh = _env(tiny_tokenizer)
-    fresh.checkpoint_dir, fresh.wandb_prepend, fresh.curr_step = str(tmp_path), "chat_length_0", 25
+    _bind(fresh, checkpoint_dir=str(tmp_path), wandb_prepend="chat_length_0", curr_step=25)
     fresh.load_checkpoint()
     assert fresh.iter == 20  # upstream needed an exact step match
     assert not (tmp_path / "env_checkpoints" / "chat_length_0" / "step-30.json").exists()
@@ -129,9 +139,11 @@ async def test_wandb_logging_offline(tiny_tokenizer, tmp_path, monkeypatch):
     import wandb
 
     env = _env(tiny_tokenizer, use_wandb=True)
-    env._maybe_init_wandb(project="atroposlib-tests")
+    sink = WandbSink(env)
+    _bind(env, sinks=[sink])
+    sink.start(project="atroposlib-tests")
     try:
-        env._accept_groups(_group())
+        await env.handle_send_to_api(_group(), do_send_to_api=False)
         await env.wandb_log({"custom/metric": 1.5})
         summary = dict(wandb.run.summary)
         assert summary["custom/metric"] == 1.5
@@ -140,7 +152,7 @@ async def test_wandb_logging_offline(tiny_tokenizer, tmp_path, monkeypatch):
         assert any(k.startswith("server/server_0_") for k in summary)
         assert "train/rollouts" in summary  # the rollout table was logged
     finally:
-        env._finish_wandb()
+        await sink.close()
     assert wandb.run is None
 
 

@@ -227,13 +227,12 @@ async def test_groups_carry_the_policy_version_their_rollout_started_with(tiny_t
     loop = ServeLoop(env)
     await loop.client.aclose()
     loop.client._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")
-    env._outbox = loop.outbox
     await env.setup()
 
-    env.curr_step = 7
+    loop.state.curr_step = 7
     slow = asyncio.create_task(loop._worker(await env.get_next_item()))
     await asyncio.sleep(0.05)  # the rollout is under way with the step-7 weights
-    env.curr_step = 9
+    loop.state.curr_step = 9
     await slow
     await loop._worker(await env.get_next_item())
     stale, fresh = loop.outbox.get_nowait(), loop.outbox.get_nowait()
@@ -244,7 +243,7 @@ async def test_groups_carry_the_policy_version_their_rollout_started_with(tiny_t
         wandb_group="g", wandb_project="p", batch_size=4, max_token_len=512, checkpoint_dir="",
         save_checkpoint_interval=-1, starting_step=9, num_steps=100))
     assert await trainer.get_batch() is None
-    env.env_id = (await trainer.register_env(RegisterEnv(
+    loop.state.env_id = (await trainer.register_env(RegisterEnv(
         max_token_length=512, desired_name="e", weight=1.0, group_size=4)))["env_id"]
     assert await loop.send_group(stale) and await loop.send_group(fresh)
     batch = await trainer.get_batch()

@@ -33,8 +33,8 @@ async def test_lost_replies_and_a_flush_resend_store_each_group_once(tiny_tokeni
         env = ChatLengthEnv(BaseEnvConfig(group_size=2, use_wandb=False,
                                           rollout_server_url="http://api"), [FakeServer()])
         env.tokenizer = tiny_tokenizer
-        env.env_id = env_id
         loop = ServeLoop(env)
+        loop.state.env_id = env_id
         lossy = LoseReplies(httpx.ASGITransport(app=app), first_n("/scored_data", 2))
         loop.client = AsyncAtroposClient("http://api", transport=lossy, max_attempts=1)
         assert await loop.send_group(group(1))  # two replies lost; the sender's retries resend

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.envs.checks import check_env
+from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
 
@@ -107,14 +108,14 @@ async def test_train_accuracy_is_logged_then_reset(add_env_cls, tok_dir, tmp_pat
 
 async def test_checkpoint_restores_the_cursor(add_env_cls, tok_dir, tmp_path):
     env = _env(add_env_cls, tok_dir, tmp_path)
-    env.checkpoint_dir = str(tmp_path / "ck")
+    env.bind_run_state(RunState(checkpoint_dir=str(tmp_path / "ck")))
     await env.setup()
     items = [await env.get_next_item() for _ in range(5)]
     env.save_checkpoint(10)
     following = await env.get_next_item()
 
     resumed = _env(add_env_cls, tok_dir, tmp_path)
-    resumed.checkpoint_dir, resumed.curr_step = str(tmp_path / "ck"), 12
+    resumed.bind_run_state(RunState(checkpoint_dir=str(tmp_path / "ck"), curr_step=12))
     await resumed.setup()
     resumed.load_checkpoint()
     assert resumed.iter == 5

@@ -17,6 +17,7 @@ from atroposlib.envs.base import (  # the exact upstream import surface
     ScoredDataGroup,
 )
 from atroposlib.envs.checks import check_env
+from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 from atroposlib.type_definitions import Item, number
 
@@ -135,7 +136,7 @@ async def test_upstream_style_env_evaluate_log_and_process(tiny_tokenizer_dir, t
     env2 = UpstreamStyleEnv(config, [FakeServer(_script)])
     await env2.process_manager(show_progress=False)
     assert len((tmp_path / "g.jsonl").read_text().splitlines()) == 2
-    env2.checkpoint_dir = str(tmp_path / "ck")
+    env2.bind_run_state(RunState(checkpoint_dir=str(tmp_path / "ck")))
     env2.save_checkpoint(5)
     assert json.loads((tmp_path / "ck/env_checkpoints/upstream_style/step-5.json").read_text()) == {
         "iter": env2.iter}

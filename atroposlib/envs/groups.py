@@ -1,0 +1,180 @@
+"""Scored groups: the ``ScoredDataGroup``/``ScoredDataItem`` wire shapes and the pure checks on them.
+
+Everything here is a pure function of a group and a few limits, so the env contract
+(:mod:`atroposlib.envs.base`), the runners (:mod:`atroposlib.envs.runtime`) and ``check_env`` share
+one definition of what a valid group is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from atroposlib.api.models import IGNORE_INDEX, group_shape_error
+from atroposlib.errors import RolloutError
+from atroposlib.type_definitions import Message
+
+
+class ScoredDataGroup(TypedDict, total=False):
+    """One scored group of rollouts, as sent to the API.
+
+    Shapes: ``G`` sequences, ``T_i`` tokens in sequence ``i``, ``K`` teacher top-k.
+
+    Keys:
+        tokens: ``[G][T_i]`` prompt + completion token ids.
+        masks: ``[G][T_i]`` ``-100`` at untrained positions, else the token id.
+        scores: ``[G]`` scalar rewards.
+        advantages: ``[G][T_i]`` optional per-token advantages.
+        ref_logprobs: ``[G][T_i]`` optional reference log-probs.
+        messages: ``[G]`` optional chat transcripts.
+        generation_params: optional sampling parameters (e.g. ``{"temperature": 1.0}``).
+        inference_logprobs: ``[G][T_i]`` sampler log-probs, ``1.0`` at masked positions.
+        group_overrides: optional per-group overrides (``group_size``, ``temperature`` ...).
+        overrides: ``[G]`` optional per-sequence overrides.
+        images: optional images.
+        distill_token_ids: ``[G][T_i][K]`` teacher top-k token ids.
+        distill_logprobs: ``[G][T_i][K]`` teacher top-k log-probs.
+        policy_version: trainer step of the weights that generated the group (an atroposlib
+            extension that stock Atropos servers ignore). In serve mode it is set to the step
+            the env knew when the rollout started, unless the env already set it.
+    """
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None
+    ref_logprobs: list[list[float]] | None
+    messages: list[list[Message]] | None
+    generation_params: dict[str, Any] | None
+    inference_logprobs: list[list[float]] | None
+    group_overrides: dict[str, Any] | None
+    overrides: list[dict[str, Any]] | None
+    images: Any | None
+    distill_token_ids: list[list[list[int]]] | None
+    distill_logprobs: list[list[list[float]]] | None
+    policy_version: int | None
+
+
+class ScoredDataItem(TypedDict, total=False):
+    """One scored rollout, returned by ``collect_trajectory`` (plus logprobs).
+
+    Keys: ``tokens [T]``, ``masks [T]``, ``scores`` (float), and optional ``advantages [T]``,
+    ``ref_logprobs [T]``, ``inference_logprobs [T]`` (1.0 at masked positions; carried into
+    the group, unlike upstream), ``messages``, ``group_overrides``, ``overrides``, ``images``,
+    ``distill_token_ids [T][K]``, ``distill_logprobs [T][K]``.
+    """
+
+    tokens: list[int]
+    masks: list[int]
+    scores: float
+    advantages: list[float] | None
+    ref_logprobs: list[float] | None
+    inference_logprobs: list[float] | None
+    messages: list[Message] | None
+    group_overrides: dict[str, Any] | None
+    overrides: dict[str, Any] | None
+    images: Any | None
+    distill_token_ids: list[list[int]] | None
+    distill_logprobs: list[list[float]] | None
+
+
+#: Per-sequence optional fields aggregated from ScoredDataItems into a group.
+ITEM_LIST_FIELDS = (
+    "advantages",
+    "ref_logprobs",
+    "inference_logprobs",
+    "messages",
+    "overrides",
+    "images",
+    "distill_token_ids",
+    "distill_logprobs",
+)
+#: Optional group keys set to None when absent before sending.
+OPTIONAL_GROUP_KEYS = tuple(k for k in ScoredDataGroup.__annotations__
+                             if k not in ("tokens", "masks", "scores", "policy_version"))
+
+
+def aggregate_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
+    """Aggregate ``G`` rollouts (``ScoredDataItem``) into one group.
+
+    ``tokens``/``masks``/``scores`` always; each optional per-sequence field when every item
+    has it (None when no item has it); ``group_overrides`` merged (later items win).
+
+    Raises:
+        RolloutError: items disagree on an optional field (some set it, others not).
+    """
+    group = ScoredDataGroup(
+        tokens=[list(i["tokens"]) for i in items],
+        masks=[list(i["masks"]) for i in items],
+        scores=[float(i["scores"]) for i in items],
+    )
+    for key in ITEM_LIST_FIELDS:
+        values = [i.get(key) for i in items]
+        present = [v is not None for v in values]
+        if all(present):
+            group[key] = values
+        elif any(present):
+            raise RolloutError(
+                f"{sum(present)} of {len(items)} rollouts set {key!r} and the others did "
+                f"not; set {key} on every ScoredDataItem or on none"
+            )
+        else:
+            group[key] = None
+    overrides: dict[str, Any] = {}
+    for item in items:
+        overrides.update(item.get("group_overrides") or {})
+    group["group_overrides"] = overrides or None
+    group["generation_params"] = None
+    return group
+
+
+def reject_reason(
+    group: ScoredDataGroup,
+    group_size: int,
+    ensure_scores_are_not_same: bool,
+    max_token_len: int = -1,
+) -> tuple[str, str] | None:
+    """Why a group must be dropped, as ``(counter_key, message)``; None when it is usable.
+
+    Keys: ``invalid`` (missing tokens/masks/scores or ragged rows), ``wrong_size`` (not
+    ``group_size`` sequences, or ``group_overrides["group_size"]``), ``same_scores`` (all
+    ``G > 1`` scores equal while ``ensure_scores_are_not_same``: no learning signal),
+    ``too_long`` (a sequence of ``>= max_token_len`` tokens; only checked when
+    ``max_token_len > 0``).
+    """
+    for key in ("tokens", "masks", "scores"):
+        if key not in group or group[key] is None:
+            return "invalid", f"group has no {key!r}"
+    problem = group_shape_error(group)  # type: ignore[arg-type]
+    if problem:
+        return "invalid", problem
+    expected = int((group.get("group_overrides") or {}).get("group_size", group_size))
+    if len(group["tokens"]) != expected:
+        return (
+            "wrong_size",
+            f"group has {len(group['tokens'])} sequences, expected {expected} "
+            "(set group_overrides['group_size'] for variable-size groups)",
+        )
+    scores = group["scores"]
+    if ensure_scores_are_not_same and len(scores) > 1 and len(set(scores)) <= 1:
+        return "same_scores", "all scores are identical (no learning signal)"
+    if max_token_len > 0:
+        longest = max(len(t) for t in group["tokens"])
+        if longest >= max_token_len:
+            return "too_long", f"a sequence has {longest} tokens >= max_token_len {max_token_len}"
+    return None
+
+
+def completion_lengths(group: ScoredDataGroup) -> list[int]:
+    """Trained (unmasked) tokens per sequence: ``[G]``."""
+    return [sum(1 for m in masks if m != IGNORE_INDEX) for masks in group["masks"]]
+
+
+__all__ = [
+    "ITEM_LIST_FIELDS",
+    "OPTIONAL_GROUP_KEYS",
+    "ScoredDataGroup",
+    "ScoredDataItem",
+    "aggregate_items",
+    "completion_lengths",
+    "reject_reason",
+]

@@ -1,0 +1,100 @@
+"""The runner step ``run_item`` (one outcome per item) and the run state / frozen config contract."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, FrozenConfigError, ScoredDataGroup
+from atroposlib.envs.run_state import RunState
+from atroposlib.envs.runtime import Outcome, ServeLoop, Skip, run_item, start_run
+from atroposlib.errors import InferenceUnavailableError
+from atroposlib.testing.fake_server import FakeServer
+
+
+class ScriptedEnv(BaseEnv):
+    """``item`` names what collect_trajectories does: a score list, or an exception to raise."""
+
+    async def get_next_item(self):
+        return None
+
+    async def collect_trajectories(self, item):
+        if isinstance(item, BaseException):
+            raise item
+        group = ScoredDataGroup(tokens=[[1, 2, 3] for _ in item], masks=[[-100, 2, 3] for _ in item],
+                                scores=list(item))
+        return group, ["later"]
+
+    async def evaluate(self, *args, **kwargs):
+        return {}
+
+
+def _env(**overrides) -> ScriptedEnv:
+    return ScriptedEnv(BaseEnvConfig(**{"group_size": 2, "use_wandb": False, **overrides}), [FakeServer()])
+
+
+async def test_a_scored_group_is_the_outcome_with_its_backlog():
+    env = _env()
+    outcome = await run_item(env, [1.0, 0.0])
+    assert isinstance(outcome, Outcome) and outcome.reason is None and outcome.error is None
+    assert outcome.group["scores"] == [1.0, 0.0] and outcome.backlog == ["later"]
+    assert len(env.task_durations) == 1 and not env.stats
+
+
+async def test_an_env_exception_is_classified_counted_and_not_raised():
+    env = _env()
+    outcome = await run_item(env, KeyError("reward crashed"))
+    assert outcome.reason is Skip.ERROR and isinstance(outcome.error, KeyError)
+    assert outcome.group is None and env.stats["groups_dropped_error"] == 1
+    unreachable = await run_item(env, httpx.ConnectError("inference down"))
+    assert unreachable.reason is Skip.INFERENCE  # infrastructure, not the rollout: retry it
+    assert (await run_item(env, InferenceUnavailableError("no server"))).reason is Skip.INFERENCE
+    assert env.stats["rollouts_failed_inference"] == 2
+
+
+async def test_identical_scores_are_skipped_unless_allowed():
+    env = _env()
+    outcome = await run_item(env, [0.5, 0.5])
+    assert outcome.reason is Skip.SAME_SCORES and outcome.groups == []
+    assert outcome.dropped[0][0] is Skip.SAME_SCORES and env.stats["groups_dropped_same_scores"] == 1
+    assert (await run_item(_env(ensure_scores_are_not_same=False), [0.5, 0.5])).reason is None
+    assert (await run_item(env, [0.5, 0.5], validate=False)).groups  # check_env's own checks
+
+
+async def test_wrong_size_none_and_too_long_are_skip_reasons():
+    env = _env()
+    assert (await run_item(env, [1.0, 0.0, 0.5])).reason is Skip.WRONG_SIZE
+    env.bind_run_state(RunState(max_token_len=3))
+    assert (await run_item(env, [1.0, 0.0])).reason is Skip.TOO_LONG
+    assert (await run_item(env, [1.0, 0.0], check_length=False)).reason is None
+
+    class Declines(ScriptedEnv):
+        async def collect_trajectories(self, item):
+            return None, []
+
+    declines = Declines(BaseEnvConfig(group_size=2, use_wandb=False), [FakeServer()])
+    assert (await run_item(declines, 1)).reason is Skip.RETURNED_NONE
+
+
+def test_config_is_writable_until_a_runner_starts_then_read_only():
+    env = _env()
+    env.config.group_size = 4  # an env's own __init__/setup code may still adjust it
+    start_run(env)
+    with pytest.raises(FrozenConfigError, match="read-only once a runner has started"):
+        env.config.group_size = 8
+    assert env.config.group_size == 4
+    copy = env.config.model_copy(update={"group_size": 6})
+    copy.group_size = 2  # a copy is a new, unfrozen config
+
+
+def test_run_attributes_are_read_only_views_of_the_runners_state():
+    env = _env(batch_size=8, rollout_server_url="http://127.0.0.1:9")
+    loop = ServeLoop(env)  # binds its RunState and freezes the config
+    loop.state.curr_step, loop.state.max_token_len = 7, 64
+    assert (env.curr_step, env.max_token_len, env.run_state.batch_size) == (7, 64, 8)
+    with pytest.raises(AttributeError, match="read-only: the runner owns it"):
+        env.curr_step = 8
+    with pytest.raises(AttributeError, match="owned by the runner"):
+        env.run_state.total_steps = 3
+    with pytest.raises(FrozenConfigError):
+        env.config.batch_size = 16
