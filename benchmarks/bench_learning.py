@@ -2,7 +2,8 @@
 
 Every contender trains the bundled SmolLM2-135M-Instruct on the quickstart task (arithmetic at
 difficulty 2, replies of at most 24 tokens, groups of 8, 16 sequences a step, the top 10 layers
-and the final norm trainable, lr 3e-5) for the same training wall budget of ``--minutes``.
+and the final norm trainable) for the same training wall budget of ``--minutes``; TRL at lr 3e-5,
+ours at the quickstart's lr (each contender's lr is in the JSON).
 Contenders run one after another (never concurrently). The policy each one holds at the wall
 points 0, M/4, M/2, 3M/4 and M of its training clock is kept, and after all runs ONE evaluator
 (HF generate, greedy, fp32, eager attention, one padded batch) scores every kept policy on the
@@ -218,7 +219,7 @@ def run_ours(name: str, minutes: float, out: Path) -> dict[str, Any]:
         seconds = min(summary["train_loop_seconds"], budget)
     return {"points": points, "steps": len(history),
             "sequences": sum(h.get("sequences", 0) for h in history),
-            "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss}
+            "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss, "lr": config["trainer"]["lr"]}
 
 
 def _snapshot_sync_weights(run_dir: Path, dest: Path) -> tuple[str | None, int]:
@@ -279,7 +280,7 @@ def run_trl(minutes: float, out: Path) -> dict[str, Any]:
     result = json.loads((run_dir / "result.json").read_text())
     points = {float(k): v for k, v in result["points"].items()}
     return {"points": points, "steps": result["steps"], "sequences": result["sequences"],
-            "train_seconds": result["train_seconds"], "peak_rss_bytes": tree.peak_rss}
+            "train_seconds": result["train_seconds"], "peak_rss_bytes": tree.peak_rss, "lr": LR}
 
 
 def trl_worker(run_dir: Path, minutes: float) -> None:
@@ -476,7 +477,7 @@ def report(results: dict[str, dict[str, Any]], json_out: Path, plot_out: Path) -
             "points_per_minute": 100.0 * (after - before) / minutes if minutes else math.nan,
             "samples_per_second": r["sequences"] / r["train_seconds"] if r["train_seconds"] else 0.0,
             "peak_rss_bytes": r["peak_rss_bytes"], "steps": r["steps"],
-            "budget_minutes": r["budget_minutes"], "curve": r["curve"]}
+            "budget_minutes": r["budget_minutes"], "lr": r.get("lr"), "curve": r["curve"]}
     header = f"{'contender':<16} {'before':>7} {'after':>7} {'minutes':>8} {'pts/min':>8} " \
              f"{'samples/s':>10} {'steps':>6} {'peak RSS':>9}"
     print(header)
