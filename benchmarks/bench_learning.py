@@ -10,7 +10,8 @@ points 0, M/4, M/2, 3M/4 and M of its training clock is kept, and after all runs
 environment's 105 held-out problems with the environment's own ``score_reply``. Evaluation time
 is outside every budget.
 
-* ``ours-<loss>`` (and ``ours-grpo-tis``): ``atropos-launch`` with ``configs/quickstart-cpu.yaml``
+* ``ours-<loss>`` (and ``ours-grpo-tis``; ``ours-grpo-lora`` runs ``configs/quickstart-cpu-lora.yaml``,
+  LoRA adapters merged into each synced policy): ``atropos-launch`` with ``configs/quickstart-cpu.yaml``
   (run-api, the trainer with its vLLM, the arithmetic env), ``--loss-type <loss>``,
   ``--max-train-seconds 60*M``, no periodic evaluations. The training clock starts when the
   trainer registers with run-api (model loading and vLLM start-up are outside it, as TRL's model
@@ -58,8 +59,9 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/bench_learning.py`
 from atroposlib.utils.offline import OFFLINE_ENV  # noqa: E402
 
 QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"
+QUICKSTART_LORA = ROOT / "configs" / "quickstart-cpu-lora.yaml"
 LOSSES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
-CONTENDERS = (*(f"ours-{loss}" for loss in LOSSES), "ours-grpo-tis", "trl")
+CONTENDERS = (*(f"ours-{loss}" for loss in LOSSES), "ours-grpo-tis", "ours-grpo-lora", "trl")
 POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # wall points, as fractions of the budget
 DIFFICULTY, GROUP_SIZE, MAX_TOKENS, BATCH_SIZE, TRAIN_LAYERS, LR = 2, 8, 24, 16, 10, 3e-5
 #: seconds a contender may take beyond its budget (model load, vLLM start, final save)
@@ -170,11 +172,11 @@ def run_ours(name: str, minutes: float, out: Path) -> dict[str, Any]:
     """
     import yaml
 
-    loss = name.removeprefix("ours-").removesuffix("-tis")
+    loss = name.removeprefix("ours-").removesuffix("-tis").removesuffix("-lora")
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "points").mkdir(parents=True)
-    config = yaml.safe_load(QUICKSTART.read_text())
+    config = yaml.safe_load((QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART).read_text())
     budget = 60.0 * minutes
     config["trainer"].update(training_steps=100_000, max_train_seconds=budget, loss_type=loss,
                              is_correction="tis" if name.endswith("-tis") else "none",

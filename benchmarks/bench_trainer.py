@@ -3,8 +3,11 @@
 Prints tokens/s and seconds per step for each setting, and ratios against the first setting
 (the baseline) measured in the same run. Two kinds of settings::
 
-    # in one process: attention kernels, torch threads, frozen layers
+    # in one process: attention kernels, torch threads, frozen layers, LM head over the
+    # completion tail only, bf16 autocast (the quickstart's step: 16x80 tokens, top 10 layers)
     python benchmarks/bench_trainer.py --batch-size 32 --seq-len 64 --micro-batch-size 16 --repeats 2
+    python benchmarks/bench_trainer.py --batch-size 16 --seq-len 80 --prompt-len 45 --micro-batch-size 16 \
+        --attn eager --last-layers 10 --threads 1,2 --logits-tail 0,1 --mixed-precision no,bf16
 
     # across processes (torchrun, FSDP2; gloo on the CPU) and LoRA against full fine-tuning:
     # every setting trains the same batches; adds the peak memory of each process
@@ -50,10 +53,20 @@ def synthetic(batch_size: int, seq_len: int, prompt_len: int, vocab: int) -> lis
     return out
 
 
-def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0) -> float:
+def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0,
+             mixed_precision: str = "no", tail: bool = False) -> float:
+    """One optimizer step over ``micro_batches`` as the trainer takes it; returns the seconds.
+
+    ``mixed_precision="bf16"`` runs forward and backward under bf16 autocast; ``tail`` runs the LM
+    head only from the first trained position on (``logits_to_keep``), as ``atropos-grpo`` does.
+    """
     begin = time.perf_counter()
+    device_type = next(model.parameters()).device.type
     for mb in micro_batches:
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        keep, mb = mb.trained_tail() if tail else (0, mb)
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16"):
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                           **({"logits_to_keep": keep} if keep else {})).logits.float()
         (grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs, num_sequences=n).loss * scale).backward()
     torch.nn.utils.clip_grad_norm_(list(model.parameters()) if params is None else params, 1.0)
     optimizer.step()
@@ -69,7 +82,7 @@ def peak_memory_mib(device: torch.device) -> float:
 
 
 def in_process(args: argparse.Namespace) -> list[dict]:
-    """Attention kernel x frozen layers x torch threads, all in this process."""
+    """Attention kernel x frozen layers x LM-head tail x mixed precision x threads, in this process."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = []
@@ -82,11 +95,14 @@ def in_process(args: argparse.Namespace) -> list[dict]:
         seqs = synthetic(args.batch_size, args.seq_len, args.prompt_len, len(tok))
         mbs = [mb.to(device) for mb in make_micro_batches(seqs, args.micro_batch_size, 0, 16)]
         tokens = sum(int(mb.attention_mask.sum()) for mb in mbs)
-        for threads in [int(t) for t in args.threads.split(",")]:
+        runs = [(int(t), bool(int(tail)), mp) for tail in args.logits_tail.split(",")
+                for mp in args.mixed_precision.split(",") for t in args.threads.split(",")]
+        for threads, tail, mp in runs:
             torch.set_num_threads(threads)
-            one_step(model, optimizer, mbs, len(seqs))  # warm-up (first call allocates)
-            best = min(one_step(model, optimizer, mbs, len(seqs)) for _ in range(args.repeats))
-            name = f"{attn} threads={threads} layers={last or 'all'}"
+            kwargs = {"mixed_precision": mp, "tail": tail}
+            one_step(model, optimizer, mbs, len(seqs), **kwargs)  # warm-up (first call allocates)
+            best = min(one_step(model, optimizer, mbs, len(seqs), **kwargs) for _ in range(args.repeats))
+            name = f"{attn} threads={threads} layers={last or 'all'} tail={int(tail)} mp={mp}"
             rows.append({"name": name, "seconds_per_step": best, "tokens_per_second": tokens / best})
             print(f"{name}: {best:.2f} s/step, {tokens / best:.0f} tokens/s "
                   f"({args.batch_size}x{args.seq_len} tokens, micro {args.micro_batch_size})", flush=True)
@@ -187,6 +203,9 @@ def main() -> None:
                         help="comma-separated torch thread counts (per process: the first one)")
     parser.add_argument("--attn", default="eager,sdpa", help="with --processes: the first one")
     parser.add_argument("--last-layers", default="0", help="comma-separated; 0 = train all layers")
+    parser.add_argument("--logits-tail", default="0", help="comma-separated 0/1: LM head only over "
+                        "the positions from the first trained token on (atropos-grpo does this)")
+    parser.add_argument("--mixed-precision", default="no", help="comma-separated no/bf16 (bf16 autocast)")
     parser.add_argument("--processes", default=None,
                         help="comma-separated process counts (e.g. 1,2): compare across processes "
                              "with FSDP2 instead of the in-process settings")

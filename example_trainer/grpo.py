@@ -445,7 +445,9 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
     from atroposlib.errors import ApiUnavailableError
 
     deadline = time.monotonic() + timeout
-    delay = 0.2
+    # short polls: every second the trainer sleeps past a batch's arrival is a second it idles
+    # (a 2 s backoff cap cost about 1 s per waiting step); an empty GET /batch is cheap
+    delay = 0.05
     while not stop.requested:
         try:
             batch = client.get_batch()
@@ -464,8 +466,12 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
                 "batch_size a multiple of their group_size? Raise --batch-timeout if rollouts "
                 "are just slow.")
         time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+        delay = min(delay * 1.5, POLL_MAX_SECONDS)
     return None
+
+
+#: longest pause between two ``GET /batch`` polls while waiting for a batch
+POLL_MAX_SECONDS = 0.25
 
 
 class _StopFlag:
