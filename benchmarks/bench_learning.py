@@ -263,14 +263,14 @@ def _read(path: Path) -> str:
 
 
 # --------------------------------------------------------------------------- TRL
-def run_trl(minutes: float, out: Path) -> dict[str, Any]:
+def run_trl(minutes: float, out: Path, lr: float = LR) -> dict[str, Any]:
     """Run the TRL contender in a child process (``--trl-worker``); same return as :func:`run_ours`."""
     run_dir = out / "trl"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     budget = 60.0 * minutes
     tree = Tree([sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(run_dir),
-                 "--minutes", str(minutes)], run_dir / "bench.log")
+                 "--minutes", str(minutes), "--trl-lr", str(lr)], run_dir / "bench.log")
     _ACTIVE.append(tree)
     try:
         code = tree.wait(budget + STARTUP_ALLOWANCE)
@@ -282,10 +282,10 @@ def run_trl(minutes: float, out: Path) -> dict[str, Any]:
     result = json.loads((run_dir / "result.json").read_text())
     points = {float(k): v for k, v in result["points"].items()}
     return {"points": points, "steps": result["steps"], "sequences": result["sequences"],
-            "train_seconds": result["train_seconds"], "peak_rss_bytes": tree.peak_rss, "lr": LR}
+            "train_seconds": result["train_seconds"], "peak_rss_bytes": tree.peak_rss, "lr": lr}
 
 
-def trl_worker(run_dir: Path, minutes: float) -> None:
+def trl_worker(run_dir: Path, minutes: float, lr: float = LR) -> None:
     """Train with TRL's GRPOTrainer for ``minutes``; write trainable weights at the wall points."""
     import random
 
@@ -375,7 +375,7 @@ def trl_worker(run_dir: Path, minutes: float) -> None:
     clock = WallClock()
     config = GRPOConfig(
         output_dir=str(run_dir / "trl_output"), per_device_train_batch_size=BATCH_SIZE,
-        num_generations=GROUP_SIZE, max_completion_length=MAX_TOKENS, learning_rate=LR,
+        num_generations=GROUP_SIZE, max_completion_length=MAX_TOKENS, learning_rate=lr,
         loss_type="grpo", beta=0.0, epsilon=0.2, temperature=1.0, use_cpu=True,
         max_steps=100_000, save_strategy="no", report_to="none", logging_steps=1,
         dataloader_num_workers=0, seed=0)
@@ -491,7 +491,7 @@ def report(results: dict[str, dict[str, Any]], json_out: Path, plot_out: Path) -
     payload = {"contenders": table, "task": {
         "model": "SmolLM2-135M-Instruct (bundled)", "env": "arithmetic", "difficulty": DIFFICULTY,
         "max_tokens": MAX_TOKENS, "group_size": GROUP_SIZE, "batch_size": BATCH_SIZE,
-        "trainable_layers": TRAIN_LAYERS, "lr": LR}}
+        "trainable_layers": TRAIN_LAYERS}}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(payload, indent=2))
     import matplotlib
@@ -536,12 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="run directories (default: <json-out dir>/bench_learning_runs)")
     parser.add_argument("--eval-batch", type=int, default=105, help="evaluator batch size")
+    parser.add_argument("--trl-lr", type=float, default=LR,
+                        help="TRL's learning rate (default 3e-5, the comparison's fixed setting; "
+                             "ours takes the quickstart config's)")
     parser.add_argument("--trl-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     if args.trl_worker is not None:
-        trl_worker(args.trl_worker, args.minutes)
+        trl_worker(args.trl_worker, args.minutes, args.trl_lr)
         return 0
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONTENDERS]
@@ -563,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             print(f"[bench] {name}: training for {args.minutes:g} min", flush=True)
             begin = time.monotonic()
-            result = run_trl(args.minutes, work) if name == "trl" else run_ours(name, args.minutes, work)
+            result = (run_trl(args.minutes, work, args.trl_lr) if name == "trl"
+                      else run_ours(name, args.minutes, work))
             result["budget_minutes"] = args.minutes
             results[name] = result
             print(f"[bench] {name}: {result['steps']} steps, {result['sequences']} sequences in "

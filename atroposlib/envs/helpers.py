@@ -345,7 +345,7 @@ async def eval_samples(
 
     Returns:
         ``(samples in item order, failed item count)``; a sample is ``{"messages",
-        "score", "finish_reason"}`` (+ ``"answer"``).
+        "response", "score", "finish_reason"}`` (+ ``"answer"``); ``response`` is the reply text.
     """
     from atroposlib.envs.eval import evaluate_items
 
@@ -359,7 +359,7 @@ async def eval_samples(
         choice = completion.choices[0]
         text = choice.message.content or ""
         reason = str(choice.finish_reason)
-        sample = {"messages": messages + [{"role": "assistant", "content": text}],
+        sample = {"messages": messages + [{"role": "assistant", "content": text}], "response": text,
                   "score": float(score_fn(item, text, reason)), "finish_reason": reason}
         if answer_fn is not None:
             sample["answer"] = answer_fn(item)
