@@ -202,7 +202,11 @@ def run_ours(name: str, minutes: float, out: Path) -> dict[str, Any]:
             while time.monotonic() - start < frac * budget and tree.proc.poll() is None:
                 time.sleep(0.2)
             if tree.proc.poll() is None:
-                reached[frac] = _snapshot_sync_weights(run_dir, run_dir / "points" / f"{frac:.2f}")
+                snapshot = _snapshot_sync_weights(run_dir, run_dir / "points" / f"{frac:.2f}")
+                # no weights although steps were logged: the trainer has just finished and
+                # removed them, so the final checkpoint (the default below) is the policy
+                if snapshot[0] is not None or not _read(run_dir / "metrics.jsonl").strip():
+                    reached[frac] = snapshot
         code = tree.wait(budget + STARTUP_ALLOWANCE)
     finally:
         tree.stop()
