@@ -127,7 +127,8 @@ def test_page_screenshot_has_chat_bubbles(live, tmp_path):
 
     shot = tmp_path / "view-run.png"
     bubbles = 0
-    for _ in range(3):
+    deadline = time.monotonic() + 90  # a busy machine can take several tries to render the groups
+    while time.monotonic() < deadline:
         r = chromium([f"--screenshot={shot}", live["url"]], tmp_path)
         assert shot.exists(), r.stderr[-2000:]
         with Image.open(shot) as image:
