@@ -36,7 +36,7 @@ import torch
 
 from example_trainer.config import default_model_dir
 from example_trainer.data import TrainSequence, make_micro_batches
-from example_trainer.grpo import freeze_all_but_last_layers, load_policy
+from example_trainer.grpo import freeze_all_but_last_layers, load_policy, policy_logits
 from example_trainer.loss import grpo_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,12 +61,11 @@ def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0
     head only from the first trained position on (``logits_to_keep``), as ``atropos-grpo`` does.
     """
     begin = time.perf_counter()
-    device_type = next(model.parameters()).device.type
+    autocast = torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
+                              enabled=mixed_precision == "bf16")
     for mb in micro_batches:
         keep, mb = mb.trained_tail() if tail else (0, mb)
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16"):
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                           **({"logits_to_keep": keep} if keep else {})).logits.float()
+        logits = policy_logits(model, mb, keep, autocast)
         (grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs, num_sequences=n).loss * scale).backward()
     torch.nn.utils.clip_grad_norm_(list(model.parameters()) if params is None else params, 1.0)
     optimizer.step()

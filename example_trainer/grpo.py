@@ -259,15 +259,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             for mb in micro_batches:
                 # the LM head runs only where completions are: prompt positions carry no loss
                 keep, mb = mb.to(device).trained_tail() if keep_logits else (0, mb.to(device))
-                with autocast:
-                    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                   **({"logits_to_keep": keep} if keep else {})).logits.float()
+                logits = policy_logits(model, mb, keep, autocast)
                 ref_lp = mb.ref_logprobs
                 # rows the env sent none for; sharded, every rank runs the (collective) forward
                 if config.kl_coef > 0 and reference is not None and (dist.enabled or _needs_reference(mb)):
-                    with torch.no_grad(), autocast:
-                        ref_logits = reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                               **({"logits_to_keep": keep} if keep else {})).logits.float()
+                    with torch.no_grad():
+                        ref_logits = policy_logits(reference, mb, keep, autocast)
                         model_ref = token_logprobs(ref_logits, mb.labels, mb.temperatures)
                     ref_lp = model_ref if ref_lp is None else torch.where(
                         torch.isnan(ref_lp), model_ref, ref_lp)
@@ -388,6 +385,25 @@ def load_policy(model_dir: str, device: Any, dtype: Any, attn_implementation: st
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
     return model.to(device), tokenizer
+
+
+def policy_logits(model: Any, mb: Any, keep: int, autocast: Any) -> Any:
+    """fp32 next-token logits of a micro-batch, as the loss consumes them.
+
+    Args:
+        model: the policy (or reference) causal LM.
+        mb: a :class:`~example_trainer.data.MicroBatch` (``[B, T]`` inputs).
+        keep: 0 for every position, else the last ``keep`` only (``logits_to_keep``; pass the
+            micro-batch returned by :meth:`~example_trainer.data.MicroBatch.trained_tail`).
+        autocast: a ``torch.autocast`` context (disabled for full precision).
+
+    Returns:
+        ``[B, T or keep, V]`` float32 logits.
+    """
+    with autocast:
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                    **({"logits_to_keep": keep} if keep else {}))
+    return out.logits.float()
 
 
 def accepts_logits_to_keep(model: Any) -> bool:
