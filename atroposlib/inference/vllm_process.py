@@ -44,6 +44,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_CPU_KVCACHE_GIB = 2
 #: Default fraction of GPU memory vLLM may take on CUDA (leaves room for a co-located trainer).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.45
+#: KV-cache block size on CPU, in tokens. vLLM's CPU default is 128, and its prefix cache
+#: shares only whole blocks, so a prompt shorter than 128 tokens is prefilled again for every
+#: rollout of a GRPO group (n=8: eight prefills of one prompt). With 32-token blocks (the
+#: smallest the CPU attention kernel accepts) the group's rollouts share the prompt's KV:
+#: arithmetic prompts of ~48 tokens went from 0% to 67% prefix-cache hits and about 1.6x more
+#: groups per second (``benchmarks/bench_vllm_blocks.py``).
+DEFAULT_CPU_BLOCK_SIZE = 32
 #: How many characters of the server log an error message quotes.
 LOG_TAIL_CHARS = 4000
 
@@ -215,6 +222,8 @@ class VLLMProcess:
         if cpu:
             # CUDA graphs / torch.compile do not exist on CPU; eager starts in ~30 s, not 80-110 s.
             cmd.append("--enforce-eager")
+            if not any(a.split("=")[0] == "--block-size" for a in self.extra_args):
+                cmd += ["--block-size", str(DEFAULT_CPU_BLOCK_SIZE)]
         elif not any(a.startswith("--gpu-memory-utilization") for a in self.extra_args):
             cmd += ["--gpu-memory-utilization", str(DEFAULT_GPU_MEMORY_UTILIZATION)]
         return cmd + self.extra_args

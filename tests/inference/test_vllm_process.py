@@ -81,7 +81,10 @@ def test_cpu_command_line_and_environment(tmp_path, monkeypatch):
     assert cmd[cmd.index("--served-model-name") + 1] == "smollm2"
     assert cmd[cmd.index("--max-model-len") + 1] == "2048"
     assert "--enforce-eager" in cmd and "--gpu-memory-utilization" not in cmd
+    assert cmd[cmd.index("--block-size") + 1] == "32"  # a group's rollouts share prompt blocks
     assert cmd[-2:] == ["--seed", "7"]
+    own = VLLMProcess(tmp_path, port=1, extra_args=["--block-size=64"]).command()
+    assert "--block-size" not in own and own[-1] == "--block-size=64"
     env = proc.environment()
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_HOST_IP"] == "127.0.0.1"
@@ -99,7 +102,7 @@ def test_cpu_command_line_and_environment(tmp_path, monkeypatch):
 def test_gpu_command_line(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_process, "vllm_is_cpu_build", lambda: False)
     cmd = VLLMProcess(tmp_path, port=1, dtype="bfloat16").command()
-    assert "--enforce-eager" not in cmd
+    assert "--enforce-eager" not in cmd and "--block-size" not in cmd
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.45"
     cmd = VLLMProcess(tmp_path, port=1, extra_args=["--gpu-memory-utilization=0.9"]).command()

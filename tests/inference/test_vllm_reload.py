@@ -104,3 +104,28 @@ def test_restart_serves_the_same_model_on_the_same_url(vllm_server, prompt_ids):
     after_tokens, after = _greedy(vllm_server, prompt_ids)
     assert after_tokens == tokens
     assert max(abs(a - b) for a, b in zip(after, before, strict=True)) < 1e-4
+
+
+def _prefix_cache_counter(server, name: str) -> float:
+    text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(f"vllm:{name}") and not line.startswith("#"))
+
+
+def test_group_rollouts_share_the_prompts_kv(vllm_server):
+    """n=8 rollouts of one ~48-token prompt reuse its cached KV blocks (CPU: 32-token blocks).
+
+    With vLLM's CPU default of 128-token blocks no block of so short a prompt is ever full, so
+    every rollout of a group prefilled the prompt again: 0 cache hits.
+    """
+    _own_process(vllm_server)  # an external server's block size is not ours to know
+    prompt = PROMPT.replace("What is the capital of France?",
+                            "Add 123 and 456, then subtract 78, then multiply by 2. "
+                            "Show the result as a single number, nothing else.")
+    hits = _prefix_cache_counter(vllm_server, "prefix_cache_hits")
+    response = httpx.post(vllm_server.base_url + "/completions", timeout=300, json={
+        "model": vllm_server.model_name, "prompt": prompt, "n": 8, "max_tokens": 2,
+        "temperature": 1.0})
+    response.raise_for_status()
+    assert len(response.json()["choices"]) == 8
+    assert _prefix_cache_counter(vllm_server, "prefix_cache_hits") - hits >= 7 * 32
