@@ -186,6 +186,10 @@ class TrainerConfig(BaseSettings):
         "never update vLLM.")
     weight_sync_interval: int = Field(default=1, ge=1, description="Sync vLLM every N steps "
                                       "(and always after the last step).")
+    weight_sync_overlap: bool = Field(default=False, description="reload only: copy the weights "
+                                      "and write + reload them in a background thread while the "
+                                      "next step trains (vLLM's policy then lags the trainer by at "
+                                      "most one sync; evaluations wait for it).")
 
     # ---------------------------------------------------------------- evaluation
     eval_command: str | None = Field(default=None, description="Shell command run before "

@@ -153,7 +153,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     def sync_vllm() -> dict[str, float]:
         # every rank takes part in gathering the weights; rank 0 writes and reloads them
         full = dist.full_state_dict(model)
-        metrics = vllm.sync(model, tokenizer, state_dict=full) if dist.is_main else {}
+        metrics = vllm.sync(model, tokenizer, state_dict=full,
+                            background=config.weight_sync_overlap) if dist.is_main else {}
         dist.wait_for_main()
         return metrics
     reference = None  # frozen starting policy for the KL term, loaded on first need
@@ -194,6 +195,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             if not config.eval_command or not dist.is_main:
                 return math.nan
             begin = time.perf_counter()
+            vllm.wait()  # a background sync in flight: evaluate the newest weights
             metrics = run_eval_command(
                 config.eval_command, base_url=vllm.base_url, model_name=vllm.model_name,
                 out_dir=run_dir / "evals" / f"step_{step}", step=step, metric=config.eval_metric,

@@ -68,6 +68,8 @@ class VLLMSync:
         # several comma-separated URLs (e.g. one vLLM per Slurm inference node) all get reloaded
         self._external_urls = [u.strip().rstrip("/") for u in (config.vllm_url or "").split(",") if u.strip()]
         self._external_url = self._external_urls[0] if self._external_urls else None
+        self._pending: Any = None  # the background sync in flight (concurrent.futures.Future)
+        self._executor: Any = None
 
     @property
     def base_url(self) -> str:
@@ -114,19 +116,29 @@ class VLLMSync:
             return []
         return ["--enable-lora", "--max-lora-rank", str(self.config.lora_r), "--max-loras", "1"]
 
-    def sync(self, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None = None) -> dict[str, float]:
+    def sync(self, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None = None,
+             background: bool = False) -> dict[str, float]:
         """Push the current weights to vLLM according to ``weight_sync``.
 
         Args:
             model: the policy being trained.
             tokenizer: its tokenizer (needed by ``restart``).
             state_dict: full weights to write instead of ``model``'s own (gathered FSDP shards).
+            background: ``reload`` only: take a copy of the weights now (in vLLM's dtype) and
+                write + reload them in a background thread, so the trainer's next step runs
+                while vLLM loads this one. A sync first waits for the one before it, so at most
+                one is in flight and vLLM's policy lags the trainer by at most one sync. Call
+                :meth:`wait` before anything that needs vLLM on the newest weights (an
+                evaluation, the end of training). Ignored (synchronous) in other modes.
 
         Returns:
-            ``{"sync/save_seconds", "sync/update_seconds"}`` (zeros for ``none``).
+            ``{"sync/save_seconds", "sync/update_seconds"}`` (zeros for ``none``); in the
+            background, those of the previous sync (zeros for the first) plus
+            ``sync/wait_seconds``, how long this call waited for the previous one.
 
         Raises:
-            InferenceError: the server refused the update or did not come back.
+            InferenceError: the server refused the update or did not come back (in the
+                background: raised by the next ``sync`` or ``wait``).
         """
         mode = self.config.weight_sync
         if mode == "none":
@@ -135,10 +147,24 @@ class VLLMSync:
             return self._load_adapter(model, state_dict)
         from example_trainer.lora import export
 
+        background = background and mode == "reload"
+        begin = time.perf_counter()
+        previous = self.wait() if background else {}
+        waited = time.perf_counter() - begin
         hf_model, weights = export(model, state_dict)  # LoRA: the adapter merged in
         if mode == "reload" and self.config.vllm_dtype in ("bfloat16", "float16"):
             weights = _cast_floats(weights if weights is not None else hf_model.state_dict(),
                                    self.config.vllm_dtype)  # half the bytes to write and read
+        elif background:  # a private copy: the optimizer changes the live tensors meanwhile
+            weights = _cast_floats(weights if weights is not None else hf_model.state_dict(), None)
+        if background:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="vllm-sync")
+            self._pending = self._executor.submit(self._save_and_reload, hf_model, weights)
+            return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0, **previous,
+                    "sync/wait_seconds": waited}
         save_s = save_weights(hf_model, tokenizer, self.weights_dir,
                               with_tokenizer=mode == "restart", state_dict=weights)
         if mode == "restart":
@@ -148,6 +174,23 @@ class VLLMSync:
         else:
             update_s = self._reload_external()
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+
+    def _save_and_reload(self, hf_model: Any, weights: dict[str, Any]) -> dict[str, float]:
+        """Write ``weights`` and reload vLLM on them (the body of a background sync)."""
+        save_s = save_weights(hf_model, None, self.weights_dir, with_tokenizer=False,
+                              state_dict=weights)
+        update_s = (self.process.reload_weights(self.weights_dir) if self.process is not None
+                    else self._reload_external())
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+
+    def wait(self) -> dict[str, float]:
+        """Wait for the background sync in flight, if any; return its metrics (``{}`` if none).
+
+        Raises:
+            InferenceError: that sync failed (the server refused the update or died).
+        """
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else {}
 
     def _load_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> dict[str, float]:
         """Save the adapter and load it in place into every server (``lora`` mode)."""
@@ -221,21 +264,34 @@ class VLLMSync:
         shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def stop(self) -> None:
-        """Stop the launched vLLM (its own process group only); no-op for an external server."""
+        """Stop the launched vLLM (its own process group only); no-op for an external server.
+
+        A background sync still in flight is waited for first (its error, if any, is dropped:
+        the server is going away).
+        """
+        if self._pending is not None:
+            try:
+                self.wait()
+            except Exception:  # noqa: BLE001 - shutting down; the step that failed was logged
+                pass
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         if self.process is not None:
             self.process.stop()
 
 
-def _cast_floats(state_dict: dict[str, Any], dtype_name: str) -> dict[str, Any]:
-    """``state_dict`` with floating tensors cast to ``torch.<dtype_name>`` (the server's dtype).
+def _cast_floats(state_dict: dict[str, Any], dtype_name: str | None) -> dict[str, Any]:
+    """``state_dict`` with floating tensors copied as ``torch.<dtype_name>`` (the server's dtype).
 
     vLLM casts whatever it loads to its own dtype, so writing that dtype directly loses nothing
-    and halves the bytes of an fp32 policy. Tensors that share storage (tied embeddings) stay
-    shared, so ``save_pretrained`` still recognises the tie.
+    and halves the bytes of an fp32 policy. ``dtype_name=None`` copies in each tensor's own
+    dtype (a snapshot for a background sync). Tensors that share storage (tied embeddings)
+    stay shared, so ``save_pretrained`` still recognises the tie.
     """
     import torch
 
-    dtype = getattr(torch, dtype_name)
+    dtype = getattr(torch, dtype_name) if dtype_name else None
     cast: dict[int, Any] = {}
     out = {}
     for name, tensor in state_dict.items():
@@ -244,7 +300,7 @@ def _cast_floats(state_dict: dict[str, Any], dtype_name: str) -> dict[str, Any]:
             continue
         key = tensor.untyped_storage().data_ptr()
         if key not in cast:
-            cast[key] = tensor.detach().to(dtype)
+            cast[key] = tensor.detach().to(dtype or tensor.dtype, copy=True)
         out[name] = cast[key]
     return out
 

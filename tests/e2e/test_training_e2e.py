@@ -21,6 +21,7 @@ def test_two_grpo_steps_with_real_vllm_reload_and_eval(vllm_server, tmp_path):
         "trainer": {
             "model": str(vllm_server.model_dir), "vllm_url": vllm_server.base_url,
             "served_model_name": vllm_server.model_name, "weight_sync": "reload",
+            "weight_sync_overlap": True,  # as the quickstart: the reload of step k overlaps step k+1
             "training_steps": 2, "batch_size": 8, "micro_batch_size": 8, "lr": 1e-6,
             "train_last_layers": 2, "torch_threads": 1, "max_token_len": 256, "batch_timeout": 600,
         },
@@ -40,6 +41,10 @@ def test_two_grpo_steps_with_real_vllm_reload_and_eval(vllm_server, tmp_path):
         assert 0.0 <= summary["eval_accuracy_before"] <= 1.0
         assert 0.0 <= summary["eval_accuracy_after"] <= 1.0
         assert summary["mean_sync_update_seconds"] is not None
+        # every step reports how long it waited for the previous step's background sync
+        assert all("sync/wait_seconds" in m for m in
+                   (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+                   if "loss" in m)
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         steps = [m for m in metrics if "loss" in m]
         assert [m["step"] for m in steps] == [1, 2]

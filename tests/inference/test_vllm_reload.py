@@ -129,3 +129,38 @@ def test_group_rollouts_share_the_prompts_kv(vllm_server):
     response.raise_for_status()
     assert len(response.json()["choices"]) == 8
     assert _prefix_cache_counter(vllm_server, "prefix_cache_hits") - hits >= 7 * 32
+
+
+def test_background_sync_serves_the_weights_of_the_moment_it_was_called(vllm_server, prompt_ids,
+                                                                       tmp_path):
+    """``VLLMSync.sync(background=True)``: vLLM gets a snapshot; later in-place updates miss it."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from example_trainer.config import TrainerConfig
+    from example_trainer.vllm_sync import VLLMSync
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+    config = TrainerConfig(model=str(vllm_server.model_dir), vllm_url=vllm_server.base_url,
+                           weight_sync="reload", vllm_dtype="float32", weight_sync_overlap=True)
+    sync = VLLMSync(config, tmp_path)
+    try:
+        with torch.no_grad():
+            model.model.norm.weight.mul_(0.5)
+        first = sync.sync(model, tokenizer, background=True)
+        assert first["sync/update_seconds"] == 0.0 and "sync/wait_seconds" in first
+        with torch.no_grad():  # the optimizer's next step, while the sync is in flight
+            model.model.norm.weight.mul_(0.0)
+        done = sync.wait()
+        assert done["sync/save_seconds"] > 0 and done["sync/update_seconds"] > 0
+        assert sync.wait() == {}
+        tokens, served = _greedy(vllm_server, prompt_ids)
+        expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, tokens, scale_norm=0.5)
+        assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-3
+    finally:
+        sync.stop()
+        httpx.post(f"{vllm_server.root_url}/collective_rpc", timeout=300,
+                   json={"method": "reload_weights",
+                         "kwargs": {"weights_path": str(vllm_server.model_dir)}})
+        httpx.post(f"{vllm_server.root_url}/reset_prefix_cache", timeout=60)
