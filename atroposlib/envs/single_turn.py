@@ -66,8 +66,8 @@ class SingleTurnEnv(BaseEnv):
     metrics), and the class
     attributes ``truncated_reward`` (the reward of a reply cut off at ``max_tokens``, instead
     of calling :meth:`score`; None = score it like any reply), ``min_completion_tokens``
-    (a group with a shorter reply is dropped) and ``server_defaults`` (overrides of the
-    default server config).
+    (a group with a shorter reply is dropped), ``config_defaults`` and ``server_defaults``
+    (overrides of the default env and server configs).
 
     Done for you: ``config_init`` (bundled tokenizer, the dev vLLM server), ``get_next_item``,
     ``collect_trajectories`` (``group_size`` replies in one chat call, exact tokens and
@@ -88,6 +88,8 @@ class SingleTurnEnv(BaseEnv):
     min_completion_tokens: int = 0
     #: Overrides of :func:`~atroposlib.envs.helpers.default_server` in ``config_init``.
     server_defaults: Mapping[str, Any] = {}
+    #: Overrides of the env config's defaults in ``config_init`` (e.g. ``{"max_turns": 6}``).
+    config_defaults: Mapping[str, Any] = {}
     train_items: Sequence[Item] = ()
     eval_items: Sequence[Item] = ()
 
@@ -105,9 +107,11 @@ class SingleTurnEnv(BaseEnv):
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
         """Defaults: ``env_config_cls()`` named after the env, the dev vLLM at 127.0.0.1:9100.
 
-        ``server_defaults`` overrides fields of the server config.
+        ``config_defaults`` and ``server_defaults`` override fields of the env and server
+        configs.
         """
-        return cls.env_config_cls(wandb_name=cls.name), [default_server(**cls.server_defaults)]
+        env_config = cls.env_config_cls(**{"wandb_name": cls.name, **cls.config_defaults})
+        return env_config, [default_server(**cls.server_defaults)]
 
     # ------------------------------------------------------------------ the hooks
     def prompt(self, item: Item) -> list[Message]:
@@ -164,7 +168,7 @@ class SingleTurnEnv(BaseEnv):
         its single replies with :meth:`score`.
         """
         return list(await asyncio.gather(*(
-            self.reward(item, text, reason)
+            self.reward_for(item, text, reason)
             for text, reason in zip(completions, finish_reasons, strict=True))))
 
     def finish_group(self, item: Item, group: ScoredDataGroup) -> ScoredDataGroup | None:
@@ -221,7 +225,7 @@ class SingleTurnEnv(BaseEnv):
         return self.train_items[index % len(self.train_items)]
 
     # ------------------------------------------------------------------ done once, here
-    async def reward(
+    async def reward_for(
         self, item: Item, text: str, finish_reason: str | None
     ) -> tuple[float, dict[str, Any]]:
         """``(score, details)`` of one reply.
@@ -290,7 +294,7 @@ class SingleTurnEnv(BaseEnv):
         if not self.eval_items:
             self.eval_items = list(self.load_eval_items())
         samples, failed = await eval_samples(
-            self, list(self.eval_items), self.prompt, self.reward,
+            self, list(self.eval_items), self.prompt, self.reward_for,
             max_tokens=self.max_tokens_for, temperature=cfg.eval_temperature,
             answer_fn=self.answer,
         )
