@@ -13,11 +13,6 @@ from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
 class GymTextConfig(MultiTurnEnvConfig):
     """Settings shared by the text-game environments."""
 
-    max_turns: int = Field(
-        default=8, ge=1,
-        description="Assistant turns per episode at most; an episode also ends early when the "
-        "next turn would not fit in max_token_length tokens.",
-    )
     max_tokens: int = Field(default=48, ge=1, description="Tokens per assistant turn.")
     invalid_action_penalty: float = Field(
         default=-0.2,
@@ -45,6 +40,7 @@ class GymTextEnv(MultiTurnEnv):
     """
 
     env_config_cls = GymTextConfig
+    config_defaults = {"max_turns": 8}
     gym_id: str = ""
     gym_kwargs: dict[str, Any] = {}
     #: accepted action words -> gymnasium action ids (several words may map to one id).

@@ -10,7 +10,6 @@ evaluation play whole episodes instead of sampling single replies.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,7 +38,7 @@ class MultiTurnEnv(SingleTurnEnv):
     A training group is ``group_size`` episodes of the same item, played concurrently; each
     episode's final ``managed_server`` sequence trains every assistant turn
     (:func:`~atroposlib.envs.helpers.run_episode`). ``evaluate`` plays one episode per eval
-    item at ``eval_temperature`` and logs :meth:`eval_metrics` (``eval/accuracy`` = share of
+    item at ``eval_temperature`` (:meth:`sample_eval_items`) and logs :meth:`eval_metrics` (``eval/accuracy`` = share of
     episodes scoring >= 1, ``eval/mean_score``, ``eval/stopped_fraction`` of the last turns,
     ``eval/num_items``, and :meth:`details_metrics` of the episodes' details).
     ``prompt`` and ``score`` are not used.
@@ -95,33 +94,26 @@ class MultiTurnEnv(SingleTurnEnv):
             group["messages"] = None
         return self.finish_group(item, group), []
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One episode per eval item at ``eval_temperature``; logs and returns the metrics.
+    async def sample_eval_items(self) -> tuple[list[dict[str, Any]], int]:
+        """One episode per eval item at ``eval_temperature``.
 
         Returns:
-            :meth:`eval_metrics` of the samples + :meth:`eval_failure_metrics` (an episode
-            that raised is counted as failed, not scored).
+            ``(samples, failed item count)``: an episode that raised is counted, not scored;
+            a sample is ``{"item", "messages", "score", "finish_reason" (of the last turn),
+            "details", "answer"}``.
         """
         from atroposlib.envs.eval import evaluate_items
 
-        start = time.time()
-        cfg = self.config
-        if not self.eval_items:
-            self.eval_items = list(self.load_eval_items())
+        temperature = self.config.eval_temperature
 
         async def one(item: Item) -> dict[str, Any]:
             episode, score, details = await self.play_episode(
-                item, temperature=cfg.eval_temperature, split="eval")
+                item, temperature=temperature, split="eval")
             return {"item": item, "messages": episode.messages, "score": float(score),
                     "finish_reason": episode.finish_reasons[-1] if episode.finish_reasons else None,
                     "details": dict(details), "answer": self.answer(item)}
 
-        samples, failed = await evaluate_items(self.eval_items, one, int(cfg.max_eval_workers))
-        metrics = self.eval_metrics(samples)
-        metrics.update(self.eval_failure_metrics(failed, len(self.eval_items)))
-        self.evaluate_log(metrics, start_time=start, samples=samples, generation_parameters={
-            "temperature": cfg.eval_temperature, "max_tokens": cfg.max_tokens})
-        return metrics
+        return await evaluate_items(self.eval_items, one, int(self.config.max_eval_workers))
 
 
 __all__ = ["MultiTurnEnv", "MultiTurnEnvConfig"]

@@ -282,7 +282,7 @@ class SingleTurnEnv(BaseEnv):
         return self.finish_group(item, group), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One reply per eval item at ``eval_temperature``; logs and returns the metrics.
+        """Score the eval items (:meth:`sample_eval_items`); log and return the metrics.
 
         Returns:
             :meth:`eval_metrics` of the samples + :meth:`eval_failure_metrics` (by default
@@ -290,19 +290,26 @@ class SingleTurnEnv(BaseEnv):
             not counted as wrong).
         """
         start = time.time()
-        cfg = self.config
         if not self.eval_items:
             self.eval_items = list(self.load_eval_items())
-        samples, failed = await eval_samples(
-            self, list(self.eval_items), self.prompt, self.reward_for,
-            max_tokens=self.max_tokens_for, temperature=cfg.eval_temperature,
-            answer_fn=self.answer,
-        )
+        samples, failed = await self.sample_eval_items()
         metrics = self.eval_metrics(samples)
         metrics.update(self.eval_failure_metrics(failed, len(self.eval_items)))
         self.evaluate_log(metrics, start_time=start, samples=samples, generation_parameters={
-            "temperature": cfg.eval_temperature, "max_tokens": cfg.max_tokens})
+            "temperature": self.config.eval_temperature, "max_tokens": self.config.max_tokens})
         return metrics
+
+    async def sample_eval_items(self) -> tuple[list[dict[str, Any]], int]:
+        """One reply per eval item at ``eval_temperature``, scored.
+
+        Returns:
+            ``(samples, failed item count)`` (:func:`~atroposlib.envs.helpers.eval_samples`).
+        """
+        return await eval_samples(
+            self, list(self.eval_items), self.prompt, self.reward_for,
+            max_tokens=self.max_tokens_for, temperature=self.config.eval_temperature,
+            answer_fn=self.answer,
+        )
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         """Add the training metrics of the rollouts since the last call.
