@@ -9,8 +9,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python environments/blackjack_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from environments.common import default_server, default_tokenizer_name  # noqa: E402
-from environments.gym_text import GymTextConfig, GymTextEnv  # noqa: E402
+from environments.gym_text import GymTextEnv  # noqa: E402
 
 
 def _card(value: int) -> str:
@@ -25,15 +24,7 @@ class BlackjackEnv(GymTextEnv):
     gym_kwargs = {"natural": False, "sab": False}
     actions = {"stick": 0, "stand": 0, "hit": 1}
 
-    @classmethod
-    def config_init(cls):
-        return (
-            GymTextConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
-                max_turns=6, wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
+    config_defaults = {"max_turns": 6}
 
     def intro(self) -> str:
         return (

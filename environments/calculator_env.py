@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import ast
-import asyncio
 import operator
 import random
 import re
 import sys
-import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -18,15 +16,8 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/calculator_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
-from environments.common import (  # noqa: E402
-    default_server,
-    default_tokenizer_name,
-    extract_answer_tag,
-    extract_tool_calls,
-    new_group,
-    run_episode,
-)
+from atroposlib.envs.helpers import extract_answer_tag, extract_tool_calls  # noqa: E402
+from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig  # noqa: E402
 
 SYSTEM_PROMPT = (
     "You solve arithmetic problems exactly. You have a calculator tool:\n"
@@ -122,12 +113,11 @@ def final_answer(text: str) -> Fraction | None:
         return None
 
 
-class CalculatorConfig(BaseEnvConfig):
+class CalculatorConfig(MultiTurnEnvConfig):
     """Settings of :class:`CalculatorEnv`."""
 
     max_turns: int = Field(default=4, ge=1, description="Assistant turns (tool calls + answer).")
     max_tokens: int = Field(default=96, ge=1, description="Tokens per assistant turn.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
     tool_role: str = Field(
         default="tool",
         description="Role of the tool-result messages ('tool', or 'user' for chat templates "
@@ -140,32 +130,26 @@ class CalculatorConfig(BaseEnvConfig):
     eval_size: int = Field(default=30, ge=1, description="Greedy problems in evaluate.")
 
 
-class CalculatorEnv(BaseEnv):
-    """Calculator tool loop; score +1 for the exact final answer, -1 otherwise."""
+class CalculatorEnv(MultiTurnEnv):
+    """Calculator tool loop; score +1 for the exact final answer, -1 otherwise.
+
+    Metrics (``train/`` and ``eval/``): ``correct``, ``tool_calls``, ``tool_errors`` and
+    ``answered`` per episode.
+    """
 
     name = "calculator"
     env_config_cls = CalculatorConfig
 
-    @classmethod
-    def config_init(cls):
-        return (
-            CalculatorConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
-                wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
-
     async def setup(self) -> None:
-        self.rng = random.Random(self.config.seed)
         eval_rng = random.Random(self.config.seed + 1_000_003)
         self.eval_items = [make_problem(eval_rng) for _ in range(self.config.eval_size)]
-        self.iter = 0
-        self.episode_stats: list[dict[str, float]] = []
 
-    async def get_next_item(self):
-        self.iter += 1
+    def train_item(self, index: int) -> dict[str, Any]:
+        """A fresh problem from the seeded generator ``self.rng``."""
         return make_problem(self.rng)
+
+    async def play_episode(self, item, *, temperature: float, split: str):
+        return await self.solve(item, temperature=temperature, split=split)
 
     async def solve(self, item, *, temperature: float, split: str = "train"):
         """Run one tool-using episode; return ``(Episode, score, stats)``."""
@@ -191,11 +175,7 @@ class CalculatorEnv(BaseEnv):
 
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
                     {"role": "user", "content": item["question"]}]
-        episode = await run_episode(
-            self.server, self.tokenizer, messages, on_reply, max_turns=self.config.max_turns,
-            max_tokens=self.config.max_tokens, temperature=temperature, split=split,
-            max_context_tokens=self.config.max_token_length,
-        )
+        episode = await self.converse(messages, on_reply, temperature=temperature, split=split)
         correct = state["answer"] is not None and state["answer"] == item["answer"]
         score = 1.0 if correct else -1.0
         if correct and state["tool_calls"]:
@@ -203,51 +183,6 @@ class CalculatorEnv(BaseEnv):
         stats = {"correct": float(correct), "tool_calls": float(state["tool_calls"]),
                  "tool_errors": float(state["tool_errors"]), "answered": float(state["answer"] is not None)}
         return episode, score, stats
-
-    async def collect_trajectories(self, item):
-        results = await asyncio.gather(
-            *(self.solve(item, temperature=self.config.temperature)
-              for _ in range(self.config.group_size))
-        )
-        group = new_group()
-        for episode, score, stats in results:
-            node = episode.node
-            group["tokens"].append(list(node.tokens))
-            group["masks"].append(list(node.masked_tokens))
-            group["inference_logprobs"].append(list(node.logprobs))
-            group["scores"].append(score)
-            group["messages"].append(episode.messages)
-            self.episode_stats.append(stats)
-        return group, []
-
-    async def evaluate(self, *args, **kwargs):
-        start = time.time()
-        results = await asyncio.gather(
-            *(self.solve(item, temperature=0.0, split="eval") for item in self.eval_items)
-        )
-        metrics = _summarise([r[2] for r in results], "eval")
-        samples = [{"messages": r[0].messages, "answer": item["answer"], "score": r[1]}
-                   for item, r in zip(self.eval_items, results, strict=True)]
-        self.evaluate_log(metrics, start_time=start, samples=samples,
-                          generation_parameters={"temperature": 0.0,
-                                                 "max_tokens": self.config.max_tokens})
-        return metrics
-
-    async def wandb_log(self, metrics=None):
-        metrics = dict(metrics or {})
-        if self.episode_stats:
-            metrics.update(_summarise(self.episode_stats, "train"))
-            self.episode_stats = []
-        await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
-
-
-def _summarise(stats: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    n = len(stats)
-    return {f"{prefix}/{key}": sum(s[key] for s in stats) / n
-            for key in ("correct", "tool_calls", "tool_errors", "answered")}
 
 
 if __name__ == "__main__":

@@ -16,16 +16,9 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/code_execution_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import load_rows, maybe_json  # noqa: E402
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
 from atroposlib.utils.sandbox import SandboxLimits, arun_python  # noqa: E402
-from environments.common import (  # noqa: E402
-    add_rollout,
-    default_server,
-    default_tokenizer_name,
-    load_rows,
-    maybe_json,
-    new_group,
-)
 
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Write a correct, self-contained solution. Reply with "
@@ -153,7 +146,7 @@ async def run_tests(code: str, problem: dict[str, Any], limits: SandboxLimits) -
     return {"passed": 0, "total": total, "error": error, "timed_out": result.timed_out}
 
 
-class CodeExecutionConfig(BaseEnvConfig):
+class CodeExecutionConfig(SingleTurnEnvConfig):
     """Settings of :class:`CodeExecutionEnv`."""
 
     dataset_name: str = Field(
@@ -177,24 +170,18 @@ class CodeExecutionConfig(BaseEnvConfig):
     max_processes: int = Field(default=16, ge=2, description="Processes per program.")
     max_concurrent_runs: int = Field(default=2, ge=1, description="Programs run at once.")
     max_tokens: int = Field(default=512, ge=1, description="Completion budget per rollout.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+    max_token_length: int = Field(default=2048, ge=1, description="Longest sequence, in tokens.")
 
 
-class CodeExecutionEnv(BaseEnv):
-    """Generated code runs in ``atroposlib.utils.sandbox``; +1 when every test passes, else -1."""
+class CodeExecutionEnv(SingleTurnEnv):
+    """Generated code runs in ``atroposlib.utils.sandbox``; +1 when every test passes, else -1.
+
+    Metrics (``train/`` and ``eval/``): ``all_passed``, ``fraction`` (of tests passed) and
+    ``timed_out``; ``evaluate`` adds ``eval/pass_at_1`` and ``eval/test_pass_rate``.
+    """
 
     name = "code_execution"
     env_config_cls = CodeExecutionConfig
-
-    @classmethod
-    def config_init(cls):
-        return (
-            CodeExecutionConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
-                wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
 
     def _load(self, split: str, limit: int | None) -> list[dict[str, Any]]:
         c = self.config
@@ -210,90 +197,50 @@ class CodeExecutionEnv(BaseEnv):
             cpu_seconds=c.cpu_seconds, wall_seconds=c.wall_seconds,
             memory_bytes=c.memory_mb * 1024 * 1024, max_processes=c.max_processes,
         )
-        self.train = self._load(c.split, c.limit)
-        if not self.train:
+        self.train_items = self._load(c.split, c.limit)
+        if not self.train_items:
             raise ValueError(f"dataset {c.dataset_name!r} has no training problems")
-        random.Random(c.seed).shuffle(self.train)
+        random.Random(c.seed).shuffle(self.train_items)
         self.sandbox_slots = asyncio.Semaphore(c.max_concurrent_runs)
-        self.iter = 0
-        self._eval_items: list[dict[str, Any]] | None = None
-        self.run_stats: list[dict[str, float]] = []
 
-    async def get_next_item(self):
-        item = self.train[self.iter % len(self.train)]
-        self.iter += 1
-        return item
+    def load_eval_items(self) -> list[dict[str, Any]]:
+        """The eval split's problems (at most ``eval_limit``), loaded on the first evaluate."""
+        return self._load(self.config.eval_split, self.config.eval_limit)
 
-    @staticmethod
-    def _messages(item):
+    def prompt(self, item):
         return [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": item["prompt"]}]
 
     async def score_code(self, item, text: str) -> tuple[float, dict[str, Any]]:
-        """Run the reply's code against the item's tests; return ``(score, verdict)``."""
+        """Run the reply's code against the item's tests; return ``(score, details)``.
+
+        ``details``: the sandbox verdict (``passed``, ``total``, ``error``) with
+        ``all_passed``, ``fraction`` and ``timed_out`` as numbers.
+        """
         async with self.sandbox_slots:
             verdict = await run_tests(extract_code(text), item, self.limits)
         fraction = verdict["passed"] / verdict["total"] if verdict["total"] else 0.0
-        self.run_stats.append({"all_passed": float(fraction == 1.0), "fraction": fraction,
-                               "timed_out": float(verdict["timed_out"])})
+        details = {"all_passed": float(fraction == 1.0), "fraction": fraction,
+                   "timed_out": float(verdict["timed_out"]), "passed": verdict["passed"],
+                   "total": verdict["total"], "error": verdict["error"]}
         if self.config.partial_credit:
-            return 2.0 * fraction - 1.0, verdict
-        return (1.0 if fraction == 1.0 else -1.0), verdict
+            return 2.0 * fraction - 1.0, details
+        return (1.0 if fraction == 1.0 else -1.0), details
 
-    async def collect_trajectories(self, item):
-        messages = self._messages(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        texts = [c.message.content or "" for c in completion.choices]
-        scored = await asyncio.gather(*(self.score_code(item, t) for t in texts))
-        group = new_group()
-        for text, node, (score, _) in zip(texts, nodes, scored, strict=True):
-            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
-        return group, []
+    score = score_code
 
-    async def evaluate(self, *args, **kwargs):
-        import time
+    def details_metrics(self, details, prefix):
+        """Means of ``all_passed``, ``fraction`` and ``timed_out``."""
+        return {f"{prefix}/{key}": sum(d[key] for d in details) / len(details)
+                for key in ("all_passed", "fraction", "timed_out")} if details else {}
 
-        start = time.time()
-        if self._eval_items is None:
-            self._eval_items = self._load(self.config.eval_split, self.config.eval_limit)
-
-        async def one(item):
-            completion = await self.server.chat_completion(
-                messages=self._messages(item), n=1, max_tokens=self.config.max_tokens,
-                temperature=0.0, split="eval",
-            )
-            text = completion.choices[0].message.content or ""
-            async with self.sandbox_slots:
-                verdict = await run_tests(extract_code(text), item, self.limits)
-            return {"prompt": item["prompt"], "completion": text, **verdict}
-
-        samples = await asyncio.gather(*(one(item) for item in self._eval_items))
-        n = len(samples)
-        metrics = {
-            "eval/pass_at_1": sum(s["passed"] == s["total"] for s in samples) / n,
-            "eval/test_pass_rate": sum(s["passed"] / s["total"] for s in samples) / n,
-        }
-        self.evaluate_log(metrics, start_time=start, samples=list(samples),
-                          generation_parameters={"temperature": 0.0,
-                                                 "max_tokens": self.config.max_tokens})
+    def eval_metrics(self, samples):
+        """SingleTurnEnv's metrics plus ``eval/pass_at_1`` and ``eval/test_pass_rate``."""
+        metrics = super().eval_metrics(samples)
+        if samples:
+            metrics["eval/pass_at_1"] = metrics["eval/all_passed"]
+            metrics["eval/test_pass_rate"] = metrics["eval/fraction"]
         return metrics
-
-    async def wandb_log(self, metrics=None):
-        metrics = dict(metrics or {})
-        if self.run_stats:
-            n = len(self.run_stats)
-            for key in ("all_passed", "fraction", "timed_out"):
-                metrics[f"train/{key}"] = sum(s[key] for s in self.run_stats) / n
-            self.run_stats = []
-        await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
 
 
 if __name__ == "__main__":

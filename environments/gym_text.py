@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 from typing import Any
 
 from pydantic import Field
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig
-from environments.common import Episode, new_group, run_episode
+from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
 
 
-class GymTextConfig(BaseEnvConfig):
+class GymTextConfig(MultiTurnEnvConfig):
     """Settings shared by the text-game environments."""
 
-    max_turns: int = Field(
-        default=8, ge=1,
-        description="Assistant turns per episode at most; an episode also ends early when the "
-        "next turn would not fit in max_token_length tokens.",
-    )
     max_tokens: int = Field(default=48, ge=1, description="Tokens per assistant turn.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
     invalid_action_penalty: float = Field(
         default=-0.2,
         le=0,
@@ -33,20 +24,23 @@ class GymTextConfig(BaseEnvConfig):
     eval_episodes: int = Field(default=20, ge=1, description="Greedy episodes in evaluate.")
 
 
-class GymTextEnv(BaseEnv):
+class GymTextEnv(MultiTurnEnv):
     """A gymnasium game as a multi-turn chat: observation -> action word -> next observation.
 
     One item is an episode seed; the group plays ``group_size`` episodes from the same seed
     (same initial state, so scores are comparable). Each episode is a ``managed_server``
     conversation whose final sequence trains every assistant turn. Score = episode return +
     ``invalid_action_penalty`` per unparseable reply; an episode cut off at ``max_turns``
-    keeps the return so far.
+    keeps the return so far. Metrics (``train/`` and ``eval/``): ``mean_return``,
+    ``finished_rate``, ``invalid_action_rate`` (per turn), ``mean_turns``,
+    ``out_of_context_rate``.
 
     Subclasses set ``gym_id`` / ``gym_kwargs``, ``actions`` (word -> action id) and
     implement :meth:`describe` and :meth:`intro`.
     """
 
     env_config_cls = GymTextConfig
+    config_defaults = {"max_turns": 8}
     gym_id: str = ""
     gym_kwargs: dict[str, Any] = {}
     #: accepted action words -> gymnasium action ids (several words may map to one id).
@@ -80,13 +74,15 @@ class GymTextEnv(BaseEnv):
         return gymnasium.make(self.gym_id, **self.gym_kwargs)
 
     async def setup(self) -> None:
-        self.iter = 0
-        self.episode_stats: list[dict[str, float]] = []
+        self.eval_items = [{"seed": 10_000_000 + self.config.seed + k}
+                           for k in range(self.config.eval_episodes)]
 
-    async def get_next_item(self):
-        seed = self.config.seed + self.iter
-        self.iter += 1
-        return {"seed": seed}
+    def train_item(self, index: int) -> dict[str, int]:
+        """Episode ``index`` starts from seed ``config.seed + index``."""
+        return {"seed": self.config.seed + index}
+
+    async def play_episode(self, item, *, temperature: float, split: str):
+        return await self.play(item["seed"], temperature=temperature, split=split)
 
     async def play(self, seed: int, *, temperature: float, split: str = "train"):
         """Play one episode from ``seed``; return ``(Episode, score, stats)``."""
@@ -110,12 +106,7 @@ class GymTextEnv(BaseEnv):
         messages = [{"role": "system", "content": self.intro()},
                     {"role": "user", "content": self.describe(game, obs)}]
         try:
-            episode = await run_episode(
-                self.server, self.tokenizer, messages, on_reply,
-                max_turns=self.config.max_turns, max_tokens=self.config.max_tokens,
-                temperature=temperature, split=split,
-                max_context_tokens=self.config.max_token_length,
-            )
+            episode = await self.converse(messages, on_reply, temperature=temperature, split=split)
         finally:
             game.close()
         stats = {"return": state["return"], "invalid": float(state["invalid"]),
@@ -123,59 +114,13 @@ class GymTextEnv(BaseEnv):
                  "out_of_context": float(episode.out_of_context)}
         return episode, state["return"], stats
 
-    async def collect_trajectories(self, item):
-        results = await asyncio.gather(
-            *(self.play(item["seed"], temperature=self.config.temperature)
-              for _ in range(self.config.group_size))
-        )
-        group = new_group()
-        for episode, score, stats in results:
-            self._add(group, episode, score)
-            self.episode_stats.append(stats)
-        return group, []
-
-    @staticmethod
-    def _add(group, episode: Episode, score: float) -> None:
-        node = episode.node
-        group["tokens"].append(list(node.tokens))
-        group["masks"].append(list(node.masked_tokens))
-        group["inference_logprobs"].append(list(node.logprobs))
-        group["scores"].append(float(score))
-        group["messages"].append(episode.messages)
-
-    async def evaluate(self, *args, **kwargs):
-        start = time.time()
-        seeds = [10_000_000 + self.config.seed + k for k in range(self.config.eval_episodes)]
-        results = await asyncio.gather(
-            *(self.play(s, temperature=0.0, split="eval") for s in seeds)
-        )
-        stats = [r[2] for r in results]
-        metrics = _summarise(stats, "eval")
-        samples = [{"seed": s, "messages": r[0].messages, "score": r[1]}
-                   for s, r in zip(seeds, results, strict=True)]
-        self.evaluate_log(metrics, start_time=start, samples=samples,
-                          generation_parameters={"temperature": 0.0,
-                                                 "max_tokens": self.config.max_tokens})
-        return metrics
-
-    async def wandb_log(self, metrics=None):
-        metrics = dict(metrics or {})
-        if self.episode_stats:
-            metrics.update(_summarise(self.episode_stats, "train"))
-            self.episode_stats = []
-        await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
-
-
-def _summarise(stats: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    n = len(stats)
-    turns = sum(s["turns"] for s in stats) or 1.0
-    return {
-        f"{prefix}/mean_return": sum(s["return"] for s in stats) / n,
-        f"{prefix}/finished_rate": sum(s["finished"] for s in stats) / n,
-        f"{prefix}/invalid_action_rate": sum(s["invalid"] for s in stats) / turns,
-        f"{prefix}/mean_turns": turns / n,
-        f"{prefix}/out_of_context_rate": sum(s["out_of_context"] for s in stats) / n,
-    }
+    def details_metrics(self, details, prefix):
+        n = len(details)
+        turns = sum(s["turns"] for s in details) or 1.0
+        return {
+            f"{prefix}/mean_return": sum(s["return"] for s in details) / n,
+            f"{prefix}/finished_rate": sum(s["finished"] for s in details) / n,
+            f"{prefix}/invalid_action_rate": sum(s["invalid"] for s in details) / turns,
+            f"{prefix}/mean_turns": turns / n,
+            f"{prefix}/out_of_context_rate": sum(s["out_of_context"] for s in details) / n,
+        } if details else {}

@@ -7,7 +7,6 @@ import itertools
 import random
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,15 +15,9 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/judge_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import load_rows  # noqa: E402
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
 from atroposlib.errors import RolloutError  # noqa: E402
-from environments.common import (  # noqa: E402
-    add_rollout,
-    default_server,
-    default_tokenizer_name,
-    load_rows,
-    new_group,
-)
 
 #: Offline prompts used when dataset_name is 'builtin'.
 BUILTIN_PROMPTS = [
@@ -81,7 +74,7 @@ def parse_preference(text: str) -> str | None:
     return None
 
 
-class JudgeConfig(BaseEnvConfig):
+class JudgeConfig(SingleTurnEnvConfig):
     """Settings of :class:`JudgeEnv`."""
 
     dataset_name: str = Field(
@@ -119,25 +112,21 @@ class JudgeConfig(BaseEnvConfig):
         "judges answer in format. Turn off for chat-only APIs.",
     )
     max_tokens: int = Field(default=128, ge=1, description="Policy completion budget.")
-    temperature: float = Field(default=1.0, ge=0, description="Policy sampling temperature.")
     eval_size: int = Field(default=8, ge=1, description="Prompts rated greedily in evaluate.")
+    group_size: int = Field(default=4, ge=1, description="Rollouts (responses) per group.")
+    max_token_length: int = Field(default=2048, ge=1, description="Longest sequence, in tokens.")
 
 
-class JudgeEnv(BaseEnv):
-    """Policy answers instructions; an LLM judge on the same ServerManager scores them."""
+class JudgeEnv(SingleTurnEnv):
+    """Policy answers instructions; an LLM judge on the same ServerManager scores them.
+
+    ``evaluate`` rates one greedy answer per eval prompt with the rubric (in both modes) and
+    reports ``eval/judge_score`` and ``eval/judge_failure_rate`` (prompts whose answer got no
+    verdict, not averaged in as 0).
+    """
 
     name = "judge"
     env_config_cls = JudgeConfig
-
-    @classmethod
-    def config_init(cls):
-        return (
-            JudgeConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=4, max_token_length=2048,
-                wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
 
     async def setup(self) -> None:
         c = self.config
@@ -154,14 +143,8 @@ class JudgeEnv(BaseEnv):
             raise ValueError("the judge env needs at least one prompt")
         random.Random(c.seed).shuffle(prompts)
         n_eval = min(c.eval_size, max(1, len(prompts) // 5))
-        self.eval_prompts, self.train = prompts[:n_eval], prompts[n_eval:] or prompts
-        self.iter = 0
-        self.judge_stats: list[float] = []
-
-    async def get_next_item(self):
-        prompt = self.train[self.iter % len(self.train)]
-        self.iter += 1
-        return {"prompt": prompt}
+        items = [{"prompt": p} for p in prompts]
+        self.eval_items, self.train_items = items[:n_eval], items[n_eval:] or items
 
     async def _judge(self, content: str, parse, n: int, prefix: str) -> list[Any]:
         """Ask the judge ``n`` verdicts; retry unparseable ones; raise RolloutError if none.
@@ -221,63 +204,32 @@ class JudgeEnv(BaseEnv):
         await asyncio.gather(*(duel(i, j) for i, j in itertools.permutations(range(len(responses)), 2)))
         return [w / g if g else 0.5 for w, g in zip(wins, games, strict=True)]
 
-    @staticmethod
-    def _messages(item):
+    def prompt(self, item):
         return [{"role": "user", "content": item["prompt"]}]
 
-    async def collect_trajectories(self, item):
-        messages = self._messages(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        texts = [c.message.content or "" for c in completion.choices]
+    async def score(self, item, completion: str) -> float:
+        """:meth:`rate` (rubric); raises RolloutError when the judge gives no verdict."""
+        return await self.rate(item["prompt"], completion)
+
+    async def score_group(self, item, completions, finish_reasons):
+        """Pairwise mode: :meth:`pairwise_scores` of the group; rubric: :meth:`score` each."""
         if self.config.mode == "pairwise":
-            scores = await self.pairwise_scores(item["prompt"], texts)
-        else:
-            scores = await asyncio.gather(*(self.rate(item["prompt"], t) for t in texts))
-        self.judge_stats.extend(scores)
-        group = new_group()
-        for text, node, score in zip(texts, nodes, scores, strict=True):
-            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
-        return group, []
+            return await self.pairwise_scores(item["prompt"], completions)
+        return await super().score_group(item, completions, finish_reasons)
 
-    async def evaluate(self, *args, **kwargs):
-        start = time.time()
+    def eval_metrics(self, samples):
+        """``eval/judge_score``: the mean rubric score of the judged answers."""
+        return {"eval/judge_score": sum(s["score"] for s in samples) / len(samples)} if samples else {}
 
-        async def one(prompt: str):
-            completion = await self.server.chat_completion(
-                messages=self._messages({"prompt": prompt}), n=1,
-                max_tokens=self.config.max_tokens, temperature=0.0, split="eval",
-            )
-            text = completion.choices[0].message.content or ""
-            try:
-                score = await self.rate(prompt, text)
-            except RolloutError:
-                score = None  # counted in eval/judge_failure_rate, not averaged in as 0
-            return {"prompt": prompt, "completion": text, "score": score}
-
-        samples = await asyncio.gather(*(one(p) for p in self.eval_prompts))
-        judged = [s["score"] for s in samples if s["score"] is not None]
-        metrics = {"eval/judge_failure_rate": 1 - len(judged) / len(samples)}
-        if judged:
-            metrics["eval/judge_score"] = sum(judged) / len(judged)
-        self.evaluate_log(metrics, start_time=start, samples=list(samples),
-                          generation_parameters={"temperature": 0.0,
-                                                 "max_tokens": self.config.max_tokens})
-        return metrics
+    def eval_failure_metrics(self, failed, total):
+        """``eval/judge_failure_rate``: share of eval prompts without a verdict (or a reply)."""
+        return {"eval/judge_failure_rate": failed / total if total else 0.0}
 
     async def wandb_log(self, metrics=None):
-        metrics = dict(metrics or {})
-        if self.judge_stats:
-            metrics["train/judge_score"] = sum(self.judge_stats) / len(self.judge_stats)
-            self.judge_stats = []
+        """SingleTurnEnv's metrics plus ``train/judge_score`` (= ``train/mean_score``)."""
+        if self.train_scores:
+            metrics = {**(metrics or {}), "train/judge_score": sum(self.train_scores) / len(self.train_scores)}
         await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
 
 
 if __name__ == "__main__":

@@ -15,15 +15,9 @@ from pydantic import Field
 if __package__ in (None, ""):  # run as `python environments/multimodal_counting_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import extract_answer_tag, new_group  # noqa: E402
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer  # noqa: E402
-from environments.common import (  # noqa: E402
-    default_server,
-    default_tokenizer_name,
-    extract_answer_tag,
-    new_group,
-    run_eval,
-)
 
 COLORS = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 70, 220),
           "yellow": (235, 200, 20)}
@@ -93,19 +87,19 @@ def score_count(text: str, answer: int) -> float:
     return 1.0 if numbers and int(numbers[-1]) == answer else 0.0
 
 
-class MultimodalCountingConfig(BaseEnvConfig):
+class MultimodalCountingConfig(SingleTurnEnvConfig):
     """Settings of :class:`MultimodalCountingEnv`."""
 
     image_size: int = Field(default=256, ge=32, description="Image width = height, pixels.")
     grid: int = Field(default=4, ge=2, le=10, description="Board cells per side.")
     max_objects: int = Field(default=8, ge=1, description="Shapes per image at most.")
     max_tokens: int = Field(default=64, ge=1, description="Completion budget per rollout.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
+    max_token_length: int = Field(default=2048, ge=1, description="Longest sequence, in tokens.")
     seed: int = Field(default=0, description="Seed of the scene generator.")
     eval_size: int = Field(default=30, ge=1, description="Questions in evaluate.")
 
 
-class MultimodalCountingEnv(BaseEnv):
+class MultimodalCountingEnv(SingleTurnEnv):
     """Image + text questions via OpenAI ``image_url`` parts; images posted with the group.
 
     Needs a vision-language model behind an OpenAI-compatible server (e.g. vLLM serving
@@ -117,81 +111,54 @@ class MultimodalCountingEnv(BaseEnv):
 
     name = "multimodal_counting"
     env_config_cls = MultimodalCountingConfig
+    server_defaults = {"server_type": "openai"}
 
-    @classmethod
-    def config_init(cls):
-        return (
-            MultimodalCountingConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
-                wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(server_type="openai"),
-        )
-
-    def _make(self, rng: random.Random) -> dict[str, Any]:
+    def train_item(self, index: int, rng: random.Random | None = None) -> dict[str, Any]:
+        """A fresh scene from ``rng`` (default the seeded ``self.rng``)."""
         c = self.config
-        return make_item(rng, c.image_size, c.grid, c.max_objects)
+        return make_item(rng or self.rng, c.image_size, c.grid, c.max_objects)
 
     async def setup(self) -> None:
-        self.rng = random.Random(self.config.seed)
         eval_rng = random.Random(self.config.seed + 1_000_003)
-        self.eval_items = [self._make(eval_rng) for _ in range(self.config.eval_size)]
-        self.iter = 0
-        self.percent_correct: list[float] = []
+        self.eval_items = [self.train_item(i, eval_rng) for i in range(self.config.eval_size)]
 
-    async def get_next_item(self):
-        self.iter += 1
-        return self._make(self.rng)
-
-    @staticmethod
-    def _messages(item):
+    def prompt(self, item):
         return [{"role": "user", "content": [
             {"type": "text", "text": item["question"]},
             {"type": "image_url", "image_url": {"url": item["image"]}},
         ]}]
 
-    @staticmethod
-    def _text_messages(item):
-        return [{"role": "user", "content": f"{IMAGE_PLACEHOLDER}\n{item['question']}"}]
+    def score(self, item, completion: str) -> float:
+        """:func:`score_count`: 1.0 for the right count in ``<answer>``, else 0.0."""
+        return score_count(completion, item["answer"])
+
+    def answer(self, item):
+        return item["answer"]
 
     async def collect_trajectories(self, item):
+        """Plain ``chat_completion`` (the image tokens are the server's); text-only tokens."""
+        messages = self.prompt(item)
         completion = await self.server.chat_completion(
-            messages=self._messages(item), n=self.config.group_size,
+            messages=messages, n=self.config.group_size,
             max_tokens=self.config.max_tokens, temperature=self.config.temperature,
         )
         group = new_group(with_logprobs=False)
         group["images"] = []
+        text_prompt = [{"role": "user", "content": f"{IMAGE_PLACEHOLDER}\n{item['question']}"}]
         for choice in completion.choices:
             text = choice.message.content or ""
-            transcript = self._text_messages(item) + [{"role": "assistant", "content": text}]
-            tokenized = tokenize_for_trainer(self.tokenizer, transcript,
-                                             finish_reason=str(choice.finish_reason))
-            tokens, masks = tokenized["tokens"], tokenized["masks"]
-            score = score_count(text, item["answer"])
-            self.percent_correct.append(score)
-            group["tokens"].append(tokens)
-            group["masks"].append(masks)
+            tokenized = tokenize_for_trainer(
+                self.tokenizer, text_prompt + [{"role": "assistant", "content": text}],
+                finish_reason=str(choice.finish_reason))
+            score, _ = await self.reward_for(item, text, choice.finish_reason)
+            self.train_correct.append(score)
+            self.train_scores.append(score)
+            group["tokens"].append(tokenized["tokens"])
+            group["masks"].append(tokenized["masks"])
             group["scores"].append(score)
-            group["messages"].append(self._messages(item) + [{"role": "assistant", "content": text}])
+            group["messages"].append(messages + [{"role": "assistant", "content": text}])
             group["images"].append(item["image"])
         return group, []
-
-    async def evaluate(self, *args, **kwargs):
-        return await run_eval(
-            self, self.eval_items, self._messages,
-            lambda item, text, _r: score_count(text, item["answer"]),
-            max_tokens=self.config.max_tokens,
-        )
-
-    async def wandb_log(self, metrics=None):
-        metrics = dict(metrics or {})
-        if self.percent_correct:
-            metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
-            self.percent_correct = []
-        await super().wandb_log(metrics)
-
-    def save_checkpoint(self, step, data=None):
-        super().save_checkpoint(step, {"iter": self.iter, **(data or {})})
 
 
 if __name__ == "__main__":

@@ -10,8 +10,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python environments/taxi_env.py ...`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from environments.common import default_server, default_tokenizer_name  # noqa: E402
-from environments.gym_text import GymTextConfig, GymTextEnv  # noqa: E402
+from environments.gym_text import GymTextEnv  # noqa: E402
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TAXI_CELL = re.compile(r"\x1b\[4[0-9]m(.)\x1b\[0m")  # the highlighted cell is the taxi
@@ -32,15 +31,7 @@ class TaxiEnv(GymTextEnv):
     actions = {"south": 0, "down": 0, "north": 1, "up": 1, "east": 2, "right": 2,
                "west": 3, "left": 3, "pickup": 4, "dropoff": 5}
 
-    @classmethod
-    def config_init(cls):
-        return (
-            GymTextConfig(
-                tokenizer_name=default_tokenizer_name(), group_size=8, max_token_length=2048,
-                max_turns=20, wandb_name=cls.name, use_wandb=False,
-            ),
-            default_server(),
-        )
+    config_defaults = {"max_turns": 20}
 
     def intro(self) -> str:
         return (

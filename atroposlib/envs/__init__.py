@@ -1,4 +1,4 @@
-"""Environments: the ``BaseEnv`` contract, ``SingleTurnEnv`` and helpers for writing envs.
+"""Environments: the ``BaseEnv`` contract, ``SingleTurnEnv``/``MultiTurnEnv``, env helpers.
 
 Public names load lazily (``from atroposlib.envs import SingleTurnEnv``), so importing the
 package stays cheap.
@@ -17,6 +17,8 @@ _EXPORTS = {
     "APIServerConfig": "atroposlib.envs.base",
     "SingleTurnEnv": "atroposlib.envs.single_turn",
     "SingleTurnEnvConfig": "atroposlib.envs.single_turn",
+    "MultiTurnEnv": "atroposlib.envs.multi_turn",
+    "MultiTurnEnvConfig": "atroposlib.envs.multi_turn",
     "check_env": "atroposlib.envs.checks",
 }
 

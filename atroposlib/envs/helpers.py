@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,11 +318,52 @@ async def run_episode(
     return episode
 
 
+#: What a score hook returns: a reward, or ``(reward, details)`` (details: name -> value,
+#: numbers averaged into metrics, anything JSON-able kept in eval samples); maybe awaitable.
+ScoreResult = float | tuple[float, Mapping[str, Any]]
+
+
+async def resolve_score(value: Any) -> tuple[float, dict[str, Any]]:
+    """``(reward, details)`` of a score hook's result (awaited first when it is awaitable).
+
+    Accepts a number or ``(number, mapping)``; the number is returned as a float.
+
+    Raises:
+        TypeError: the result is neither; the message shows what came back.
+    """
+    import inspect
+
+    if inspect.isawaitable(value):
+        value = await value
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
+        value, details = value
+    else:
+        details = {}
+    try:
+        return float(value), dict(details)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"a score must be a number or (number, dict of details), got {value!r}"
+        ) from None
+
+
+def mean_details(details: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
+    """``{f"{prefix}/{key}": mean}`` of every numeric (or bool) detail, over the rows that have it."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for row in details:
+        for key, value in row.items():
+            if isinstance(value, int | float):
+                sums[key] = sums.get(key, 0.0) + float(value)
+                counts[key] = counts.get(key, 0) + 1
+    return {f"{prefix}/{key}": sums[key] / counts[key] for key in sums}
+
+
 async def eval_samples(
     env: Any,
     items: Sequence[Any],
     messages_fn: Callable[[Any], list[Message]],
-    score_fn: Callable[[Any, str, str], float],
+    score_fn: Callable[[Any, str, str], Any],
     *,
     max_tokens: int | Callable[[list[Message]], int],
     temperature: float = 0.0,
@@ -338,14 +379,16 @@ async def eval_samples(
         env: the environment (its ``server`` and ``config.max_eval_workers`` are used).
         items: evaluation items.
         messages_fn: item -> chat messages.
-        score_fn: ``(item, completion_text, finish_reason) -> score``.
+        score_fn: ``(item, completion_text, finish_reason) ->`` a :data:`ScoreResult`
+            (a score, or ``(score, details)``; may be a coroutine function).
         max_tokens: completion budget, or a function of the item's messages returning it.
         temperature: sampling temperature (0 = greedy).
         answer_fn: item -> reference answer, stored in each sample as ``"answer"`` (for views).
 
     Returns:
         ``(samples in item order, failed item count)``; a sample is ``{"messages",
-        "response", "score", "finish_reason"}`` (+ ``"answer"``); ``response`` is the reply text.
+        "response", "score", "finish_reason"}`` (+ ``"answer"``, + ``"details"`` when the
+        score came with details); ``response`` is the reply text.
     """
     from atroposlib.envs.eval import evaluate_items
 
@@ -359,8 +402,11 @@ async def eval_samples(
         choice = completion.choices[0]
         text = choice.message.content or ""
         reason = str(choice.finish_reason)
+        score, details = await resolve_score(score_fn(item, text, reason))
         sample = {"messages": messages + [{"role": "assistant", "content": text}], "response": text,
-                  "score": float(score_fn(item, text, reason)), "finish_reason": reason}
+                  "score": score, "finish_reason": reason}
+        if details:
+            sample["details"] = details
         if answer_fn is not None:
             sample["answer"] = answer_fn(item)
         return sample
@@ -368,63 +414,10 @@ async def eval_samples(
     return await evaluate_items(items, one, int(env.config.max_eval_workers))
 
 
-async def run_eval(
-    env: Any,
-    items: Sequence[Any],
-    messages_fn: Callable[[Any], list[Message]],
-    score_fn: Callable[[Any, str, str], float],
-    *,
-    max_tokens: int,
-    temperature: float = 0.0,
-    metric: str = "eval/accuracy",
-    answer_fn: Callable[[Any], Any] | None = None,
-) -> dict[str, float]:
-    """Single-turn evaluation: one completion per item, scored, logged with samples.
-
-    Runs :func:`eval_samples`, then writes ``metrics.json``/``samples.jsonl`` through
-    ``env.evaluate_log``.
-
-    Args:
-        env: the environment.
-        items: evaluation items.
-        messages_fn: item -> chat messages.
-        score_fn: ``(item, completion_text, finish_reason) -> score``.
-        max_tokens: completion budget.
-        temperature: sampling temperature (0 = greedy).
-        metric: name of the mean-score metric.
-        answer_fn: item -> reference answer, kept in the samples.
-
-    Returns:
-        ``{metric: mean score, "eval/stopped_fraction": share of replies that ended by
-        themselves, "eval/num_items": n}`` (+ ``"eval/failed_items"`` when some failed).
-    """
-    import time
-
-    start = time.time()
-    samples, failed = await eval_samples(
-        env, items, messages_fn, score_fn, max_tokens=max_tokens, temperature=temperature,
-        answer_fn=answer_fn,
-    )
-    n = len(samples)
-    metrics = {
-        metric: sum(s["score"] for s in samples) / n if n else 0.0,
-        "eval/stopped_fraction": sum(s["finish_reason"] != "length" for s in samples) / n if n else 0.0,
-        "eval/num_items": float(n),
-    }
-    if failed:
-        metrics["eval/failed_items"] = float(failed)
-    env.evaluate_log(
-        metrics,
-        start_time=start,
-        generation_parameters={"temperature": temperature, "max_tokens": max_tokens},
-        samples=samples,
-    )
-    return metrics
-
-
 __all__ = [
     "DEFAULT_BASE_URL",
     "Episode",
+    "ScoreResult",
     "add_rollout",
     "default_server",
     "default_tokenizer_name",
@@ -434,7 +427,8 @@ __all__ = [
     "load_rows",
     "make_word",
     "maybe_json",
+    "mean_details",
     "new_group",
+    "resolve_score",
     "run_episode",
-    "run_eval",
 ]

@@ -1,15 +1,16 @@
 """``SingleTurnEnv``: one prompt, ``group_size`` sampled replies, a score per reply.
 
 Subclass it and write three things: the prompt of an item (:meth:`SingleTurnEnv.prompt`), the
-score of a reply (:meth:`SingleTurnEnv.score`) and, in ``setup``, the items
+score of a reply (:meth:`SingleTurnEnv.score`, plain or ``async``) and, in ``setup``, the items
 (``self.train_items`` / ``self.eval_items``). Sampling through ``managed_server`` (exact tokens
 and sampler log-probs), the group, evaluation, train accuracy and checkpoints are done here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from pydantic import Field
@@ -17,11 +18,14 @@ from pydantic import Field
 from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.helpers import (
+    ScoreResult,
     add_rollout,
     default_server,
     default_tokenizer_name,
     eval_samples,
+    mean_details,
     new_group,
+    resolve_score,
 )
 from atroposlib.type_definitions import Item, Message
 
@@ -51,13 +55,19 @@ class SingleTurnEnv(BaseEnv):
 
     In ``setup`` fill ``self.train_items`` (a list, cycled with a cursor) or override
     :meth:`train_item` (e.g. a seeded generator using ``self.rng``), and ``self.eval_items``.
+    :meth:`score` may be a coroutine function (``async def``: a judge model call, sandboxed
+    code execution); the replies of a group are then scored concurrently. It may return
+    ``(score, details)``: numeric details are averaged into ``train/<name>`` and
+    ``eval/<name>`` metrics, and all of them are kept in eval samples.
     Optional: :meth:`answer` (reference answer, kept in eval samples for the views),
-    :meth:`max_tokens_for` (a completion budget per prompt), :meth:`finish_group` (reshape or
-    drop a scored group), :meth:`eval_metrics` (extra evaluation metrics), and the class
+    :meth:`max_tokens_for` (a completion budget per prompt), :meth:`score_group` (score the
+    replies together, e.g. pairwise), :meth:`finish_group` (reshape or drop a scored group),
+    :meth:`eval_metrics` / :meth:`details_metrics` / :meth:`eval_failure_metrics` (other
+    metrics), and the class
     attributes ``truncated_reward`` (the reward of a reply cut off at ``max_tokens``, instead
     of calling :meth:`score`; None = score it like any reply), ``min_completion_tokens``
-    (a group with a shorter reply is dropped) and ``server_defaults`` (overrides of the
-    default server config).
+    (a group with a shorter reply is dropped), ``config_defaults`` and ``server_defaults``
+    (overrides of the default env and server configs).
 
     Done for you: ``config_init`` (bundled tokenizer, the dev vLLM server), ``get_next_item``,
     ``collect_trajectories`` (``group_size`` replies in one chat call, exact tokens and
@@ -78,6 +88,8 @@ class SingleTurnEnv(BaseEnv):
     min_completion_tokens: int = 0
     #: Overrides of :func:`~atroposlib.envs.helpers.default_server` in ``config_init``.
     server_defaults: Mapping[str, Any] = {}
+    #: Overrides of the env config's defaults in ``config_init`` (e.g. ``{"max_turns": 6}``).
+    config_defaults: Mapping[str, Any] = {}
     train_items: Sequence[Item] = ()
     eval_items: Sequence[Item] = ()
 
@@ -89,14 +101,17 @@ class SingleTurnEnv(BaseEnv):
         self.rng = random.Random(getattr(self.config, "seed", 0))
         self.train_correct: list[float] = []
         self.train_scores: list[float] = []
+        self.train_details: list[dict[str, Any]] = []
 
     @classmethod
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
         """Defaults: ``env_config_cls()`` named after the env, the dev vLLM at 127.0.0.1:9100.
 
-        ``server_defaults`` overrides fields of the server config.
+        ``config_defaults`` and ``server_defaults`` override fields of the env and server
+        configs.
         """
-        return cls.env_config_cls(wandb_name=cls.name), [default_server(**cls.server_defaults)]
+        env_config = cls.env_config_cls(**{"wandb_name": cls.name, **cls.config_defaults})
+        return env_config, [default_server(**cls.server_defaults)]
 
     # ------------------------------------------------------------------ the hooks
     def prompt(self, item: Item) -> list[Message]:
@@ -107,8 +122,14 @@ class SingleTurnEnv(BaseEnv):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement prompt(item)")
 
-    def score(self, item: Item, completion: str) -> float:
+    def score(self, item: Item, completion: str) -> ScoreResult | Awaitable[ScoreResult]:
         """The reward of reply text ``completion`` to ``item`` (1.0 = fully correct).
+
+        Write it as a plain method or as ``async def`` (it is awaited when it returns an
+        awaitable). Return a number, or ``(number, details)`` with ``details`` a dict of
+        name -> value (numbers are averaged into metrics; every value must be JSON-able, as
+        it is kept in eval samples). An exception raised here drops the training group, and
+        in ``evaluate`` counts the item as failed, not as 0.
 
         Raises:
             NotImplementedError: the subclass did not implement it.
@@ -137,6 +158,19 @@ class SingleTurnEnv(BaseEnv):
         """
         return int(self.config.max_tokens)
 
+    async def score_group(
+        self, item: Item, completions: list[str], finish_reasons: list[str | None]
+    ) -> list[ScoreResult]:
+        """The rewards of a group's replies (parallel lists), e.g. for a pairwise judge.
+
+        Default: :meth:`score` of each reply, concurrently (a reply cut off at the budget gets
+        ``truncated_reward`` when that is set). Used for training groups; ``evaluate`` scores
+        its single replies with :meth:`score`.
+        """
+        return list(await asyncio.gather(*(
+            self.reward_for(item, text, reason)
+            for text, reason in zip(completions, finish_reasons, strict=True))))
+
     def finish_group(self, item: Item, group: ScoredDataGroup) -> ScoredDataGroup | None:
         """Reshape a scored group before it is sent (e.g. a length penalty); None drops it.
 
@@ -159,7 +193,23 @@ class SingleTurnEnv(BaseEnv):
             "eval/mean_score": sum(s["score"] for s in samples) / n,
             "eval/stopped_fraction": sum(s["finish_reason"] != "length" for s in samples) / n,
             "eval/num_items": float(len(samples)),
+            **self.details_metrics([s.get("details", {}) for s in samples], "eval"),
         }
+
+    def details_metrics(self, details: list[dict[str, Any]], prefix: str) -> dict[str, float]:
+        """Metrics of the score details (``prefix`` is ``"train"`` or ``"eval"``).
+
+        Default: the mean of each numeric detail as ``<prefix>/<name>``
+        (:func:`~atroposlib.envs.helpers.mean_details`).
+        """
+        return mean_details(details, prefix)
+
+    def eval_failure_metrics(self, failed: int, total: int) -> dict[str, float]:
+        """Metrics of the ``failed`` of ``total`` eval items whose request or scoring raised.
+
+        Default: ``{"eval/failed_items": failed}`` when some failed, else nothing.
+        """
+        return {"eval/failed_items": float(failed)} if failed else {}
 
     def train_item(self, index: int) -> Item:
         """The ``index``-th training item; default ``self.train_items`` cycled.
@@ -175,10 +225,17 @@ class SingleTurnEnv(BaseEnv):
         return self.train_items[index % len(self.train_items)]
 
     # ------------------------------------------------------------------ done once, here
-    def _reward(self, item: Item, text: str, finish_reason: str | None) -> float:
+    async def reward_for(
+        self, item: Item, text: str, finish_reason: str | None
+    ) -> tuple[float, dict[str, Any]]:
+        """``(score, details)`` of one reply.
+
+        ``truncated_reward`` when the reply was cut off at the budget and that is set, else
+        :meth:`score` (awaited when it returns an awaitable).
+        """
         if finish_reason == "length" and self.truncated_reward is not None:
-            return float(self.truncated_reward)
-        return float(self.score(item, text))
+            return float(self.truncated_reward), {}
+        return await resolve_score(self.score(item, text))
 
     async def get_next_item(self) -> Item:
         """The training item at the cursor; advances the cursor."""
@@ -202,57 +259,70 @@ class SingleTurnEnv(BaseEnv):
                 max_tokens=self.max_tokens_for(messages), temperature=temperature,
             )
             nodes = managed.get_state()["nodes"]
-        group = new_group()
-        group["generation_params"] = {"temperature": temperature}
+        kept = []
         for choice, node in zip(completion.choices, nodes, strict=True):
             generated = sum(1 for m in node.masked_tokens if m != IGNORE_INDEX)
             self.completion_lengths.append(generated)
-            if generated < self.min_completion_tokens:
-                continue
-            text = choice.message.content or ""
-            score = self._reward(item, text, choice.finish_reason)
+            if generated >= self.min_completion_tokens:
+                kept.append((choice.message.content or "", choice.finish_reason, node))
+        scored = await self.score_group(item, [k[0] for k in kept], [k[1] for k in kept])
+        group = new_group()
+        group["generation_params"] = {"temperature": temperature}
+        for (text, _, node), result in zip(kept, scored, strict=True):
+            score, details = await resolve_score(result)
             self.train_correct.append(1.0 if score >= 1.0 else 0.0)
             self.train_scores.append(score)
+            if details:
+                self.train_details.append(details)
             add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
-        if len(group["tokens"]) < len(nodes):
+        if len(kept) < len(nodes):
             return None, []
         if not (self.send_messages or self.config.include_messages):
             group["messages"] = None
         return self.finish_group(item, group), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """One reply per eval item at ``eval_temperature``; logs and returns the metrics.
+        """Score the eval items (:meth:`sample_eval_items`); log and return the metrics.
 
         Returns:
-            :meth:`eval_metrics` of the samples (+ ``"eval/failed_items"`` when some
-            requests or scorings failed; those items are not counted as wrong).
+            :meth:`eval_metrics` of the samples + :meth:`eval_failure_metrics` (by default
+            ``"eval/failed_items"`` when some requests or scorings failed; those items are
+            not counted as wrong).
         """
         start = time.time()
-        cfg = self.config
         if not self.eval_items:
             self.eval_items = list(self.load_eval_items())
-        samples, failed = await eval_samples(
-            self, list(self.eval_items), self.prompt, self._reward,
-            max_tokens=self.max_tokens_for, temperature=cfg.eval_temperature,
+        samples, failed = await self.sample_eval_items()
+        metrics = self.eval_metrics(samples)
+        metrics.update(self.eval_failure_metrics(failed, len(self.eval_items)))
+        self.evaluate_log(metrics, start_time=start, samples=samples, generation_parameters={
+            "temperature": self.config.eval_temperature, "max_tokens": self.config.max_tokens})
+        return metrics
+
+    async def sample_eval_items(self) -> tuple[list[dict[str, Any]], int]:
+        """One reply per eval item at ``eval_temperature``, scored.
+
+        Returns:
+            ``(samples, failed item count)`` (:func:`~atroposlib.envs.helpers.eval_samples`).
+        """
+        return await eval_samples(
+            self, list(self.eval_items), self.prompt, self.reward_for,
+            max_tokens=self.max_tokens_for, temperature=self.config.eval_temperature,
             answer_fn=self.answer,
         )
-        metrics = self.eval_metrics(samples)
-        if failed:
-            metrics["eval/failed_items"] = float(failed)
-        self.evaluate_log(metrics, start_time=start, samples=samples, generation_parameters={
-            "temperature": cfg.eval_temperature, "max_tokens": cfg.max_tokens})
-        return metrics
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         """Add the training metrics of the rollouts since the last call.
 
-        ``train/percent_correct`` (share scoring >= 1) and ``train/mean_score``.
+        ``train/percent_correct`` (share scoring >= 1), ``train/mean_score`` and
+        :meth:`details_metrics` of the score details.
         """
         metrics = dict(metrics or {})
         if self.train_correct:
             metrics["train/percent_correct"] = sum(self.train_correct) / len(self.train_correct)
             metrics["train/mean_score"] = sum(self.train_scores) / len(self.train_scores)
-            self.train_correct, self.train_scores = [], []
+            metrics.update(self.details_metrics(self.train_details, "train"))
+            self.train_correct, self.train_scores, self.train_details = [], [], []
         await super().wandb_log(metrics)
 
     def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:

@@ -133,3 +133,66 @@ async def test_missing_hooks_and_items_say_what_to_implement(tok_dir, tmp_path):
         env.prompt({})
     with pytest.raises(NotImplementedError, match="score"):
         env.score({}, "x")
+
+
+async def test_async_score_runs_concurrently_and_keeps_its_details(add_env_cls, tok_dir, tmp_path,
+                                                                   monkeypatch):
+    import asyncio
+
+    started, all_started = [], asyncio.Event()
+
+    class SlowJudgeAdd(add_env_cls):
+        async def score(self, item, completion):
+            # every reply of a group must be in scoring at once before any finishes
+            started.append(completion)
+            if len(started) == self.config.group_size:
+                all_started.set()
+            await all_started.wait()
+            right = super().score(item, completion)
+            return right, {"right": right, "length": len(completion), "note": "kept, not averaged"}
+
+    env = _env(SlowJudgeAdd, tok_dir, tmp_path)
+    await env.setup()
+    item = await env.get_next_item()
+    group, _ = await asyncio.wait_for(env.collect_trajectories(item), timeout=60)
+    assert group["scores"] == [1.0, 0.0, 0.0] and len(started) == 3
+    seen = {}
+
+    async def fake_base_log(self, metrics=None):
+        seen.update(metrics or {})
+
+    monkeypatch.setattr("atroposlib.envs.base.BaseEnv.wandb_log", fake_base_log)
+    await env.wandb_log({})
+    assert seen["train/right"] == pytest.approx(1 / 3) and "train/note" not in seen
+    assert seen["train/length"] > 0 and env.train_details == []
+
+    env.eval_items = env.eval_items[:4]
+    all_started.set()
+    metrics = await env.evaluate()
+    assert metrics["eval/accuracy"] == 1.0 == metrics["eval/right"]
+    samples = [json.loads(x) for x in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert samples[0]["details"]["note"] == "kept, not averaged"
+
+
+async def test_a_failing_async_score_counts_the_eval_item_as_failed(add_env_cls, tok_dir, tmp_path):
+    class Broken(add_env_cls):
+        async def score(self, item, completion):
+            if sum(item) % 2:
+                raise RuntimeError("judge down")
+            return 1.0
+
+    env = _env(Broken, tok_dir, tmp_path)
+    await env.setup()
+    metrics = await env.evaluate()
+    odd = sum(sum(item) % 2 for item in env.eval_items)
+    assert metrics["eval/failed_items"] == odd and metrics["eval/num_items"] == 100 - odd
+
+
+def test_a_score_of_the_wrong_type_says_what_came_back():
+    import asyncio
+
+    from atroposlib.envs.helpers import resolve_score
+
+    assert asyncio.run(resolve_score(1)) == (1.0, {})
+    with pytest.raises(TypeError, match="number or \\(number, dict of details\\), got 'yes'"):
+        asyncio.run(resolve_score("yes"))
