@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from atroposlib.envs.checkpoints import (
     write_checkpoint,
 )
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
+from atroposlib.envs.eval import eval_dir, evaluate_log
 from atroposlib.envs.groups import (
     ScoredDataGroup,
     ScoredDataItem,
@@ -38,7 +38,14 @@ from atroposlib.envs.groups import (
     normalise_group,
     valid_groups,
 )
-from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState, RunStateView, state_property
+from atroposlib.envs.run_state import (
+    ROLLOUT_POLICY_VERSION,
+    RunState,
+    RunStateView,
+    batch_share,
+    deliver,
+    state_property,
+)
 from atroposlib.envs.runners import get_runner
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -197,10 +204,7 @@ class BaseEnv:
         batch_size = self._run_state.batch_size
         if batch_size == -1 or not self.status_dict:
             return batch_size
-        share = self.status_dict.get("unallocated_fraction", 1.0) + (
-            self.config.min_batch_allocation or 0
-        )
-        return int(batch_size * share)
+        return batch_share(batch_size, self.status_dict, self.config.min_batch_allocation)
 
     @property
     def tokenizer(self) -> Any:
@@ -373,23 +377,12 @@ class BaseEnv:
         to an API outage. Each sent group gets ``policy_version``: the trainer step when its
         rollout started (else ``curr_step``), unless it already has one. Returns the accepted
         groups.
+
+        Raises:
+            RuntimeError: ``do_send_to_api`` outside the serve loop (there is no outbox).
         """
         accepted = self._accept_groups(scored_data, abort_on_any_max_length_exceeded, item)
-        for group in accepted:
-            for sink in self._run_state.sinks:
-                await sink.write(group, item)
-        if do_send_to_api and accepted:
-            outbox = self._run_state.outbox
-            if outbox is None:
-                raise RuntimeError(
-                    "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
-                    "do_send_to_api=False outside `serve`"
-                )
-            version = ROLLOUT_POLICY_VERSION.get()
-            for group in accepted:
-                if group.get("policy_version") is None:
-                    group["policy_version"] = self.curr_step if version is None else version
-                await outbox.write(group, item)
+        await deliver(self._run_state, accepted, item, do_send_to_api)
         return accepted
 
     async def process_manager(self, show_progress: bool = True) -> Path | None:
@@ -402,11 +395,7 @@ class BaseEnv:
     # ------------------------------------------------------------------ evaluation
     def _eval_dir_path(self) -> Path:
         if self._eval_dir is None:
-            if self.config.data_dir_to_save_evals:
-                self._eval_dir = Path(self.config.data_dir_to_save_evals)
-            else:
-                stamp = time.strftime("%Y%m%d-%H%M%S")
-                self._eval_dir = Path("evals") / f"{self.name or 'env'}-{stamp}"
+            self._eval_dir = eval_dir(self.config.data_dir_to_save_evals, self.name or "env")
         return self._eval_dir
 
     def evaluate_log(
@@ -420,30 +409,15 @@ class BaseEnv:
         samples: list[dict[str, Any]] | None = None,
         verbose: bool = True,
     ) -> Path | None:
-        """Write ``metrics.json`` (and ``samples.jsonl``) to the eval directory and log them.
+        """Write ``metrics.json`` (and the samples) to the eval directory and log them.
 
         Files are written when ``data_dir_to_save_evals`` is set, and always in ``evaluate``
         mode (default directory ``evals/<name>-<timestamp>/``); otherwise (e.g. periodic evals
-        in serve mode) the metrics are only printed.
-
-        ``metrics.json`` = ``{"config_general": {model_name, total_evaluation_time_seconds,
-        generation_parameters}, "results": {"atropos|<task>|0": metrics, "all": metrics}}``.
-
-        Args:
-            metrics: metric name -> value.
-            task_name: defaults to the env name.
-            model_name: defaults to the first server's model name.
-            start_time: ``time.time()`` at the start (for the duration).
-            end_time: ``time.time()`` at the end (default now).
-            generation_parameters: sampling settings used.
-            samples: per-example records written to ``samples.jsonl``.
-            verbose: print a metrics table.
-
-        Returns:
-            The path of ``metrics.json``, or None when no file was written.
+        in serve mode) the metrics are only printed. Arguments and file layout are those of
+        :func:`atroposlib.envs.eval.evaluate_log`; ``task_name`` defaults to the env name,
+        ``model_name`` to the first server's model, and ``max_new_tokens`` is added to the
+        generation parameters. Returns the path of ``metrics.json``, or None.
         """
-        from atroposlib.envs.eval import evaluate_log
-
         writes = bool(self.config.data_dir_to_save_evals or self._run_state.eval_mode)
         path = evaluate_log(
             metrics,
