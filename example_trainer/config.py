@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from atroposlib.defaults import DEFAULT_API_URL
+from atroposlib.defaults import DEFAULT_API_URL, DEFAULT_INFERENCE_MODEL
 
 
 def default_model_dir() -> str:
@@ -177,7 +177,7 @@ class TrainerConfig(BaseSettings):
                                        "flags for the launched server (a JSON list).")
     vllm_start_timeout: float = Field(default=600.0, gt=0, description="Seconds to wait for "
                                       "the launched vLLM to become healthy.")
-    served_model_name: str = Field(default="smollm2", description="Model name vLLM serves.")
+    served_model_name: str = Field(default=DEFAULT_INFERENCE_MODEL, description="Model name vLLM serves.")
     weight_sync: Literal["reload", "restart", "lora", "none"] = Field(
         default="reload", description="reload: save safetensors (LoRA merged in) and hot-reload "
         "them in the running vLLM (no restart); restart: save a checkpoint and restart vLLM on "

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from atroposlib.api.models import IGNORE_INDEX
 from example_trainer.config import TrainerConfig
 
 
@@ -247,7 +248,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                                                   config.scale_advantages)
             micro_batches = make_micro_batches(sequences, config.micro_batch_size, pad_id,
                                                config.pad_multiple)
-            step_tokens = sum(int((mb.labels != -100).sum()) for mb in micro_batches)
+            step_tokens = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in micro_batches)
 
             # ---------------------------------------------------------- 2. loss and backward
             if config.kl_coef > 0 and reference is None and any(
@@ -562,7 +563,7 @@ def _needs_reference(mb: Any) -> bool:
     """Whether some trained token of the micro-batch lacks a reference log-prob from the env."""
     if mb.ref_logprobs is None:
         return True
-    return bool(mb.ref_logprobs.isnan()[mb.labels != -100].any())
+    return bool(mb.ref_logprobs.isnan()[mb.labels != IGNORE_INDEX].any())
 
 
 def _mean(values: Any) -> float | None:

@@ -39,6 +39,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atroposlib.api.packing import batch_size_problem
+from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.errors import ConfigError
 from atroposlib.utils.offline import OFFLINE_ENV
 
@@ -567,7 +568,7 @@ class Launcher:
                 vllm_port = free_port()
                 base_url = f"http://127.0.0.1:{vllm_port}/v1"
                 port_flags = ["--vllm-port", str(vllm_port)]
-            model_name = trainer_values.get("served_model_name", "smollm2")
+            model_name = trainer_values.get("served_model_name", DEFAULT_INFERENCE_MODEL)
             eval_env = next((e for e in cfg.envs if e.name == cfg.eval_env), None)
             if eval_env is not None and "eval_command" not in trainer_values:
                 eval_args = {**eval_env.args, **cfg.eval_args}

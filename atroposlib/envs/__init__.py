@@ -7,7 +7,10 @@ package stays cheap.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
+
+from atroposlib.envs.runners import register_runner
 
 _EXPORTS = {
     "BaseEnv": "atroposlib.envs.base",
@@ -23,6 +26,39 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+# The standard runners behind BaseEnv's entry points. Registered here, in the package face,
+# so that the env contract names none of them (they import it); each imports its runner
+# module on first call only.
+def _run_cli(env_cls: Any, argv: list[str] | None = None) -> None:
+    from atroposlib.envs.cli import run_cli
+
+    run_cli(env_cls, argv)
+
+
+async def _serve(env: Any) -> None:
+    from atroposlib.envs.runtime.serve import ServeLoop
+
+    await ServeLoop(env).run()
+
+
+async def _process(env: Any, show_progress: bool = True) -> Path | None:
+    from atroposlib.envs.runtime.process import run_process
+
+    return await run_process(env, show_progress=show_progress)
+
+
+async def _evaluate(env: Any) -> Path:
+    from atroposlib.envs.runtime.process import run_evaluate
+
+    return await run_evaluate(env)
+
+
+register_runner("cli", _run_cli)
+register_runner("serve", _serve)
+register_runner("process", _process)
+register_runner("evaluate", _evaluate)
 
 
 def __getattr__(name: str) -> Any:

@@ -5,34 +5,48 @@ Import surface (Atropos 0.4 compatible)::
     from atroposlib.envs.base import (BaseEnv, BaseEnvConfig, ScoredDataGroup, ScoredDataItem,
         APIServerConfig, ServerBaseline, EvalHandlingEnum, OpenaiConfig)
 
-The runners that drive an env (serve loop, process/evaluate, output sinks) live in
-:mod:`atroposlib.envs.runtime`, the CLI in :mod:`atroposlib.envs.cli`; this module imports
-neither (``cli()``/``env_manager()``/``process_manager()`` load them by name when called).
+The code that drives an env (serve loop, process/evaluate runners, the CLI) imports this
+contract, never the reverse: ``cli()``, ``env_manager()`` and ``process_manager()`` hand over
+to the runner registered for their mode (:mod:`atroposlib.envs.runners`). The bodies of the
+W&B and checkpoint helpers live in :mod:`atroposlib.envs.wandb_logging` and
+:mod:`atroposlib.envs.checkpoints`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import json
 import logging
-import os
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from atroposlib.api.models import MASKED_LOGPROB
+from atroposlib.envs.checkpoints import (
+    checkpoint_path,
+    newest_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
+from atroposlib.envs.eval import eval_dir, evaluate_log
 from atroposlib.envs.groups import (
-    OPTIONAL_GROUP_KEYS,
     ScoredDataGroup,
     ScoredDataItem,
     aggregate_items,
     completion_lengths,
-    reject_reason,
+    gather_rollouts,
+    normalise_group,
+    valid_groups,
 )
-from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState, RunStateView, state_property
+from atroposlib.envs.run_state import (
+    ROLLOUT_POLICY_VERSION,
+    RunState,
+    RunStateView,
+    batch_share,
+    deliver,
+    state_property,
+)
+from atroposlib.envs.runners import get_runner
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -41,8 +55,9 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
-from atroposlib.errors import RolloutError
+from atroposlib.envs.wandb_logging import env_metrics, perf_stats, rollout_rows, rollout_table
 from atroposlib.type_definitions import Item
+from atroposlib.utils.hf_tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -189,10 +204,7 @@ class BaseEnv:
         batch_size = self._run_state.batch_size
         if batch_size == -1 or not self.status_dict:
             return batch_size
-        share = self.status_dict.get("unallocated_fraction", 1.0) + (
-            self.config.min_batch_allocation or 0
-        )
-        return int(batch_size * share)
+        return batch_share(batch_size, self.status_dict, self.config.min_batch_allocation)
 
     @property
     def tokenizer(self) -> Any:
@@ -202,19 +214,9 @@ class BaseEnv:
             OSError: the tokenizer is neither a local directory nor in the HF cache (offline).
         """
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            try:
-                name = self.config.tokenizer_name
-                if name.startswith("~"):
-                    name = os.path.expanduser(name)
-                self._tokenizer = AutoTokenizer.from_pretrained(name)
-            except OSError as exc:
-                raise OSError(
-                    f"cannot load tokenizer {self.config.tokenizer_name!r}: {exc}. Pass a local "
-                    "tokenizer directory with --env.tokenizer_name DIR (e.g. the bundled model: "
-                    "`atropos-bundled-model` prints its path)"
-                ) from exc
+            self._tokenizer = load_tokenizer(
+                self.config.tokenizer_name, "tokenizer (--env.tokenizer_name)"
+            )
         return self._tokenizer
 
     @tokenizer.setter
@@ -263,25 +265,10 @@ class BaseEnv:
         results = await asyncio.gather(
             *(self.collect_trajectory(item) for _ in range(self.config.group_size))
         )
-        backlog: list[Item] = []
-        items: list[ScoredDataItem] = []
-        for result in results:
-            if not isinstance(result, tuple) or len(result) != 2:
-                raise RolloutError(
-                    "collect_trajectory must return (ScoredDataItem | None, backlog_items), "
-                    f"got {type(result).__name__}"
-                )
-            scored, extra = result
-            backlog.extend(extra or [])
-            if scored is None:
-                self.stats["rollouts_returned_none"] += 1
-                return None, backlog
-            if not isinstance(scored, dict):
-                raise RolloutError(
-                    f"collect_trajectory returned {type(scored).__name__}; return a "
-                    "ScoredDataItem dict with tokens, masks and scores"
-                )
-            items.append(scored)
+        items, backlog = gather_rollouts(results)
+        if items is None:
+            self.stats["rollouts_returned_none"] += 1
+            return None, backlog
         return aggregate_items(items), backlog
 
     async def postprocess_histories(
@@ -303,10 +290,8 @@ class BaseEnv:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_path(self, step: int) -> Path | None:
-        if not self.checkpoint_dir:
-            return None
         name = self.wandb_prepend or self.name or "env"
-        return Path(self.checkpoint_dir) / "env_checkpoints" / name / f"step-{step}.json"
+        return checkpoint_path(self.checkpoint_dir, name, step)
 
     def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:
         """Write ``data`` as JSON to ``{checkpoint_dir}/env_checkpoints/{name}/step-{step}.json``.
@@ -315,46 +300,23 @@ class BaseEnv:
         written when ``data`` is None or no checkpoint dir is known.
         """
         path = self._checkpoint_path(step)
-        if data is None or path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
+        if data is not None and path is not None:
+            write_checkpoint(path, data)
 
     def load_checkpoint(self) -> None:
         """Restore attributes from the newest checkpoint at or before ``curr_step``."""
         path = self._checkpoint_path(self.curr_step)
-        if path is None:
+        found = None if path is None else newest_checkpoint(path.parent, self.curr_step)
+        if found is None:
             return
-        candidates = []
-        if path.parent.is_dir():
-            for p in path.parent.glob("step-*.json"):
-                try:
-                    step = int(p.stem.split("-", 1)[1])
-                except ValueError:
-                    continue
-                if step <= self.curr_step:
-                    candidates.append((step, p))
-        if not candidates:
-            return
-        step, best = max(candidates)
-        data = json.loads(best.read_text())
-        for key, value in data.items():
+        step, best = found
+        for key, value in read_checkpoint(best).items():
             setattr(self, key, value)
         logger.info("loaded env checkpoint %s (step %d)", best, step)
 
     # ------------------------------------------------------------------ group validation & sinks
-    def _normalise_group(self, group: ScoredDataGroup) -> ScoredDataGroup:
-        for key in OPTIONAL_GROUP_KEYS:
-            group.setdefault(key, None)  # type: ignore[misc]
-        group["scores"] = [float(s) for s in group["scores"]]
-        if self.config.include_messages and group.get("messages") is None:
-            group["messages"] = [
-                [{"role": "user", "content": self.tokenizer.decode(tokens)}]
-                for tokens in group["tokens"]
-            ]
-        return group
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens)
 
     def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None) -> None:
         """Keep some rollouts of an accepted group for the W&B ``train/rollouts`` table.
@@ -364,41 +326,18 @@ class BaseEnv:
         ``num_rollouts_to_keep`` groups are kept.
         """
         keep = self.config.num_rollouts_per_group_for_logging
-        keep = len(scored_data["tokens"]) if keep == -1 else keep
-        if keep <= 0:
-            return
-        rows = [
-            (self._decode_for_log(scored_data, i), scored_data["scores"][i])
-            for i in range(min(keep, len(scored_data["tokens"])))
-        ]
-        self.rollouts_for_wandb.append(rows)
+        rows = rollout_rows(scored_data, keep, self._decode)
+        if rows:
+            self.rollouts_for_wandb.append(rows)
 
     def create_rollout_table(self, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
         """Add the ``train/rollouts`` W&B table built from ``rollouts_for_wandb``; return the dict."""
         if not self.rollouts_for_wandb:
             return wandb_metrics
-        import wandb
-
-        columns = ["text", "score"]
-        width = max((len(row) for rows in self.rollouts_for_wandb for row in rows), default=2)
-        columns += [f"extra_{i}" for i in range(width - 2)]
-        table = wandb.Table(columns=columns)
-        for rows in self.rollouts_for_wandb:
-            for row in rows:
-                table.add_data(*row, *([None] * (width - len(row))))
         prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
-        wandb_metrics[f"{prefix}train/rollouts"] = table
+        wandb_metrics[f"{prefix}train/rollouts"] = rollout_table(self.rollouts_for_wandb)
         self.rollouts_for_wandb.clear()
         return wandb_metrics
-
-    def _decode_for_log(self, group: ScoredDataGroup, index: int) -> str:
-        messages = group.get("messages")
-        if messages:
-            return "\n\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages[index])
-        try:
-            return self.tokenizer.decode(group["tokens"][index])
-        except Exception:  # noqa: BLE001 - logging text is best-effort
-            return str(group["tokens"][index][:64])
 
     def _accept_groups(
         self,
@@ -406,44 +345,22 @@ class BaseEnv:
         abort_on_any_max_length_exceeded: bool = True,
         item: Item = None,
     ) -> list[ScoredDataGroup]:
-        """Validate groups, drop (log + count) bad ones, record the rest (lengths, counters).
+        """Drop (log + count) invalid groups; normalise and record the rest (lengths, counters).
 
-        Args:
-            scored_data: one group, a list of groups (None entries are skipped), or None.
-            abort_on_any_max_length_exceeded: drop groups with a sequence of
-                ``>= max_token_len`` tokens (only when the API told us ``max_token_len``).
-            item: the item the groups came from (passed to ``add_rollouts_for_wandb``).
-
-        Returns:
-            The accepted groups, with every optional key present (None when absent).
+        ``abort_on_any_max_length_exceeded`` drops groups with a sequence of
+        ``>= max_token_len`` tokens (once the API told us ``max_token_len``). Returns the
+        accepted groups, with every optional key present (None when absent).
         """
-        if scored_data is None:
-            return []
-        groups = scored_data if isinstance(scored_data, list) else [scored_data]
-        accepted = []
-        for group in groups:
-            if group is None:
-                continue
-            if not isinstance(group, dict):
-                self.stats["groups_dropped_invalid"] += 1
-                logger.warning("dropping a %s: groups must be ScoredDataGroup dicts", type(group))
-                continue
-            reason = reject_reason(
-                group, self.config.group_size, self.config.ensure_scores_are_not_same,
-                self.max_token_len if abort_on_any_max_length_exceeded else -1,
-            )
-            if reason is not None:
-                key, message = reason
-                self.stats[f"groups_dropped_{key}"] += 1
-                log = logger.debug if key == "same_scores" else logger.warning
-                log("dropping group: %s", message)
-                continue
-            group = self._normalise_group(group)
-            lengths = self._run_state.completion_lengths
+        accepted = valid_groups(
+            scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
+            self.max_token_len if abort_on_any_max_length_exceeded else -1, self.stats,
+        )
+        lengths = self._run_state.completion_lengths
+        for group in accepted:
+            normalise_group(group, self.config.include_messages, self._decode)
             lengths.extend(completion_lengths(group))
-            del lengths[: max(0, len(lengths) - 10_000)]
             self.stats["groups_accepted"] += 1
-            accepted.append(group)
+        del lengths[: max(0, len(lengths) - 10_000)]
         return accepted
 
     async def handle_send_to_api(
@@ -460,41 +377,25 @@ class BaseEnv:
         to an API outage. Each sent group gets ``policy_version``: the trainer step when its
         rollout started (else ``curr_step``), unless it already has one. Returns the accepted
         groups.
+
+        Raises:
+            RuntimeError: ``do_send_to_api`` outside the serve loop (there is no outbox).
         """
         accepted = self._accept_groups(scored_data, abort_on_any_max_length_exceeded, item)
-        for group in accepted:
-            for sink in self._run_state.sinks:
-                await sink.write(group, item)
-        if do_send_to_api and accepted:
-            outbox = self._run_state.outbox
-            if outbox is None:
-                raise RuntimeError(
-                    "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
-                    "do_send_to_api=False outside `serve`"
-                )
-            version = ROLLOUT_POLICY_VERSION.get()
-            for group in accepted:
-                if group.get("policy_version") is None:
-                    group["policy_version"] = self.curr_step if version is None else version
-                await outbox.write(group, item)
+        await deliver(self._run_state, accepted, item, do_send_to_api)
         return accepted
 
     async def process_manager(self, show_progress: bool = True) -> Path | None:
         """Process mode: write ``config.total_steps`` groups to JSONL + HTML without an API.
 
-        See :func:`atroposlib.envs.runtime.process.run_process`; returns the JSONL path or None.
+        Returns the JSONL path, or None when nothing was written.
         """
-        runtime = importlib.import_module("atroposlib.envs.runtime")
-        return await runtime.run_process(self, show_progress=show_progress)
+        return await get_runner("process")(self, show_progress)
 
     # ------------------------------------------------------------------ evaluation
     def _eval_dir_path(self) -> Path:
         if self._eval_dir is None:
-            if self.config.data_dir_to_save_evals:
-                self._eval_dir = Path(self.config.data_dir_to_save_evals)
-            else:
-                stamp = time.strftime("%Y%m%d-%H%M%S")
-                self._eval_dir = Path("evals") / f"{self.name or 'env'}-{stamp}"
+            self._eval_dir = eval_dir(self.config.data_dir_to_save_evals, self.name or "env")
         return self._eval_dir
 
     def evaluate_log(
@@ -508,30 +409,15 @@ class BaseEnv:
         samples: list[dict[str, Any]] | None = None,
         verbose: bool = True,
     ) -> Path | None:
-        """Write ``metrics.json`` (and ``samples.jsonl``) to the eval directory and log them.
+        """Write ``metrics.json`` (and the samples) to the eval directory and log them.
 
         Files are written when ``data_dir_to_save_evals`` is set, and always in ``evaluate``
         mode (default directory ``evals/<name>-<timestamp>/``); otherwise (e.g. periodic evals
-        in serve mode) the metrics are only printed.
-
-        ``metrics.json`` = ``{"config_general": {model_name, total_evaluation_time_seconds,
-        generation_parameters}, "results": {"atropos|<task>|0": metrics, "all": metrics}}``.
-
-        Args:
-            metrics: metric name -> value.
-            task_name: defaults to the env name.
-            model_name: defaults to the first server's model name.
-            start_time: ``time.time()`` at the start (for the duration).
-            end_time: ``time.time()`` at the end (default now).
-            generation_parameters: sampling settings used.
-            samples: per-example records written to ``samples.jsonl``.
-            verbose: print a metrics table.
-
-        Returns:
-            The path of ``metrics.json``, or None when no file was written.
+        in serve mode) the metrics are only printed. Arguments and file layout are those of
+        :func:`atroposlib.envs.eval.evaluate_log`; ``task_name`` defaults to the env name,
+        ``model_name`` to the first server's model, and ``max_new_tokens`` is added to the
+        generation parameters. Returns the path of ``metrics.json``, or None.
         """
-        from atroposlib.envs.eval import evaluate_log
-
         writes = bool(self.config.data_dir_to_save_evals or self._run_state.eval_mode)
         path = evaluate_log(
             metrics,
@@ -553,16 +439,12 @@ class BaseEnv:
         return path
 
     async def _evaluate_and_save(self) -> Path:
-        """Evaluate mode (see :func:`atroposlib.envs.runtime.process.run_evaluate`)."""
-        return await importlib.import_module("atroposlib.envs.runtime").run_evaluate(self)
+        """Evaluate mode: run ``evaluate`` once and write its files; returns ``metrics.json``."""
+        return await get_runner("evaluate")(self)
 
     def perf_stats(self) -> dict[str, float]:
         """Mean/std/max/min of recent rollout-group durations (seconds)."""
-        from atroposlib.utils.metrics import get_std_min_max_avg
-
-        if not self.task_durations:
-            return {}
-        return get_std_min_max_avg("train_perf/task_duration", list(self.task_durations))
+        return perf_stats(self.task_durations)
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         """Log the usual metrics (plus ``metrics``) to W&B when ``use_wandb``.
@@ -572,27 +454,14 @@ class BaseEnv:
         ``_frac_over_95pct_max``), the ``train/rollouts`` table, ``train_perf/*``,
         ``train/groups_*`` counters and every server's request metrics.
         """
-        metrics = dict(metrics or {})
         if not self.config.use_wandb:
             self.completion_lengths.clear()
             return
-        from atroposlib.utils.metrics import get_std_min_max_avg
-
+        limit = self.max_token_len if self.max_token_len > 0 else self.config.max_token_length
         prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
-        if self.completion_lengths:
-            lengths = list(self.completion_lengths)
-            stats = get_std_min_max_avg("train/completion_lengths", lengths)
-            metrics["train/completion_lengths"] = stats.pop("train/completion_lengths_mean")
-            metrics.update(stats)
-            limit = self.max_token_len if self.max_token_len > 0 else self.config.max_token_length
-            metrics["train/completion_lengths_frac_over_95pct_max"] = sum(
-                1 for x in lengths if x > 0.95 * limit
-            ) / len(lengths)
-            self.completion_lengths.clear()
-        metrics.update(self.perf_stats())
-        for key, value in self.stats.items():
-            metrics[f"train/{key}"] = value
-        metrics = {f"{prefix}{k}": v for k, v in metrics.items()}
+        metrics = env_metrics(metrics or {}, self.completion_lengths, limit, self.perf_stats(),
+                              self.stats, prefix)
+        self.completion_lengths.clear()
         metrics.update(self.server.wandb_metrics())
         import wandb
 
@@ -604,13 +473,13 @@ class BaseEnv:
     # ------------------------------------------------------------------ serve mode
     async def env_manager(self) -> None:
         """Serve mode: register with the API and keep it fed with groups until told to stop."""
-        await importlib.import_module("atroposlib.envs.runtime").ServeLoop(self).run()
+        await get_runner("serve")(self)
 
     # ------------------------------------------------------------------ CLI
     @classmethod
     def cli(cls, argv: list[str] | None = None) -> None:
         """Run the command line: ``python my_env.py serve|process|evaluate [--env.* ...]``."""
-        importlib.import_module("atroposlib.envs.cli").run_cli(cls, argv)
+        get_runner("cli")(cls, argv)
 
 
 __all__ = [

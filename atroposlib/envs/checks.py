@@ -106,7 +106,7 @@ async def check_env(
             the wrong shape, or no group was produced within ``max_items`` items.
     """
     from atroposlib.envs.runtime.step import Skip, run_item
-    from atroposlib.testing.fake_server import FakeServer
+    from atroposlib.envs.server_handling.fake_server import FakeServer
 
     env_config, _ = env_cls.config_init()
     values = {**env_config.model_dump(), "use_wandb": False, **(config_overrides or {})}

@@ -174,6 +174,13 @@ def samples_summary(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> s
             f"{out / 'samples.csv'}")
 
 
+def eval_dir(data_dir: str | None, name: str) -> Path:
+    """Where an env's evaluation files go: ``data_dir``, else ``evals/<name>-<YYYYmmdd-HHMMSS>``."""
+    if data_dir:
+        return Path(data_dir)
+    return Path("evals") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def evaluate_log(
     metrics: Mapping[str, Any],
     eval_dir: str | Path | None = None,
@@ -360,6 +367,7 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
 __all__ = [
     "SAMPLE_COLUMNS",
     "EvalBase",
+    "eval_dir",
     "eval_runner",
     "evaluate_items",
     "evaluate_log",

@@ -7,11 +7,15 @@ one definition of what a valid group is.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
 from atroposlib.api.models import IGNORE_INDEX, group_shape_error
 from atroposlib.errors import RolloutError
-from atroposlib.type_definitions import Message
+from atroposlib.type_definitions import Item, Message
+
+logger = logging.getLogger(__name__)
 
 
 class ScoredDataGroup(TypedDict, total=False):
@@ -127,6 +131,40 @@ def aggregate_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
     return group
 
 
+def gather_rollouts(results: Sequence[Any]) -> tuple[list[ScoredDataItem] | None, list[Item]]:
+    """Check ``collect_trajectory`` results and split them into rollouts and backlog items.
+
+    Args:
+        results: ``G`` results, each ``(ScoredDataItem | None, backlog_items)``.
+
+    Returns:
+        ``(items, backlog)``; ``items`` is None when a rollout returned None (the group is
+        dropped), and ``backlog`` holds the backlog items seen up to then.
+
+    Raises:
+        RolloutError: a result is not a pair, or its item is not a dict.
+    """
+    backlog: list[Item] = []
+    items: list[ScoredDataItem] = []
+    for result in results:
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise RolloutError(
+                "collect_trajectory must return (ScoredDataItem | None, backlog_items), "
+                f"got {type(result).__name__}"
+            )
+        scored, extra = result
+        backlog.extend(extra or [])
+        if scored is None:
+            return None, backlog
+        if not isinstance(scored, dict):
+            raise RolloutError(
+                f"collect_trajectory returned {type(scored).__name__}; return a "
+                "ScoredDataItem dict with tokens, masks and scores"
+            )
+        items.append(scored)
+    return items, backlog
+
+
 def reject_reason(
     group: ScoredDataGroup,
     group_size: int,
@@ -164,6 +202,64 @@ def reject_reason(
     return None
 
 
+def valid_groups(
+    scored_data: ScoredDataGroup | Sequence[ScoredDataGroup | None] | None,
+    group_size: int,
+    ensure_scores_are_not_same: bool,
+    max_token_len: int,
+    stats: Any,
+) -> list[ScoredDataGroup]:
+    """The usable groups of ``scored_data``; each dropped one is logged and counted.
+
+    Args:
+        scored_data: one group, a list of groups (None entries are skipped), or None.
+        group_size: expected sequences per group (unless ``group_overrides`` says otherwise).
+        ensure_scores_are_not_same: drop groups whose scores are all equal.
+        max_token_len: drop groups with a sequence this long or longer (-1 = no limit).
+        stats: counter (``Counter[str]``) that gets ``groups_dropped_<reason>`` += 1 per drop
+            (``invalid`` also for non-dict entries).
+    """
+    if scored_data is None:
+        return []
+    groups = scored_data if isinstance(scored_data, list) else [scored_data]
+    usable = []
+    for group in groups:
+        if group is None:
+            continue
+        if not isinstance(group, dict):
+            stats["groups_dropped_invalid"] += 1
+            logger.warning("dropping a %s: groups must be ScoredDataGroup dicts", type(group))
+            continue
+        reason = reject_reason(group, group_size, ensure_scores_are_not_same, max_token_len)
+        if reason is not None:
+            key, message = reason
+            stats[f"groups_dropped_{key}"] += 1
+            log = logger.debug if key == "same_scores" else logger.warning
+            log("dropping group: %s", message)
+            continue
+        usable.append(group)
+    return usable
+
+
+def normalise_group(
+    group: ScoredDataGroup, include_messages: bool, decode: Callable[[list[int]], str]
+) -> ScoredDataGroup:
+    """Fill ``group`` in place for sending, and return it.
+
+    Every optional key is set (None when absent), scores become floats, and with
+    ``include_messages`` a group without ``messages`` gets a one-turn ``user`` transcript of
+    ``decode(tokens)`` per sequence.
+    """
+    for key in OPTIONAL_GROUP_KEYS:
+        group.setdefault(key, None)  # type: ignore[misc]
+    group["scores"] = [float(s) for s in group["scores"]]
+    if include_messages and group.get("messages") is None:
+        group["messages"] = [
+            [{"role": "user", "content": decode(tokens)}] for tokens in group["tokens"]
+        ]
+    return group
+
+
 def completion_lengths(group: ScoredDataGroup) -> list[int]:
     """Trained (unmasked) tokens per sequence: ``[G]``."""
     return [sum(1 for m in masks if m != IGNORE_INDEX) for masks in group["masks"]]
@@ -176,5 +272,8 @@ __all__ = [
     "ScoredDataItem",
     "aggregate_items",
     "completion_lengths",
+    "gather_rollouts",
+    "normalise_group",
     "reject_reason",
+    "valid_groups",
 ]

@@ -92,6 +92,43 @@ class RunStateView:
         return f"RunStateView({object.__getattribute__(self, '_state')!r})"
 
 
+def batch_share(batch_size: int, status: dict[str, Any], min_batch_allocation: float | None) -> int:
+    """This env's share of a trainer batch, in sequences (``derived_batch_size``).
+
+    ``int(batch_size * (status["unallocated_fraction"] + (min_batch_allocation or 0)))``, the
+    fraction defaulting to 1.0 when the ``/status-env`` answer lacks it.
+    """
+    share = status.get("unallocated_fraction", 1.0) + (min_batch_allocation or 0)
+    return int(batch_size * share)
+
+
+async def deliver(state: RunState, groups: list[Any], item: Any, send_to_api: bool) -> None:
+    """Write accepted ``groups`` to every sink of ``state``, then (``send_to_api``) its outbox.
+
+    Each group queued for the API gets ``policy_version`` (unless it already has one): the
+    trainer step when its rollout started (:data:`ROLLOUT_POLICY_VERSION`), else
+    ``state.curr_step``.
+
+    Raises:
+        RuntimeError: ``send_to_api`` without an outbox (only the serve loop has one).
+    """
+    for group in groups:
+        for sink in state.sinks:
+            await sink.write(group, item)
+    if not (send_to_api and groups):
+        return
+    if state.outbox is None:
+        raise RuntimeError(
+            "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
+            "do_send_to_api=False outside `serve`"
+        )
+    version = ROLLOUT_POLICY_VERSION.get()
+    for group in groups:
+        if group.get("policy_version") is None:
+            group["policy_version"] = state.curr_step if version is None else version
+        await state.outbox.write(group, item)
+
+
 def state_property(name: str) -> property:
     """A read-only env attribute that reads ``RunState.<name>`` (Atropos-compatible names)."""
 
@@ -110,4 +147,5 @@ def state_property(name: str) -> property:
 
 RUN_STATE_FIELDS = tuple(f.name for f in fields(RunState))
 
-__all__ = ["ROLLOUT_POLICY_VERSION", "RUN_STATE_FIELDS", "RunState", "RunStateView", "state_property"]
+__all__ = ["ROLLOUT_POLICY_VERSION", "RUN_STATE_FIELDS", "RunState", "RunStateView", "batch_share",
+           "deliver", "state_property"]

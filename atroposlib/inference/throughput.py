@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from atroposlib.defaults import DEFAULT_INFERENCE_URL
+from atroposlib.defaults import DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_URL
 from atroposlib.utils.cli import ArgumentParser
 
 PROMPT = "Write a short story about a robot who learns to paint."
@@ -105,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL,
                         help=f"OpenAI-compatible base URL (default {DEFAULT_INFERENCE_URL})")
-    parser.add_argument("--model", default="smollm2", help="served model name (default smollm2)")
+    parser.add_argument("--model", default=DEFAULT_INFERENCE_MODEL,
+                        help=f"served model name (default {DEFAULT_INFERENCE_MODEL})")
     parser.add_argument("--n", type=int, default=8, help="choices per request (group size)")
     parser.add_argument("--concurrency", type=int, default=32, help="0 skips the batch figure")
     parser.add_argument("--max-tokens", type=int, default=128,

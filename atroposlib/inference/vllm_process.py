@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.errors import InferenceError, InferenceUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class VLLMProcess:
         self,
         model: str | Path,
         *,
-        served_model_name: str = "smollm2",
+        served_model_name: str = DEFAULT_INFERENCE_MODEL,
         host: str = "127.0.0.1",
         port: int | None = None,
         dtype: str = "auto",

@@ -42,7 +42,7 @@ from tenacity import (
 from atroposlib.api.client import AsyncAtroposClient, new_idempotency_key
 from atroposlib.api.models import RegisterEnv
 from atroposlib.envs.config import EvalHandlingEnum
-from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState
+from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState, batch_share
 from atroposlib.envs.runtime.sinks import OutboxSink, WandbSink, close_sinks, find_sink, local_sinks
 from atroposlib.envs.runtime.step import Skip, run_item
 from atroposlib.errors import (
@@ -97,7 +97,7 @@ def offpolicy_room(
     """
     if max_batches_offpolicy <= 0 or batch_size <= 0:
         return None
-    derived = int(batch_size * (status.get("unallocated_fraction", 1.0) + (min_batch_allocation or 0)))
+    derived = batch_share(batch_size, status, min_batch_allocation)
     room = max_batches_offpolicy * derived // group_size - int(status.get("queue_size", 0)) - unsent_groups
     if min_batch_allocation is not None:
         m = max(1, int(status.get("max_group_size", group_size)))

@@ -13,7 +13,7 @@ for a real backend in unit tests of ``ManagedServer`` and the OpenAI proxy. It n
 A request with no canned answer raises ``KeyError`` naming what was asked, so a test that forgot
 to prepare a response fails loudly instead of hanging. ``tokenizer`` and ``config`` are plain
 attributes that tests may replace. For a scripted server that answers *any* prompt, see
-:class:`atroposlib.testing.fake_server.FakeServer`.
+:class:`atroposlib.envs.server_handling.fake_server.FakeServer`.
 """
 
 from __future__ import annotations

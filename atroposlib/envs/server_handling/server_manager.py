@@ -177,7 +177,7 @@ class ServerManager:
             # scripted server that answers any prompt. Code that wants a test double passes the
             # server instance itself in ``configs``; this flag is the only place production code
             # reaches the test package, and only when asked to.
-            from atroposlib.testing.fake_server import FakeServer
+            from atroposlib.envs.server_handling.fake_server import FakeServer
 
             self.servers: list[APIServer] = [FakeServer()]
             return

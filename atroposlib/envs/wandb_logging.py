@@ -1,0 +1,104 @@
+"""What an env logs to W&B: its training metrics and the ``train/rollouts`` table.
+
+Pure functions over the env's recorded numbers; ``BaseEnv.wandb_log``,
+``BaseEnv.add_rollouts_for_wandb`` and ``BaseEnv.create_rollout_table`` are thin wrappers
+(and stay the hooks an env overrides). ``wandb`` is imported only when a table is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from atroposlib.envs.groups import ScoredDataGroup
+from atroposlib.utils.metrics import get_std_min_max_avg
+
+#: One row of the rollout table: ``(text, score, *extra_columns)``.
+RolloutRow = tuple[Any, ...]
+
+
+def decode_for_log(group: ScoredDataGroup, index: int, decode: Callable[[list[int]], str]) -> str:
+    """Text of sequence ``index`` for the rollout table.
+
+    The chat transcript (``role: content`` turns) when the group has ``messages``, else
+    ``decode(tokens)``; when decoding fails (e.g. no tokenizer offline), the first 64 token
+    ids as text: logging is best-effort and never drops a group.
+    """
+    messages = group.get("messages")
+    if messages:
+        return "\n\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages[index])
+    try:
+        return decode(group["tokens"][index])
+    except Exception:  # noqa: BLE001 - logging text is best-effort
+        return str(group["tokens"][index][:64])
+
+
+def rollout_rows(
+    group: ScoredDataGroup, keep: int, decode: Callable[[list[int]], str]
+) -> list[RolloutRow]:
+    """The first ``keep`` sequences of ``group`` as ``(text, score)`` rows (-1 = all).
+
+    Returns ``[]`` when ``keep`` is 0 or less (other than -1).
+    """
+    size = len(group["tokens"])
+    keep = size if keep == -1 else keep
+    return [
+        (decode_for_log(group, i, decode), group["scores"][i]) for i in range(min(max(keep, 0), size))
+    ]
+
+
+def rollout_table(groups: Iterable[Sequence[RolloutRow]]) -> Any:
+    """A ``wandb.Table`` of every row: columns ``text``, ``score``, then ``extra_0`` ...
+
+    Rows shorter than the widest row are padded with None (custom ``add_rollouts_for_wandb``
+    overrides may log more columns).
+    """
+    import wandb
+
+    groups = [list(rows) for rows in groups]
+    width = max((len(row) for rows in groups for row in rows), default=2)
+    table = wandb.Table(columns=["text", "score"] + [f"extra_{i}" for i in range(width - 2)])
+    for rows in groups:
+        for row in rows:
+            table.add_data(*row, *([None] * (width - len(row))))
+    return table
+
+
+def perf_stats(task_durations: Sequence[float]) -> dict[str, float]:
+    """``train_perf/task_duration_{mean,std,max,min}`` of rollout-group durations in seconds."""
+    if not task_durations:
+        return {}
+    return get_std_min_max_avg("train_perf/task_duration", list(task_durations))
+
+
+def env_metrics(
+    metrics: Mapping[str, Any],
+    completion_lengths: Sequence[int],
+    length_limit: int,
+    perf: Mapping[str, float],
+    stats: Mapping[str, int],
+    prefix: str = "",
+) -> dict[str, Any]:
+    """The env's W&B metrics: ``metrics`` plus its standard keys, every key prefixed.
+
+    Added: ``train/completion_lengths`` (mean, in trained tokens) with ``_std``, ``_max``,
+    ``_min`` and ``_frac_over_95pct_max`` (share of sequences over ``0.95 * length_limit``
+    tokens), when there are lengths; ``perf`` as given; ``train/<counter>`` for each of
+    ``stats``. Every key then gets ``prefix`` (e.g. ``"gsm8k_"``).
+    """
+    out = dict(metrics)
+    if completion_lengths:
+        lengths = list(completion_lengths)
+        spread = get_std_min_max_avg("train/completion_lengths", lengths)
+        out["train/completion_lengths"] = spread.pop("train/completion_lengths_mean")
+        out.update(spread)
+        out["train/completion_lengths_frac_over_95pct_max"] = sum(
+            1 for x in lengths if x > 0.95 * length_limit
+        ) / len(lengths)
+    out.update(perf)
+    for key, value in stats.items():
+        out[f"train/{key}"] = value
+    return {f"{prefix}{k}": v for k, v in out.items()}
+
+
+__all__ = ["decode_for_log", "env_metrics", "perf_stats", "rollout_rows", "rollout_table"]
