@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atroposlib.errors import ConfigError
+
 STATE_FILE = "training_state.pt"
 META_FILE = "checkpoint.json"
 
 
-class ResumeError(ValueError):
+class ResumeError(ConfigError):
     """``--resume`` points at something the trainer cannot resume from (message says the fix)."""
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from atroposlib.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -49,14 +51,14 @@ def world_from_env(environ: dict[str, str] | None = None) -> tuple[int, int, int
     """``(world_size, rank, local_rank)`` from the variables ``torchrun`` sets; ``(1, 0, 0)`` without them.
 
     Raises:
-        ValueError: a variable is set but not an integer.
+        ConfigError: a variable is set but not an integer.
     """
     env = os.environ if environ is None else environ
     try:
         return (int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "0")),
                 int(env.get("LOCAL_RANK", "0")))
     except ValueError as exc:
-        raise ValueError(f"WORLD_SIZE/RANK/LOCAL_RANK must be integers (torchrun sets them): {exc}") from exc
+        raise ConfigError(f"WORLD_SIZE/RANK/LOCAL_RANK must be integers (torchrun sets them): {exc}") from exc
 
 
 def check_batch_layout(batch_size: int, micro_batch_size: int, world_size: int) -> None:
@@ -68,14 +70,14 @@ def check_batch_layout(batch_size: int, micro_batch_size: int, world_size: int) 
         world_size: training processes.
 
     Raises:
-        ValueError: ``batch_size`` is not a multiple of ``world_size * micro_batch_size``; the
+        ConfigError: ``batch_size`` is not a multiple of ``world_size * micro_batch_size``; the
             message names the numbers to change and nearby values that work.
     """
     unit = world_size * micro_batch_size
     if world_size > 1 and batch_size % unit:
         lower, upper = (batch_size // unit) * unit, (batch_size // unit + 1) * unit
         options = " or ".join(str(v) for v in (lower, upper) if v > 0)
-        raise ValueError(
+        raise ConfigError(
             f"--batch-size {batch_size} does not split evenly over {world_size} ranks x "
             f"--micro-batch-size {micro_batch_size} (= {unit} sequences per round): set "
             f"--batch-size to a multiple of {unit} (e.g. {options}), or change "
@@ -328,7 +330,7 @@ def setup(config: TrainerConfig, device: Any, environ: dict[str, str] | None = N
         A :class:`Distributed`; not enabled for ``--fsdp off`` or ``auto`` in one process.
 
     Raises:
-        ValueError: ``--fsdp on`` outside torchrun, ``--fsdp off`` under a multi-process
+        ConfigError: ``--fsdp on`` outside torchrun, ``--fsdp off`` under a multi-process
             torchrun, a batch layout that does not split evenly over the ranks.
     """
     world, rank, local_rank = world_from_env(environ)
@@ -336,10 +338,10 @@ def setup(config: TrainerConfig, device: Any, environ: dict[str, str] | None = N
     launched = "RANK" in env and "MASTER_ADDR" in env
     mode = config.fsdp
     if mode == "off" and world > 1:
-        raise ValueError(f"--fsdp off trains in one process but WORLD_SIZE={world}: drop torchrun "
+        raise ConfigError(f"--fsdp off trains in one process but WORLD_SIZE={world}: drop torchrun "
                          "or use --fsdp on (the default under torchrun)")
     if mode == "on" and not launched:
-        raise ValueError("--fsdp on needs the variables torchrun sets (RANK, WORLD_SIZE, "
+        raise ConfigError("--fsdp on needs the variables torchrun sets (RANK, WORLD_SIZE, "
                          "MASTER_ADDR): run `torchrun --nproc-per-node N -m example_trainer.grpo`")
     if mode == "off" or (mode == "auto" and world == 1):
         return Distributed(device=device)

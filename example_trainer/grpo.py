@@ -42,19 +42,29 @@ from example_trainer.config import TrainerConfig
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console script ``atropos-grpo``: parse flags (``--help`` lists them) and train."""
+    """Console script ``atropos-grpo``: parse flags (``--help`` lists them) and train.
+
+    Returns:
+        0 when every step (or the time budget) ran, 1 otherwise, 2 for a bad flag, layout,
+        ``--resume`` directory or pre-flight check (one line each on stderr, no traceback).
+    """
+    from pydantic import ValidationError
     from pydantic_settings import CliApp, CliSettingsSource
 
-    from atroposlib.utils.cli import ArgumentParser
+    from atroposlib.errors import ConfigError
+    from atroposlib.utils.cli import ArgumentParser, validation_error_message
 
     source = CliSettingsSource(TrainerConfig, root_parser=ArgumentParser(prog="atropos-grpo"))
-    config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv,
-                        cli_settings_source=source)
-    from atroposlib.utils.preflight import PreflightError
-
+    try:
+        config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv,
+                            cli_settings_source=source)
+    except ValidationError as exc:
+        print(f"atropos-grpo: {validation_error_message(exc, None, 'flags', kebab=True)}",
+              file=sys.stderr)
+        return 2
     try:
         summary = train(config)
-    except PreflightError as exc:
+    except ConfigError as exc:  # pre-flight, batch layout, --fsdp, --resume: the message is the fix
         print(f"atropos-grpo: {exc}", file=sys.stderr)
         return 2
     finished = summary.get("steps") == config.training_steps or summary.get("stopped_by_time_budget")

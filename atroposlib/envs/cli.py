@@ -386,7 +386,7 @@ def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
             return pf.check_inference_server(s.base_url, None, "--openai.base_url",
                                              "--openai.model_name", s.api_key)
 
-        waiting_for = f"inference server at {server.base_url} (start it, e.g. `vllm serve`)"
+        waiting_for = f"inference server at {server.base_url} (start it, e.g. `python -m atroposlib.inference.vllm_process --port PORT`)"
         if wait and reachable():
             if mode == "serve":
                 logger.warning("waiting for %s; rollouts start when it answers", waiting_for)

