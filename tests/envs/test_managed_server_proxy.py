@@ -369,16 +369,20 @@ def test_concurrent_calls_in_one_session_are_all_tracked(proxy):
 
 
 def test_idle_sessions_expire(proxy_config):
-    with ProxyThread(proxy_config, ProxySettings(session_ttl_s=0.6)) as running:
+    # a TTL of seconds (not tenths) so a loaded machine's slow requests do not expire `busy`
+    with ProxyThread(proxy_config, ProxySettings(session_ttl_s=3.0)) as running:
         idle = _session(running.url)
         busy = _session(running.url)
-        for _ in range(6):  # 1.2 s of activity on `busy`, none on `idle`
-            time.sleep(0.2)
+        active_until = time.monotonic() + 4.5  # longer than the TTL: activity on `busy` only
+        while time.monotonic() < active_until:
+            time.sleep(0.3)
             assert httpx.get(f"{running.url}/{busy}/nodes").status_code == 200
         error = _assert_openai_error(httpx.get(f"{running.url}/{idle}/nodes"), 404,
                                      "not_found_error")
         assert error["code"] == "session_expired" and "--session-ttl" in error["message"]
-        time.sleep(1.0)  # the background reaper removes `busy` without any request to it
+        deadline = time.monotonic() + 30  # the background reaper removes `busy` unasked
+        while running.app.state.proxy.sessions and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert running.app.state.proxy.sessions == {}
         assert httpx.get(f"{running.url}/health").json()["sessions"] == 0
 
