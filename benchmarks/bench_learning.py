@@ -160,8 +160,10 @@ def _running(proc: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- our loop
-def run_ours(name: str, minutes: float, out: Path) -> dict[str, Any]:
+def run_ours(name: str, minutes: float, out: Path, lr: float | None = None) -> dict[str, Any]:
     """Run ``atropos-launch`` on the quickstart config with the contender's objective.
+
+    ``lr`` replaces the config's learning rate when given.
 
     Returns:
         ``{"points": {fraction: model path}, "steps", "sequences", "train_seconds",
@@ -181,6 +183,8 @@ def run_ours(name: str, minutes: float, out: Path) -> dict[str, Any]:
     config["trainer"].update(training_steps=100_000, max_train_seconds=budget, loss_type=loss,
                              is_correction="tis" if name.endswith("-tis") else "none",
                              eval_interval=0, checkpoint_interval=0)
+    if lr is not None:
+        config["trainer"]["lr"] = lr
     config.pop("eval_env", None)  # evaluation happens after the run, with one evaluator
     config["run_dir"] = str(run_dir)
     for env in config["envs"]:
@@ -543,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trl-lr", type=float, default=LR,
                         help="TRL's learning rate (default 3e-5, the comparison's fixed setting; "
                              "ours takes the quickstart config's)")
+    parser.add_argument("--ours-lr", type=float, default=None,
+                        help="our contenders' learning rate (default: their quickstart config's)")
     parser.add_argument("--trl-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.minutes <= 0:
@@ -571,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] {name}: training for {args.minutes:g} min", flush=True)
             begin = time.monotonic()
             result = (run_trl(args.minutes, work, args.trl_lr) if name == "trl"
-                      else run_ours(name, args.minutes, work))
+                      else run_ours(name, args.minutes, work, args.ours_lr))
             result["budget_minutes"] = args.minutes
             results[name] = result
             print(f"[bench] {name}: {result['steps']} steps, {result['sequences']} sequences in "

@@ -12,10 +12,10 @@ final answer after ``####``).
 
 Run against a vLLM serving the bundled model (``python -m atroposlib.inference.vllm_process``)::
 
-    python environments/gsm8k_server.py process --env.dataset_name ../shared/data/gsm8k \
+    python environments/gsm8k_server.py process --env.dataset_name openai/gsm8k \
         --env.total_steps 4 --env.group_size 4 --env.data_path_to_save_groups out.jsonl \
         --openai.base_url http://127.0.0.1:9100/v1 --openai.model_name smollm2
-    python environments/gsm8k_server.py evaluate --env.dataset_name ../shared/data/gsm8k \
+    python environments/gsm8k_server.py evaluate --env.dataset_name openai/gsm8k \
         --env.eval_limit 100 --openai.base_url http://127.0.0.1:9100/v1
     python environments/gsm8k_server.py serve ...   # with run-api and a trainer
 
