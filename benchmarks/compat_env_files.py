@@ -1,0 +1,161 @@
+"""Measure how many Atropos-style environment files import and ``config_init()`` on this interpreter.
+
+Usage::
+
+    python benchmarks/compat_env_files.py DIR [--json OUT.json] [--timeout 60]
+
+Every ``*.py`` under DIR (skipping ``__init__.py`` and ``test_*.py``) is imported in its own
+forked child process, from a temporary working directory outside any repository, with the file's
+own directory on ``sys.path`` (as ``python path/to/env.py`` would have it). For each class defined in
+the file that subclasses ``atroposlib.envs.base.BaseEnv``, ``cls.config_init()`` is called and
+its result checked to be a pair ``(env_config, server_configs)``. Which ``atroposlib`` is
+measured is whichever the interpreter imports: set ``PYTHONPATH`` to a checkout to measure it.
+
+Prints one line per file (``import ok|FAIL``, then each env class's ``config_init`` outcome),
+the totals, and with ``--json`` writes the per-file records. Nothing here reaches the network
+on purpose; a file whose import tries to download fails the same way on every package measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+# Third-party and package modules most env files import; importing them in the parent before
+# forking means a child does not pay for them again. Results do not depend on this list.
+_WARM = (
+    "atroposlib.utils.tokenize_for_trainer", "atroposlib.type_definitions",
+    "transformers", "datasets", "openai", "tqdm.asyncio", "math_verify",
+    "latex2sympy2_extended", "wandb", "numpy",
+)
+
+
+def _error(exc: BaseException) -> str:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def _probe_in_child(path: Path, out: Path) -> None:
+    """Child body: import ``path`` as a module, call ``config_init`` on its BaseEnv subclasses."""
+    import atroposlib
+    from atroposlib.envs.base import BaseEnv
+
+    rec: dict = {"file": str(path), "atroposlib": atroposlib.__file__, "import_ok": False,
+                 "import_error": None, "envs": []}
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("env_under_test", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["env_under_test"] = mod
+        spec.loader.exec_module(mod)
+        rec["import_ok"] = True
+    except BaseException as exc:  # SystemExit from an argparse at import time is a failure too
+        rec["import_error"] = _error(exc)
+        rec["import_trace"] = traceback.format_exc()[-1500:]
+    if rec["import_ok"]:
+        for name, cls in vars(mod).items():
+            if not (inspect.isclass(cls) and issubclass(cls, BaseEnv) and cls is not BaseEnv
+                    and cls.__module__ == mod.__name__):
+                continue
+            env = {"class": name, "config_init_ok": False, "error": None}
+            try:
+                res = cls.config_init()
+                if not (isinstance(res, tuple) and len(res) == 2):
+                    raise TypeError(f"config_init returned {type(res).__name__}, not a 2-tuple")
+                env["config_init_ok"] = True
+                env["env_config_type"] = type(res[0]).__name__
+                env["server_configs_type"] = type(res[1]).__name__
+            except BaseException as exc:
+                env["error"] = _error(exc)
+                env["trace"] = traceback.format_exc()[-1500:]
+            rec["envs"].append(env)
+    out.write_text(json.dumps(rec))
+
+
+def env_files(root: Path) -> list[Path]:
+    """Python files under ``root`` that may hold an env: not ``__init__.py``, not ``test_*.py``."""
+    return sorted(
+        p for p in root.rglob("*.py")
+        if p.name != "__init__.py" and not p.name.startswith("test_")
+    )
+
+
+def probe(path: Path, timeout: float) -> dict:
+    """Import ``path`` in a forked child (cwd: an empty temp dir); return its record.
+
+    The parent has already imported ``atroposlib.envs.base``, so each child starts from the
+    same warm interpreter instead of paying the package import again; module state a file
+    leaves behind dies with its child.
+    """
+    ctx = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory() as cwd:
+        out = Path(cwd) / "result.json"
+        old = os.getcwd()
+        os.chdir(cwd)
+        try:
+            child = ctx.Process(target=_probe_in_child, args=(path, out))
+            child.start()
+            child.join(timeout)
+            if child.is_alive():
+                child.kill()
+                child.join()
+                return {"file": str(path), "import_ok": False,
+                        "import_error": f"Timeout: import took over {timeout:.0f} s", "envs": []}
+        finally:
+            os.chdir(old)
+        if not out.exists():
+            return {"file": str(path), "import_ok": False,
+                    "import_error": f"ChildDied: exit code {child.exitcode}", "envs": []}
+        return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="directory of env files")
+    parser.add_argument("--json", type=Path, help="write per-file records here")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per file")
+    args = parser.parse_args(argv)
+
+    import atroposlib.envs.base  # noqa: F401  (warm the package once; children are forked)
+
+    for name in _WARM:  # speed only: what every child would import anyway, loaded once
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  (a package missing here fails in the child, visibly)
+            pass
+
+    records = []
+    for path in env_files(args.root.resolve()):
+        rec = probe(path, args.timeout)
+        rec["file"] = str(path.relative_to(args.root.resolve()))
+        records.append(rec)
+        envs = " ".join(
+            f"{e['class']}:{'ok' if e['config_init_ok'] else 'FAIL(' + (e['error'] or '') + ')'}"
+            for e in rec["envs"]
+        )
+        status = "ok" if rec["import_ok"] else f"FAIL({rec['import_error']})"
+        print(f"{rec['file']}: import {status} {envs}".rstrip(), flush=True)
+
+    totals = {
+        "files": len(records),
+        "import_ok": sum(r["import_ok"] for r in records),
+        "env_classes": sum(len(r["envs"]) for r in records),
+        "config_init_ok": sum(e["config_init_ok"] for r in records for e in r["envs"]),
+        "atroposlib": next((r.get("atroposlib") for r in records if r.get("atroposlib")), None),
+    }
+    print(json.dumps(totals))
+    if args.json:
+        args.json.write_text(json.dumps({"totals": totals, "files": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
