@@ -7,33 +7,28 @@ Import surface (Atropos 0.4 compatible)::
 
 The code that drives an env (serve loop, process/evaluate runners, the CLI) imports this
 contract, never the reverse: ``cli()``, ``env_manager()`` and ``process_manager()`` hand over
-to the runner registered for their mode (:mod:`atroposlib.envs.runners`). The bodies of the
-W&B and checkpoint helpers live in :mod:`atroposlib.envs.wandb_logging` and
-:mod:`atroposlib.envs.checkpoints`.
+to the runner registered for their mode (:mod:`atroposlib.envs.runners`). The W&B, checkpoint
+and evaluation-file hooks are inherited from mixins that live beside their bodies:
+:class:`~atroposlib.envs.wandb_logging.WandbLoggingMixin`,
+:class:`~atroposlib.envs.checkpoints.CheckpointMixin` and
+:class:`~atroposlib.envs.eval.EvalLogMixin`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from atroposlib.api.models import MASKED_LOGPROB
-from atroposlib.envs.checkpoints import (
-    checkpoint_path,
-    newest_checkpoint,
-    read_checkpoint,
-    write_checkpoint,
-)
+from atroposlib.envs.checkpoints import CheckpointMixin
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
-from atroposlib.envs.eval import eval_dir, evaluate_log
+from atroposlib.envs.eval import EvalLogMixin
 from atroposlib.envs.groups import (
     ScoredDataGroup,
     ScoredDataItem,
     aggregate_items,
-    completion_lengths,
     gather_rollouts,
     normalise_group,
     valid_groups,
@@ -55,14 +50,12 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
-from atroposlib.envs.wandb_logging import env_metrics, perf_stats, rollout_rows, rollout_table
+from atroposlib.envs.wandb_logging import WandbLoggingMixin
 from atroposlib.type_definitions import Item
 from atroposlib.utils.hf_tokenizer import load_tokenizer
 
-logger = logging.getLogger(__name__)
 
-
-class BaseEnv:
+class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
     """Base class of every environment: subclass it, implement the hooks, call ``cli()``.
 
     Must implement:
@@ -156,8 +149,6 @@ class BaseEnv:
             maxlen=max(1, config.num_rollouts_to_keep)
         )
         self._run_state = RunState.for_config(config)
-        self._eval_metrics_path: Path | None = None
-        self._eval_dir: Path | None = None
 
     # ------------------------------------------------------------------ construction helpers
     curr_step = state_property("curr_step")
@@ -288,57 +279,7 @@ class BaseEnv:
     async def cleanup(self) -> None:
         """Runs after every item (serve and process modes); default: nothing."""
 
-    # ------------------------------------------------------------------ checkpoints
-    def _checkpoint_path(self, step: int) -> Path | None:
-        name = self.wandb_prepend or self.name or "env"
-        return checkpoint_path(self.checkpoint_dir, name, step)
-
-    def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:
-        """Write ``data`` as JSON to ``{checkpoint_dir}/env_checkpoints/{name}/step-{step}.json``.
-
-        Subclasses call ``super().save_checkpoint(step, {"iter": self.iter})``. Nothing is
-        written when ``data`` is None or no checkpoint dir is known.
-        """
-        path = self._checkpoint_path(step)
-        if data is not None and path is not None:
-            write_checkpoint(path, data)
-
-    def load_checkpoint(self) -> None:
-        """Restore attributes from the newest checkpoint at or before ``curr_step``."""
-        path = self._checkpoint_path(self.curr_step)
-        found = None if path is None else newest_checkpoint(path.parent, self.curr_step)
-        if found is None:
-            return
-        step, best = found
-        for key, value in read_checkpoint(best).items():
-            setattr(self, key, value)
-        logger.info("loaded env checkpoint %s (step %d)", best, step)
-
     # ------------------------------------------------------------------ group validation & sinks
-    def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens)
-
-    def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None) -> None:
-        """Keep some rollouts of an accepted group for the W&B ``train/rollouts`` table.
-
-        Override to log other columns (then also override ``create_rollout_table``). Default:
-        ``num_rollouts_per_group_for_logging`` rows of ``(text, score)``; the last
-        ``num_rollouts_to_keep`` groups are kept.
-        """
-        keep = self.config.num_rollouts_per_group_for_logging
-        rows = rollout_rows(scored_data, keep, self._decode)
-        if rows:
-            self.rollouts_for_wandb.append(rows)
-
-    def create_rollout_table(self, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
-        """Add the ``train/rollouts`` W&B table built from ``rollouts_for_wandb``; return the dict."""
-        if not self.rollouts_for_wandb:
-            return wandb_metrics
-        prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
-        wandb_metrics[f"{prefix}train/rollouts"] = rollout_table(self.rollouts_for_wandb)
-        self.rollouts_for_wandb.clear()
-        return wandb_metrics
-
     def _accept_groups(
         self,
         scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
@@ -355,12 +296,9 @@ class BaseEnv:
             scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
             self.max_token_len if abort_on_any_max_length_exceeded else -1, self.stats,
         )
-        lengths = self._run_state.completion_lengths
         for group in accepted:
             normalise_group(group, self.config.include_messages, self._decode)
-            lengths.extend(completion_lengths(group))
-            self.stats["groups_accepted"] += 1
-        del lengths[: max(0, len(lengths) - 10_000)]
+            self._run_state.record_accepted(group)
         return accepted
 
     async def handle_send_to_api(
@@ -392,83 +330,9 @@ class BaseEnv:
         """
         return await get_runner("process")(self, show_progress)
 
-    # ------------------------------------------------------------------ evaluation
-    def _eval_dir_path(self) -> Path:
-        if self._eval_dir is None:
-            self._eval_dir = eval_dir(self.config.data_dir_to_save_evals, self.name or "env")
-        return self._eval_dir
-
-    def evaluate_log(
-        self,
-        metrics: dict[str, float],
-        task_name: str | None = None,
-        model_name: str | None = None,
-        start_time: float | None = None,
-        end_time: float | None = None,
-        generation_parameters: dict[str, Any] | None = None,
-        samples: list[dict[str, Any]] | None = None,
-        verbose: bool = True,
-    ) -> Path | None:
-        """Write ``metrics.json`` (and the samples) to the eval directory and log them.
-
-        Files are written when ``data_dir_to_save_evals`` is set, and always in ``evaluate``
-        mode (default directory ``evals/<name>-<timestamp>/``); otherwise (e.g. periodic evals
-        in serve mode) the metrics are only printed. Arguments and file layout are those of
-        :func:`atroposlib.envs.eval.evaluate_log`; ``task_name`` defaults to the env name,
-        ``model_name`` to the first server's model, and ``max_new_tokens`` is added to the
-        generation parameters. Returns the path of ``metrics.json``, or None.
-        """
-        writes = bool(self.config.data_dir_to_save_evals or self._run_state.eval_mode)
-        path = evaluate_log(
-            metrics,
-            eval_dir=self._eval_dir_path() if writes else None,
-            task_name=task_name or self.name or "env",
-            model_name=model_name or self.server.servers[0].config.model_name,
-            start_time=start_time,
-            end_time=end_time,
-            generation_parameters={
-                **(generation_parameters or {}),
-                "max_new_tokens": self.config.max_token_length,
-            },
-            samples=samples,
-            verbose=verbose,
-        )
-        if path is None:
-            return None
-        self._eval_metrics_path = path
-        return path
-
     async def _evaluate_and_save(self) -> Path:
         """Evaluate mode: run ``evaluate`` once and write its files; returns ``metrics.json``."""
         return await get_runner("evaluate")(self)
-
-    def perf_stats(self) -> dict[str, float]:
-        """Mean/std/max/min of recent rollout-group durations (seconds)."""
-        return perf_stats(self.task_durations)
-
-    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
-        """Log the usual metrics (plus ``metrics``) to W&B when ``use_wandb``.
-
-        Subclasses add their own keys and call ``await super().wandb_log(metrics)`` last.
-        Logged: ``train/completion_lengths`` (+ ``_std``, ``_max``, ``_min``,
-        ``_frac_over_95pct_max``), the ``train/rollouts`` table, ``train_perf/*``,
-        ``train/groups_*`` counters and every server's request metrics.
-        """
-        if not self.config.use_wandb:
-            self.completion_lengths.clear()
-            return
-        limit = self.max_token_len if self.max_token_len > 0 else self.config.max_token_length
-        prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
-        metrics = env_metrics(metrics or {}, self.completion_lengths, limit, self.perf_stats(),
-                              self.stats, prefix)
-        self.completion_lengths.clear()
-        metrics.update(self.server.wandb_metrics())
-        import wandb
-
-        if wandb.run is None:
-            return
-        metrics = self.create_rollout_table(metrics)
-        wandb.log(metrics, step=self.curr_step if self.curr_step > 0 else None)
 
     # ------------------------------------------------------------------ serve mode
     async def env_manager(self) -> None:

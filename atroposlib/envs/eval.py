@@ -1,6 +1,7 @@
 """Evaluation helpers: bounded-concurrency runs, mean metrics, pass@k and ``metrics.json``.
 
-:class:`EvalBase` runs a standalone evaluation against an inference server.
+:class:`EvalLogMixin` gives ``BaseEnv`` its ``evaluate_log``; :class:`EvalBase` runs a
+standalone evaluation against an inference server.
 """
 
 from __future__ import annotations
@@ -253,6 +254,63 @@ def evaluate_log(
     return path
 
 
+class EvalLogMixin:
+    """``BaseEnv``'s ``evaluate_log``: an env's evaluation files, in one directory per run.
+
+    Reads what ``BaseEnv`` sets: ``name``, ``config`` (``data_dir_to_save_evals``,
+    ``max_token_length``), ``server`` (the first server's ``config.model_name``) and
+    ``_run_state.eval_mode``. Sets ``_eval_metrics_path`` (the last ``metrics.json`` written,
+    which the evaluate runner returns) and ``_eval_dir`` (chosen once per env).
+    """
+
+    _eval_metrics_path: Path | None = None
+    _eval_dir: Path | None = None
+
+    def _eval_dir_path(self) -> Path:
+        if self._eval_dir is None:
+            self._eval_dir = eval_dir(self.config.data_dir_to_save_evals, self.name or "env")
+        return self._eval_dir
+
+    def evaluate_log(
+        self,
+        metrics: dict[str, float],
+        task_name: str | None = None,
+        model_name: str | None = None,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        generation_parameters: dict[str, Any] | None = None,
+        samples: list[dict[str, Any]] | None = None,
+        verbose: bool = True,
+    ) -> Path | None:
+        """Write ``metrics.json`` (and the samples) to the eval directory and log them.
+
+        Files are written when ``data_dir_to_save_evals`` is set, and always in ``evaluate``
+        mode (default directory ``evals/<name>-<timestamp>/``); otherwise (e.g. periodic evals
+        in serve mode) the metrics are only printed. Arguments and file layout are those of
+        :func:`atroposlib.envs.eval.evaluate_log`; ``task_name`` defaults to the env name,
+        ``model_name`` to the first server's model, and ``max_new_tokens`` is added to the
+        generation parameters. Returns the path of ``metrics.json``, or None.
+        """
+        writes = bool(self.config.data_dir_to_save_evals or self._run_state.eval_mode)
+        path = evaluate_log(  # the module function of that name, not this method
+            metrics,
+            eval_dir=self._eval_dir_path() if writes else None,
+            task_name=task_name or self.name or "env",
+            model_name=model_name or self.server.servers[0].config.model_name,
+            start_time=start_time,
+            end_time=end_time,
+            generation_parameters={
+                **(generation_parameters or {}),
+                "max_new_tokens": self.config.max_token_length,
+            },
+            samples=samples,
+            verbose=verbose,
+        )
+        if path is not None:
+            self._eval_metrics_path = path
+        return path
+
+
 class EvalBase(ABC):
     """A standalone evaluation (no ``BaseEnv``): items in, mean metrics out.
 
@@ -367,6 +425,7 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
 __all__ = [
     "SAMPLE_COLUMNS",
     "EvalBase",
+    "EvalLogMixin",
     "eval_dir",
     "eval_runner",
     "evaluate_items",

@@ -18,6 +18,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from atroposlib.envs.groups import completion_lengths
+
 #: Trainer step when the current rollout started; set per rollout task by the serve loop.
 ROLLOUT_POLICY_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "rollout_policy_version", default=None)
@@ -69,6 +71,12 @@ class RunState:
     def for_config(cls, config: Any, **values: Any) -> RunState:
         """A fresh state with ``batch_size``/``total_steps`` from the env config (overridable)."""
         return cls(**{"batch_size": config.batch_size, "total_steps": config.total_steps, **values})
+
+    def record_accepted(self, group: Any) -> None:
+        """Count one accepted group and record its trained-token lengths (the last 10,000)."""
+        self.stats["groups_accepted"] += 1
+        self.completion_lengths.extend(completion_lengths(group))
+        del self.completion_lengths[: max(0, len(self.completion_lengths) - 10_000)]
 
 
 class RunStateView:

@@ -1,8 +1,8 @@
 """What an env logs to W&B: its training metrics and the ``train/rollouts`` table.
 
-Pure functions over the env's recorded numbers; ``BaseEnv.wandb_log``,
-``BaseEnv.add_rollouts_for_wandb`` and ``BaseEnv.create_rollout_table`` are thin wrappers
-(and stay the hooks an env overrides). ``wandb`` is imported only when a table is built.
+Pure functions over the env's recorded numbers, and :class:`WandbLoggingMixin`, whose thin
+methods (``wandb_log``, ``add_rollouts_for_wandb``, ``create_rollout_table``, ``perf_stats``)
+``BaseEnv`` inherits and an env overrides. ``wandb`` is imported only when logging.
 """
 
 from __future__ import annotations
@@ -101,4 +101,74 @@ def env_metrics(
     return {f"{prefix}{k}": v for k, v in out.items()}
 
 
-__all__ = ["decode_for_log", "env_metrics", "perf_stats", "rollout_rows", "rollout_table"]
+class WandbLoggingMixin:
+    """``BaseEnv``'s W&B hooks; override them and call ``super()`` to add metrics or columns.
+
+    Reads what ``BaseEnv`` sets: ``config`` (``use_wandb``, ``max_token_length``,
+    ``num_rollouts_per_group_for_logging``), ``tokenizer``, ``server`` (its
+    ``wandb_metrics()``), ``rollouts_for_wandb`` (a bounded deque of row lists) and the run
+    state's ``curr_step``, ``max_token_len``, ``wandb_prepend``, ``completion_lengths``,
+    ``task_durations`` and ``stats``.
+    """
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens)
+
+    def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Any = None) -> None:
+        """Keep some rollouts of an accepted group for the W&B ``train/rollouts`` table.
+
+        Override to log other columns (then also override ``create_rollout_table``). Default:
+        ``num_rollouts_per_group_for_logging`` rows of ``(text, score)``; the last
+        ``num_rollouts_to_keep`` groups are kept.
+        """
+        keep = self.config.num_rollouts_per_group_for_logging
+        rows = rollout_rows(scored_data, keep, self._decode)
+        if rows:
+            self.rollouts_for_wandb.append(rows)
+
+    def create_rollout_table(self, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
+        """Add the ``train/rollouts`` W&B table built from ``rollouts_for_wandb``; return the dict."""
+        if not self.rollouts_for_wandb:
+            return wandb_metrics
+        prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
+        wandb_metrics[f"{prefix}train/rollouts"] = rollout_table(self.rollouts_for_wandb)
+        self.rollouts_for_wandb.clear()
+        return wandb_metrics
+
+    def perf_stats(self) -> dict[str, float]:
+        """Mean/std/max/min of recent rollout-group durations (seconds)."""
+        return perf_stats(self.task_durations)
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Log the usual metrics (plus ``metrics``) to W&B when ``use_wandb``.
+
+        Subclasses add their own keys and call ``await super().wandb_log(metrics)`` last.
+        Logged: ``train/completion_lengths`` (+ ``_std``, ``_max``, ``_min``,
+        ``_frac_over_95pct_max``), the ``train/rollouts`` table, ``train_perf/*``,
+        ``train/groups_*`` counters and every server's request metrics.
+        """
+        if not self.config.use_wandb:
+            self.completion_lengths.clear()
+            return
+        limit = self.max_token_len if self.max_token_len > 0 else self.config.max_token_length
+        prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
+        metrics = env_metrics(metrics or {}, self.completion_lengths, limit, self.perf_stats(),
+                              self.stats, prefix)
+        self.completion_lengths.clear()
+        metrics.update(self.server.wandb_metrics())
+        import wandb
+
+        if wandb.run is None:
+            return
+        metrics = self.create_rollout_table(metrics)
+        wandb.log(metrics, step=self.curr_step if self.curr_step > 0 else None)
+
+
+__all__ = [
+    "WandbLoggingMixin",
+    "decode_for_log",
+    "env_metrics",
+    "perf_stats",
+    "rollout_rows",
+    "rollout_table",
+]
