@@ -23,17 +23,12 @@ from __future__ import annotations
 import operator
 import random
 import re
-import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/arithmetic_server.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 #: difficulty -> (smallest operand, largest operand, operators)
 DIFFICULTIES: dict[int, tuple[int, int, tuple[str, ...]]] = {

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as `python environments/blackjack_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from environments.gym_text import GymTextEnv  # noqa: E402
+from environments.gym_text import GymTextEnv
 
 
 def _card(value: int) -> str:

@@ -6,18 +6,13 @@ import ast
 import operator
 import random
 import re
-import sys
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/calculator_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.helpers import extract_answer_tag, extract_tool_calls  # noqa: E402
-from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import extract_answer_tag, extract_tool_calls
+from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
 
 SYSTEM_PROMPT = (
     "You solve arithmetic problems exactly. You have a calculator tool:\n"

@@ -7,18 +7,13 @@ import json
 import random
 import re
 import secrets
-import sys
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/code_execution_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.helpers import load_rows, maybe_json  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
-from atroposlib.utils.sandbox import SandboxLimits, arun_python  # noqa: E402
+from atroposlib.envs.helpers import load_rows, maybe_json
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
+from atroposlib.utils.sandbox import SandboxLimits, arun_python
 
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Write a correct, self-contained solution. Reply with "

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import random
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/dataset_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.helpers import load_rows  # noqa: E402
-from atroposlib.envs.reward_fns import registry  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import load_rows
+from atroposlib.envs.reward_fns import registry
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 DEFAULT_SYSTEM_PROMPT = (
     "Think step by step inside <think></think>, then give the final answer as \\boxed{answer}."

@@ -28,20 +28,15 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import sys
 import threading
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/gsm8k_server.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.base import ScoredDataGroup  # noqa: E402
-from atroposlib.envs.helpers import load_rows  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
-from atroposlib.errors import ConfigError, RolloutError  # noqa: E402
+from atroposlib.envs.base import ScoredDataGroup
+from atroposlib.envs.helpers import load_rows
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
+from atroposlib.errors import ConfigError, RolloutError
 
 #: Atropos 0.4's GSM8K system prompt, paraphrased: think, then answer in \boxed{}.
 SYSTEM_PROMPT = (

@@ -6,18 +6,13 @@ import asyncio
 import itertools
 import random
 import re
-import sys
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/judge_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.helpers import load_rows  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
-from atroposlib.errors import RolloutError  # noqa: E402
+from atroposlib.envs.helpers import load_rows
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
+from atroposlib.errors import RolloutError
 
 #: Offline prompts used when dataset_name is 'builtin'.
 BUILTIN_PROMPTS = [

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import random
 import re
-import sys
-from pathlib import Path
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/letter_counting_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.helpers import extract_answer_tag, make_word  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import extract_answer_tag, make_word
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 SYSTEM_PROMPT = (
     "You count letters carefully. Spell the word letter by letter, count, then give only the "

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/mcqa_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.helpers import extract_answer_tag, load_rows, maybe_json  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import extract_answer_tag, load_rows, maybe_json
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 LETTERS = "ABCDEFGHIJ"
 SYSTEM_PROMPT = (

@@ -6,18 +6,13 @@ import base64
 import io
 import random
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/multimodal_counting_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.helpers import extract_answer_tag, new_group  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
-from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer  # noqa: E402
+from atroposlib.envs.helpers import extract_answer_tag, new_group
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
+from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 COLORS = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 70, 220),
           "yellow": (235, 200, 20)}

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as `python environments/taxi_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from environments.gym_text import GymTextEnv  # noqa: E402
+from environments.gym_text import GymTextEnv
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TAXI_CELL = re.compile(r"\x1b\[4[0-9]m(.)\x1b\[0m")  # the highlighted cell is the taxi

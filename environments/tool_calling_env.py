@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-if __package__ in (None, ""):  # run as `python environments/tool_calling_env.py ...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atroposlib.envs.helpers import extract_tool_calls, load_rows, maybe_json  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig  # noqa: E402
+from atroposlib.envs.helpers import extract_tool_calls, load_rows, maybe_json
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 SYSTEM_TEMPLATE = (
     "You are a function-calling assistant. You may call these tools:\n<tools>\n{tools}\n</tools>\n"
