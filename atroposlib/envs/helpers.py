@@ -23,13 +23,6 @@ from atroposlib.type_definitions import Message
 DEFAULT_BASE_URL = DEFAULT_INFERENCE_URL
 
 
-def default_tokenizer_name() -> str:
-    """The bundled SmolLM2-135M-Instruct directory (``atropos-bundled-model`` prepares it)."""
-    from atroposlib.inference.bundled import bundled_model_dir
-
-    return str(bundled_model_dir())
-
-
 def default_server(**overrides: Any) -> APIServerConfig:
     """A stock-vLLM server config for the bundled model at :data:`DEFAULT_BASE_URL`.
 
@@ -420,7 +413,6 @@ __all__ = [
     "ScoreResult",
     "add_rollout",
     "default_server",
-    "default_tokenizer_name",
     "eval_samples",
     "extract_answer_tag",
     "extract_tool_calls",

@@ -21,7 +21,6 @@ from atroposlib.envs.helpers import (
     ScoreResult,
     add_rollout,
     default_server,
-    default_tokenizer_name,
     eval_samples,
     mean_details,
     new_group,
@@ -33,14 +32,11 @@ from atroposlib.type_definitions import Item, Message
 class SingleTurnEnvConfig(BaseEnvConfig):
     """``BaseEnvConfig`` plus the sampling settings of a single-turn env.
 
-    Defaults differ from ``BaseEnvConfig`` where a single-turn env wants them to: the bundled
-    tokenizer, groups of 8, 1024-token sequences, no W&B unless asked.
+    Defaults differ from ``BaseEnvConfig`` where a single-turn env wants them to: groups of 8,
+    1024-token sequences, no W&B unless asked (the tokenizer is ``BaseEnvConfig``'s: the bundled
+    one unless set).
     """
 
-    tokenizer_name: str = Field(
-        default_factory=default_tokenizer_name,
-        description="Tokenizer (HF id or local dir); default the bundled SmolLM2-135M-Instruct.",
-    )
     group_size: int = Field(default=8, ge=1, description="Rollouts (responses) per group.")
     max_token_length: int = Field(default=1024, ge=1, description="Longest sequence, in tokens.")
     use_wandb: bool = Field(default=False, description="Log metrics to Weights & Biases.")
