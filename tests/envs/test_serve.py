@@ -147,7 +147,12 @@ def test_serve_stops_cleanly_on_sigterm_while_waiting_for_trainer(tiny_tokenizer
     log = tmp_path / "env.log"
     try:
         proc = _start_env(api.url, "http://127.0.0.1:9/v1", tiny_tokenizer_dir, log)
-        time.sleep(4)
+        # signal once the serve loop runs (its handlers are installed), not after a fixed sleep
+        # that a loaded machine may not have spent on start-up yet
+        deadline = time.monotonic() + 120
+        while "waiting for the trainer" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
         assert proc.poll() is None
         proc.send_signal(sig)
         assert proc.wait(timeout=20) == 0, log.read_text()[-3000:]
