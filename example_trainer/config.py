@@ -165,9 +165,10 @@ class TrainerConfig(BaseSettings):
 
     # ---------------------------------------------------------------- vLLM
     vllm_url: str | None = Field(default=None, description="Use this already-running vLLM "
-                                 "(e.g. http://127.0.0.1:9100/v1; weight sync needs it in dev "
-                                 "mode, reload only) instead of launching one. Comma-separated "
-                                 "URLs: reload all of them (multi-node).")
+                                 "(e.g. http://127.0.0.1:9100/v1) instead of launching one; "
+                                 "weight_sync reload needs it in dev mode, lora with "
+                                 "--enable-lora, restart is refused. Comma-separated URLs: "
+                                 "update all of them (multi-node).")
     vllm_port: int | None = Field(default=None, description="Port of the vLLM the trainer "
                                   "launches (null: a free one).")
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

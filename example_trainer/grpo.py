@@ -74,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
 def train(config: TrainerConfig) -> dict[str, Any]:
     """Run GRPO training as configured; return the summary (also written to summary.json).
 
+    ``summary.json`` is written however the run ends, also when an exception (or a second
+    Ctrl-C) ends it: ``stopped`` says how (``completed``, ``time_budget``, ``stop_requested``
+    for a first SIGINT/SIGTERM, ``interrupted`` for KeyboardInterrupt, ``error`` for any other
+    exception, named in ``error``), ``train_loop_seconds`` runs from registration to the end of
+    the loop or the interruption, ``final_checkpoint`` is null unless ``checkpoints/final`` was
+    written by this run, and ``last_checkpoint`` names the newest checkpoint this run wrote
+    (null: none).
+
     Raises:
         ApiError: run-api unreachable or refusing the registration.
         InferenceError: vLLM did not start or refused a weight update.
@@ -148,6 +156,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             print(f"[grpo] resuming from {resume.path} after step {start_step}", flush=True)
 
     def save_checkpoint(name: str) -> None:
+        nonlocal last_checkpoint
+
         def write_weights(out: Path) -> None:
             if lora.is_lora(model):
                 lora.save_adapter(model, out / "adapter", full)
@@ -160,6 +170,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         ckpt_io.save_checkpoint(run_dir / "checkpoints" / name, step=steps_done, model=model,
                                 optimizer=optimizer, write_weights=write_weights,
                                 lora=lora.is_lora(model), is_main=dist.is_main)
+        last_checkpoint = run_dir / "checkpoints" / name
 
     def sync_vllm() -> dict[str, float]:
         # every rank takes part in gathering the weights; rank 0 writes and reloads them
@@ -189,9 +200,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     stop = _install_stop_handler()
     steps_done = start_step
     eval_before = eval_after = math.nan
-    train_seconds = 0.0
+    train_start: float | None = None  # set at registration
+    train_seconds: float | None = None  # set when the loop ends (or, in `finally`, when interrupted)
+    last_checkpoint: Path | None = None  # newest checkpoint this run wrote
     eval_seconds = 0.0  # periodic evaluations: not charged to --max-train-seconds
     out_of_time = False
+    stopped = "completed"  # how the loop ended; an exception overrides it in `finally`
     failure: BaseException | None = None
     try:
         if dist.is_main:
@@ -237,6 +251,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         for step in range(start_step + 1, config.training_steps + 1):
             if dist.from_main(stop.requested):  # rank 0 decides for every rank
                 print("[grpo] stop requested: finishing early", flush=True)
+                stopped = "stop_requested"
                 break
             # stop when the next step (assumed as long as the last one) would overrun the budget;
             # evaluations do not count: the budget is for training, however often one evaluates
@@ -246,11 +261,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 print(f"[grpo] time budget of {config.max_train_seconds:.0f}s used after "
                       f"{steps_done} steps: finishing", flush=True)
                 out_of_time = True
+                stopped = "time_budget"
                 break
             # ---------------------------------------------------------- 1. one batch
             wait_start = time.perf_counter()
             batch = _shared_batch(dist, client, config.batch_timeout, stop)
-            if batch is None:
+            if batch is None:  # a stop was requested while waiting
+                stopped = "stop_requested"
                 break
             wait_s = time.perf_counter() - wait_start
             step_start = time.perf_counter()
@@ -353,6 +370,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         failure = exc
         raise
     finally:
+        stop.restore()  # the caller's SIGINT/SIGTERM handlers again
+        if train_seconds is None:  # interrupted inside the loop (or before it began)
+            train_seconds = 0.0 if train_start is None else time.perf_counter() - train_start
+        if failure is not None:
+            stopped = "interrupted" if isinstance(failure, KeyboardInterrupt) else "error"
         dist.close(failure)  # the other ranks wait here for rank 0's final eval
         if dist.is_main:
             vllm.stop()
@@ -366,7 +388,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             eval_accuracy_before=eval_before, eval_accuracy_after=eval_after,
             eval_accuracy_delta=eval_after - eval_before,
             evals=[{"step": s, "accuracy": a} for s, a in runlog.evals],
-            final_checkpoint=str(run_dir / "checkpoints" / "final"),
+            final_checkpoint=str(last_checkpoint) if last_checkpoint and last_checkpoint.name == "final" else None,
+            last_checkpoint=str(last_checkpoint) if last_checkpoint else None,
+            stopped=stopped, error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
             stopped_by_time_budget=out_of_time, eval_seconds=eval_seconds,
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
@@ -504,7 +528,19 @@ POLL_MAX_SECONDS = 0.25
 
 
 class _StopFlag:
+    """Whether a stop was requested; :meth:`restore` puts back the signal handlers it replaced."""
+
     requested = False
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+
+    def restore(self) -> None:
+        """Reinstall the SIGINT/SIGTERM handlers that were in place before (no-op if none)."""
+        for sig, handler in self.previous.items():
+            # None: the handler was not set from Python; the default is the closest
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self.previous.clear()
 
 
 def _preflight(config: TrainerConfig) -> None:
@@ -539,7 +575,7 @@ def _install_stop_handler() -> _StopFlag:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            signal.signal(sig, handler)
+            flag.previous[sig] = signal.signal(sig, handler)
         except ValueError:  # not the main thread (e.g. called from a test thread)
             pass
     return flag

@@ -48,9 +48,12 @@ class VLLMSync:
 
     With LoRA, ``reload`` and ``restart`` save a merged copy (adapter folded into the weights).
 
-    With ``vllm_url`` the server is external (only ``reload`` and ``none``; a comma-separated
-    list reloads every server, e.g. one per Slurm inference node, from a shared filesystem);
-    otherwise
+    With ``vllm_url`` the server is external and ``reload``, ``lora`` and ``none`` work
+    (``restart`` needs the trainer to own vLLM; the config refuses it). ``reload`` needs each
+    server started with ``VLLM_SERVER_DEV_MODE=1``; ``lora`` needs ``--enable-lora
+    --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. A comma-separated list
+    updates every server (e.g. one per Slurm inference node), reading the weights or adapter
+    from a filesystem they share with the trainer. Otherwise
     :class:`~atroposlib.inference.vllm_process.VLLMProcess` launches it with the policy.
     """
 

@@ -143,6 +143,13 @@ TYPOS = {
                         "unknown flag --num-seq-to-save; did you mean --num-seqs-to-save?"),
     "atropos-launch": (_script("atropos-launch", "missing.yaml", "--run-dr", "x"),
                        "unknown flag --run-dr; did you mean --run-dir?"),
+    # the output file is a positional argument: no flag is suggested for it, the positional is
+    "atropos-sft-gen --output": (_script("atropos-sft-gen", "--output", "out.jsonl"),
+                                 "unknown flag --output; the output JSONL file is the positional "
+                                 "argument FILEPATH, given without a flag: atropos-sft-gen FILEPATH [flags]"),
+    "atropos-dpo-gen --output-file": (_script("atropos-dpo-gen", "--output-file=out.jsonl"),
+                                      "unknown flag --output-file; the output JSONL file is the positional "
+                                      "argument FILEPATH, given without a flag: atropos-dpo-gen FILEPATH [flags]"),
 }
 
 
@@ -154,3 +161,25 @@ def test_a_mistyped_flag_is_named_first_with_the_closest_flag(name, entry_points
     first = result.stderr.splitlines()[0]
     assert first.endswith(f"error: {message}"), result.stderr
     assert "usage:" in result.stderr and len(result.stderr.splitlines()) < 12
+
+
+def test_only_close_flags_are_suggested():
+    from atroposlib.utils.cli import ArgumentParser, closest_flag, unknown_flag_message
+
+    known = ["-h", "--help", "--group-size", "--max-token-len", "--model", "--env.group_size",
+             "--env.eval_size", "--env.tokenizer_name"]
+    assert closest_flag("--grup-size", known) == "--group-size"
+    assert closest_flag("--env.group_sze", known) == "--env.group_size"
+    assert closest_flag("--group_size", known) == "--group-size"
+    assert closest_flag("--model-name", known) == "--model"  # the one flag whose words it has
+    # unrelated flags are not suggested, however much they share (dashes, an --env. prefix)
+    assert closest_flag("--output-file", known) is None
+    assert closest_flag("--env.bogus", known) is None
+    assert closest_flag("--env.size", known) is None  # two --env. flags end in size: no guess
+    parser = ArgumentParser(prog="tool")
+    parser.add_argument("config", help="launch YAML, e.g. configs/x.yaml")
+    parser.add_argument("--run-dir")
+    assert unknown_flag_message(["--config-file", "c.yaml", "--bogus"], parser).splitlines() == [
+        "unknown flag --config-file; the launch YAML is the positional argument CONFIG, "
+        "given without a flag: tool CONFIG [flags]",
+        "unknown flag --bogus; see --help for every flag"]

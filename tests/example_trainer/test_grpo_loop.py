@@ -98,6 +98,8 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
     assert any(not torch.equal(before[k], after[k]) for k in before)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["eval_seconds"] > 0  # evaluations kept off the budget
+    assert summary["stopped"] == "completed" and summary["final_checkpoint"] == str(run / "checkpoints" / "final")
+    assert summary["train_loop_seconds"] > 0 and summary["error"] is None
 
 
 def _load_state(directory):

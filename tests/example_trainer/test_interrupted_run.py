@@ -1,0 +1,66 @@
+"""summary.json tells the truth when a run is stopped, interrupted or fails part way."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from atroposlib.api.client import AtroposClient
+from example_trainer import grpo
+from example_trainer.config import TrainerConfig
+from tests.example_trainer.test_grpo_loop import _group, needs_tokenizer, tiny_model  # noqa: F401
+
+# how each ending is provoked while the trainer waits for the batch of step 2, and what it raises
+ENDINGS = {
+    "stop_requested": None,  # one SIGINT (Ctrl-C): the trainer's handler finishes the run early
+    "interrupted": KeyboardInterrupt,  # what a second Ctrl-C raises
+    "error": TimeoutError,  # no batch within --batch-timeout
+}
+
+
+@needs_tokenizer
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_run_ended_after_one_step_says_how_and_what_it_saved(tiny_model, run_api, tmp_path,  # noqa: F811
+                                                               monkeypatch, ending):
+    with AtroposClient(run_api.url) as client:
+        for seed in range(2):  # one batch of 8 sequences: step 1 trains, step 2 never gets a batch
+            client.post_scored_data(_group(seed))
+    real_wait = grpo.wait_for_batch
+    calls = []
+
+    def wait_for_batch(client, timeout, stop):
+        calls.append(timeout)
+        if len(calls) == 2 and ending == "stop_requested":
+            os.kill(os.getpid(), signal.SIGINT)  # delivered to the handler train() installed
+        if len(calls) == 2 and ending == "interrupted":
+            raise KeyboardInterrupt
+        return real_wait(client, timeout, stop)
+
+    monkeypatch.setattr(grpo, "wait_for_batch", wait_for_batch)
+    run = tmp_path / "run"
+    config = TrainerConfig(
+        model=str(tiny_model), run_dir=str(run), api_url=run_api.url, vllm_url="http://127.0.0.1:9/v1",
+        weight_sync="none", training_steps=3, batch_size=8, micro_batch_size=8, checkpoint_interval=1,
+        batch_timeout=1 if ending == "error" else 60)
+    sigint_before = signal.getsignal(signal.SIGINT)
+    if ENDINGS[ending] is None:
+        grpo.train(config)
+    else:
+        with pytest.raises(ENDINGS[ending]):
+            grpo.train(config)
+    assert signal.getsignal(signal.SIGINT) is sigint_before  # Ctrl-C works as before again
+    assert len(calls) == 2
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["stopped"] == ending
+    assert summary["stopped_by_time_budget"] is False
+    # the loop ran one step before it ended: its time is counted up to the interruption
+    assert 0 < summary["train_loop_seconds"] <= summary["wall_seconds"]
+    final = run / "checkpoints" / "final"
+    if ending == "stop_requested":  # a requested stop still saves the final checkpoint
+        assert summary["final_checkpoint"] == summary["last_checkpoint"] == str(final)
+        assert (final / "model.safetensors").exists() and summary["error"] is None
+    else:
+        assert summary["final_checkpoint"] is None and not final.exists()
+        assert summary["last_checkpoint"] == str(run / "checkpoints" / "step_1")
+        assert summary["error"].startswith(ENDINGS[ending].__name__)
