@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +25,10 @@ class TrainerConfig(BaseSettings):
     atropos-launch YAML file, or an environment variable ATROPOS_GRPO_<FIELD>. Precedence:
     defaults < environment variables < YAML and flags. Pass null for "unset".
     """
+
+    #: The module atropos-launch runs with these settings as flags (``python -m`` or torchrun).
+    #: A class variable, not a setting: no flag, no YAML key.
+    run_module: ClassVar[str] = "example_trainer.grpo"
 
     model_config = SettingsConfigDict(
         extra="forbid",

@@ -24,7 +24,6 @@ Example config (``configs/quickstart-cpu.yaml`` is the full one)::
 
 from __future__ import annotations
 
-import importlib
 import os
 import shlex
 import signal
@@ -39,16 +38,10 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atroposlib.api.packing import batch_size_problem
+from atroposlib.cli.trainers import DEFAULT_TRAINER, load_trainer
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.errors import ConfigError
 from atroposlib.utils.offline import OFFLINE_ENV
-
-#: The trainer atropos-launch starts (``python -m TRAINER_MODULE``) and the pydantic model of its
-#: settings (``module:attribute``), checked against the ``trainer:`` section before anything
-#: starts. Named by module path, not imported: the trainer is an application built on this
-#: library, run as a child process, so atroposlib does not depend on its code.
-TRAINER_MODULE = "example_trainer.grpo"
-TRAINER_CONFIG_MODEL = "example_trainer.config:TrainerConfig"
 
 
 class ApiSection(BaseModel):
@@ -84,8 +77,11 @@ class LaunchConfig(BaseModel):
     run_dir: str | None = Field(default=None, description="Run directory (default: "
                                 "runs/<UTC timestamp>).")
     api: ApiSection = Field(default_factory=ApiSection, description="run-api settings.")
-    trainer: dict[str, Any] = Field(default_factory=dict, description="atropos-grpo settings "
-                                    "(TrainerConfig fields); api_url, run_dir and vllm_port are "
+    trainer_name: str = Field(default=DEFAULT_TRAINER, description="Which registered trainer "
+                              "runs (entry-point group atroposlib.trainers); pip install -e . "
+                              "registers grpo.")
+    trainer: dict[str, Any] = Field(default_factory=dict, description="The trainer's settings "
+                                    "(for grpo: atropos-grpo's, snake_case); api_url, run_dir and vllm_port are "
                                     "filled in by the launcher. With vllm_url the envs use that "
                                     "server and the trainer launches none. nproc_per_node: N "
                                     "(> 1) runs the trainer as N FSDP processes under torchrun.")
@@ -120,13 +116,15 @@ class LaunchConfig(BaseModel):
 def load_config(path: str | Path) -> LaunchConfig:
     """Read and validate a launch YAML file.
 
+    The ``trainer:`` section is checked against the settings model of the trainer that
+    ``trainer_name`` names (see :mod:`atroposlib.cli.trainers`).
+
     Raises:
-        ConfigError: the file is missing, not YAML, or fails validation (message lists every
-            problem with its key path).
+        ConfigError: the file is missing, not YAML, names no registered trainer, or fails
+            validation (message lists every problem with its key path).
     """
     import yaml
 
-    trainer_config_model = _load_object(TRAINER_CONFIG_MODEL)
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist; see configs/quickstart-cpu.yaml")
@@ -136,6 +134,14 @@ def load_config(path: str | Path) -> LaunchConfig:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping (trainer:, envs:, ...)")
+    trainer_name = data.get("trainer_name", DEFAULT_TRAINER)
+    # a trainer_name that is not a string is reported with the other LaunchConfig problems
+    trainer_config_model = None
+    if isinstance(trainer_name, str):
+        try:
+            trainer_config_model = load_trainer(trainer_name).config_model
+        except ConfigError as exc:
+            raise type(exc)(f"{path}: {exc}") from exc
     # every section is validated before reporting, so one run shows every problem
     problems: list[str] = []
     config = None
@@ -147,11 +153,12 @@ def load_config(path: str | Path) -> LaunchConfig:
     trainer = {k: v for k, v in trainer.items()
                if k not in ("nproc_per_node", "api_url", "run_dir", "vllm_port")}
     trainer_config = None
-    try:
-        trainer_config = trainer_config_model.model_validate(
-            {**trainer, "api_url": "http://x", "run_dir": "x"})
-    except ValidationError as exc:
-        problems += _validation_problems(exc, "trainer.", trainer_config_model)
+    if trainer_config_model is not None:
+        try:
+            trainer_config = trainer_config_model.model_validate(
+                {**trainer, "api_url": "http://x", "run_dir": "x"})
+        except ValidationError as exc:
+            problems += _validation_problems(exc, "trainer.", trainer_config_model)
     if config is None:
         raise ConfigError(f"{path}: invalid launch config:\n  " + "\n  ".join(problems))
     group_sizes = [env.args.get("env.group_size") for env in config.envs]
@@ -313,20 +320,6 @@ def launch_preflight(config: LaunchConfig) -> None:
     pf.raise_on_problems(problems)
 
 
-def _load_object(spec: str) -> Any:
-    """The object ``"package.module:attribute"`` names (imported now).
-
-    Raises:
-        ConfigError: the module or attribute does not exist.
-    """
-    module_name, _, attribute = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load {spec} ({exc}); is the trainer package installed "
-                          "(pip install -e .)?") from exc
-
-
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -372,16 +365,19 @@ def trainer_flags(values: dict[str, Any]) -> list[str]:
     return out
 
 
-def trainer_command(nproc_per_node: int) -> list[str]:
-    """The argv that starts ``atropos-grpo``: plain Python for 1 process, torchrun for more.
+def trainer_command(run_module: str, nproc_per_node: int) -> list[str]:
+    """The argv that starts the trainer: ``python -m run_module`` for 1 process, torchrun for more.
 
-    ``torch.distributed.run --standalone`` gives the processes a local rendezvous on a free port;
-    the trainer sees ``WORLD_SIZE`` and shards the policy with FSDP.
+    Args:
+        run_module: the trainer's module (its settings model's ``run_module``).
+        nproc_per_node: training processes on this node. ``torch.distributed.run --standalone``
+            gives them a local rendezvous on a free port; the trainer sees ``WORLD_SIZE`` (the
+            GRPO trainer then shards the policy with FSDP).
     """
     if nproc_per_node <= 1:
-        return [sys.executable, "-m", TRAINER_MODULE]
+        return [sys.executable, "-m", run_module]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc_per_node), "-m", TRAINER_MODULE]
+            "--nproc-per-node", str(nproc_per_node), "-m", run_module]
 
 
 class Part:
@@ -493,8 +489,13 @@ class Launcher:
     """Runs the parts of one training run and always stops them all (see module docstring)."""
 
     def __init__(self, config: LaunchConfig, console: TextIO | None = None):
-        """Prepare the run directory; nothing starts until :meth:`run`."""
+        """Resolve the trainer and prepare the run directory; nothing starts until :meth:`run`.
+
+        Raises:
+            ConfigError: ``config.trainer_name`` names no registered trainer.
+        """
         self.config = config
+        self.trainer_module = load_trainer(config.trainer_name).run_module
         self.run_dir = Path(config.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
         self.log_dir = self.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -584,7 +585,7 @@ class Launcher:
                     "--env.data_dir_to_save_evals", "{out_dir}",
                 ])
             trainer = self.start("trainer", [
-                *trainer_command(nproc), *trainer_flags(trainer_values),
+                *trainer_command(self.trainer_module, nproc), *trainer_flags(trainer_values),
                 "--api-url", api_url, "--run-dir", str(self.run_dir), *port_flags])
             self._wait_until("trainer registered with run-api",
                              lambda: (info() or {}).get("batch_size", -1) > 0,

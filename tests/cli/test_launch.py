@@ -79,9 +79,12 @@ def test_flag_rendering():
 def test_nproc_per_node_runs_the_trainer_under_torchrun(tmp_path):
     config = load_config(_write(tmp_path, _base(tmp_path, nproc_per_node=4, batch_size=16, micro_batch_size=2)))
     assert config.trainer["nproc_per_node"] == 4
-    assert trainer_command(4) == [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                  "--nproc-per-node", "4", "-m", "example_trainer.grpo"]
-    assert trainer_command(1) == [sys.executable, "-m", "example_trainer.grpo"]
+    config.run_dir = str(tmp_path / "run")
+    module = Launcher(config).trainer_module
+    assert module == "example_trainer.grpo"
+    assert trainer_command(module, 4) == [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                          "--nproc-per-node", "4", "-m", "example_trainer.grpo"]
+    assert trainer_command(module, 1) == [sys.executable, "-m", "example_trainer.grpo"]
 
 
 def _descendants_alive(pids):
