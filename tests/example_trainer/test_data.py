@@ -133,4 +133,4 @@ def test_trained_tail_gives_the_same_loss_and_gradients_as_full_logits():
     full_loss, full_grads = loss_and_grads(mb)
     tail_loss, tail_grads = loss_and_grads(tail, logits_to_keep=keep)
     assert torch.allclose(full_loss, tail_loss, atol=1e-6)
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full_grads, tail_grads))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full_grads, tail_grads, strict=True))
