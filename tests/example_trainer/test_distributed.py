@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from example_trainer.distributed import check_batch_layout, setup, world_from_en
 from example_trainer.grpo import train
 from tests.example_trainer.test_grpo_loop import _group, _load_state, needs_tokenizer, tiny_model  # noqa: F401
 from tests.fixtures.api_server import free_port, start_run_api
+from tests.fixtures.app_thread import AppThread
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,6 @@ class FakeVLLM:
     """A stand-in vLLM (uvicorn on 127.0.0.1) that answers the reload calls and records the weights."""
 
     def __init__(self) -> None:
-        import uvicorn
         from fastapi import FastAPI
 
         self.reloads: list[list[str]] = []  # tensor names of each reloaded model.safetensors
@@ -87,16 +86,11 @@ class FakeVLLM:
         def reset() -> dict:
             return {}
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
+        self.app = AppThread(app)
+        self.port = self.app.port
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.app.stop()
 
 
 def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM, steps: int = 3,

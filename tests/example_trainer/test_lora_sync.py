@@ -7,8 +7,6 @@ real vLLM applies the adapter is an e2e/GPU check, this one pins what the traine
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from atroposlib.errors import InferenceError
 from example_trainer.config import TrainerConfig
 from example_trainer.lora import apply_lora
 from example_trainer.vllm_sync import VLLMSync
-from tests.fixtures.api_server import free_port
+from tests.fixtures.app_thread import AppThread
 
 torch = pytest.importorskip("torch")
 
@@ -26,7 +24,6 @@ class FakeLoraVLLM:
     """Answers ``/health`` and ``/v1/load_lora_adapter`` (200, or ``status`` when set)."""
 
     def __init__(self, status: int = 200) -> None:
-        import uvicorn
         from fastapi import FastAPI
         from fastapi.responses import JSONResponse
 
@@ -43,19 +40,14 @@ class FakeLoraVLLM:
             self.loads.append({**body, "files": sorted(p.name for p in adapter.iterdir())})
             return JSONResponse({"detail": "LoRA is not enabled"} if status != 200 else {}, status_code=status)
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
+        self.app = AppThread(app)
+        self.port = self.app.port
 
     def __enter__(self) -> FakeLoraVLLM:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.app.stop()
 
 
 def _lora_model():
