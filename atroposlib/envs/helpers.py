@@ -229,6 +229,9 @@ class Episode:
             returned and earlier turns are masked).
         out_of_context: the episode stopped early because the next turn would not fit in
             ``max_context_tokens``.
+        truncated: the episode used all ``max_turns`` turns and the env still had an answer
+            for the last one; that answer is left out of ``messages``, since no turn of the
+            trained sequence follows it.
     """
 
     messages: list[Message]
@@ -237,6 +240,7 @@ class Episode:
     finish_reasons: list[str] = field(default_factory=list)
     contiguous: bool = True
     out_of_context: bool = False
+    truncated: bool = False
 
 
 #: ``on_reply(text, turn) -> messages to append (the env's answer), or None to end``.
@@ -265,9 +269,10 @@ async def run_episode(
         server: the env's ``ServerManager``.
         tokenizer: the policy's tokenizer.
         messages: the opening messages (system, user).
-        on_reply: called with each assistant text and the 0-based turn; returns the messages
-            to append (e.g. the next observation or a tool result), or None when the episode
-            is over. May be async.
+        on_reply: called with each assistant text and the 0-based turn (the last one too, so
+            the env can score it); returns the messages to append (e.g. the next observation
+            or a tool result), or None when the episode is over. May be async. What it
+            returns for the last allowed turn is dropped (``Episode.truncated``).
         max_turns: assistant turns at most (the episode is truncated after it).
         max_tokens: tokens per assistant turn.
         temperature: sampling temperature.
@@ -303,6 +308,11 @@ async def run_episode(
             if inspect.isawaitable(reply):
                 reply = await reply
             if not reply:
+                break
+            if turn == max_turns - 1:
+                # the env's answer to the last turn is never sampled against, so it is not in
+                # the tokens; keeping it in the messages would make them disagree
+                episode.truncated = True
                 break
             chat.extend(reply)
         nodes = managed.get_state()["nodes"]

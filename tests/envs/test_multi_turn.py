@@ -80,3 +80,20 @@ async def test_episodes_train_every_turn_and_details_become_metrics(tok_dir, tmp
     assert seen["train/guesses"] == 3.0 and seen["train/percent_correct"] == 1.0
     group, _ = await env.collect_trajectories(await env.get_next_item())  # 5: out of turns
     assert group["scores"] == [0.0, 0.0]
+
+
+async def test_answer_to_the_last_allowed_turn_is_not_in_the_messages(tok_dir):
+    """At max_turns the env's answer to the last turn is never sampled against: it is not in the
+    tokens, so it must not be in the messages either (they must describe the same sequence)."""
+    env = GuessEnv(GuessEnv.env_config_cls(tokenizer_name=tok_dir, group_size=1, max_turns=3),
+                   [FakeServer(_counting_reply)])
+    await env.setup()
+    episode, score, details = await env.play_episode({"answer": 7}, temperature=1.0, split="train")
+    assert episode.truncated and score == 0.0 and details == {"guesses": 3}  # on_reply saw all 3
+    roles = [m["role"] for m in episode.messages]
+    assert roles == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    masked = env.tokenizer.decode([t for t, m in zip(episode.node.tokens, episode.node.masked_tokens,
+                                                     strict=True) if m == IGNORE_INDEX])
+    assert all(m["content"] in masked for m in episode.messages if m["role"] == "user")
+    solved, _, _ = await env.play_episode({"answer": 3}, temperature=1.0, split="train")
+    assert not solved.truncated and solved.turns == 3
