@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -269,14 +270,15 @@ class VLLMSync:
     def stop(self) -> None:
         """Stop the launched vLLM (its own process group only); no-op for an external server.
 
-        A background sync still in flight is waited for first (its error, if any, is dropped:
-        the server is going away).
+        A background sync still in flight is waited for first; its error, if any, is printed
+        to stderr and not raised (the server is going away, and nothing waits for that sync).
         """
         if self._pending is not None:
             try:
                 self.wait()
-            except Exception:  # noqa: BLE001 - shutting down; the step that failed was logged
-                pass
+            except Exception as exc:  # noqa: BLE001 - shutting down: report, do not raise
+                print(f"[grpo] the last background weight sync failed while stopping: {exc}",
+                      file=sys.stderr, flush=True)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

@@ -83,3 +83,16 @@ def test_lora_sync_refused_names_the_vllm_flags_to_add(tmp_path):
         config = TrainerConfig(lora_r=4, weight_sync="lora", vllm_url=f"http://127.0.0.1:{vllm.port}/v1")
         with pytest.raises(InferenceError, match=r"answered 400.*--enable-lora --max-lora-rank 4.*--weight-sync reload"):
             VLLMSync(config, tmp_path).sync(_lora_model(), tokenizer=None)
+
+
+def test_stop_reports_a_failed_background_sync_instead_of_dropping_it(tmp_path, capsys):
+    from concurrent.futures import Future
+
+    sync = VLLMSync(TrainerConfig(vllm_url="http://127.0.0.1:9/v1"), tmp_path)
+    failed: Future = Future()
+    failed.set_exception(InferenceError("vLLM at 127.0.0.1:9 refused the reload"))
+    sync._pending = failed  # what sync(background=True) leaves when its thread fails
+    sync.stop()  # shutting down: no raise
+    assert "background weight sync failed while stopping: vLLM at 127.0.0.1:9 refused" \
+        in capsys.readouterr().err
+    assert sync._pending is None
