@@ -137,7 +137,7 @@ def refresh_view(
     Returns:
         ``(env_choices, env_value, status_markdown, groups_html)``.
     """
-    from atroposlib.tools.render import render_groups
+    from atroposlib.frontend.observed import render_groups
 
     feed.refresh()
     filtered, env_id = _env_filter(env_choice)

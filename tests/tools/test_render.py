@@ -1,5 +1,5 @@
+from atroposlib.frontend.observed import render_group, render_groups, render_markdown
 from atroposlib.tools.observe import ObservedGroup
-from atroposlib.tools.render import render_group, render_groups, render_markdown
 from atroposlib.tools.rollouts import TokenDecoder
 from tests.tools.groups import make_group
 

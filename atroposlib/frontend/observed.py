@@ -1,4 +1,4 @@
-"""view-run's rendering of observed rollout groups: the shared renderer of atroposlib.frontend.render.
+"""view-run's rendering of observed rollout groups, through the shared renderer in :mod:`atroposlib.frontend.render`.
 
 ``jsonl2html`` (and the ``process`` command's HTML) use the same renderer, templates and
 stylesheet, so a rollout reads the same in both views: Markdown rendered, HTML written by the
