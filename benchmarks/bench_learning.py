@@ -160,10 +160,12 @@ def _running(proc: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- our loop
-def run_ours(name: str, minutes: float, out: Path, lr: float | None = None) -> dict[str, Any]:
+def run_ours(name: str, minutes: float, out: Path, lr: float | None = None,
+             env_args: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``atropos-launch`` on the quickstart config with the contender's objective.
 
-    ``lr`` replaces the config's learning rate when given.
+    ``lr`` replaces the config's learning rate when given; ``env_args`` are added to (or
+    replace) every env's ``args`` (e.g. ``{"env.zero_variance_keep": "0.5"}``).
 
     Returns:
         ``{"points": {fraction: model path}, "steps", "sequences", "train_seconds",
@@ -189,6 +191,7 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None) -> d
     config["run_dir"] = str(run_dir)
     for env in config["envs"]:
         env["script"] = str((ROOT / env["script"]).resolve())
+        env["args"] = {**env.get("args", {}), **(env_args or {})}
     cfg_path = run_dir / "launch.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
     tree = Tree([sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)], run_dir / "bench.log")
@@ -229,7 +232,8 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None) -> d
         seconds = min(summary["train_loop_seconds"], budget)
     return {"points": points, "steps": len(history),
             "sequences": sum(h.get("sequences", 0) for h in history),
-            "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss, "lr": config["trainer"]["lr"]}
+            "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss, "lr": config["trainer"]["lr"],
+            "env_args": env_args or {}}
 
 
 def _snapshot_sync_weights(run_dir: Path, dest: Path) -> tuple[str | None, int]:
@@ -487,7 +491,8 @@ def report(results: dict[str, dict[str, Any]], json_out: Path, plot_out: Path) -
             "points_per_minute": 100.0 * (after - before) / minutes if minutes else math.nan,
             "samples_per_second": r["sequences"] / r["train_seconds"] if r["train_seconds"] else 0.0,
             "peak_rss_bytes": r["peak_rss_bytes"], "steps": r["steps"],
-            "budget_minutes": r["budget_minutes"], "lr": r.get("lr"), "curve": r["curve"]}
+            "budget_minutes": r["budget_minutes"], "lr": r.get("lr"),
+            "env_args": r.get("env_args", {}), "curve": r["curve"]}
     header = f"{'contender':<16} {'before':>7} {'after':>7} {'minutes':>8} {'pts/min':>8} " \
              f"{'samples/s':>10} {'steps':>6} {'peak RSS':>9}"
     print(header)
@@ -549,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
                              "ours takes the quickstart config's)")
     parser.add_argument("--ours-lr", type=float, default=None,
                         help="our contenders' learning rate (default: their quickstart config's)")
+    parser.add_argument("--ours-env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="an env arg for our contenders (repeatable), e.g. "
+                             "env.zero_variance_keep=0.5")
     parser.add_argument("--trl-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.minutes <= 0:
@@ -556,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.trl_worker is not None:
         trl_worker(args.trl_worker, args.minutes, args.trl_lr)
         return 0
+    bad = [a for a in args.ours_env_arg if "=" not in a]
+    if bad:
+        parser.error(f"--ours-env-arg takes KEY=VALUE, got {bad}")
+    env_args = dict(a.split("=", 1) for a in args.ours_env_arg)
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown or not names:
@@ -577,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] {name}: training for {args.minutes:g} min", flush=True)
             begin = time.monotonic()
             result = (run_trl(args.minutes, work, args.trl_lr) if name == "trl"
-                      else run_ours(name, args.minutes, work, args.ours_lr))
+                      else run_ours(name, args.minutes, work, args.ours_lr, env_args))
             result["budget_minutes"] = args.minutes
             results[name] = result
             print(f"[bench] {name}: {result['steps']} steps, {result['sequences']} sequences in "

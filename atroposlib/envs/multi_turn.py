@@ -92,7 +92,7 @@ class MultiTurnEnv(SingleTurnEnv):
             add_rollout(group, episode.node, score, episode.messages)
         if not (self.send_messages or self.config.include_messages):
             group["messages"] = None
-        return self.finish_group(item, group), []
+        return self.record_group(item, self.finish_group(item, group)), []
 
     async def sample_eval_items(self) -> tuple[list[dict[str, Any]], int]:
         """One episode per eval item at ``eval_temperature``.

@@ -26,6 +26,7 @@ from atroposlib.envs.helpers import (
     new_group,
     resolve_score,
 )
+from atroposlib.envs.prompt_filter import ZeroVarianceFilter
 from atroposlib.type_definitions import Item, Message
 
 
@@ -44,6 +45,12 @@ class SingleTurnEnvConfig(BaseEnvConfig):
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
     eval_temperature: float = Field(default=0.0, ge=0, description="Evaluation temperature (0 = greedy).")
     seed: int = Field(default=0, description="Seed of ``self.rng`` (item generators, shuffles).")
+    zero_variance_keep: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Skip items whose recent groups all scored the same, before sampling them: "
+        "an item whose last k groups had zero variance is sampled with probability "
+        "zero_variance_keep**k (k <= 4), as in GRESO (arXiv:2506.02177). 1.0 = off.",
+    )
 
 
 class SingleTurnEnv(BaseEnv):
@@ -98,6 +105,8 @@ class SingleTurnEnv(BaseEnv):
         self.train_correct: list[float] = []
         self.train_scores: list[float] = []
         self.train_details: list[dict[str, Any]] = []
+        keep = float(getattr(self.config, "zero_variance_keep", 1.0))
+        self.item_filter = ZeroVarianceFilter(keep) if keep < 1.0 else None
 
     @classmethod
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
@@ -234,10 +243,26 @@ class SingleTurnEnv(BaseEnv):
         return await resolve_score(self.score(item, text))
 
     async def get_next_item(self) -> Item:
-        """The training item at the cursor; advances the cursor."""
-        item = self.train_item(self.iter)
-        self.iter += 1
-        return item
+        """The training item at the cursor; advances the cursor.
+
+        With ``zero_variance_keep < 1`` items whose recent groups all scored the same are
+        skipped with a probability (:class:`~atroposlib.envs.prompt_filter.ZeroVarianceFilter`;
+        ``train/skipped_items`` counts them).
+        """
+        def draw() -> Item:
+            item = self.train_item(self.iter)
+            self.iter += 1
+            return item
+
+        if self.item_filter is None:
+            return draw()
+        return self.item_filter.next_item(draw, self.rng)
+
+    def record_group(self, item: Item, group: ScoredDataGroup | None) -> ScoredDataGroup | None:
+        """Note a finished group's scores for the item filter; return the group unchanged."""
+        if self.item_filter is not None and group is not None:
+            self.item_filter.record(item, group["scores"])
+        return group
 
     async def collect_trajectories(
         self, item: Item
@@ -275,7 +300,7 @@ class SingleTurnEnv(BaseEnv):
             return None, []
         if not (self.send_messages or self.config.include_messages):
             group["messages"] = None
-        return self.finish_group(item, group), []
+        return self.record_group(item, self.finish_group(item, group)), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """Score the eval items (:meth:`sample_eval_items`); log and return the metrics.
@@ -319,6 +344,8 @@ class SingleTurnEnv(BaseEnv):
             metrics["train/mean_score"] = sum(self.train_scores) / len(self.train_scores)
             metrics.update(self.details_metrics(self.train_details, "train"))
             self.train_correct, self.train_scores, self.train_details = [], [], []
+        if self.item_filter is not None:
+            metrics["train/skipped_items"] = float(self.item_filter.take_skipped())
         await super().wandb_log(metrics)
 
     def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:

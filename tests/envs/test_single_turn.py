@@ -196,3 +196,61 @@ def test_a_score_of_the_wrong_type_says_what_came_back():
     assert asyncio.run(resolve_score(1)) == (1.0, {})
     with pytest.raises(TypeError, match="number or \\(number, dict of details\\), got 'yes'"):
         asyncio.run(resolve_score("yes"))
+
+
+async def test_zero_variance_keep_skips_items_whose_groups_all_scored_the_same(add_env_cls, tok_dir,
+                                                                            tmp_path, monkeypatch):
+    class TwoItems(add_env_cls):
+        async def setup(self):
+            self.train_items = [(1, 1), (5, 7)]
+
+    def reply(req):  # 1 + 1 is always solved (zero variance); 5 + 7 half the time
+        return "2" if "1 + 1" in req.prompt else ["12", "13"][req.index % 2]
+
+    def make(**overrides):
+        config = _env(TwoItems, tok_dir, tmp_path, group_size=4, **overrides).config
+        return TwoItems(config, [FakeServer(reply)])
+
+    seen = {}
+
+    async def fake_base_log(self, metrics=None):
+        seen.update(metrics or {})
+
+    monkeypatch.setattr("atroposlib.envs.base.BaseEnv.wandb_log", fake_base_log)
+    for keep, expect_skips in ((1.0, False), (0.01, True)):
+        env = make(zero_variance_keep=keep)
+        await env.setup()
+        for _ in range(2):  # one group of each item: 1 + 1 gets a zero-variance streak
+            item = await env.get_next_item()
+            group, _ = await env.collect_trajectories(item)
+            assert (len(set(group["scores"])) == 1) == (item == (1, 1))
+        drawn = [await env.get_next_item() for _ in range(20)]
+        seen.clear()
+        await env.wandb_log({})
+        if not expect_skips:  # off: the items alternate, nothing is counted
+            assert drawn == [(1, 1), (5, 7)] * 10 and "train/skipped_items" not in seen
+        else:
+            assert drawn.count((1, 1)) <= 2 and drawn.count((5, 7)) >= 18
+            assert seen["train/skipped_items"] == env.iter - 2 - len(drawn) > 0
+    # a group with a signal ends the streak: 1 + 1 is drawn again like any item
+    env.item_filter.record((1, 1), [1.0, 0.0, 1.0, 1.0])
+    assert env.item_filter.keep_probability((1, 1)) == 1.0
+
+
+def test_zero_variance_filter_streaks_are_capped_and_draws_bounded():
+    import random
+
+    from atroposlib.envs.prompt_filter import ZeroVarianceFilter
+
+    f = ZeroVarianceFilter(0.5, max_streak=2, max_draws=5)
+    for _ in range(4):
+        f.record({"q": "solved"}, [1.0, 1.0])
+    assert f.keep_probability({"q": "solved"}) == 0.25  # 0.5 ** 2, capped at max_streak
+    f.record({"q": "one reply"}, [1.0])  # a single reply is not a zero-variance group
+    assert f.keep_probability({"q": "one reply"}) == 1.0
+    draws = []
+    assert f.next_item(lambda: draws.append(1) or {"q": "solved"}, random.Random(0)) == {"q": "solved"}
+    assert len(draws) <= 5 and f.take_skipped() == len(draws) - 1 and f.take_skipped() == 0
+    for bad in ({"keep": 0.0}, {"keep": 1.5}, {"keep": 0.5, "max_streak": 0}):
+        with pytest.raises(ValueError, match="must be"):
+            ZeroVarianceFilter(**bad)
