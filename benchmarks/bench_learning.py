@@ -239,30 +239,34 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None,
 def _snapshot_sync_weights(run_dir: Path, dest: Path) -> tuple[str | None, int]:
     """Copy the weights the trainer last pushed to vLLM, never a half-written file.
 
-    The trainer writes ``vllm_weights/model.safetensors`` and then appends the step to
-    ``metrics.jsonl``; a copy is kept only if the weights file is older than the last metrics
-    line and neither changed while copying. Before the first step the starting model is the
-    policy, so nothing is copied (the evaluator then uses the bundled model).
+    The trainer rewrites ``vllm_weights/model.safetensors`` in place after each step (in a
+    background thread with ``--weight-sync-overlap``), which takes well under a second. A copy is
+    kept only if the file was last written at least a second before the copy began and did not
+    change during it; the steps finished are the lines of ``metrics.jsonl`` when it began (each
+    step's line is written right after its weights start to be written). Before the first step
+    the starting model is the policy, so nothing is copied (the evaluator then uses the bundled
+    model).
 
     Returns:
         ``(dest, steps)``: the model directory (None when no step has finished yet, the
         starting model is the policy) and the steps finished when it was copied.
 
     Raises:
-        RuntimeError: no consistent copy within about a minute.
+        RuntimeError: no consistent copy within about two minutes.
     """
     weights = run_dir / "vllm_weights" / "model.safetensors"
     metrics = run_dir / "metrics.jsonl"
-    for _ in range(200):
+    for _ in range(480):
         if not weights.exists() or not metrics.exists():
             return None, 0
-        before = (weights.stat().st_mtime_ns, metrics.stat().st_mtime_ns)
-        if before[0] <= before[1]:
+        before = weights.stat().st_mtime_ns
+        if time.time_ns() - before >= 1_000_000_000:
+            steps = len(_read(metrics).splitlines())
             dest.mkdir(parents=True, exist_ok=True)
             shutil.copy2(weights, dest / "model.safetensors")
             shutil.copy2(run_dir / "vllm_weights" / "config.json", dest / "config.json")
-            if (weights.stat().st_mtime_ns, metrics.stat().st_mtime_ns) == before:
-                return str(dest), len(_read(metrics).splitlines())
+            if weights.stat().st_mtime_ns == before:
+                return str(dest), steps
         time.sleep(0.25)
     raise RuntimeError(f"could not take a consistent copy of {weights}")
 
