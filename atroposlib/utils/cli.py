@@ -236,10 +236,19 @@ class ArgumentParser(argparse.ArgumentParser):
     ``--env.*`` flags) is shortened to ``usage: prog [-h] [flags]``. Every atroposlib
     command line builds its parser from this class (Python 3.14's ``suggest_on_error`` is not
     available on 3.11). Subparsers inherit it.
+
+    Flags must be spelled out: argparse's prefix matching (``--por`` for ``--port``) is off,
+    so a typo is reported with the flag it resembles instead of being taken silently, and a
+    script keeps its meaning when a later release adds a flag that shares the prefix. Pass
+    ``allow_abbrev=True`` to turn it back on.
     """
 
     #: Usages longer than this many lines are shortened in error messages.
     max_usage_lines = 6
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         """Print ``prog: error: message`` (with did-you-mean hints), then the usage; exit 2."""

@@ -143,6 +143,12 @@ TYPOS = {
                         "unknown flag --num-seq-to-save; did you mean --num-seqs-to-save?"),
     "atropos-launch": (_script("atropos-launch", "missing.yaml", "--run-dr", "x"),
                        "unknown flag --run-dr; did you mean --run-dir?"),
+    # a prefix of a flag is a typo, not the flag: argparse's abbreviation matching is off
+    "run-api prefix": (_script("run-api", "--por", "8000"), "unknown flag --por; did you mean --port?"),
+    "env script prefix": ([*ENV_SCRIPT, "serve", "--env.group_siz", "8"],
+                          "unknown flag --env.group_siz; did you mean --env.group_size?"),
+    "atropos-grpo prefix": (_script("atropos-grpo", "--training-step", "3"),
+                            "unknown flag --training-step; did you mean --training-steps?"),
     # the output file is a positional argument: no flag is suggested for it, the positional is
     "atropos-sft-gen --output": (_script("atropos-sft-gen", "--output", "out.jsonl"),
                                  "unknown flag --output; the output JSONL file is the positional "
