@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console script ``atropos-grpo``: parse flags (``--help`` lists them) and train.
 
     Returns:
-        0 when every step (or the time budget) ran, 1 otherwise, 2 for a bad flag, layout,
-        ``--resume`` directory or pre-flight check (one line each on stderr, no traceback).
+        :func:`exit_code` of the run's summary (0 when every step or the time budget ran, 130
+        after Ctrl-C, 143 after SIGTERM, 1 otherwise); 2 for a bad flag, layout, ``--resume``
+        directory or pre-flight check (one line each on stderr, no traceback).
     """
     from pydantic import ValidationError
     from pydantic_settings import CliApp, CliSettingsSource
@@ -67,8 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # pre-flight, batch layout, --fsdp, --resume: the message is the fix
         print(f"atropos-grpo: {exc}", file=sys.stderr)
         return 2
-    finished = summary.get("steps") == config.training_steps or summary.get("stopped_by_time_budget")
-    return 0 if finished and summary.get("steps") else 1
+    return exit_code(summary, config.training_steps)
+
+
+def exit_code(summary: dict[str, Any], training_steps: int) -> int:
+    """The trainer's exit status for a run's summary (the dict :func:`train` returns).
+
+    0 when at least one step ran and every step (or the ``--max-train-seconds`` budget) did;
+    otherwise ``128 + N`` when a signal N asked the run to stop (130 for Ctrl-C, 143 for
+    SIGTERM: what a shell reports for a process that signal ended, and what ``atropos-launch``
+    and the env CLI exit with on Ctrl-C); otherwise 1.
+    """
+    finished = summary.get("steps") == training_steps or summary.get("stopped_by_time_budget")
+    if finished and summary.get("steps"):
+        return 0
+    signum = summary.get("stop_signal")
+    return 128 + int(signum) if summary.get("stopped") == "stop_requested" and signum else 1
 
 
 def train(config: TrainerConfig) -> dict[str, Any]:
@@ -391,6 +406,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             final_checkpoint=str(last_checkpoint) if last_checkpoint and last_checkpoint.name == "final" else None,
             last_checkpoint=str(last_checkpoint) if last_checkpoint else None,
             stopped=stopped, error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
+            stop_signal=stop.signum if stopped == "stop_requested" else None,
             stopped_by_time_budget=out_of_time, eval_seconds=eval_seconds,
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
@@ -531,6 +547,8 @@ class _StopFlag:
     """Whether a stop was requested; :meth:`restore` puts back the signal handlers it replaced."""
 
     requested = False
+    #: the signal that requested the stop (None: none did)
+    signum: int | None = None
 
     def __init__(self) -> None:
         self.previous: dict[int, Any] = {}
@@ -570,7 +588,7 @@ def _install_stop_handler() -> _StopFlag:
     def handler(signum: int, frame: Any) -> None:
         if flag.requested:
             raise KeyboardInterrupt
-        flag.requested = True
+        flag.requested, flag.signum = True, int(signum)
         print(f"[grpo] got signal {signum}: stopping after this step (again to abort)", flush=True)
 
     for sig in (signal.SIGINT, signal.SIGTERM):

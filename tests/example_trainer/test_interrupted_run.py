@@ -53,6 +53,9 @@ def test_a_run_ended_after_one_step_says_how_and_what_it_saved(tiny_model, run_a
     assert len(calls) == 2
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["stopped"] == ending
+    # atropos-grpo's exit status: 130 after Ctrl-C, like atropos-launch and the env CLI; 1 otherwise
+    expected = (signal.SIGINT, 128 + signal.SIGINT) if ending == "stop_requested" else (None, 1)
+    assert (summary["stop_signal"], grpo.exit_code(summary, config.training_steps)) == expected
     assert summary["stopped_by_time_budget"] is False
     # the loop ran one step before it ended: its time is counted up to the interruption
     assert 0 < summary["train_loop_seconds"] <= summary["wall_seconds"]
