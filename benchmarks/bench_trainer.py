@@ -8,6 +8,10 @@ Prints tokens/s and seconds per step for each setting, and ratios against the fi
     python benchmarks/bench_trainer.py --batch-size 32 --seq-len 64 --micro-batch-size 16 --repeats 2
     python benchmarks/bench_trainer.py --batch-size 16 --seq-len 80 --prompt-len 45 --micro-batch-size 16 \
         --attn eager --last-layers 10 --threads 1,2 --logits-tail 0,1 --mixed-precision no,bf16
+    # the group's prompt once (groups of 8 sharing a 46-token prompt) against once per rollout
+    python benchmarks/bench_trainer.py --batch-size 16 --seq-len 70 --prompt-len 46 --group-size 8 \
+        --micro-batch-size 16 --attn eager --last-layers 10 --threads 1 --logits-tail 1 \
+        --mixed-precision bf16 --shared-prefix 0,1 --repeats 3
 
     # across processes (torchrun, FSDP2; gloo on the CPU) and LoRA against full fine-tuning:
     # every setting trains the same batches; adds the peak memory of each process
@@ -42,11 +46,15 @@ from example_trainer.loss import grpo_loss
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def synthetic(batch_size: int, seq_len: int, prompt_len: int, vocab: int) -> list[TrainSequence]:
+def synthetic(batch_size: int, seq_len: int, prompt_len: int, vocab: int,
+              group_size: int = 1) -> list[TrainSequence]:
+    """Random sequences; each run of ``group_size`` rows shares its prompt, as a GRPO group does."""
     g = torch.Generator().manual_seed(0)
     out = []
     for i in range(batch_size):
         ids = torch.randint(0, vocab, (seq_len,), generator=g).tolist()
+        if i % group_size:
+            ids[:prompt_len] = out[-1].input_ids[:prompt_len]
         labels = [-100] * prompt_len + ids[prompt_len:]
         out.append(TrainSequence(ids[:-1], labels[1:], [1.0 if i % 2 else -1.0] * (seq_len - 1),
                                  [float("nan")] * (seq_len - 1), None, 1.0, float(i % 2)))
@@ -54,18 +62,19 @@ def synthetic(batch_size: int, seq_len: int, prompt_len: int, vocab: int) -> lis
 
 
 def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0,
-             mixed_precision: str = "no", tail: bool = False) -> float:
+             mixed_precision: str = "no", tail: bool = False, shared_prefix: bool = False) -> float:
     """One optimizer step over ``micro_batches`` as the trainer takes it; returns the seconds.
 
     ``mixed_precision="bf16"`` runs forward and backward under bf16 autocast; ``tail`` runs the LM
-    head only from the first trained position on (``logits_to_keep``), as ``atropos-grpo`` does.
+    head only from the first trained position on (``logits_to_keep``), as ``atropos-grpo`` does;
+    ``shared_prefix`` runs a group's shared prompt once (needs ``tail``).
     """
     begin = time.perf_counter()
     autocast = torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
                               enabled=mixed_precision == "bf16")
     for mb in micro_batches:
         keep, mb = mb.trained_tail() if tail else (0, mb)
-        logits = policy_logits(model, mb, keep, autocast)
+        logits = policy_logits(model, mb, keep, autocast, shared_prefix)
         (grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs, num_sequences=n).loss * scale).backward()
     torch.nn.utils.clip_grad_norm_(list(model.parameters()) if params is None else params, 1.0)
     optimizer.step()
@@ -91,17 +100,20 @@ def in_process(args: argparse.Namespace) -> list[dict]:
         if last:
             freeze_all_but_last_layers(model, last)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-7)
-        seqs = synthetic(args.batch_size, args.seq_len, args.prompt_len, len(tok))
-        mbs = [mb.to(device) for mb in make_micro_batches(seqs, args.micro_batch_size, 0, 16)]
-        tokens = sum(int(mb.attention_mask.sum()) for mb in mbs)
-        runs = [(int(t), bool(int(tail)), mp) for tail in args.logits_tail.split(",")
-                for mp in args.mixed_precision.split(",") for t in args.threads.split(",")]
-        for threads, tail, mp in runs:
+        seqs = synthetic(args.batch_size, args.seq_len, args.prompt_len, len(tok), args.group_size)
+        runs = [(int(t), bool(int(tail)), mp, bool(int(sp))) for tail in args.logits_tail.split(",")
+                for mp in args.mixed_precision.split(",") for t in args.threads.split(",")
+                for sp in args.shared_prefix.split(",")]
+        for threads, tail, mp, shared in runs:
+            mbs = [mb.to(device) for mb in make_micro_batches(seqs, args.micro_batch_size, 0, 16,
+                                                              by_prefix=shared)]
+            tokens = sum(int(mb.attention_mask.sum()) for mb in mbs)  # the batch's real tokens
             torch.set_num_threads(threads)
-            kwargs = {"mixed_precision": mp, "tail": tail}
+            kwargs = {"mixed_precision": mp, "tail": tail or shared, "shared_prefix": shared}
             one_step(model, optimizer, mbs, len(seqs), **kwargs)  # warm-up (first call allocates)
             best = min(one_step(model, optimizer, mbs, len(seqs), **kwargs) for _ in range(args.repeats))
-            name = f"{attn} threads={threads} layers={last or 'all'} tail={int(tail)} mp={mp}"
+            name = (f"{attn} threads={threads} layers={last or 'all'} tail={int(tail or shared)} mp={mp}"
+                    f" shared_prefix={int(shared)}")
             rows.append({"name": name, "seconds_per_step": best, "tokens_per_second": tokens / best})
             print(f"{name}: {best:.2f} s/step, {tokens / best:.0f} tokens/s "
                   f"({args.batch_size}x{args.seq_len} tokens, micro {args.micro_batch_size})", flush=True)
@@ -205,6 +217,10 @@ def main() -> None:
     parser.add_argument("--logits-tail", default="0", help="comma-separated 0/1: LM head only over "
                         "the positions from the first trained token on (atropos-grpo does this)")
     parser.add_argument("--mixed-precision", default="no", help="comma-separated no/bf16 (bf16 autocast)")
+    parser.add_argument("--group-size", type=int, default=1, help="rows per group sharing a prompt "
+                        "(the first --prompt-len tokens), as GRPO groups do")
+    parser.add_argument("--shared-prefix", default="0", help="comma-separated 0/1: run each "
+                        "group's shared prompt once (atropos-grpo's default; implies the tail)")
     parser.add_argument("--processes", default=None,
                         help="comma-separated process counts (e.g. 1,2): compare across processes "
                              "with FSDP2 instead of the in-process settings")

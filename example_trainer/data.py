@@ -10,6 +10,7 @@ is shifted by one: ``input = tokens[:-1]``, ``labels = masks[1:]``, ``old = logp
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -332,6 +333,7 @@ def make_micro_batches(
     micro_batch_size: int,
     pad_token_id: int = 0,
     pad_multiple: int = 32,
+    by_prefix: bool = False,
 ) -> list[MicroBatch]:
     """Split sequences into padded micro-batches, grouping similar lengths to waste less padding.
 
@@ -340,6 +342,10 @@ def make_micro_batches(
         micro_batch_size: sequences per forward/backward pass (>= 1).
         pad_token_id: padding id for inputs.
         pad_multiple: each micro-batch's length is a multiple of this.
+        by_prefix: order by untrained prefix first (then length), so that the rollouts of a
+            group, which share their prompt, land in the same micro-batch (for the shared-prefix
+            forward); larger groups come first, so groups of ``micro_batch_size / k`` rows each
+            fill micro-batches without being split.
 
     Returns:
         ``ceil(len(sequences) / micro_batch_size)`` micro-batches covering every sequence once.
@@ -349,7 +355,17 @@ def make_micro_batches(
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    order = sorted(range(len(sequences)), key=lambda k: len(sequences[k].input_ids))
+    def prefix(seq: TrainSequence) -> list[int]:
+        first = next((j for j, label in enumerate(seq.labels) if label != IGNORE_INDEX), len(seq.labels))
+        return seq.input_ids[:first]
+
+    if by_prefix:  # largest groups first, so groups of equal size fill micro-batches whole
+        prefixes = [tuple(prefix(seq)) for seq in sequences]
+        size = Counter(prefixes)
+        order = sorted(range(len(sequences)),
+                       key=lambda k: (-size[prefixes[k]], prefixes[k], len(sequences[k].input_ids)))
+    else:
+        order = sorted(range(len(sequences)), key=lambda k: len(sequences[k].input_ids))
     ordered = [sequences[k] for k in order]
     return [
         collate(ordered[start : start + micro_batch_size], pad_token_id, pad_multiple)

@@ -196,6 +196,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         return metrics
     reference = None  # frozen starting policy for the KL term, loaded on first need
     keep_logits = accepts_logits_to_keep(model)
+    # one prompt forward per group: needs logits_to_keep and a KV cache, and equal forwards on
+    # every rank (FSDP collectives), so not sharded or with gradient checkpointing
+    share_prefix = (config.shared_prefix and keep_logits and not dist.enabled
+                    and not config.gradient_checkpointing)
+    if config.shared_prefix and not share_prefix and dist.is_main:
+        print("[grpo] shared_prefix: off (FSDP or gradient checkpointing): every rollout runs "
+              "its whole prompt", flush=True)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.mixed_precision == "bf16")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -289,7 +296,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             sequences, stats = batch_to_sequences(batch, config.max_token_len,
                                                   config.scale_advantages)
             micro_batches = make_micro_batches(sequences, config.micro_batch_size, pad_id,
-                                               config.pad_multiple)
+                                               config.pad_multiple, by_prefix=share_prefix)
             step_tokens = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in micro_batches)
 
             # ---------------------------------------------------------- 2. loss and backward
@@ -304,12 +311,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             for mb in micro_batches:
                 # the LM head runs only where completions are: prompt positions carry no loss
                 keep, mb = mb.to(device).trained_tail() if keep_logits else (0, mb.to(device))
-                logits = policy_logits(model, mb, keep, autocast)
+                logits = policy_logits(model, mb, keep, autocast, share_prefix)
                 ref_lp = mb.ref_logprobs
                 # rows the env sent none for; sharded, every rank runs the (collective) forward
                 if config.kl_coef > 0 and reference is not None and (dist.enabled or _needs_reference(mb)):
                     with torch.no_grad():
-                        ref_logits = policy_logits(reference, mb, keep, autocast)
+                        ref_logits = policy_logits(reference, mb, keep, autocast, share_prefix)
                         model_ref = token_logprobs(ref_logits, mb.labels, mb.temperatures)
                     ref_lp = model_ref if ref_lp is None else torch.where(
                         torch.isnan(ref_lp), model_ref, ref_lp)
@@ -440,7 +447,7 @@ def load_policy(model_dir: str, device: Any, dtype: Any, attn_implementation: st
     return model.to(device), tokenizer
 
 
-def policy_logits(model: Any, mb: Any, keep: int, autocast: Any) -> Any:
+def policy_logits(model: Any, mb: Any, keep: int, autocast: Any, shared_prefix: bool = False) -> Any:
     """fp32 next-token logits of a micro-batch, as the loss consumes them.
 
     Args:
@@ -449,10 +456,17 @@ def policy_logits(model: Any, mb: Any, keep: int, autocast: Any) -> Any:
         keep: 0 for every position, else the last ``keep`` only (``logits_to_keep``; pass the
             micro-batch returned by :meth:`~example_trainer.data.MicroBatch.trained_tail`).
         autocast: a ``torch.autocast`` context (disabled for full precision).
+        shared_prefix: run each prompt shared by several rows once
+            (:func:`~example_trainer.shared_prefix.shared_prefix_logits`; the logits of
+            untrained positions are then 0).
 
     Returns:
         ``[B, T or keep, V]`` float32 logits.
     """
+    if shared_prefix:
+        from example_trainer.shared_prefix import shared_prefix_logits
+
+        return shared_prefix_logits(model, mb, keep, autocast)
     with autocast:
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                     **({"logits_to_keep": keep} if keep else {}))
