@@ -86,7 +86,9 @@ class BaseEnvConfig(BaseModel):
     max_batches_offpolicy: int = Field(
         default=3,
         description="Stop spawning rollouts while the API queue holds this many batches "
-        "(bounds off-policy lag); <= 0 disables.",
+        "(bounds off-policy lag); rollouts in flight count as the share of recent rollouts that "
+        "gave a usable group, so groups dropped for equal scores do not hold places; <= 0 "
+        "disables.",
     )
     tokenizer_name: str | None = Field(
         default=None,

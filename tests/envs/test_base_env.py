@@ -9,6 +9,7 @@ import pytest
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.groups import aggregate_items
 from atroposlib.envs.run_state import RunState
+from atroposlib.envs.runtime.serve import inflight_cap
 from atroposlib.envs.runtime.sinks import WandbSink
 from atroposlib.envs.serve import offpolicy_room
 from atroposlib.errors import RolloutError
@@ -130,6 +131,16 @@ def test_offpolicy_room():
     assert offpolicy_room(full, 16, 4, 3, None) < 0
     # A reserved share of every batch keeps a floor even when the queue is full of others' data.
     assert offpolicy_room({**full, "self_queue_size": 0, "unallocated_fraction": 0.5}, 16, 4, 3, 0.5) > 0
+
+
+def test_inflight_cap_counts_rollouts_by_their_recent_yield():
+    assert inflight_cap(4, []) == 4  # nothing known yet: one group per rollout, as before
+    assert inflight_cap(4, [1] * 10) == 4
+    assert inflight_cap(4, [1, 0, 0, 0]) == 16  # 3 in 4 dropped: 4 rollouts make one group
+    assert inflight_cap(4, [0] * 32) == 32  # floor of 1/8 group a rollout: at most 8x the room
+    assert inflight_cap(4, [2, 2]) == 4  # a rollout giving 2 groups keeps the old bound
+    assert inflight_cap(3, [1, 0]) == 6
+    assert inflight_cap(0, [0, 0]) == 0 and inflight_cap(-2, [1]) == 0  # a full window stays full
 
 
 async def test_wandb_logging_offline(tiny_tokenizer, tmp_path, monkeypatch):

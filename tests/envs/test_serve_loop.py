@@ -130,6 +130,39 @@ async def test_spawning_pauses_at_the_offpolicy_limit_without_cancelling(run_api
     await trainer.aclose()
 
 
+class MostlySameScoresEnv(ChatLengthEnv):
+    """Three items in four give a group whose scores are all equal (dropped before sending)."""
+
+    async def collect_trajectories(self, item):
+        group, backlog = await super().collect_trajectories(item)
+        if int(item.split()[-1].rstrip("?")) % 4:
+            group["scores"] = [0.0] * len(group["scores"])
+        return group, backlog
+
+
+async def test_dropped_groups_do_not_hold_places_in_the_offpolicy_window(run_api, tiny_tokenizer, tmp_path):
+    """With 3 in 4 groups dropped, more rollouts run at once than the window has groups."""
+    server = FakeServer(latency=0.3)
+    config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
+                           max_batches_offpolicy=1, max_num_workers=8)
+    env = MostlySameScoresEnv(config, [server])
+    env.tokenizer = tiny_tokenizer
+    trainer = await _trainer(run_api.url, tmp_path, batch_size=8)  # window: 8 / 4 = 2 groups
+    loop = ServeLoop(env, status_interval=0.1)
+    serving = asyncio.create_task(loop.run())
+    most = 0
+    async with asyncio.timeout(60):
+        while env.stats["groups_dropped_same_scores"] < 12 or most <= 2:
+            most = max(most, len(loop.workers))
+            if (await trainer.status())["queue_size"] >= 2:
+                await trainer.get_batch()  # keep room in the window, as a trainer would
+            await asyncio.sleep(0.02)
+    assert most > 2  # counted as whole groups, at most 2 would run at once
+    loop.stop_event.set()
+    await serving
+    await trainer.aclose()
+
+
 async def test_shutdown_with_the_api_down_is_bounded_and_counts_unsent(tiny_tokenizer, tmp_path):
     from tests.fixtures.api_server import start_run_api
 

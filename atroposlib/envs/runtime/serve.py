@@ -6,7 +6,9 @@ The loop (with upstream's weaknesses fixed):
   start"), reads ``GET /info``, then polls ``GET /status-env`` every ``status_interval`` s with
   ONE reused HTTP client;
 * keeps at most ``max_num_workers`` rollout groups in flight and stops SPAWNING (never
-  cancels) while the API queue plus our unsent groups reach ``max_batches_offpolicy`` batches;
+  cancels) while the API queue plus our unsent groups reach ``max_batches_offpolicy`` batches,
+  counting each rollout in flight as the groups that recent rollouts yielded
+  (:func:`inflight_cap`: dropped all-same-score groups do not hold the window's place);
 * finished groups go to a bounded local outbox; one sender task posts them with retries and
   backoff (gzip via the client) and keeps them through API outages; when the API has forgotten
   this env (404, e.g. after a restart) it re-registers and resends; every post of one group
@@ -53,6 +55,8 @@ from atroposlib.errors import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from atroposlib.envs.base import BaseEnv
 
 logger = logging.getLogger(__name__)
@@ -116,6 +120,40 @@ def offpolicy_room(
     return room
 
 
+YIELD_WINDOW = 32
+"""Finished rollouts that :func:`inflight_cap`'s yield estimate looks back on."""
+
+
+def inflight_cap(room: int, recent_yields: Sequence[int], min_yield: float = 0.125) -> int:
+    """Rollouts that may be in flight when ``room`` more groups fit the staleness window.
+
+    A rollout in flight does not always become a group: with ``ensure_scores_are_not_same``
+    (DAPO's dynamic sampling, Yu et al. 2025, arXiv:2503.14476, section 3.2) groups whose
+    scores are all equal are dropped, often most of them once a policy is good. Counting each
+    rollout in flight as a whole group then starves the trainer: with 2 batches of room and 70%
+    dropped, barely one useful group is sampled at a time. So each rollout counts as the mean
+    number of usable groups that the recent rollouts yielded, and the expected number of groups
+    stays within the window::
+
+        cap = floor(room / max(mean(recent_yields), min_yield))     (room if no yield is known)
+
+    Args:
+        room: groups that still fit the window (:func:`offpolicy_room`); <= 0 gives 0.
+        recent_yields: usable groups per recently finished rollout (newest last); rollouts
+            whose inference failed are not in it.
+        min_yield: the smallest yield assumed (bounds the cap at ``room / min_yield``).
+
+    Returns:
+        The most rollouts to keep in flight (``max_num_workers`` still bounds it).
+    """
+    if room <= 0:
+        return 0
+    if not recent_yields:
+        return room
+    expected = max(sum(recent_yields) / len(recent_yields), min_yield)
+    return max(room, math.floor(room / expected))
+
+
 class ServeLoop:
     """Runs one env in serve mode (see module docstring). ``await ServeLoop(env).run()``."""
 
@@ -156,6 +194,7 @@ class ServeLoop:
         self.outbox: asyncio.Queue = self.state.outbox.queue
         self.backlog: deque[Any] = deque()
         self.workers: dict[asyncio.Task, tuple[Any, float]] = {}
+        self.recent_yields: deque[int] = deque(maxlen=YIELD_WINDOW)  # usable groups per rollout
         self.eval_task: asyncio.Task | None = None
         self.sender_task: asyncio.Task | None = None
         self.sending: dict[str, Any] | None = None
@@ -373,6 +412,8 @@ class ServeLoop:
         ROLLOUT_POLICY_VERSION.set(self.state.curr_step)
         try:
             outcome = await self._collect(item)
+            if outcome.reason is not Skip.INFERENCE:
+                self.recent_yields.append(len(outcome.groups))
             self.backlog.extend(outcome.backlog)
             if outcome.groups:
                 await env.handle_send_to_api(outcome.groups, item)
@@ -433,8 +474,8 @@ class ServeLoop:
                 self.config.min_batch_allocation,
                 unsent_groups=self.outbox.qsize() + self.sent_since_status,
             )
-            if room is not None:
-                cap = min(cap, max(0, room))
+            if room is not None:  # rollouts count by how many groups they recently yielded
+                cap = min(cap, inflight_cap(room, self.recent_yields))
         return cap
 
     async def spawn_workers(self) -> None:
