@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser
+from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser, HelpFormatter
 
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: view-run does not register"
 _ALL = "all envs"
@@ -38,17 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
         "page (Gradio): chat messages, scores, summary statistics, a per-env filter, sorting and "
         "filtering by mean score, refresh and auto refresh. Reads "
         "the API's read-only GET /observe tap, so it does not take data from the trainer.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--api-url", default=DEFAULT_API_URL, help="base URL of run-api")
     parser.add_argument("--api-key", default=None,
-                        help="bearer token of run-api; None falls back to $ATROPOS_API_KEY")
+                        help="bearer token of run-api (not given: $ATROPOS_API_KEY)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface the page listens on (the page has no login: keep it local)")
     parser.add_argument("--port", type=int, default=9001, help="port of the page")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer (hub id or local dir) to decode groups that carry no chat "
-                        "messages; None shows token counts")
+                        "messages (not given: token counts are shown)")
     parser.add_argument("--refresh-seconds", type=float, default=2.0,
                         help="auto-refresh period of the page")
     parser.add_argument("--max-groups", type=int, default=200,
