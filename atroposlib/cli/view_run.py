@@ -219,11 +219,31 @@ def build_ui(feed: Any, decoder: Any = None, *, api_url: str = "", refresh_secon
     return demo
 
 
+def preflight_problems(args: argparse.Namespace) -> list[str]:
+    """What keeps ``view-run`` from starting, one line each with its fix (empty: nothing).
+
+    Checked in seconds, before Gradio is imported: a ``--tokenizer`` path that does not exist,
+    a ``--port`` already in use, and a run-api that does not answer at ``--api-url``.
+    """
+    from atroposlib.utils import preflight as pf
+
+    problems = [
+        pf.check_model_path(args.tokenizer, "--tokenizer", "tokenizer") if args.tokenizer else None,
+        pf.check_port_free(args.host, args.port, f"another view-run? stop it or pass --port {args.port + 1}"),
+        pf.check_run_api(args.api_url, "--api-url"),
+    ]
+    return [p for p in problems if p]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``view-run``; see ``view-run --help``."""
     args = build_parser().parse_args(argv)
     if args.refresh_seconds <= 0:
         print("view-run: error: --refresh-seconds must be > 0", file=sys.stderr)
+        return 2
+    problems = preflight_problems(args)
+    if problems:
+        print("\n".join(f"view-run: error: {p}" for p in problems), file=sys.stderr)
         return 2
     from atroposlib.api.client import AtroposClient
     from atroposlib.frontend.render import CSS

@@ -104,15 +104,17 @@ def _validate(args: argparse.Namespace, kind: str) -> None:
 
 
 def _preflight(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Fail at once on a missing ``--tokenizer`` directory.
+    """Fail at once, with the fix, on a missing ``--tokenizer`` directory or an unreachable run-api.
 
-    An unreachable API is reported by the first poll already. The default tokenizer is only needed for token-only groups, so only one given on the
+    The default tokenizer is only needed for token-only groups, so only one given on the
     command line is checked here.
     """
     from atroposlib.utils import preflight as pf
 
+    problems = [pf.check_run_api(args.api_url, "--api-url")]
     if args.tokenizer != parser.get_default("tokenizer"):
-        pf.raise_on_problems([pf.check_model_path(args.tokenizer, "--tokenizer", "tokenizer")])
+        problems.insert(0, pf.check_model_path(args.tokenizer, "--tokenizer", "tokenizer"))
+    pf.raise_on_problems(problems)
 
 
 def run(kind: str, argv: list[str] | None = None) -> int:
