@@ -68,7 +68,7 @@ class TrainerConfig(BaseSettings):
                                       "(null: torch's choice).")
     train_last_layers: int | None = Field(default=None, ge=1, description="Train only the last "
                                           "N decoder layers and the final norm (embeddings and "
-                                          "the LM head frozen); None trains everything. Cuts "
+                                          "the LM head frozen); null trains everything. Cuts "
                                           "backward time on CPU.")
     lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains the full model. With "
                         "train_last_layers only those layers get adapters.")
@@ -112,7 +112,7 @@ class TrainerConfig(BaseSettings):
     max_staleness: int | None = Field(default=None, ge=0, description="Sent with /register: "
                                       "run-api drops groups whose policy_version is more than "
                                       "this many steps behind the current step (overrides "
-                                      "run-api --max-staleness). None: run-api's setting.")
+                                      "run-api --max-staleness). null: run-api's setting.")
 
     # ---------------------------------------------------------------- optimisation
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "
@@ -120,7 +120,7 @@ class TrainerConfig(BaseSettings):
     max_train_seconds: float | None = Field(default=None, gt=0, description="Time budget of the "
                                             "training loop (from registration to the last step): "
                                             "no step starts that would end past it, judged by the "
-                                            "previous step's duration. None: no limit.")
+                                            "previous step's duration. null: no limit.")
     batch_size: int = Field(default=32, ge=1, description="Sequences per step (registered with "
                             "the API; a multiple of the envs' group_size).")
     micro_batch_size: int = Field(default=8, ge=1, description="Sequences per forward/backward "
@@ -143,13 +143,13 @@ class TrainerConfig(BaseSettings):
         "token mean over the step. Formulas and papers in example_trainer/loss.py.")
     clip_eps_low: float | None = Field(default=None, gt=0, description="Lower clip range (ratio "
                                        "clipped at 1 - clip_eps_low; for cispo >= 1 means no "
-                                       "lower bound); None: clip_eps.")
+                                       "lower bound); null: clip_eps.")
     clip_eps_high: float | None = Field(default=None, gt=0, description="Upper clip range (ratio "
                                         "clipped at 1 + clip_eps_high; DAPO uses 0.28 with 0.2 "
-                                        "below); None: clip_eps.")
+                                        "below); null: clip_eps.")
     dr_grpo_length: int | None = Field(default=None, ge=1, description="The constant L that "
                                        "dr_grpo divides each sequence's token-loss sum by; "
-                                       "None: max_token_len.")
+                                       "null: max_token_len.")
     scale_rewards: Literal["auto", "group", "none"] = Field(
         default="auto", description="Advantages from scores: group = (s - mean) / std within the "
         "group; none = s - mean (Dr. GRPO); auto = none for dr_grpo, group otherwise. Per-token "

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from atroposlib.api.settings import SETTINGS_ENV, ApiSettings
-from atroposlib.utils.cli import ArgumentParser
+from atroposlib.utils.cli import ArgumentParser, HelpFormatter
 
 
 def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="run-api",
         description="Run the atroposlib trajectory API (Atropos 0.4 compatible) in the foreground.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     for name, info in ApiSettings.model_fields.items():
         flag = "--" + name.replace("_", "-")

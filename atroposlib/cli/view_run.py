@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser
+from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser, HelpFormatter
 
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: view-run does not register"
 _ALL = "all envs"
@@ -38,17 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
         "page (Gradio): chat messages, scores, summary statistics, a per-env filter, sorting and "
         "filtering by mean score, refresh and auto refresh. Reads "
         "the API's read-only GET /observe tap, so it does not take data from the trainer.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--api-url", default=DEFAULT_API_URL, help="base URL of run-api")
     parser.add_argument("--api-key", default=None,
-                        help="bearer token of run-api; None falls back to $ATROPOS_API_KEY")
+                        help="bearer token of run-api (not given: $ATROPOS_API_KEY)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface the page listens on (the page has no login: keep it local)")
     parser.add_argument("--port", type=int, default=9001, help="port of the page")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer (hub id or local dir) to decode groups that carry no chat "
-                        "messages; None shows token counts")
+                        "messages (not given: token counts are shown)")
     parser.add_argument("--refresh-seconds", type=float, default=2.0,
                         help="auto-refresh period of the page")
     parser.add_argument("--max-groups", type=int, default=200,
@@ -219,11 +219,31 @@ def build_ui(feed: Any, decoder: Any = None, *, api_url: str = "", refresh_secon
     return demo
 
 
+def preflight_problems(args: argparse.Namespace) -> list[str]:
+    """What keeps ``view-run`` from starting, one line each with its fix (empty: nothing).
+
+    Checked in seconds, before Gradio is imported: a ``--tokenizer`` path that does not exist,
+    a ``--port`` already in use, and a run-api that does not answer at ``--api-url``.
+    """
+    from atroposlib.utils import preflight as pf
+
+    problems = [
+        pf.check_model_path(args.tokenizer, "--tokenizer", "tokenizer") if args.tokenizer else None,
+        pf.check_port_free(args.host, args.port, f"another view-run? stop it or pass --port {args.port + 1}"),
+        pf.check_run_api(args.api_url, "--api-url"),
+    ]
+    return [p for p in problems if p]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``view-run``; see ``view-run --help``."""
     args = build_parser().parse_args(argv)
     if args.refresh_seconds <= 0:
         print("view-run: error: --refresh-seconds must be > 0", file=sys.stderr)
+        return 2
+    problems = preflight_problems(args)
+    if problems:
+        print("\n".join(f"view-run: error: {p}" for p in problems), file=sys.stderr)
         return 2
     from atroposlib.api.client import AtroposClient
     from atroposlib.frontend.render import CSS

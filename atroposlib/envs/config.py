@@ -94,7 +94,7 @@ class BaseEnvConfig(BaseModel):
         default=None,
         validate_default=True,
         description="HF tokenizer name or local directory (loaded offline when "
-        "HF_HUB_OFFLINE=1). None (the default): the bundled SmolLM2-135M-Instruct directory "
+        "HF_HUB_OFFLINE=1). null (the default): the bundled SmolLM2-135M-Instruct directory "
         "($ATROPOS_CACHE_DIR or ~/.cache/atroposlib, then bundled/SmolLM2-135M-Instruct; "
         "`atropos-bundled-model` prepares it). Set it to the tokenizer of the model your "
         "inference server serves.",

@@ -7,6 +7,7 @@ one definition of what a valid group is.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
@@ -265,7 +266,30 @@ def completion_lengths(group: ScoredDataGroup) -> list[int]:
     return [sum(1 for m in masks if m != IGNORE_INDEX) for masks in group["masks"]]
 
 
+#: Key inside ``group_overrides`` holding a group's reference answer, which the rollout views
+#: (``process``'s HTML, ``view-run``) show above the completions. Stock trainers ignore it.
+REFERENCE_KEY = "reference_answer"
+
+
+def set_reference_answer(group: ScoredDataGroup, answer: Any) -> ScoredDataGroup:
+    """Record ``answer`` as ``group``'s reference answer (``group_overrides["reference_answer"]``).
+
+    ``group_overrides`` is the one group-level field that ``run-api`` keeps and serves, so both
+    the ``process`` files and ``view-run`` see it. A string is kept as is; any other value is
+    written as JSON text (``7``, ``["a", "b"]``). ``None`` leaves the group unchanged.
+
+    Returns:
+        ``group`` (changed in place).
+    """
+    if answer is None:
+        return group
+    text = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False, default=str)
+    group["group_overrides"] = {**(group.get("group_overrides") or {}), REFERENCE_KEY: text}
+    return group
+
+
 __all__ = [
+    "REFERENCE_KEY",
     "ITEM_LIST_FIELDS",
     "OPTIONAL_GROUP_KEYS",
     "ScoredDataGroup",
@@ -275,5 +299,6 @@ __all__ = [
     "gather_rollouts",
     "normalise_group",
     "reject_reason",
+    "set_reference_answer",
     "valid_groups",
 ]

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.groups import set_reference_answer
 from atroposlib.envs.helpers import (
     ScoreResult,
     add_rollout,
@@ -300,6 +301,7 @@ class SingleTurnEnv(BaseEnv):
             return None, []
         if not (self.send_messages or self.config.include_messages):
             group["messages"] = None
+        set_reference_answer(group, self.answer(item))
         return self.record_group(item, self.finish_group(item, group)), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:

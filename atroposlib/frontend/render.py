@@ -24,13 +24,13 @@ from typing import Any
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from atroposlib.envs.groups import REFERENCE_KEY  # top level, or inside group_overrides
+
 _TEMPLATES = Path(__file__).with_name("templates")
 
 #: The stylesheet of every rendered view (embedded in ``jsonl2html`` pages, passed to Gradio).
 CSS = (_TEMPLATES / "style.css").read_text(encoding="utf-8")
 
-#: Key (top level, or inside ``group_overrides``) holding a group's reference answer.
-REFERENCE_KEY = "reference_answer"
 
 _ROLE_CLASS = {"system": "atr-system", "user": "atr-user", "assistant": "atr-assistant",
                "tool": "atr-tool"}
@@ -182,7 +182,8 @@ def reference_answer(group: dict[str, Any]) -> str | None:
     The ScoredDataGroup wire format has no field for it, so it is read from an optional key:
     ``group_overrides["reference_answer"]`` (kept by ``run-api``, so ``view-run`` sees it) or a
     top-level ``"reference_answer"`` (kept in the JSONL files ``process`` writes, dropped by
-    ``run-api``). Envs that want it shown set one of them in ``score()``.
+    ``run-api``). ``SingleTurnEnv`` sets the first from its ``answer(item)``; other envs can
+    call :func:`atroposlib.envs.groups.set_reference_answer`.
     """
     overrides = group.get("group_overrides")
     value = overrides.get(REFERENCE_KEY) if isinstance(overrides, dict) else None

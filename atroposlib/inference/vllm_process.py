@@ -316,11 +316,12 @@ class VLLMProcess:
             while True:
                 code = self.proc.poll()
                 if code is not None:
-                    self._close_log()
+                    tail = self.log_tail()
+                    self.stop()  # what it spawned (engine core, workers) may still run
                     raise InferenceError(
                         f"vLLM exited with code {code} during start-up "
                         f"(model {self.model}, port {self.port}); log {self.log_path}:\n"
-                        f"{self.log_tail()}"
+                        f"{tail}"
                     )
                 try:
                     if client.get(f"{self.root_url}/health").status_code == 200:
@@ -461,11 +462,23 @@ class VLLMProcess:
 __all__ = ["VLLMProcess", "find_free_port", "vllm_is_cpu_build"]
 
 
+class _Terminated(Exception):
+    """Raised in the main thread by :func:`main`'s SIGTERM handler, so its cleanup runs."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a vLLM server in the foreground until Ctrl-C (``python -m atroposlib.inference.vllm_process``).
+    """Run a vLLM server in the foreground until Ctrl-C or SIGTERM (``python -m atroposlib.inference.vllm_process``).
+
+    Both stop the server's whole process group before exiting. vLLM runs in its own session (so
+    :meth:`VLLMProcess.stop` signals only it), which a signal sent to this process does not
+    reach: Python's default SIGTERM action would exit without cleanup and leave vLLM running.
 
     Returns:
-        The exit code.
+        The exit code: 0 after Ctrl-C, 143 after SIGTERM, 1 when vLLM failed or exited.
     """
     from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
     from atroposlib.utils.cli import ArgumentParser
@@ -505,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_path=args.log,
         dev_mode=not args.no_dev_mode,
     )
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         vllm.start()
         print(f"vLLM serving {args.served_model_name!r} at {vllm.base_url} (log {vllm.log_path})")
@@ -515,11 +529,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
+    except _Terminated:
+        return 143
     except InferenceError as exc:
         print(exc, file=sys.stderr)
         return 1
     finally:
-        vllm.stop()
+        # a second SIGTERM must not cut the stop short: vLLM's group is signalled either way
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            vllm.stop()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from atroposlib.tools.collect import CollectStats, collect, dpo_builder, sft_bui
 from atroposlib.tools.formats import JsonlOutput, LayoutResolver, OutputFormat, read_existing_layout
 from atroposlib.tools.observe import GroupObserver
 from atroposlib.tools.rollouts import TokenDecoder
-from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser
+from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser, HelpFormatter
 
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: this tool does not register as the trainer"
 
@@ -37,13 +37,13 @@ def build_parser(kind: str) -> argparse.ArgumentParser:
             "it never calls /reset_data or /register). By default lines are conversational "
             "(TRL / Axolotl read them directly); --format legacy writes Atropos 0.4's layout."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("filepath", nargs="?", default="sft_data.jsonl" if sft else "dpo_data.jsonl",
                         help="output JSONL file")
     parser.add_argument("--api-url", default=DEFAULT_API_URL, help="base URL of run-api")
     parser.add_argument("--api-key", default=None,
-                        help="bearer token of run-api; None falls back to $ATROPOS_API_KEY")
+                        help="bearer token of run-api (not given: $ATROPOS_API_KEY)")
     parser.add_argument("--tokenizer", default=str(bundled_model_dir()),
                         help="tokenizer (hub id or local dir) used to decode groups that carry only "
                         "token ids; not loaded when groups carry chat messages. The default is the "
@@ -74,15 +74,16 @@ def build_parser(kind: str) -> argparse.ArgumentParser:
                         help="append to an existing output file instead of refusing to overwrite it")
     if not sft:
         parser.add_argument("--seed", type=int, default=None,
-                            help="seed of the random choice of rejected rollouts (reproducible output)")
-    parser.add_argument("--env-id", type=int, default=None, help="only groups of this env id")
+                            help="seed of the random choice of rejected rollouts, for reproducible output (not "
+                            "given: a different choice each run)")
+    parser.add_argument("--env-id", type=int, default=None, help="only groups of this env id (not given: every env)")
     parser.add_argument("--after", type=int, default=None,
-                        help="only groups after this /observe cursor (None: from the oldest group the "
-                        "API retains); the final report prints the cursor to resume from")
+                        help="only groups after this /observe cursor (not given: from the oldest group "
+                        "the API retains); the final report prints the cursor to resume from")
     parser.add_argument("--poll-interval", type=float, default=1.0,
                         help="seconds between polls when no new group is available")
     parser.add_argument("--idle-timeout", type=float, default=None,
-                        help="stop after this many seconds without a new group (None: keep waiting)")
+                        help="stop after this many seconds without a new group (not given: keep waiting)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--group-size", type=int, default=2, help=_NOOP)
     parser.add_argument("--max-token-len", type=int, default=2048, help=_NOOP)
@@ -103,15 +104,17 @@ def _validate(args: argparse.Namespace, kind: str) -> None:
 
 
 def _preflight(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Fail at once on a missing ``--tokenizer`` directory.
+    """Fail at once, with the fix, on a missing ``--tokenizer`` directory or an unreachable run-api.
 
-    An unreachable API is reported by the first poll already. The default tokenizer is only needed for token-only groups, so only one given on the
+    The default tokenizer is only needed for token-only groups, so only one given on the
     command line is checked here.
     """
     from atroposlib.utils import preflight as pf
 
+    problems = [pf.check_run_api(args.api_url, "--api-url")]
     if args.tokenizer != parser.get_default("tokenizer"):
-        pf.raise_on_problems([pf.check_model_path(args.tokenizer, "--tokenizer", "tokenizer")])
+        problems.insert(0, pf.check_model_path(args.tokenizer, "--tokenizer", "tokenizer"))
+    pf.raise_on_problems(problems)
 
 
 def run(kind: str, argv: list[str] | None = None) -> int:

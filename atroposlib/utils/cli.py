@@ -52,6 +52,8 @@ def _type_label(annotation: Any) -> str:
 
 
 def _show_default(value: Any) -> str:
+    if value is None:  # spelled as on the command line and in YAML, and as atropos-grpo shows it
+        return "null"
     if isinstance(value, Enum):
         return str(value.value)
     return repr(value) if isinstance(value, str) else str(value)
@@ -226,6 +228,20 @@ def unknown_flag_message(unknown: list[str], parser: argparse.ArgumentParser) ->
     return "\n".join(lines)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``ArgumentDefaultsHelpFormatter`` without ``(default: None)``.
+
+    Plain argparse tools (``run-api``, ``atropos-sft-gen``/``atropos-dpo-gen``, ``view-run``)
+    cannot take ``null`` for an option, so an option whose default is "not given" shows no
+    default; its help says what leaving it out does. Other defaults show as argparse shows them.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors name the closest known flag, before the usage.
 
@@ -299,6 +315,7 @@ __all__ = [
     "DEFAULT_API_URL",
     "NONE_STRINGS",
     "ArgumentParser",
+    "HelpFormatter",
     "SUGGEST_CUTOFF",
     "add_model_options",
     "closest_flag",

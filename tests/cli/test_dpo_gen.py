@@ -100,5 +100,12 @@ def test_dpo_gen_failed_run_leaves_no_file(tmp_path, capsys):
     from atroposlib.cli.dpo import main
     out = tmp_path / "dpo.jsonl"
     assert main([str(out), "--api-url", f"http://127.0.0.1:{free_port()}", "--quiet"]) == 1
-    assert "cannot reach" in capsys.readouterr().err
+    assert "run-api is not reachable" in capsys.readouterr().err
+    assert not out.exists()
+    guarded = start_run_api("--api-key", "s3cret")  # reachable: the run fails on its first poll
+    try:
+        assert main([str(out), "--api-url", guarded.url, "--quiet"]) == 1
+    finally:
+        guarded.stop()
+    assert "401" in capsys.readouterr().err
     assert not out.exists()

@@ -155,3 +155,34 @@ def test_env_serve_by_default_says_what_it_waits_for_and_keeps_running(tmp_path)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_sft_and_dpo_gen_with_unreachable_run_api_name_the_fix(tmp_path):
+    api = _closed()
+    for module in ("atroposlib.cli.sft", "atroposlib.cli.dpo"):
+        result = _run("-m", module, str(tmp_path / "out.jsonl"), "--api-url", api, cwd=tmp_path)
+        assert result.returncode == 1, result.stderr
+        assert (f"run-api is not reachable at {api} (connection refused): start it with `run-api` "
+                "or pass its URL with --api-url") in result.stderr
+        assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_view_run_checks_port_api_and_tokenizer_before_starting_gradio(tmp_path):
+    api = _closed()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        result = _run("-m", "atroposlib.cli.view_run", "--api-url", api, "--port", str(port),
+                      "--tokenizer", "./no-such-tokenizer", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines == [
+        "view-run: error: --tokenizer: tokenizer path does not exist: ./no-such-tokenizer; run "
+        "atropos-bundled-model (prints the bundled model's directory) or pass a hub id with "
+        "network access",
+        f"view-run: error: port {port} on 127.0.0.1 is in use (Address already in use): "
+        f"another view-run? stop it or pass --port {port + 1}",
+        f"view-run: error: run-api is not reachable at {api} (connection refused): start it "
+        "with `run-api` or pass its URL with --api-url",
+    ]

@@ -148,10 +148,17 @@ def test_sft_gen_ctrl_c_keeps_lines_and_reports(api_with_groups, tmp_path):
 
 def test_sft_gen_failed_run_leaves_no_file_and_the_next_run_works(sft_gen, api_with_groups, tmp_path):
     out = tmp_path / "sft.jsonl"
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the pre-flight check fails
     r = sft_gen(out, "--api-url", dead, "--quiet")
-    assert r.returncode == 1 and "cannot reach" in r.stderr
+    assert r.returncode == 1 and "run-api is not reachable" in r.stderr
     assert not out.exists()  # no empty file to block the retry
+    guarded = start_run_api("--api-key", "s3cret")  # reachable: the run fails on its first poll
+    try:
+        r = sft_gen(out, "--api-url", guarded.url, "--quiet")
+    finally:
+        guarded.stop()
+    assert r.returncode == 1 and "401" in r.stderr
+    assert not out.exists()
     r = sft_gen(out, "--api-url", api_with_groups.url, "--num-seqs-to-save", 2, "--quiet")
     assert r.returncode == 0, r.stderr
     assert len(out.read_text().splitlines()) == 2

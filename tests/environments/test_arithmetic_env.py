@@ -67,3 +67,25 @@ async def test_check_env_groups_have_exact_tokens_logprobs_and_scores():
         assert group["scores"] == [1.0, 0.0, 1.0, 0.0]
         assert group["generation_params"] == {"temperature": 1.0}
         assert len(group["inference_logprobs"][0]) == len(group["tokens"][0])
+
+
+@needs_tokenizer
+async def test_groups_carry_the_reference_answer_that_the_rollout_views_show():
+    """SingleTurnEnv puts ``answer(item)`` in ``group_overrides``, which run-api keeps and serves."""
+    from atroposlib.frontend.render import reference_answer, render_group_html
+
+    def reply(request):
+        a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", request.prompt)[-1])
+        return str(a + b)
+
+    groups = await check_env(ArithmeticEnv, server=FakeServer(reply),
+                             config_overrides={"tokenizer_name": str(BUNDLED), "group_size": 2,
+                                               "include_messages": True},
+                             num_groups=2)
+    for group in groups:
+        question = group["messages"][0][-2]["content"]
+        a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", question)[-1])
+        assert group["group_overrides"]["reference_answer"] == str(a + b)
+        assert reference_answer(group) == str(a + b)
+        page = render_group_html(group, title="g")
+        assert "reference answer" in page and str(a + b) in page.split("reference answer", 1)[1]

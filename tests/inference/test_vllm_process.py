@@ -7,10 +7,14 @@ restart) is in ``test_vllm_reload.py`` (e2e).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -141,6 +145,12 @@ def test_start_raises_with_log_tail_when_the_server_dies(tmp_path):
     with pytest.raises(InferenceError, match="(?s)exited with code 3.*boom: cannot load model"):
         proc.start(timeout=30)
     assert not proc.is_running()
+    time.sleep(0.2)
+    child = int(proc.child_file.read_text())
+    survived = _alive(child)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, 9)
+    assert not survived, "what the server spawned outlived its failed start"
 
 
 def test_start_times_out_and_stops_the_server(tmp_path):
@@ -170,3 +180,66 @@ def test_reload_weights_validates_its_input(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(RuntimeError, match="not running"):
         proc.reload_weights(tmp_path)
+
+
+# ``python -m atroposlib.inference.vllm_process`` with the stand-in server as "vLLM".
+MAIN_WITH_STANDIN = textwrap.dedent(
+    """
+    import sys
+    from atroposlib.inference import vllm_process
+
+    script, child_file = sys.argv[1], sys.argv[2]
+    vllm_process.VLLMProcess.command = lambda self: [
+        sys.executable, script, str(self.port), "0", child_file]
+    sys.exit(vllm_process.main(sys.argv[3:]))
+    """
+)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 0)])
+def test_main_stops_vllm_on_sigterm_and_ctrl_c(tmp_path, sig, code):
+    """SIGTERM to the foreground runner stops vLLM's process group too, as Ctrl-C does.
+
+    vLLM runs in its own session, so a signal sent to the runner alone never reaches it: without
+    a SIGTERM handler the runner died at once and left vLLM and its engine core running.
+    """
+    script = tmp_path / "standin.py"
+    script.write_text(STANDIN)
+    child_file = tmp_path / "child.pid"
+    runner = subprocess.Popen(
+        [sys.executable, "-c", MAIN_WITH_STANDIN, str(script), str(child_file),
+         "--model", str(tmp_path), "--log", str(tmp_path / "log.txt")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    leader = None
+    try:
+        lines = []
+        for line in runner.stdout:  # "vLLM serving ..." then "Ctrl-C to stop"
+            lines.append(line)
+            if "Ctrl-C to stop" in line:
+                break
+        assert "Ctrl-C to stop" in "".join(lines), "".join(lines)
+        leader = int(next(p for p in Path("/proc").glob("[0-9]*")
+                          if _is_standin(p, script)).name)
+        child = int(child_file.read_text())
+        runner.send_signal(sig)
+        returncode = runner.wait(30)
+        time.sleep(0.2)
+        survivors = [pid for pid in (leader, child) if _alive(pid)]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        if leader is not None:  # leave nothing behind when a check fails
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader, signal.SIGKILL)
+    assert returncode == code
+    assert not survivors, "the vLLM stand-in (or its child, like vLLM's engine core) outlived its runner"
+
+
+def _is_standin(proc_dir: Path, script: Path) -> bool:
+    """Whether ``proc_dir`` is the stand-in server itself (``python SCRIPT PORT ...``)."""
+    try:
+        argv = (proc_dir / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and argv[1] == str(script)
