@@ -142,7 +142,7 @@ class MicroBatch:
             ``(keep, tail)``: ``keep`` in ``[1, T]``; ``tail`` with ``[B, keep]`` labels,
             advantages and log-probs (``[B, keep, K]`` distillation arrays).
         """
-        trained = (self.labels != -100).any(dim=0).nonzero()
+        trained = (self.labels != IGNORE_INDEX).any(dim=0).nonzero()
         first = int(trained[0]) if len(trained) else self.labels.shape[1] - 1
         keep = self.labels.shape[1] - first
         cut = {name: (value[:, first:] if value is not None and value.dim() > 1

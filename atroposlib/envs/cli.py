@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.envs.config import BaseEnvConfig, UnknownConfigFieldWarning
+from atroposlib.envs.constants import ENV_NAMESPACE, OPENAI_NAMESPACE
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MODES = ("serve", "process", "evaluate")
-_YAML_KEYS = ("env", "openai", "slurm", "testing", "max_n_completions", "proxy_url")
+_YAML_KEYS = (ENV_NAMESPACE, OPENAI_NAMESPACE, "slurm", "testing", "max_n_completions", "proxy_url")
 #: Modes that get the env's extra server namespaces (``server_namespaces``): the group producers.
 NAMESPACE_MODES = ("serve", "process")
 _MODE_HELP = {
@@ -163,20 +164,20 @@ def build_configs(
     init_env, init_servers = env_cls.config_init()
     extra_keys = tuple(_server_namespaces(env_cls))
     data = _load_yaml(namespace.config, extra_keys) if getattr(namespace, "config", None) else {}
-    overrides = collect_overrides(namespace, ["env", "openai", ""])
+    overrides = collect_overrides(namespace, [ENV_NAMESPACE, OPENAI_NAMESPACE, ""])
     base_env = init_env.model_dump()
     env_values = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
-    env_values.update(data.get("env") or {})
-    env_values.update(overrides["env"])
+    env_values.update(data.get(ENV_NAMESPACE) or {})
+    env_values.update(overrides[ENV_NAMESPACE])
     env_cls_config = _env_config_class(env_cls, init_env)
     _reject_typed_unknown_fields(
-        env_cls_config, data.get("env") or {}, init_env.model_extra or {}, namespace.config
+        env_cls_config, data.get(ENV_NAMESPACE) or {}, init_env.model_extra or {}, namespace.config
     )
     with warnings.catch_warnings():
         # Undeclared fields set by config_init's code were already warned about there.
         warnings.simplefilter("ignore", UnknownConfigFieldWarning)
-        env_config = validated(env_cls_config, env_values, "env", "env configuration")
-    servers = resolve_server_configs(init_servers, data.get("openai"), overrides["openai"])
+        env_config = validated(env_cls_config, env_values, ENV_NAMESPACE, "env configuration")
+    servers = resolve_server_configs(init_servers, data.get(OPENAI_NAMESPACE), overrides[OPENAI_NAMESPACE])
     manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
     manager_values.update({k: v for k, v in overrides[""].items()
                            if k not in ("config", "mode", "wait_for_services")})
@@ -246,10 +247,10 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
         )
         env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
         add_model_options(
-            mode_parser, _env_config_class(env_cls, init_env), "env", env_defaults, "env options"
+            mode_parser, _env_config_class(env_cls, init_env), ENV_NAMESPACE, env_defaults, "env options"
         )
         add_model_options(
-            mode_parser, APIServerConfig, "openai", server_defaults, "inference server (--openai.*)"
+            mode_parser, APIServerConfig, OPENAI_NAMESPACE, server_defaults, "inference server (--openai.*)"
         )
         add_model_options(mode_parser, ServerManagerConfig, None, None, "server manager")
         if mode in NAMESPACE_MODES:

@@ -21,8 +21,9 @@ from tests.fixtures.api_server import free_port
 from tests.fixtures.upstream import ensure_upstream_venv
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def upstream_api(tmp_path_factory):
+    # One server per test: upstream keeps the first trainer registration's settings.
     try:
         python = ensure_upstream_venv()
     except (subprocess.CalledProcessError, OSError) as exc:
@@ -73,3 +74,32 @@ async def test_our_client_registers_polls_and_posts_into_upstream_run_api(upstre
         assert (await client.status_env(env_id))["self_queue_size"] == 1
         batch = await client.get_batch()
         assert batch is not None and [g["scores"] for g in batch] == [group["scores"]]
+
+
+def test_our_env_serves_batches_into_upstream_run_api(upstream_api, tmp_path):
+    # The whole env side (serve loop, /status-env polling, posting) against Atropos 0.4's server:
+    # with the env id sent as ?env_id=N, upstream answered 422 and the trainer got no batch.
+    from atroposlib.testing.fake_server import FakeOpenAIServer
+    from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
+    from tests.envs.test_serve import (
+        _check_batch,
+        _pull_batches,
+        _register_trainer,
+        _start_env,
+        _stop,
+    )
+
+    tokenizer_dir = tmp_path / "tokenizer"
+    make_tiny_tokenizer(tokenizer_dir)
+    log = tmp_path / "env.log"
+    with FakeOpenAIServer() as inference:
+        trainer = _register_trainer(upstream_api, tmp_path)
+        proc = _start_env(upstream_api, inference.base_url, tokenizer_dir, log)
+        try:
+            batches = _pull_batches(trainer, 2, timeout=120)
+        finally:
+            output = _stop(proc, log)
+    assert len(batches) == 2, output[-3000:]
+    for batch in batches:
+        assert sum(len(g["tokens"]) for g in batch) == 8
+        _check_batch(batch)

@@ -152,6 +152,10 @@ UPSTREAM_NAMES = [
     ("atroposlib.utils.tool_call_parser", "parse_tool_call"),
     ("atroposlib.utils.tool_call_parser", "extract_tool_call"),
     ("atroposlib.utils.best_of_n_selection", "select_best_index"),
+    ("atroposlib.envs.constants", "ENV_NAMESPACE"),
+    ("atroposlib.envs.constants", "OPENAI_NAMESPACE"),
+    ("atroposlib.envs.constants", "NAMESPACE_SEP"),
+    ("atroposlib.envs.constants", "SERVER_MANAGER_NAMESPACE"),
 ]
 
 
