@@ -283,3 +283,57 @@ async def test_groups_carry_the_policy_version_their_rollout_started_with(tiny_t
     assert batch is not None and [g["scores"] for g in batch] == [fresh["scores"]]
     assert (await trainer.status())["stale_groups_dropped"] == {str(env.env_id): 1}
     await trainer.aclose()
+
+
+async def test_rollouts_whose_groups_are_all_too_long_back_off_with_one_warning(
+        run_api, tiny_tokenizer, tmp_path, caplog):
+    """A trainer max_token_len below every sequence: spawning backs off instead of spinning."""
+    client = AsyncAtroposClient(run_api.url)
+    await client.register(Registration(
+        wandb_group="g", wandb_project="p", batch_size=8, max_token_len=4,  # every group too long
+        checkpoint_dir=str(tmp_path), save_checkpoint_interval=0, starting_step=0, num_steps=100,
+    ))
+    assert await client.get_batch() is None  # the trainer has started: envs may register
+    server = FakeServer(lambda request: "short" if request.index % 2 else "a longer reply")
+    config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=run_api.url,
+                           max_num_workers=2, total_steps=1000)
+    env = ChatLengthEnv(config, [server])
+    env.tokenizer = tiny_tokenizer
+    loop = ServeLoop(env, status_interval=0.2, reject_streak=10)
+    serving = asyncio.create_task(loop.run())
+    async with asyncio.timeout(30):
+        while env.stats["groups_dropped_too_long"] < 10:
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(2.0)
+    loop.stop_event.set()
+    await serving
+    dropped = env.stats["groups_dropped_too_long"]
+    # 10 before the streak counts, then pauses of 0.1, 0.2, 0.4, 0.8, 1.6 s: a few more in 2 s,
+    # not hundreds (the unpaced loop dropped thousands per minute)
+    assert dropped < 30, dropped
+    assert env.stats["reject_backoffs"] >= 1
+    warnings = [r.getMessage() for r in caplog.records if "pausing new rollouts" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "max_token_len (4)" in warnings[0] and "max_token_length" in warnings[0]
+    assert env.stats["groups_sent"] == 0
+    await client.aclose()
+
+
+async def test_equal_score_drops_do_not_slow_spawning(run_api, tiny_tokenizer, tmp_path):
+    """Groups dropped for identical scores are normal: no backoff however many in a row."""
+    trainer = await _trainer(run_api.url, tmp_path)
+    server = FakeServer(lambda request: "same")  # every group scores the same
+    config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=run_api.url,
+                           max_num_workers=2, total_steps=1000)
+    env = ChatLengthEnv(config, [server])
+    env.tokenizer = tiny_tokenizer
+    loop = ServeLoop(env, status_interval=0.2, reject_streak=10)
+    serving = asyncio.create_task(loop.run())
+    async with asyncio.timeout(30):
+        while env.stats["groups_dropped_same_scores"] < 60:
+            await asyncio.sleep(0.05)
+    loop.stop_event.set()
+    await serving
+    assert env.stats["reject_backoffs"] == 0
+    assert loop.inference_pause_until == 0.0
+    await trainer.aclose()

@@ -156,6 +156,32 @@ UPSTREAM_NAMES = [
     ("atroposlib.envs.constants", "OPENAI_NAMESPACE"),
     ("atroposlib.envs.constants", "NAMESPACE_SEP"),
     ("atroposlib.envs.constants", "SERVER_MANAGER_NAMESPACE"),
+    # modules that were missing (issue 11 sec. 1), and the legacy function forms
+    *[("atroposlib.envs.reward_fns.cascading_r1_math_reward", n) for n in (
+        "cascading_r1_math_reward", "accuracy_reward", "format_reward", "get_completion_content",
+        "parse", "verify", "LatexExtractionConfig", "NormalizationConfig")],
+    *[("atroposlib.envs.reward_fns.chandas_meter_reward", n) for n in (
+        "ChandasMeterReward", "iast_to_slp1", "resource_filename", "registry", "RewardFunction")],
+    *[("atroposlib.envs.reward_fns.cosine_scaled_reward", n) for n in (
+        "CosineScaledReward", "cosine_scaled_reward", "AutoModel", "AutoTokenizer")],
+    *[("atroposlib.envs.reward_fns.crossword_format_reward", n) for n in (
+        "CrosswordFormatReward", "crossword_format_reward")],
+    ("atroposlib.envs.reward_fns.accuracy_reward", "accuracy_reward"),
+    ("atroposlib.envs.reward_fns.format_reward", "format_reward"),
+    ("atroposlib.envs.reward_fns.reasoning_steps_reward", "reasoning_steps_reward"),
+    ("atroposlib.envs.reward_fns.repetition_penalty_reward", "repetition_penalty_reward"),
+    ("atroposlib.envs.reward_fns.registry", "LegacyFunctionWrapper"),
+    *[("atroposlib.envs.reward_fns.r1_reward", n) for n in (
+        "r1_reward", "accuracy_reward", "format_reasoning_reward", "parse_reasoning_response")],
+    ("atroposlib.utils.display", "display_metrics_table"),
+    ("atroposlib.utils.force_diverse_samples", "generate_with_diverse_first_tokens"),
+    ("atroposlib.utils.tokenizers.qwen_fixed_tokenizer", "QwenFixedTokenizer"),
+    # envs.base's re-exports (loaded lazily)
+    *[("atroposlib.envs.base", n) for n in (
+        "AutoTokenizer", "retry", "stop_after_attempt", "wait_random_exponential", "rprint",
+        "resolve_openai_configs", "get_std_min_max_avg", "parse_http_response", "generate_html",
+        "ENV_NAMESPACE", "OPENAI_NAMESPACE", "NAMESPACE_SEP", "Message", "UUID", "BaseModel",
+        "Field")],
 ]
 
 

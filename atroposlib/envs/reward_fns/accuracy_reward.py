@@ -13,6 +13,7 @@ from atroposlib.envs.reward_fns.reward_function import (
     broadcast,
     get_content,
 )
+from atroposlib.utils.lazy_exports import lazy_exports
 
 
 def answer_text(text: str, split_on_think_tag: bool = True) -> str:
@@ -105,3 +106,33 @@ class AccuracyReward(RewardFunction):
                 continue
             scores.append(1.0 if math_equal(str(gold), text, self.float_rounding) else 0.0)
         return scores
+
+
+# math-verify's parser names, importable here as in Atropos 0.4 (loaded on first use, like
+# math_equal's own import).
+__getattr__ = lazy_exports(__name__, {
+    "parse": "math_verify",
+    "verify": "math_verify",
+    "LatexExtractionConfig": "math_verify",
+    "NormalizationConfig": "latex2sympy2_extended",
+})
+
+
+def accuracy_reward(
+    completions: Sequence[Completion],
+    solution: Any = None,
+    ground_truth: Any = None,
+    **kwargs: Any,
+) -> list[float]:
+    """Atropos 0.4's function form of :class:`AccuracyReward` (defaults, unweighted).
+
+    Args:
+        completions: N completions.
+        solution: one gold for all or N golds.
+        ground_truth: used instead of ``solution`` when given (Atropos 0.4's keyword).
+
+    Returns:
+        N floats in {0.0, 1.0}.
+    """
+    gold = ground_truth if ground_truth is not None else solution
+    return AccuracyReward().compute(completions, solution=gold, **kwargs)

@@ -59,3 +59,15 @@ class FormatReward(RewardFunction):
             else:
                 scores.append(found / len(self.preferred_tags))
         return scores
+
+
+def format_reward(
+    completions: Sequence[Completion], preferred_tags: Sequence[str] | None = None, **kwargs: Any
+) -> list[float]:
+    """Atropos 0.4's function form of :class:`FormatReward` (unweighted).
+
+    Args:
+        completions: N completions.
+        preferred_tags: tag names to look for (default ``think``, ``answer``).
+    """
+    return FormatReward(preferred_tags=preferred_tags).compute(completions, **kwargs)

@@ -108,3 +108,37 @@ class R1Reward(RewardFunction):
         fmt = self.format(completions, **kwargs)
         acc = self.accuracy(completions, **kwargs)
         return [f + a for f, a in zip(fmt, acc, strict=True)]
+
+
+def parse_reasoning_response(text: str) -> dict[str, Any]:
+    """Split ``text`` into its ``<think>`` block and the reply after it (Atropos 0.4 helper).
+
+    Returns:
+        ``{"thinking_content": str, "response": str, "multiple_thinking": bool}``: with more
+        than one ``<think>...</think>`` block, or none, ``thinking_content`` is ``""`` and
+        ``response`` is the whole text; otherwise both parts, stripped.
+    """
+    blocks = re.findall(r"<think>.*?</think>", text, re.DOTALL)
+    if len(blocks) != 1:
+        return {"thinking_content": "", "response": text, "multiple_thinking": len(blocks) > 1}
+    _, _, rest = text.partition("<think>")
+    thinking, _, response = rest.partition("</think>")
+    return {"thinking_content": thinking.strip(), "response": response.strip(),
+            "multiple_thinking": False}
+
+
+def format_reasoning_reward(completions: Sequence[Completion], **kwargs: Any) -> list[float]:
+    """Atropos 0.4's function form of :class:`FormatReasoningReward` (0.5 per good completion)."""
+    return FormatReasoningReward(reward_value=0.5).compute(completions, **kwargs)
+
+
+def accuracy_reward(
+    completions: Sequence[Completion], solution: Any, **kwargs: Any
+) -> list[float]:
+    """Atropos 0.4's function form of :class:`AccuracyXReward` (substring match, 1.0)."""
+    return AccuracyXReward().compute(completions, solution=solution, **kwargs)
+
+
+def r1_reward(completions: Sequence[Completion], solution: Any, **kwargs: Any) -> list[float]:
+    """Atropos 0.4's function form of :class:`R1Reward` (0.5 format + 1.0 accuracy)."""
+    return R1Reward().compute(completions, solution=solution, **kwargs)

@@ -53,3 +53,8 @@ class ReasoningStepsReward(RewardFunction):
             frac = min(1.0, count_steps(text) / self.min_steps)
             scores.append(self.base_score + (1.0 - self.base_score) * frac)
         return scores
+
+
+def reasoning_steps_reward(completions: Sequence[Completion], **kwargs: Any) -> list[float]:
+    """Atropos 0.4's function form of :class:`ReasoningStepsReward` (defaults, unweighted)."""
+    return ReasoningStepsReward().compute(completions, **kwargs)

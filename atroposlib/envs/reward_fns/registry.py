@@ -12,19 +12,11 @@ from atroposlib.envs.reward_fns.reward_function import RewardFunction, registry_
 
 logger = logging.getLogger(__name__)
 
-#: Names that upstream registered but this package does not ship, with what to use instead.
-_NOT_SHIPPED = {
-    "cosinescaled": (
-        "the embedding-similarity 'cosinescaled' reward needs a sentence-embedding model "
-        "download; use 'cosinelength' (the length-based cosine schedule of Yeo et al. 2025)"
-    ),
-    "chandasmeter": "needs the optional 'chandas' package, which this package does not ship",
-    "crosswordformat": "not shipped; write a RewardFunction subclass and register it",
-}
-
-
 class _FunctionReward(RewardFunction):
-    """Adapter turning a legacy plain function ``f(completions, **kw) -> list[float]``."""
+    """Adapter turning a legacy plain function ``f(completions, **kw) -> list[float]``.
+
+    Atropos 0.4 named it ``LegacyFunctionWrapper``; that name is kept as an alias.
+    """
 
     def __init__(self, fn: Callable[..., Sequence[float]], weight: float = 1.0, name=None):
         super().__init__(weight=weight, name=name or fn.__name__)
@@ -105,11 +97,8 @@ class RewardRegistry:
         if key not in self._entries:
             _import_builtin_modules()  # e.g. "formatreasoning" lives in r1_reward.py
         if key not in self._entries:
-            hint = _NOT_SHIPPED.get(key)
             raise KeyError(
-                f"unknown reward function {name!r}"
-                + (f" ({hint})" if hint else "")
-                + f"; registered: {', '.join(self.list_registered())}"
+                f"unknown reward function {name!r}; registered: {', '.join(self.list_registered())}"
             )
         return self._entries[key]
 
@@ -190,6 +179,10 @@ _BUILTIN_MODULES = (
     "reasoning_steps_reward",
     "r1_reward",
     "combined_reward",
+    "cascading_r1_math_reward",
+    "chandas_meter_reward",
+    "cosine_scaled_reward",
+    "crossword_format_reward",
 )
 
 
@@ -197,6 +190,8 @@ def _import_builtin_modules() -> None:
     for module in _BUILTIN_MODULES:
         importlib.import_module(f"atroposlib.envs.reward_fns.{module}")
 
+
+LegacyFunctionWrapper = _FunctionReward
 
 #: The process-wide registry; ``@registry.register`` adds to it.
 registry = RewardRegistry()

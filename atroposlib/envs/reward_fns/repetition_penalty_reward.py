@@ -72,3 +72,14 @@ class RepetitionPenaltyReward(RewardFunction):
             rep = ngram_repetition(text, self.ngram_size)
             scores.append(0.0 if rep <= self.threshold else self.max_penalty * rep)
         return scores
+
+
+def repetition_penalty_reward(
+    completions: Sequence[Completion], threshold: float = 0.05, **kwargs: Any
+) -> list[float]:
+    """Atropos 0.4's function form of :class:`RepetitionPenaltyReward` (unweighted).
+
+    Returns:
+        N floats in [``max_penalty``, 0]; 0.0 means no repetition above ``threshold``.
+    """
+    return RepetitionPenaltyReward(threshold=threshold).compute(completions, **kwargs)

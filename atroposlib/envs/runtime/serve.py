@@ -15,7 +15,8 @@ The loop (with upstream's weaknesses fixed):
   carries the same ``Idempotency-Key``, so a retry after a lost reply is not stored twice;
 * each item goes through :func:`~atroposlib.envs.runtime.step.run_item`; an inference outage
   re-queues the item and backs off instead of dropping it; a rollout that raises is logged,
-  counted and dropped;
+  counted and dropped; while every rollout fails, or has its groups dropped as too long /
+  invalid / of the wrong size (a config problem), spawning backs off instead of spinning;
 * the loop owns the env's :class:`~atroposlib.envs.run_state.RunState` (env id, step, status,
   trainer limits, counters); the env reads it and its config is frozen while serving;
 * timed-out rollouts are cancelled and their item re-queued (FIFO backlog);
@@ -30,7 +31,7 @@ import contextvars
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -72,6 +73,11 @@ SERVE_STOP_EVENT: contextvars.ContextVar[asyncio.Event | None] = contextvars.Con
 
 class _NotRegistered(Exception):
     """The API does not know our env_id any more (404); re-register and retry."""
+
+
+#: Drops that repeat for every item while the env or trainer config is wrong (serve backs off
+#: after a run of them); equal-score drops are normal and are not among them.
+_CONFIG_REJECTS = frozenset({Skip.TOO_LONG, Skip.INVALID, Skip.WRONG_SIZE})
 
 
 def offpolicy_room(
@@ -165,6 +171,7 @@ class ServeLoop:
         flush_timeout: float = 30.0,
         inference_backoff_max: float = 30.0,
         stop_event: asyncio.Event | None = None,
+        reject_streak: int = 20,
     ):
         """Prepare the loop (no I/O).
 
@@ -176,6 +183,9 @@ class ServeLoop:
             inference_backoff_max: longest pause (s) before retrying after an inference outage.
             stop_event: set it to stop serving (default: :data:`SERVE_STOP_EVENT`, else a new
                 event).
+            reject_streak: after this many rollouts in a row whose groups were all dropped as
+                ``too_long`` / ``invalid`` / ``wrong_size`` (a configuration problem, not bad
+                luck), spawning backs off like it does for errors and one warning says why.
 
         The loop binds a fresh :class:`RunState` to the env and freezes the env's config.
         """
@@ -207,6 +217,9 @@ class ServeLoop:
         self.inference_pause_until = 0.0
         self.inference_backoff = 1.0
         self.consecutive_errors = 0
+        self.reject_streak = reject_streak
+        self.consecutive_rejects = 0
+        self.reject_reasons: Counter[Skip] = Counter()  # reasons within the current streak
         self.sent_since_status = 0
         self.status_server_errors = 0
         self.last_progress_log = time.monotonic()
@@ -427,7 +440,9 @@ class ServeLoop:
         """``run_item``, then serve's reaction to its outcome.
 
         Inference failures re-queue the item and back off; while every rollout fails (a bug or
-        a misconfigured server) spawning backs off too; a success resets both.
+        a misconfigured server) spawning backs off too; so it does while every rollout's groups
+        are dropped as too long, invalid or of the wrong size (:meth:`_note_rejects`). A usable
+        group resets all three.
         """
         outcome = await run_item(self.env, item)
         if outcome.reason is Skip.INFERENCE:
@@ -443,10 +458,65 @@ class ServeLoop:
             self.inference_pause_until = max(self.inference_pause_until, time.monotonic() + delay)
             if self.consecutive_errors > 1:
                 logger.warning("%d rollout failures in a row", self.consecutive_errors)
-        else:
+        elif outcome.reason in _CONFIG_REJECTS:
+            self.inference_backoff = 1.0
+            self.consecutive_errors = 0
+            self._note_rejects(outcome)
+        elif outcome.reason is None:
+            self.inference_backoff = 1.0
+            self.consecutive_errors = 0
+            self.consecutive_rejects = 0
+            self.reject_reasons.clear()
+        else:  # same scores / the env skipped the item: normal, neither slows nor resets
             self.inference_backoff = 1.0
             self.consecutive_errors = 0
         return outcome
+
+    def _note_rejects(self, outcome: Any) -> None:
+        """Count a rollout whose groups were all dropped as too_long / invalid / wrong_size.
+
+        Such drops repeat for every item while the config is wrong (a trainer ``max_token_len``
+        below the env's ``max_token_length``, an env that returns the wrong number of
+        sequences), and respawning at once burns CPU for nothing. From the ``reject_streak``-th
+        in a row, spawning pauses 0.1 s, 0.2 s, ... up to 10 s (like errors), and one warning
+        per streak names the cause and the fix. Equal-score drops do not count.
+        """
+        self.consecutive_rejects += 1
+        self.reject_reasons[outcome.reason] += 1
+        beyond = self.consecutive_rejects - self.reject_streak
+        if beyond < 0:
+            return
+        delay = min(10.0, 0.1 * 2 ** min(beyond, 7))
+        self.inference_pause_until = max(self.inference_pause_until, time.monotonic() + delay)
+        self.env.stats["reject_backoffs"] += 1
+        if beyond == 0:
+            logger.warning("%s", self._reject_advice(outcome))
+
+    def _reject_advice(self, outcome: Any) -> str:
+        counts = ", ".join(f"{n} {reason.value}" for reason, n in self.reject_reasons.most_common())
+        example = outcome.dropped[0][1] if outcome.dropped else str(outcome.reason)
+        head = (
+            f"the last {self.consecutive_rejects} rollouts all had their groups dropped "
+            f"({counts}; e.g. {example}); pausing new rollouts (up to 10 s) until one succeeds. "
+        )
+        main = self.reject_reasons.most_common(1)[0][0]
+        if main is Skip.TOO_LONG:
+            return head + (
+                f"Sequences reach the trainer's max_token_len ({self.state.max_token_len}) while "
+                f"the env generates up to max_token_length={self.config.max_token_length}: raise "
+                "the trainer's max_token_len, or lower the env's --env.max_token_length (and the "
+                "max_tokens it asks the server for)."
+            )
+        if main is Skip.WRONG_SIZE:
+            return head + (
+                f"Groups must have --env.group_size={self.config.group_size} sequences: return "
+                "that many from collect_trajectories, or set group_overrides['group_size'] for "
+                "variable-size groups."
+            )
+        return head + (
+            "Groups must carry tokens, masks and scores with one row per sequence and matching "
+            "row lengths: fix what collect_trajectories / score returns (check_env shows it)."
+        )
 
     def _on_worker_done(self, task: asyncio.Task) -> None:
         self.workers.pop(task, None)

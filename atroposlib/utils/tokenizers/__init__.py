@@ -1,0 +1,1 @@
+"""Tokenizer wrappers (Atropos 0.4 path): :mod:`.qwen_fixed_tokenizer`."""
