@@ -94,6 +94,18 @@ class EvaluationSample(TypedDict, total=False):
     finish_reason: str
 
 
+def __getattr__(name: str) -> Any:
+    """Load ``ChatCompletionContentPartParam`` (OpenAI's, kept at Atropos 0.4's path) on first use.
+
+    So importing this module does not import ``openai``.
+    """
+    if name == "ChatCompletionContentPartParam":
+        from openai.types.chat import ChatCompletionContentPartParam
+
+        globals()[name] = ChatCompletionContentPartParam
+        return ChatCompletionContentPartParam
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "AgentHistory",
     "AgentStep",

@@ -247,6 +247,63 @@ class RequestGuard:
         await self.app(scope, replay, send)
 
 
+class GZipRequestMiddleware:
+    """Gunzip request bodies sent with ``Content-Encoding: gzip`` (Atropos 0.4's middleware).
+
+    Only the gunzip part of :class:`RequestGuard` (which the API's own app uses): no auth, no
+    content-type or size checks on plain bodies. For mounting on other ASGI apps that receive
+    gzipped JSON from Atropos clients.
+
+    Args:
+        app: the ASGI app to wrap.
+        max_decompressed_bytes: largest inflated body; past it the request gets 413.
+
+    A gzipped body is read whole, inflated in a worker thread and handed to ``app`` with the
+    ``content-encoding`` header removed and ``content-length`` set to the inflated size. Bad or
+    truncated gzip gets 400 ``Invalid gzip payload``.
+    """
+
+    def __init__(self, app: ASGIApp, max_decompressed_bytes: int = 256 * 2**20):
+        self.app = app
+        self.max_inflated = max_decompressed_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Inflate a gzipped HTTP request body, then call the app."""
+        if scope["type"] != "http" or not any(
+                k == b"content-encoding" and b"gzip" in v.lower() for k, v in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        try:
+            body = await to_thread.run_sync(gunzip, b"".join(chunks), self.max_inflated)
+        except OverflowError:
+            await _json_error(send, 413, f"gzip body inflates past {self.max_inflated} bytes")
+            return
+        except ValueError:
+            await _reply(send, 400, b"Invalid gzip payload", b"text/plain; charset=utf-8")
+            return
+        headers = [(k, v) for k, v in scope["headers"]
+                   if k not in (b"content-encoding", b"content-length", b"transfer-encoding")]
+        headers.append((b"content-length", str(len(body)).encode()))
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app({**scope, "headers": headers}, replay, send)
+
+
 class HostGuard:
     """Serve only requests whose ``Host`` header names this server (DNS-rebinding guard).
 

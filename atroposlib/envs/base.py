@@ -75,6 +75,11 @@ __getattr__ = lazy_exports(__name__, {
     "parse_http_response": "atroposlib.utils.io",
     "resolve_openai_configs": "atroposlib.envs.server_handling.openai_server",
     "generate_html": "atroposlib.frontend.jsonl2html",
+    "TypedDict": "typing_extensions",
+    "extract_namespace": "atroposlib.utils.cli",
+    "get_double_dash_flags": "atroposlib.utils.cli",
+    "get_prefixed_pydantic_model": "atroposlib.utils.cli",
+    "merge_dicts": "atroposlib.utils.cli",
 })
 
 

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from atroposlib.utils.lazy_exports import lazy_exports
+
 if TYPE_CHECKING:
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
@@ -421,6 +423,14 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
     )
     return await eval_env(ServerManager([config]))
 
+
+# Names Atropos 0.4's envs.eval imported at module level (third-party types and sibling classes);
+# resolved from their homes on first access, so importing this module stays as cheap as before.
+__getattr__ = lazy_exports(__name__, {
+    "ChatCompletion": "openai.types.chat",
+    "ServerManager": "atroposlib.envs.server_handling.server_manager",
+    "tqdm_asyncio": "tqdm.asyncio",
+})
 
 __all__ = [
     "SAMPLE_COLUMNS",

@@ -18,10 +18,50 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from atroposlib.frontend.render import pooled_stats, render_group_html, render_page
+from atroposlib.frontend.render import (
+    _score_css,
+    pooled_stats,
+    render_group_html,
+    render_page,
+    score_value,
+)
 from atroposlib.utils.cli import ArgumentParser
 
 logger = logging.getLogger(__name__)
+
+#: This package's directory (Atropos 0.4 name).
+SCRIPT_DIR = Path(__file__).parent.resolve()
+#: The page template the HTML is rendered with (Jinja, beside the group/summary templates).
+TEMPLATE_FILE = SCRIPT_DIR / "templates" / "page.html"
+
+
+def get_score_class(score: Any) -> str:
+    """The CSS class the rendered page gives a score.
+
+    Args:
+        score: a rollout's score (any value).
+
+    Returns:
+        ``"atr-pos"`` (> 0), ``"atr-neg"`` (< 0) or ``"atr-zero"`` for a finite number (bools
+        count as 1/0); ``""`` for anything that is not a finite number.
+    """
+    value = score_value(score)
+    return "" if value is None else _score_css(value)
+
+
+def _fire_or_none(name: str) -> Any:
+    """``fire``: the python-fire module when installed, else None (as in Atropos 0.4)."""
+    if name != "fire":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        import fire
+    except ImportError:
+        fire = None
+    globals()["fire"] = fire
+    return fire
+
+
+__getattr__ = _fire_or_none
 
 
 def create_html_for_group(group_data: dict[str, Any], index: int, open: bool = False) -> str:
@@ -123,7 +163,15 @@ def main(argv: list[str] | None = None) -> None:
     print(path)
 
 
-__all__ = ["create_html_for_group", "generate_html", "main", "render_groups"]
+__all__ = [
+    "SCRIPT_DIR",
+    "TEMPLATE_FILE",
+    "create_html_for_group",
+    "generate_html",
+    "get_score_class",
+    "main",
+    "render_groups",
+]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from atroposlib.type_definitions import number  # noqa: F401 - Atropos 0.4 import path
+
+#: What the helpers accept as an array (Atropos 0.4 type names): an array, a sequence of arrays
+#: or a nested sequence of numbers.
+NumpyArrayLike = np.ndarray | Sequence[np.ndarray] | Sequence[Sequence]
+#: A boolean vector, as returned by ``allclose_to_first(..., return_vector=True)``.
+BoolVector = np.ndarray
+
 
 def allclose_to_first(
     values: Any,
@@ -147,6 +155,8 @@ def compute_grpo_process_supervision_advantages(
 
 
 __all__ = [
+    "BoolVector",
+    "NumpyArrayLike",
     "allclose_to_first",
     "compute_discounted_returns",
     "compute_grpo_process_supervision_advantages",

@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from atroposlib.api.models import IGNORE_INDEX
+from atroposlib.type_definitions import Message  # noqa: F401 - Atropos 0.4 import path
+from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Roles whose turns are trained on in ``train_on_all_assistant_turns`` mode.
 TRAINED_ROLES = ("assistant", "agent")
+#: Atropos 0.4's name for :data:`TRAINED_ROLES`.
+UNMASKED_ROLES = TRAINED_ROLES
 
 
 def _render_ids(tokenizer: Any, chat: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
@@ -74,4 +78,10 @@ def tokenize_for_trainer(
     return result
 
 
-__all__ = ["TRAINED_ROLES", "tokenize_for_trainer"]
+# Names Atropos 0.4's utils.tokenize_for_trainer imported at module level (third-party types and sibling classes);
+# resolved from their homes on first access, so importing this module stays as cheap as before.
+__getattr__ = lazy_exports(__name__, {
+    "PreTrainedTokenizer": "transformers",
+})
+
+__all__ = ["TRAINED_ROLES", "UNMASKED_ROLES", "tokenize_for_trainer"]

@@ -8,8 +8,6 @@ first use, so importing this module (e.g. for the client) does not import FastAP
 
 from __future__ import annotations
 
-from typing import Any
-
 from atroposlib.envs.server_handling.proxy.cli import build_parser, main
 from atroposlib.envs.server_handling.proxy.client import ProxyManagedServer, create_proxy_session
 from atroposlib.envs.server_handling.proxy.errors import ProxyError, ProxyHTTPError
@@ -18,6 +16,7 @@ from atroposlib.envs.server_handling.proxy.models import (
     DEFAULT_SESSION_TTL_S,
     MAX_N,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     ProxyConfig,
     ProxySettings,
@@ -27,22 +26,40 @@ from atroposlib.envs.server_handling.proxy.models import (
     check_chat_message,
 )
 from atroposlib.envs.server_handling.proxy.state import ProxyState, Session
+from atroposlib.utils.lazy_exports import lazy_exports
 
+#: Atropos 0.4's names for our request/session types.
+ChatCompletionProxyRequest = ChatCompletionRequest
+SessionCreateResponse = SessionInfo
+SessionState = Session
 
-def __getattr__(name: str) -> Any:
-    """Load ``create_app`` (which imports FastAPI) only when it is asked for."""
-    if name == "create_app":
-        from atroposlib.envs.server_handling.proxy.app import create_app
-
-        return create_app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_SH = "atroposlib.envs.server_handling."
+# FastAPI-side names (and the classes Atropos 0.4's module imported) load on first use, so
+# importing this module (e.g. for the client) does not import FastAPI.
+__getattr__ = lazy_exports(__name__, {
+    "create_app": _SH + "proxy.app",
+    "openai_error": _SH + "proxy.app",
+    "APIServerConfig": _SH + "server_baseline",
+    "BaseModel": "pydantic",
+    "DummyManagedServer": _SH + "managed_server",
+    "ManagedServer": _SH + "managed_server",
+    "OpenAIServer": _SH + "openai_server",
+    "ServerManager": _SH + "server_manager",
+    "ToolCallTranslator": _SH + "tool_call_translator",
+    "FastAPI": "fastapi",
+    "HTTPException": "fastapi",
+    "Request": "fastapi",
+    "JSONResponse": "fastapi.responses",
+})
 
 
 __all__ = [
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_TTL_S",
     "MAX_N",
+    "ChatCompletionProxyRequest",
     "ChatCompletionRequest",
+    "ChatMessage",
     "CompletionRequest",
     "ProxyConfig",
     "ProxyError",
@@ -53,12 +70,15 @@ __all__ = [
     "RenderResponse",
     "Session",
     "SessionCreateRequest",
+    "SessionCreateResponse",
     "SessionInfo",
+    "SessionState",
     "build_parser",
     "check_chat_message",
     "create_app",  # noqa: F822 - provided by __getattr__
     "create_proxy_session",
     "main",
+    "openai_error",  # noqa: F822 - provided by __getattr__
 ]
 
 if __name__ == "__main__":

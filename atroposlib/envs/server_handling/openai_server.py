@@ -20,6 +20,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     merge_choices,
 )
 from atroposlib.errors import InferenceError
+from atroposlib.utils.lazy_exports import lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -134,5 +135,14 @@ def resolve_openai_configs(
     }
     return resolve_server_configs(default_server_configs, (yaml_config or {}).get("openai"), cli)
 
+
+# Names Atropos 0.4's envs.server_handling.openai_server imported at module level (third-party types and sibling classes);
+# resolved from their homes on first access, so importing this module stays as cheap as before.
+__getattr__ = lazy_exports(__name__, {
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "NAMESPACE_SEP": "atroposlib.envs.constants",
+    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
+})
 
 __all__ = ["OpenAIServer", "resolve_openai_configs"]

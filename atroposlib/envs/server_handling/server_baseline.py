@@ -31,12 +31,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tenacity import (
     AsyncRetrying,
+    retry,  # noqa: F401 - Atropos 0.4 code imports it from here
     retry_if_exception,
     stop_after_attempt,
     wait_random_exponential,
 )
 
 from atroposlib.errors import InferenceError, InferenceUnavailableError
+from atroposlib.utils.lazy_exports import lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +128,8 @@ class APIServerConfig(ServerBaseline):
 OpenaiConfig = APIServerConfig
 
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+#: The accepted ``ReasoningConfig.effort`` values (Atropos 0.4 name).
+VALID_REASONING_EFFORTS = frozenset(_EFFORTS)
 _EFFORT_TOKENS = {
     "none": 1024,
     "minimal": 3200,
@@ -684,6 +688,12 @@ class APIServer(ABC):
         )
 
 
+# OpenAI response types Atropos 0.4's module imported; loaded on first access.
+__getattr__ = lazy_exports(__name__, {
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+})
+
 __all__ = [
     "APIServer",
     "APIServerConfig",
@@ -691,6 +701,7 @@ __all__ = [
     "InferenceError",
     "OpenaiConfig",
     "ReasoningConfig",
+    "VALID_REASONING_EFFORTS",
     "ServerBaseline",
     "is_transient_error",
 ]

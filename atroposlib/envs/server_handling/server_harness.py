@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from atroposlib.envs.server_handling.server_baseline import APIServer, APIServerConfig
+from atroposlib.utils.lazy_exports import lazy_exports
 
 
 def _messages_key(messages: Any) -> str:
@@ -31,7 +32,37 @@ def _messages_key(messages: Any) -> str:
     return json.dumps(list(messages or []), sort_keys=True, default=str)
 
 
-def _wrap_chat(texts: list[str], model: str) -> Any:
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+
+
+def _choice_rows(resp: str | list[str], n: int,
+                 finish_reason: FinishReason | list[FinishReason]) -> list[tuple[str, str]]:
+    """``(text, finish_reason)`` for each of ``n`` choices; a single string/reason is repeated."""
+    texts = [resp] * n if isinstance(resp, str) else list(resp)
+    reasons = [finish_reason] * n if isinstance(finish_reason, str) else list(finish_reason)
+    if len(texts) < n or len(reasons) < n:
+        raise ValueError(f"n={n} choices need {n} responses and finish reasons, got "
+                         f"{len(texts)} and {len(reasons)}")
+    return list(zip(texts[:n], reasons[:n], strict=True))
+
+
+def create_chat_completion(resp: str | list[str], n: int = 1,
+                           finish_reason: FinishReason | list[FinishReason] = "stop",
+                           model: str = "test_model") -> Any:
+    """An OpenAI ``ChatCompletion`` with ``n`` assistant choices, for tests and canned answers.
+
+    Args:
+        resp: the reply text, used for every choice, or one text per choice.
+        n: how many choices.
+        finish_reason: one reason for every choice, or one per choice.
+        model: the ``model`` field of the result.
+
+    Returns:
+        ``openai.types.chat.ChatCompletion`` (a fresh id, ``created`` = now).
+
+    Raises:
+        ValueError: a list ``resp`` or ``finish_reason`` has fewer than ``n`` entries.
+    """
     from openai.types.chat import ChatCompletion, ChatCompletionMessage
     from openai.types.chat.chat_completion import Choice
 
@@ -41,17 +72,24 @@ def _wrap_chat(texts: list[str], model: str) -> Any:
         model=model,
         object="chat.completion",
         choices=[
-            Choice(
-                index=i,
-                finish_reason="stop",
-                message=ChatCompletionMessage(role="assistant", content=text),
-            )
-            for i, text in enumerate(texts)
+            Choice(index=i, finish_reason=reason,
+                   message=ChatCompletionMessage(role="assistant", content=text))
+            for i, (text, reason) in enumerate(_choice_rows(resp, n, finish_reason))
         ],
     )
 
 
-def _wrap_completion(texts: list[str], model: str) -> Any:
+def create_completion(resp: str | list[str], n: int = 1,
+                      finish_reason: FinishReason | list[FinishReason] = "stop",
+                      model: str = "test_model") -> Any:
+    """An OpenAI ``Completion`` with ``n`` text choices; arguments as :func:`create_chat_completion`.
+
+    Returns:
+        ``openai.types.completion.Completion``.
+
+    Raises:
+        ValueError: a list ``resp`` or ``finish_reason`` has fewer than ``n`` entries.
+    """
     from openai.types.completion import Completion
     from openai.types.completion_choice import CompletionChoice
 
@@ -60,11 +98,17 @@ def _wrap_completion(texts: list[str], model: str) -> Any:
         created=int(time.time()),
         model=model,
         object="text_completion",
-        choices=[
-            CompletionChoice(index=i, finish_reason="stop", text=text)
-            for i, text in enumerate(texts)
-        ],
+        choices=[CompletionChoice(index=i, finish_reason=reason, text=text)
+                 for i, (text, reason) in enumerate(_choice_rows(resp, n, finish_reason))],
     )
+
+
+def _wrap_chat(texts: list[str], model: str) -> Any:
+    return create_chat_completion(texts, len(texts), model=model)
+
+
+def _wrap_completion(texts: list[str], model: str) -> Any:
+    return create_completion(texts, len(texts), model=model)
 
 
 class ServerHarness(APIServer):
@@ -200,3 +244,14 @@ class ServerHarness(APIServer):
         if isinstance(response, list) and all(isinstance(r, str) for r in response):
             return wrap(list(response), str(kwargs.get("model", "harness")))
         return response
+
+
+# Names Atropos 0.4's envs.server_handling.server_harness imported at module level (third-party types and sibling classes);
+# resolved from their homes on first access, so importing this module stays as cheap as before.
+__getattr__ = lazy_exports(__name__, {
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "ChatCompletionMessage": "openai.types.chat.chat_completion",
+    "Choice": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "CompletionChoice": "openai.types.completion",
+})

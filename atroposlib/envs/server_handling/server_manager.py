@@ -31,6 +31,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
     merge_choices,
 )
+from atroposlib.utils.lazy_exports import lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -397,5 +398,19 @@ class ServerManager:
         finally:
             managed.reset()
 
+
+# Names Atropos 0.4's envs.server_handling.server_manager imported at module level (third-party types and sibling classes);
+# resolved from their homes on first access, so importing this module stays as cheap as before.
+__getattr__ = lazy_exports(__name__, {
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "DummyManagedServer": "atroposlib.envs.server_handling.managed_server",
+    "ManagedServer": "atroposlib.envs.server_handling.managed_server",
+    "OpenAIServer": "atroposlib.envs.server_handling.openai_server",
+    "SGLangServer": "atroposlib.envs.server_handling.sglang_server",
+    "ServerHarness": "atroposlib.envs.server_handling.server_harness",
+    "TrlVllmServer": "atroposlib.envs.server_handling.trl_vllm_server",
+    "VLLMServer": "atroposlib.envs.server_handling.vllm_server",
+})
 
 __all__ = ["ServerManager", "ServerManagerConfig", "server_class_for"]

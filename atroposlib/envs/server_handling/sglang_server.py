@@ -22,6 +22,7 @@ from atroposlib.envs.server_handling.server_baseline import (
 )
 from atroposlib.envs.server_handling.vllm_server import root_url
 from atroposlib.errors import InferenceError
+from atroposlib.utils.lazy_exports import lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -138,5 +139,16 @@ class SGLangServer(OpenAIServer):
 
 # Atropos 0.4 also exposed the server-config resolver from this module.
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs  # noqa: E402
+
+# Names Atropos 0.4's envs.server_handling.sglang_server imported at module level (third-party types and sibling classes);
+# resolved from their homes on first access, so importing this module stays as cheap as before.
+__getattr__ = lazy_exports(__name__, {
+    "APIServer": "atroposlib.envs.server_handling.server_baseline",
+    "AutoTokenizer": "transformers",
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "NAMESPACE_SEP": "atroposlib.envs.constants",
+    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
+})
 
 __all__ = ["SGLangServer", "finish_reason_of", "resolve_openai_configs"]

@@ -39,9 +39,49 @@ def _vllm_available() -> bool:
     return _AVAILABLE
 
 
+#: vLLM protocol/parser classes Atropos 0.4 re-exported from here -> the vLLM modules that hold
+#: them, newest layout first (vLLM moves them between releases).
+_PROTOCOL_HOMES = (
+    "vllm.entrypoints.openai.engine.protocol",
+    "vllm.entrypoints.generate.base.protocol",
+    "vllm.entrypoints.openai.protocol",
+)
+_VLLM_NAMES = {
+    "ChatCompletionRequest": ("vllm.entrypoints.openai.chat_completion.protocol",
+                              "vllm.entrypoints.openai.protocol"),
+    "ExtractedToolCallInformation": _PROTOCOL_HOMES,
+    "FunctionCall": _PROTOCOL_HOMES,
+    "ToolCall": _PROTOCOL_HOMES,
+    "ToolParser": ("vllm.tool_parsers.abstract_tool_parser",),
+    "ToolParserManager": ("vllm.tool_parsers.abstract_tool_parser",),
+}
+
+
+def _vllm_class(name: str) -> Any:
+    """VLLM's class ``name`` from the first of its homes that has it, or None."""
+    import importlib
+
+    if not _vllm_available():
+        return None
+    for home in _VLLM_NAMES[name]:
+        try:
+            return getattr(importlib.import_module(home), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
 def __getattr__(name: str) -> Any:
+    """``VLLM_AVAILABLE`` and vLLM's tool-parser classes, resolved on first access.
+
+    The vLLM names are None when vLLM (or that class) cannot be imported, as in Atropos 0.4.
+    """
     if name == "VLLM_AVAILABLE":
         return _vllm_available()
+    if name in _VLLM_NAMES:
+        value = _vllm_class(name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -22,6 +22,7 @@ from atroposlib.envs.server_handling.server_baseline import (
 )
 from atroposlib.envs.server_handling.vllm_server import root_url
 from atroposlib.errors import InferenceError
+from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Sampling defaults sent to TRL (its request model requires them all).
 TRL_DEFAULTS: dict[str, Any] = {
@@ -144,5 +145,16 @@ class TrlVllmServer(APIServer):
             ],
         )
 
+
+# Names Atropos 0.4's envs.server_handling.trl_vllm_server imported at module level (third-party types and sibling classes);
+# resolved from their homes on first access, so importing this module stays as cheap as before.
+__getattr__ = lazy_exports(__name__, {
+    "AutoTokenizer": "transformers",
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "ChatCompletionMessage": "openai.types.chat.chat_completion",
+    "Choice": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "CompletionChoice": "openai.types.completion",
+})
 
 __all__ = ["TRL_DEFAULTS", "TrlVllmServer"]

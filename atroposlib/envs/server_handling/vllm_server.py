@@ -26,6 +26,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
 )
 from atroposlib.errors import InferenceError
+from atroposlib.utils.lazy_exports import lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -275,5 +276,16 @@ class VLLMServer(OpenAIServer):
 
 # Atropos 0.4 also exposed the server-config resolver from this module.
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs  # noqa: E402
+
+# Names Atropos 0.4's envs.server_handling.vllm_server imported at module level (third-party types and sibling classes);
+# resolved from their homes on first access, so importing this module stays as cheap as before.
+__getattr__ = lazy_exports(__name__, {
+    "APIServer": "atroposlib.envs.server_handling.server_baseline",
+    "AutoTokenizer": "transformers",
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "NAMESPACE_SEP": "atroposlib.envs.constants",
+    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
+})
 
 __all__ = ["VLLMServer", "parse_token_id", "resolve_openai_configs", "root_url"]

@@ -25,6 +25,21 @@ from atroposlib.envs.server_handling.proxy.state import ProxyState
 logger = logging.getLogger(__name__)
 
 
+def openai_error(status_code: int, message: str,
+                 error_type: str = "invalid_request_error") -> JSONResponse:
+    """A JSON error response in OpenAI's shape, as the proxy's routes answer errors.
+
+    Args:
+        status_code: the HTTP status; it is also the body's ``code`` (Atropos 0.4's form).
+        message: what went wrong, for the caller.
+        error_type: OpenAI's error ``type`` (``invalid_request_error``, ``server_error`` ...).
+
+    Returns:
+        ``JSONResponse`` with body ``{"error": {"message", "type", "code"}}``.
+    """
+    return JSONResponse(error_body(message, error_type, status_code), status_code=status_code)
+
+
 async def _proxy_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ProxyHTTPError)
     return JSONResponse(error_body(exc.message, exc.type, exc.code), status_code=exc.status_code)

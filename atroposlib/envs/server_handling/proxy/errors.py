@@ -47,7 +47,7 @@ class ProxyError(InferenceError):
         self.code = code
 
 
-def error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
+def error_body(message: str, type_: str, code: str | int | None) -> dict[str, Any]:
     """The OpenAI error body ``{"error": {"message", "type", "code"}}``."""
     return {"error": {"message": message, "type": type_, "code": code}}
 

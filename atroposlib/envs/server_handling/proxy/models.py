@@ -209,6 +209,25 @@ def check_chat_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "content": "\n".join(texts)}
 
 
+class ChatMessage(BaseModel):
+    """One OpenAI chat message (Atropos 0.4's typed form of an item of ``messages``).
+
+    The proxy itself takes messages as dicts (checked by :func:`check_chat_message`); this model
+    is for code that builds them typed. Fields OpenAI adds later are kept (``extra="allow"``);
+    ``model_dump(exclude_none=True)`` gives the dict to send.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(description='"system", "user", "assistant" or "tool".')
+    content: str | list[dict[str, Any]] | None = Field(
+        default=None, description="Text, or OpenAI content parts; None for a tool-call-only turn."
+    )
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, description="OpenAI tool calls.")
+    tool_call_id: str | None = Field(default=None, description="Which call a tool message answers.")
+    name: str | None = None
+
+
 class ChatCompletionRequest(BaseModel):
     """Body of ``POST /{uuid}/v1/chat/completions`` (and ``/render``).
 
