@@ -7,6 +7,10 @@ names (defs, classes, constants, from-imports), minus stdlib/typing imports, pla
 ``import x`` modules, ``logger`` and names under ``if __name__ == "__main__"``. Then tries
 ``getattr`` on our module of the same path. ``--lib`` leaves out the ``cli`` scripts.
 Prints the missing names and ``importable X/Y; defined-upstream X/Y``.
+
+``--write FILE`` writes upstream's (module, name, kind) list instead, one ``module name kind``
+a line (cli scripts included): the checked-in ``tests/envs/upstream_names.txt`` that
+``tests/envs/test_upstream_compat.py`` checks offline was made this way.
 """
 
 from __future__ import annotations
@@ -60,6 +64,13 @@ def main() -> None:
     root = pathlib.Path(sys.argv[1])
     lib_only = "--lib" in sys.argv
     warnings.filterwarnings("ignore")
+    if "--write" in sys.argv:
+        out = pathlib.Path(sys.argv[sys.argv.index("--write") + 1])
+        rows = [f"{module} {name} {kind.replace(' ', ':')}"
+                for module, names in upstream_names(root).items() for name, kind in sorted(names.items())]
+        out.write_text("\n".join(rows) + "\n")
+        print(f"wrote {len(rows)} names to {out}")
+        return
     total = ok = defined = defined_ok = 0
     for module, names in upstream_names(root).items():
         if lib_only and module.startswith("atroposlib.cli"):
