@@ -100,3 +100,136 @@ def test_excluded_names_are_really_absent(pair):
     except ImportError:
         return
     assert not hasattr(ours, name), f"{module}.{name} now exists: drop it from EXCLUDED"
+
+
+# --- the helpers written for these names (not re-exports) ------------------------------------
+
+
+def test_utils_cli_helpers_of_atropos_04():
+    from pydantic import BaseModel, Field
+
+    from atroposlib.utils.cli import (
+        adjust_model_defaults,
+        extract_namespace,
+        get_double_dash_flags,
+        get_prefixed_pydantic_model,
+        merge_dicts,
+    )
+
+    class Cfg(BaseModel):
+        size: int = Field(default=2, description="how many")
+        tags: list[str] = Field(default_factory=list)
+
+    assert merge_dicts({"a": {"b": 1, "c": 2}, "x": 1}, {"a": {"c": 3}}, {"x": {"y": 1}}) == {
+        "a": {"b": 1, "c": 3}, "x": {"y": 1}}
+    assert merge_dicts() == {}
+    assert extract_namespace({"env.size": 3, "openai.x": 1}, "env.") == {"size": 3}
+    assert extract_namespace(Cfg(size=5), "si") == {"ze": 5}
+    with pytest.raises(TypeError):
+        extract_namespace(42, "env.")
+    prefixed = get_prefixed_pydantic_model(Cfg, "env.")
+    assert prefixed.__name__ == "Env.Cfg"
+    assert prefixed.model_fields["env.size"].description == "how many"
+    assert prefixed().model_dump() == {"env.size": 2, "env.tags": []}
+    derived = adjust_model_defaults(Cfg, {"size": 7, "tags": None, "nope": 1})
+    assert derived.__name__ == "CfgWithDefaults" and issubclass(derived, Cfg)
+    assert derived().size == 7 and derived().tags == []
+    assert get_double_dash_flags(["run", "--user=admin", "--port", "8080", "--verbose", "-o", "x",
+                                  "--input-file", "a.csv", "--none", "None"]) == {
+        "user": "admin", "port": "8080", "verbose": True, "input-file": "a.csv", "none": None}
+
+
+def test_server_harness_completion_builders():
+    from atroposlib.envs.server_handling.server_harness import (
+        create_chat_completion,
+        create_completion,
+    )
+
+    chat = create_chat_completion(["a", "b"], n=2, finish_reason=["stop", "length"])
+    assert [c.message.content for c in chat.choices] == ["a", "b"]
+    assert [c.finish_reason for c in chat.choices] == ["stop", "length"]
+    assert [c.text for c in create_completion("x", n=3).choices] == ["x", "x", "x"]
+    with pytest.raises(ValueError):
+        create_chat_completion(["only one"], n=2)
+
+
+def test_gzip_request_middleware_and_openai_error():
+    import gzip
+    import json
+
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from atroposlib.api.server import GZipRequestMiddleware
+    from atroposlib.envs.server_handling.managed_server_proxy import openai_error
+
+    async def echo(request):
+        return JSONResponse(await request.json())
+
+    app = Starlette(routes=[Route("/echo", echo, methods=["POST"])])
+    app.add_middleware(GZipRequestMiddleware, max_decompressed_bytes=1000)
+    client = TestClient(app)
+    body = gzip.compress(json.dumps({"a": 1}).encode())
+    headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    assert client.post("/echo", content=body, headers=headers).json() == {"a": 1}
+    assert client.post("/echo", json={"b": 2}).json() == {"b": 2}
+    assert client.post("/echo", content=b"not gzip", headers=headers).status_code == 400
+    bomb = gzip.compress(b"[" + b"0," * 2000 + b"0]")
+    assert client.post("/echo", content=bomb, headers=headers).status_code == 413
+
+    response = openai_error(404, "no such session", "not_found_error")
+    assert response.status_code == 404
+    assert json.loads(response.body) == {
+        "error": {"message": "no such session", "type": "not_found_error", "code": 404}}
+
+
+def test_view_run_multimodal_helpers():
+    import base64
+    import io
+    import json
+
+    from PIL import Image
+
+    from atroposlib.cli.view_run_multimodal import extract_image_from_chat, extract_text_from_chat
+
+    buf = io.BytesIO()
+    Image.new("RGB", (3, 2)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    parts = [{"type": "text", "text": "How many?"}, {"type": "image_url", "image_url": {"url": url}}]
+    assert extract_image_from_chat(json.dumps(parts)).size == (3, 2)
+    assert extract_image_from_chat("no image") is None
+    assert extract_image_from_chat("data:image/png;base64,AAAA") is None
+    assert extract_text_from_chat(json.dumps(parts)) == "How many?"
+    assert extract_text_from_chat("[Image] count the dots") == "count the dots"
+    assert extract_text_from_chat("plain") == "plain"
+
+
+def test_inference_node_watcher_logs_health_when_the_step_advances(monkeypatch):
+    import httpx
+    import wandb
+
+    from atroposlib.cli import inference_node_wandb_watcher as watcher
+
+    steps = iter([0, 3, 3])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/wandb_info":
+            return httpx.Response(200, json={"project": "p", "group": "g"})
+        if request.url.path == "/status":
+            return httpx.Response(200, json={"current_step": next(steps), "queue_size": 0})
+        return httpx.Response(200 if request.url.port == 9000 else 503)
+
+    real_client = httpx.Client
+    monkeypatch.setattr(watcher.httpx, "Client", lambda **kw: real_client(
+        transport=httpx.MockTransport(answer), **kw))
+    inits, logs = [], []
+    monkeypatch.setattr(wandb, "init", lambda **kw: inits.append(kw))
+    monkeypatch.setattr(wandb, "log", lambda data, step=None: logs.append((step, dict(data))))
+    monkeypatch.setattr(watcher.time, "sleep", lambda s: None)
+    watcher.run("http://api", tp=4, node_num=1, max_polls=3)
+    assert inits == [{"project": "p", "group": "g", "name": "inf_node_1"}]
+    assert logs == [(3, {"server/server_health_1_0": 1.0, "server/server_health_1_1": 0.0})]
+    with pytest.raises(ValueError):
+        watcher.run("http://api", tp=16, node_num=1)
