@@ -23,6 +23,10 @@ class Message(TypedDict):
     reward: NotRequired[float | None]
 
 
+#: Key of a group's reference answer, inside ``group_overrides`` (or at the group's top level);
+#: the rollout views (process HTML, view-run) show it beside the group.
+REFERENCE_KEY = "reference_answer"
+
 #: Whatever ``get_next_item`` returns; opaque to the framework.
 Item = Any
 #: A plain scalar.
@@ -119,6 +123,7 @@ __all__ = [
     "Item",
     "Message",
     "Observation",
+    "REFERENCE_KEY",
     "UUID",
     "number",
 ]

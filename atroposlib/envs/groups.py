@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 from atroposlib.api.models import IGNORE_INDEX, group_shape_error
 from atroposlib.errors import RolloutError
-from atroposlib.type_definitions import Item, Message
+from atroposlib.type_definitions import REFERENCE_KEY, Item, Message
 
 logger = logging.getLogger(__name__)
 
@@ -266,9 +266,6 @@ def completion_lengths(group: ScoredDataGroup) -> list[int]:
     return [sum(1 for m in masks if m != IGNORE_INDEX) for masks in group["masks"]]
 
 
-#: Key inside ``group_overrides`` holding a group's reference answer, which the rollout views
-#: (``process``'s HTML, ``view-run``) show above the completions. Stock trainers ignore it.
-REFERENCE_KEY = "reference_answer"
 
 
 def set_reference_answer(group: ScoredDataGroup, answer: Any) -> ScoredDataGroup:

@@ -24,7 +24,7 @@ from typing import Any
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from atroposlib.envs.groups import REFERENCE_KEY  # top level, or inside group_overrides
+from atroposlib.type_definitions import REFERENCE_KEY  # top level, or inside group_overrides
 
 _TEMPLATES = Path(__file__).with_name("templates")
 
