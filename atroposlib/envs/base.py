@@ -23,6 +23,9 @@ from typing import Any
 
 from atroposlib.api.models import MASKED_LOGPROB
 from atroposlib.envs.checkpoints import CheckpointMixin
+
+# names Atropos 0.4's envs/base.py imported, importable from here too (loaded on first use)
+from atroposlib.envs.compat_exports import base_getattr as __getattr__  # noqa: F401
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
 from atroposlib.envs.eval import EvalLogMixin
 from atroposlib.envs.groups import (
@@ -53,34 +56,6 @@ from atroposlib.envs.server_handling.server_manager import ServerManager, Server
 from atroposlib.envs.wandb_logging import WandbLoggingMixin
 from atroposlib.type_definitions import Item
 from atroposlib.utils.hf_tokenizer import load_tokenizer
-from atroposlib.utils.lazy_exports import lazy_exports
-
-# Names Atropos 0.4's envs/base.py imported and env code sometimes imports from here; each is
-# loaded from its home on first access, so importing this module stays cheap (no transformers,
-# tenacity or rich until asked for).
-__getattr__ = lazy_exports(__name__, {
-    "AutoTokenizer": "transformers",
-    "BaseModel": "pydantic",
-    "Field": "pydantic",
-    "retry": "tenacity",
-    "stop_after_attempt": "tenacity",
-    "wait_random_exponential": "tenacity",
-    "rprint": "rich:print",
-    "ENV_NAMESPACE": "atroposlib.envs.constants",
-    "NAMESPACE_SEP": "atroposlib.envs.constants",
-    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
-    "Message": "atroposlib.type_definitions",
-    "UUID": "atroposlib.type_definitions",
-    "get_std_min_max_avg": "atroposlib.utils.metrics",
-    "parse_http_response": "atroposlib.utils.io",
-    "resolve_openai_configs": "atroposlib.envs.server_handling.openai_server",
-    "generate_html": "atroposlib.frontend.jsonl2html",
-    "TypedDict": "typing_extensions",
-    "extract_namespace": "atroposlib.utils.cli",
-    "get_double_dash_flags": "atroposlib.utils.cli",
-    "get_prefixed_pydantic_model": "atroposlib.utils.cli",
-    "merge_dicts": "atroposlib.utils.cli",
-})
 
 
 class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):

@@ -130,6 +130,7 @@ def accuracy_reward(
         completions: N completions.
         solution: one gold for all or N golds.
         ground_truth: used instead of ``solution`` when given (Atropos 0.4's keyword).
+        **kwargs: passed on to :meth:`AccuracyReward.compute`.
 
     Returns:
         N floats in {0.0, 1.0}.

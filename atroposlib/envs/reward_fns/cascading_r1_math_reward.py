@@ -88,6 +88,7 @@ def format_reward(
     Args:
         completions: N completions (any shape :func:`get_content` accepts).
         reward_value: the bonus for the right form.
+        **kwargs: ignored (reward functions are called with the dataset's columns).
 
     Returns:
         N floats.
@@ -106,6 +107,7 @@ def accuracy_reward(
         completions: N completions.
         solution: one gold for all or N golds (numbers, LaTeX, ``\boxed{..}`` or GSM8K
             ``"... #### 42"``).
+        **kwargs: ignored (reward functions are called with the dataset's columns).
 
     Returns:
         N floats; a completion with more than :data:`MAX_BOXED` ``\boxed`` scores 0.

@@ -69,5 +69,9 @@ def format_reward(
     Args:
         completions: N completions.
         preferred_tags: tag names to look for (default ``think``, ``answer``).
+        **kwargs: passed on to :meth:`FormatReward.compute`.
+
+    Returns:
+        N floats.
     """
     return FormatReward(preferred_tags=preferred_tags).compute(completions, **kwargs)
