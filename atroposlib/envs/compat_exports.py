@@ -35,7 +35,17 @@ BASE_EXPORTS = {
     "merge_dicts": "atroposlib.utils.cli",
 }
 
+#: What Atropos 0.4's ``vllm_server`` and ``sglang_server`` modules imported at module level.
+SERVER_MODULE_EXPORTS = {
+    "APIServer": "atroposlib.envs.server_handling.server_baseline",
+    "AutoTokenizer": "transformers",
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "NAMESPACE_SEP": "atroposlib.envs.constants",
+    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
+}
+
 base_getattr = lazy_exports("atroposlib.envs.base", BASE_EXPORTS)
 """The ``__getattr__`` of :mod:`atroposlib.envs.base` (PEP 562)."""
 
-__all__ = ["BASE_EXPORTS", "base_getattr"]
+__all__ = ["BASE_EXPORTS", "SERVER_MODULE_EXPORTS", "base_getattr"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from atroposlib.envs.compat_exports import SERVER_MODULE_EXPORTS
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
@@ -140,15 +141,8 @@ class SGLangServer(OpenAIServer):
 # Atropos 0.4 also exposed the server-config resolver from this module.
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs  # noqa: E402
 
-# Names Atropos 0.4's envs.server_handling.sglang_server imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "APIServer": "atroposlib.envs.server_handling.server_baseline",
-    "AutoTokenizer": "transformers",
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "NAMESPACE_SEP": "atroposlib.envs.constants",
-    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
-})
+# Names Atropos 0.4's envs.server_handling.sglang_server imported at module level (third-party types and
+# sibling classes), resolved from their homes on first access: importing this module stays cheap.
+__getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
 __all__ = ["SGLangServer", "finish_reason_of", "resolve_openai_configs"]

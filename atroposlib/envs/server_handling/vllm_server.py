@@ -19,6 +19,7 @@ import logging
 import math
 from typing import Any
 
+from atroposlib.envs.compat_exports import SERVER_MODULE_EXPORTS
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
@@ -277,15 +278,8 @@ class VLLMServer(OpenAIServer):
 # Atropos 0.4 also exposed the server-config resolver from this module.
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs  # noqa: E402
 
-# Names Atropos 0.4's envs.server_handling.vllm_server imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "APIServer": "atroposlib.envs.server_handling.server_baseline",
-    "AutoTokenizer": "transformers",
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "NAMESPACE_SEP": "atroposlib.envs.constants",
-    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
-})
+# Names Atropos 0.4's envs.server_handling.vllm_server imported at module level (third-party types and
+# sibling classes), resolved from their homes on first access: importing this module stays cheap.
+__getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
 __all__ = ["VLLMServer", "parse_token_id", "resolve_openai_configs", "root_url"]
