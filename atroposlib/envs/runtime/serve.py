@@ -126,6 +126,11 @@ def offpolicy_room(
     return room
 
 
+def spawn_backoff(n: int) -> float:
+    """Pause before the next spawn after the ``n``-th (from 0) repeated failure: 0.1 s doubling to 10 s."""
+    return min(10.0, 0.1 * 2 ** min(n, 7))
+
+
 YIELD_WINDOW = 32
 """Finished rollouts that :func:`inflight_cap`'s yield estimate looks back on."""
 
@@ -454,7 +459,7 @@ class ServeLoop:
         elif outcome.reason is Skip.ERROR:
             self.consecutive_errors += 1
             # 0.1 s, 0.2 s, ... up to 10 s between spawns instead of spinning; reset by a success.
-            delay = min(10.0, 0.1 * 2 ** min(self.consecutive_errors - 1, 7))
+            delay = spawn_backoff(self.consecutive_errors - 1)
             self.inference_pause_until = max(self.inference_pause_until, time.monotonic() + delay)
             if self.consecutive_errors > 1:
                 logger.warning("%d rollout failures in a row", self.consecutive_errors)
@@ -486,7 +491,7 @@ class ServeLoop:
         beyond = self.consecutive_rejects - self.reject_streak
         if beyond < 0:
             return
-        delay = min(10.0, 0.1 * 2 ** min(beyond, 7))
+        delay = spawn_backoff(beyond)
         self.inference_pause_until = max(self.inference_pause_until, time.monotonic() + delay)
         self.env.stats["reject_backoffs"] += 1
         if beyond == 0:
