@@ -75,7 +75,8 @@ class Launcher:
         return part
 
     def _fail(self, part: Part, why: str) -> LaunchError:
-        return LaunchError(f"{part.name} {why}; last lines of {part.log_path}:\n{part.tail()}")
+        return LaunchError(f"{part.name} {why}; last lines of {part.log_path}:\n{part.tail()}",
+                           part=part.name, reason=why)
 
     def _wait_until(self, what: str, check: Any, timeout: float, watch: list[Part]) -> None:
         deadline = time.monotonic() + timeout
@@ -97,6 +98,7 @@ class Launcher:
 
         cfg = self.config
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        failure: LaunchError | None = None
         try:
             # 1. run-api
             api_port = cfg.api.port or free_port()
@@ -161,12 +163,15 @@ class Launcher:
                                                   *flags({**env.args, **extra})]))
 
             # 4. wait for the trainer
-            while trainer.poll() is None:
+            while True:
                 if self._stop_signal is not None:
                     raise KeyboardInterrupt
+                # the others first: a trainer that failed because run-api died names run-api
                 for part in [api, *envs]:
                     if part.poll() is not None:
                         raise self._fail(part, f"exited early with code {part.poll()}")
+                if trainer.poll() is not None:
+                    break
                 trainer.remember_descendants()
                 time.sleep(1.0)
             code = trainer.poll()
@@ -179,9 +184,12 @@ class Launcher:
             return 130
         except LaunchError as exc:
             self.say(f"FAILED: {exc}")
+            failure = exc
             return 1
         finally:
             self.shutdown()
+            if failure is not None:
+                record_failure(self.run_dir / "summary.json", failure.part, failure.reason)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -195,3 +203,35 @@ class Launcher:
         for part in reversed(self.parts):
             code = part.stop(self.config.stop_timeout)
             self.say(f"stopped {part.name} (exit code {code})")
+
+
+def record_failure(summary_path: Path, part: str | None, reason: str) -> None:
+    """Make ``summary.json`` say that the run ended in error because ``part`` failed.
+
+    The trainer writes the summary; when atropos-launch stops it because another part (run-api,
+    an env) died, the trainer only sees a stop request and writes ``stopped: stop_requested``.
+    This rewrites it to ``stopped: error``, ``error: "<part> <reason>"`` and ``failed_part``,
+    keeping the trainer's own error (if it had one) as ``trainer_error``. Without a summary (the
+    trainer never got far enough to write one) a minimal one with these three keys is written.
+
+    Args:
+        summary_path: ``<run_dir>/summary.json`` on the launching host.
+        part: the name of the part that failed (``api``, ``trainer``, an env's name).
+        reason: what happened to it (``exited early with code 3``).
+    """
+    import json
+
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if not isinstance(summary, dict):
+        summary = {}
+    if part == "trainer" and summary.get("stopped") == "error":
+        summary.setdefault("failed_part", "trainer")  # its own error says more than an exit code
+    else:
+        if summary.get("error"):
+            summary["trainer_error"] = summary["error"]
+        summary.update(stopped="error", error=f"{part} {reason}".strip(), failed_part=part)
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=2))

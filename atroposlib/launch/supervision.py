@@ -113,5 +113,16 @@ class Part:
 
 
 class LaunchError(RuntimeError):
-    """A part failed to come up or died early (the message has its log tail)."""
+    """A part failed to come up or died early (the message has its log tail).
+
+    Attributes:
+        part: the name of the part that failed (``api``, ``trainer``, an env's name), or None.
+        reason: what happened to it, in one line (``exited early with code 3``).
+    """
+
+    def __init__(self, message: str, part: str | None = None, reason: str | None = None):
+        """Keep ``part`` and ``reason`` beside the full message."""
+        super().__init__(message)
+        self.part = part
+        self.reason = reason or message
 

@@ -1,5 +1,6 @@
 """atropos-launch: config validation, flag rendering, fail-fast and clean shutdown with real processes."""
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import yaml
 
 from atroposlib.cli.launch import Launcher, flags, load_config, main, trainer_command, trainer_flags
 from atroposlib.errors import ConfigError
+from atroposlib.launch.orchestration import record_failure
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
@@ -118,6 +120,62 @@ def test_env_that_dies_fails_fast_with_its_log_and_stops_everything(tmp_path, ca
     logs = tmp_path / "run" / "logs"
     assert {"api.log", "trainer.log", "crashy.log"} <= {p.name for p in logs.iterdir()}
     assert "[crashy] env says" in out
+    # the trainer only saw a stop request; the summary names the part that ended the run
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped"] == "error" and summary["failed_part"] == "crashy"
+    assert summary["error"] == "crashy exited early with code 3"
+    assert summary["steps"] == 0  # the trainer's own fields are kept
+
+
+@needs_model
+def test_run_api_that_dies_stops_the_run_and_the_summary_names_it(tmp_path):
+    idle = tmp_path / "idle_env.py"
+    idle.write_text("import time\nprint('idle env up', flush=True)\nwhile True:\n    time.sleep(1)\n")
+    data = {"run_dir": str(tmp_path / "run"), "stop_timeout": 10,
+            "trainer": {"vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
+                        "training_steps": 2, "batch_size": 4, "micro_batch_size": 4},
+            "envs": [{"name": "idle", "script": str(idle)}]}
+    proc = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.launch", str(_write(tmp_path, data))],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:
+            lines.append(line)
+            if "idle env up" in line or time.monotonic() > deadline:
+                break
+        assert any("idle env up" in line for line in lines), "".join(lines)
+        api = next(c for c in psutil.Process(proc.pid).children()
+                   if "atroposlib.cli.run_api" in c.cmdline())
+        os.killpg(api.pid, signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, rest
+    assert "api exited early with code -9" in rest
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped"] == "error" and summary["failed_part"] == "api"
+    assert summary["error"] == "api exited early with code -9"
+
+
+def test_record_failure_keeps_the_trainers_own_error(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"stopped": "error", "error": "ApiError: run-api unreachable", "steps": 3}))
+    record_failure(path, "api", "exited early with code 1")
+    assert json.loads(path.read_text()) == {
+        "stopped": "error", "error": "api exited early with code 1", "failed_part": "api",
+        "trainer_error": "ApiError: run-api unreachable", "steps": 3}
+    # a trainer that failed by itself: its error is the better message
+    path.write_text(json.dumps({"stopped": "error", "error": "TimeoutError: no batch"}))
+    record_failure(path, "trainer", "exited with code 1")
+    assert json.loads(path.read_text())["error"] == "TimeoutError: no batch"
+    assert json.loads(path.read_text())["failed_part"] == "trainer"
+    # no summary at all (the trainer never wrote one)
+    record_failure(tmp_path / "none" / "summary.json", "arith", "exited early with code 2")
+    assert json.loads((tmp_path / "none" / "summary.json").read_text()) == {
+        "stopped": "error", "error": "arith exited early with code 2", "failed_part": "arith"}
 
 
 @needs_model
