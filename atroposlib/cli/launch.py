@@ -15,6 +15,8 @@ from atroposlib.launch.config import (
     ApiSection,
     EnvSection,
     LaunchConfig,
+    Placement,
+    RaySection,
     env_arg_problems,
     launch_preflight,
     load_config,
@@ -22,7 +24,8 @@ from atroposlib.launch.config import (
 from atroposlib.launch.orchestration import Launcher
 from atroposlib.launch.supervision import LaunchError, Part
 
-__all__ = ["ApiSection", "EnvSection", "LaunchConfig", "LaunchError", "Launcher", "Part", "env_arg_problems",
+__all__ = ["ApiSection", "EnvSection", "LaunchConfig", "LaunchError", "Launcher", "Part", "Placement",
+           "RaySection", "env_arg_problems",
            "flags", "free_port", "launch_preflight", "load_config", "main", "trainer_command", "trainer_flags"]
 
 
@@ -33,12 +36,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="atropos-launch",
         description="Run run-api, the GRPO trainer (with its vLLM) and the environments from one "
-        "YAML file; logs go to <run_dir>/logs/<name>.log and the console.")
+        "YAML file, on this host or (--ray) as Ray actors on a Ray cluster; logs go to "
+        "<run_dir>/logs/<name>.log and the console.")
     parser.add_argument("config", help="launch YAML, e.g. configs/quickstart-cpu.yaml")
     parser.add_argument("--run-dir", default=None, help="override run_dir from the config")
+    parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                        help="run every part as a Ray actor on the Ray cluster at ADDRESS "
+                        "(HOST:PORT of its head, ray://HOST:10001, or 'auto', the default: the "
+                        "cluster this host is part of); overrides ray.address in the config. "
+                        "Needs pip install 'atroposlib[ray]'")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
+        if args.ray is not None:
+            config.ray = (config.ray or RaySection()).model_copy(update={"address": args.ray})
+        if config.ray is None and config.trainer.get("nnodes", 1) > 1:
+            raise ConfigError(f"trainer.nnodes: {config.trainer['nnodes']} spreads the trainer "
+                              "over several nodes, which needs a Ray cluster: pass --ray ADDRESS "
+                              "(or set ray: in the config), or start torchrun on each node by "
+                              "hand (docs/cluster.md)")
         launch_preflight(config)
     except ConfigError as exc:
         print(f"atropos-launch: {exc}", file=sys.stderr)

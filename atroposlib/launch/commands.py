@@ -52,7 +52,8 @@ def trainer_flags(values: dict[str, Any]) -> list[str]:
     return out
 
 
-def trainer_command(run_module: str, nproc_per_node: int) -> list[str]:
+def trainer_command(run_module: str, nproc_per_node: int, *, python: str | None = None,
+                    nnodes: int = 1, node_rank: int = 0, master: tuple[str, int] | None = None) -> list[str]:
     """The argv that starts the trainer: ``python -m run_module`` for 1 process, torchrun for more.
 
     Args:
@@ -60,8 +61,24 @@ def trainer_command(run_module: str, nproc_per_node: int) -> list[str]:
         nproc_per_node: training processes on this node. ``torch.distributed.run --standalone``
             gives them a local rendezvous on a free port; the trainer sees ``WORLD_SIZE`` (the
             GRPO trainer then shards the policy with FSDP).
+        python: the interpreter (default: this one).
+        nnodes: nodes the ranks spread over; with more than 1, each node runs this command with
+            its ``node_rank`` and the same ``master`` (torchrun's static rendezvous: rank 0's
+            node listens on ``master``).
+        node_rank: this node's index, 0 to ``nnodes - 1``.
+        master: ``(host, port)`` of node 0's rendezvous; required when ``nnodes > 1``.
+
+    Raises:
+        ValueError: ``nnodes > 1`` without ``master``.
     """
-    if nproc_per_node <= 1:
-        return [sys.executable, "-m", run_module]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc_per_node), "-m", run_module]
+    python = python or sys.executable
+    if nnodes <= 1 and nproc_per_node <= 1:
+        return [python, "-m", run_module]
+    if nnodes <= 1:
+        return [python, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(nproc_per_node), "-m", run_module]
+    if master is None:
+        raise ValueError("a trainer over several nodes needs master=(host, port) of node 0")
+    return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank",
+            str(node_rank), "--nproc-per-node", str(nproc_per_node), "--master-addr", master[0],
+            "--master-port", str(master[1]), "-m", run_module]

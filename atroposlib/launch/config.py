@@ -16,6 +16,77 @@ from atroposlib.errors import ConfigError
 from atroposlib.launch.commands import flags
 from atroposlib.utils.offline import OFFLINE_ENV
 
+#: Keys of the ``trainer:`` section that atropos-launch reads itself (not trainer settings).
+LAUNCHER_TRAINER_KEYS = ("nproc_per_node", "nnodes", "placement")
+#: Keys of the ``trainer:`` section that atropos-launch fills in.
+FILLED_TRAINER_KEYS = ("api_url", "run_dir", "vllm_port")
+
+
+class Placement(BaseModel):
+    """Where a part runs on a Ray cluster (``--ray``); ignored when the parts run locally.
+
+    Each field is Ray's own actor option of the same meaning: the part is a Ray actor that
+    asks for these resources, so Ray's scheduler picks the node.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(default=1, ge=0, description="Logical CPUs the part holds on its "
+                            "node. Ray also sets the part's OMP_NUM_THREADS to it (at least 1).")
+    num_gpus: float = Field(default=0, ge=0, description="GPUs the part holds; Ray sets its "
+                            "CUDA_VISIBLE_DEVICES to the ones it got.")
+    memory: int | None = Field(default=None, gt=0, description="Bytes of memory to reserve "
+                               "(a scheduling hint; Ray does not enforce it).")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom resources, "
+                                        "e.g. {node_b: 1} for a node started with `ray start "
+                                        "--resources '{\"node_b\": 1}'`.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Node labels the node "
+                                   "must carry (Ray's label_selector), e.g. {ray.io/node-id: "
+                                   "ID} or a label set with `ray start --labels`.")
+    runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray runtime env of "
+                                        "this part, merged over ray.runtime_env.")
+
+    def actor_options(self, base_runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Keyword arguments for Ray's ``ActorClass.options(...)``.
+
+        Args:
+            base_runtime_env: the run-wide runtime env (``ray.runtime_env``); this part's keys
+                win, and their ``env_vars`` are merged.
+        """
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.memory is not None:
+            options["memory"] = self.memory
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        if self.labels:
+            options["label_selector"] = dict(self.labels)
+        runtime_env = {**(base_runtime_env or {}), **self.runtime_env}
+        env_vars = {**(base_runtime_env or {}).get("env_vars", {}), **self.runtime_env.get("env_vars", {})}
+        if env_vars:
+            runtime_env["env_vars"] = env_vars
+        if runtime_env:
+            options["runtime_env"] = runtime_env
+        return options
+
+
+class RaySection(BaseModel):
+    """Run every part as a Ray actor on a running Ray cluster (``atropos-launch CONFIG --ray``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = Field(default="auto", description="Ray cluster address for ray.init: "
+                         "'auto' (the cluster this host belongs to, or $RAY_ADDRESS), "
+                         "HOST:PORT of the head's GCS, or ray://HOST:10001 (Ray Client).")
+    node_run_dir: str | None = Field(default=None, description="Directory under which each "
+                                     "part writes on its own node (default: the node's temp "
+                                     "dir + /atropos-runs); the run's name is appended.")
+    runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray runtime env for "
+                                        "every part, e.g. {env_vars: {HF_HOME: /data/hf}} or "
+                                        "{working_dir: .} when the code is not on every node.")
+    namespace: str | None = Field(default=None, description="Ray namespace of the run's actors.")
+    place_timeout: float = Field(default=300.0, gt=0, description="Seconds Ray may take to find "
+                                 "a node for a part (longer on clusters that scale up).")
+
 
 class ApiSection(BaseModel):
     """How to run ``run-api``."""
@@ -25,6 +96,8 @@ class ApiSection(BaseModel):
     port: int | None = Field(default=None, description="Port (default: a free one).")
     extra_args: list[str] = Field(default_factory=list, description="More run-api flags.")
     start_timeout: float = Field(default=60.0, gt=0, description="Seconds to wait for GET /info.")
+    placement: Placement = Field(default_factory=Placement, description="Where run-api runs "
+                                 "under --ray.")
 
 
 class EnvSection(BaseModel):
@@ -40,6 +113,8 @@ class EnvSection(BaseModel):
                                  "dashes, e.g. {env.group_size: 8}; true = bare flag.")
     server_type: str = Field(default="vllm", description="--openai.server_type used to reach "
                              "the trainer's vLLM.")
+    placement: Placement = Field(default_factory=Placement, description="Where this env runs "
+                                 "under --ray.")
 
 
 class LaunchConfig(BaseModel):
@@ -57,7 +132,9 @@ class LaunchConfig(BaseModel):
                                     "(for grpo: atropos-grpo's, snake_case); api_url, run_dir and vllm_port are "
                                     "filled in by the launcher. With vllm_url the envs use that "
                                     "server and the trainer launches none. nproc_per_node: N "
-                                    "(> 1) runs the trainer as N FSDP processes under torchrun.")
+                                    "(> 1) runs the trainer as N FSDP processes under torchrun; "
+                                    "under --ray, nnodes: M runs it on M nodes (M x N ranks) and "
+                                    "placement: {...} places each node's share.")
     envs: list[EnvSection] = Field(min_length=1, description="Environments to serve.")
     eval_env: str | None = Field(default=None, description="Name of the env whose `evaluate` "
                                  "runs before/after training (sets trainer.eval_command).")
@@ -67,6 +144,8 @@ class LaunchConfig(BaseModel):
                                     "trainer to register (vLLM start + baseline eval).")
     stop_timeout: float = Field(default=30.0, gt=0, description="Seconds between SIGTERM and "
                                 "SIGKILL when stopping a part.")
+    ray: RaySection | None = Field(default=None, description="Run on a Ray cluster (also "
+                                   "`--ray ADDRESS`); each section's placement picks its node.")
 
     @model_validator(mode="after")
     def _check(self) -> LaunchConfig:
@@ -75,7 +154,7 @@ class LaunchConfig(BaseModel):
             raise ValueError(f"env names must be unique, got {names}; rename the duplicates")
         if self.eval_env is not None and self.eval_env not in names:
             raise ValueError(f"eval_env {self.eval_env!r} is not one of the envs {names}")
-        for key in ("api_url", "run_dir", "vllm_port"):
+        for key in FILLED_TRAINER_KEYS:
             if key in self.trainer:
                 raise ValueError(f"trainer.{key} is set by atropos-launch; remove it from the "
                                  "config (use api.port / run_dir instead)")
@@ -83,7 +162,30 @@ class LaunchConfig(BaseModel):
         if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
             raise ValueError(f"trainer.nproc_per_node must be a whole number >= 1 (training "
                              f"processes on this node), got {nproc!r}")
+        nnodes = self.trainer.get("nnodes", 1)
+        if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
+            raise ValueError(f"trainer.nnodes must be a whole number >= 1 (nodes the trainer's "
+                             f"ranks spread over, under --ray), got {nnodes!r}")
+        try:
+            self.trainer_placement  # noqa: B018 - validates it
+        except ValidationError as exc:
+            raise ValueError("trainer.placement: " + "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors())) from None
         return self
+
+    @property
+    def trainer_placement(self) -> Placement:
+        """Where each trainer node runs under ``--ray`` (``trainer.placement``).
+
+        Raises:
+            ValidationError: ``trainer.placement`` is not a valid :class:`Placement`.
+        """
+        return Placement.model_validate(self.trainer.get("placement") or {})
+
+    @property
+    def trainer_settings(self) -> dict[str, Any]:
+        """The ``trainer:`` section without the keys atropos-launch reads itself."""
+        return {k: v for k, v in self.trainer.items() if k not in LAUNCHER_TRAINER_KEYS}
 
 
 def load_config(path: str | Path) -> LaunchConfig:
@@ -124,7 +226,7 @@ def load_config(path: str | Path) -> LaunchConfig:
         problems += _validation_problems(exc, "", LaunchConfig)
     trainer = data.get("trainer") if isinstance(data.get("trainer"), dict) else {}
     trainer = {k: v for k, v in trainer.items()
-               if k not in ("nproc_per_node", "api_url", "run_dir", "vllm_port")}
+               if k not in (*LAUNCHER_TRAINER_KEYS, *FILLED_TRAINER_KEYS)}
     trainer_config = None
     if trainer_config_model is not None:
         try:
@@ -177,7 +279,7 @@ def _validation_problems(exc: ValidationError, prefix: str, model: type[BaseMode
     Each names the key's full path (``trainer.lr``) and what is wrong, and for an unknown key
     the closest known ones.
     """
-    sections = {"api": ApiSection, "envs": EnvSection}
+    sections = {"api": ApiSection, "envs": EnvSection, "ray": RaySection}
     lines = []
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
@@ -187,6 +289,8 @@ def _validation_problems(exc: ValidationError, prefix: str, model: type[BaseMode
             owner = model
             if not prefix and loc and loc[0] in sections:
                 owner = sections[loc[0]]
+            if "placement" in loc[:-1]:
+                owner = Placement
             close = _closest(loc[-1], list(owner.model_fields))
             message = "unknown key" + (
                 f"; did you mean {' or '.join(prefix + '.'.join([*loc[:-1], c]) for c in close)}?"
@@ -277,12 +381,17 @@ def _env_arg_problems(env: EnvSection) -> list[str]:
 def launch_preflight(config: LaunchConfig) -> None:
     """Check the trainer's model path, the envs' tokenizer paths and a fixed ``api.port``.
 
-    Runs before anything starts.
+    Runs before anything starts. These are checks of the launching host, so on a Ray cluster
+    (``config.ray`` set) there are none: each part checks its own paths and ports on its node
+    when it starts, and a failure stops the run with the part's log.
 
     Raises:
         PreflightError: one line per problem, each with its fix.
     """
     from atroposlib.utils import preflight as pf
+
+    if config.ray is not None:
+        return
 
     problems = [pf.check_model_path(config.trainer.get("model"), "trainer.model")]
     for env in config.envs:

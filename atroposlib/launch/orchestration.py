@@ -9,6 +9,12 @@ Every process runs in its own process group; its output goes to
 the trainer finishing, or any part dying early, every process (and anything it spawned, e.g.
 vLLM) gets SIGTERM, then SIGKILL after ``stop_timeout`` seconds. Nothing else is touched.
 
+Where the parts run is the backend's business (:mod:`atroposlib.launch.supervision`): child
+processes of this one by default, or Ray actors on the nodes their ``placement`` picks with
+``--ray`` (:mod:`atroposlib.launch.ray_cluster`). On a cluster each part writes on its own node;
+the trainer's run files (``summary.json``, ``metrics.jsonl``, ``plot.png``, the final
+checkpoint) are copied back into ``run_dir`` here when it ends.
+
 Example config (``configs/quickstart-cpu.yaml`` is the full one)::
 
     trainer:                  # any atropos-grpo flag, snake_case
@@ -24,6 +30,7 @@ Example config (``configs/quickstart-cpu.yaml`` is the full one)::
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -35,10 +42,14 @@ from typing import Any, TextIO
 
 from atroposlib.cli.trainers import load_trainer
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
-from atroposlib.launch.commands import flags, free_port, trainer_command, trainer_flags
+from atroposlib.launch.commands import flags, trainer_command, trainer_flags
 from atroposlib.launch.config import LaunchConfig
-from atroposlib.launch.supervision import LaunchError, Part
+from atroposlib.launch.supervision import Backend, LaunchError, LocalBackend, PartHandle, Site
 from atroposlib.utils.offline import OFFLINE_ENV
+
+#: What comes back from the trainer's node to ``run_dir`` on the launching host.
+RUN_FILES = ["summary.json", "metrics.jsonl", "plot.png", "trainer_config.json", "evals",
+             "logs/eval.log", "checkpoints/final"]
 
 
 class Launcher:
@@ -57,8 +68,10 @@ class Launcher:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.console = console or sys.stdout
         self.lock = threading.Lock()
-        self.parts: list[Part] = []
+        self.parts: list[PartHandle] = []
+        self.sites: dict[str, Site] = {}
         self.env = {**OFFLINE_ENV, **os.environ}
+        self.backend: Backend | None = None
         self._stop_signal: int | None = None
 
     def say(self, message: str) -> None:
@@ -67,18 +80,42 @@ class Launcher:
             self.console.write(f"[launch] {message}\n")
             self.console.flush()
 
-    def start(self, name: str, argv: list[str]) -> Part:
-        """Start one part and remember it for shutdown."""
-        part = Part(name, argv, self.log_dir, self.env, self.console, self.lock)
+    def _make_backend(self) -> Backend:
+        if self.config.ray is None:
+            return LocalBackend(self.run_dir, self.env, self.console, self.lock)
+        from atroposlib.launch.ray_cluster import RayBackend
+
+        backend = RayBackend(self.config.ray, self.run_dir, self.console, self.lock)
+        self.say(f"connected to the Ray cluster at {self.config.ray.address}: "
+                 f"{backend.describe_cluster()}")
+        return backend
+
+    def place(self, name: str, placement: Any, count: int = 1) -> list[Site]:
+        """Sites for part ``name`` from the backend, recorded in ``<run_dir>/placement.json``."""
+        assert self.backend is not None
+        sites = self.backend.place(name, placement, count)
+        for i, site in enumerate(sites):
+            key = name if i == 0 else f"{name}.{i}"
+            self.sites[key] = site
+            if site.node_id != "local":
+                self.say(f"{key} placed on {site.node} (run dir there: {site.run_dir})")
+        (self.run_dir / "placement.json").write_text(json.dumps(
+            {k: {"node_id": s.node_id, "host": s.host, "node": s.node, "run_dir": s.run_dir}
+             for k, s in self.sites.items()}, indent=2))
+        return sites
+
+    def start(self, site: Site, argv: list[str], name: str | None = None) -> PartHandle:
+        """Start one part on ``site`` and remember it for shutdown."""
+        part = site.start(argv, name)
         self.parts.append(part)
-        self.say(f"started {name} (pid {part.proc.pid}): {shlex.join(argv)}")
+        self.say(f"started {part.name}: {shlex.join(argv)}")
         return part
 
-    def _fail(self, part: Part, why: str) -> LaunchError:
+    def _fail(self, part: PartHandle, why: str) -> LaunchError:
         return LaunchError(f"{part.name} {why}; last lines of {part.log_path}:\n{part.tail()}",
                            part=part.name, reason=why)
 
-    def _wait_until(self, what: str, check: Any, timeout: float, watch: list[Part]) -> None:
+    def _wait_until(self, what: str, check: Any, timeout: float, watch: list[PartHandle]) -> None:
         deadline = time.monotonic() + timeout
         while True:
             if self._stop_signal is not None:
@@ -94,91 +131,11 @@ class Launcher:
 
     def run(self) -> int:
         """Run everything; return the trainer's exit code (130 on Ctrl-C, 1 on failure)."""
-        import httpx
-
-        cfg = self.config
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         failure: LaunchError | None = None
         try:
-            # 1. run-api
-            api_port = cfg.api.port or free_port()
-            api_url = f"http://127.0.0.1:{api_port}"
-            api = self.start("api", [sys.executable, "-m", "atroposlib.cli.run_api", "--host",
-                                     "127.0.0.1", "--port", str(api_port), *cfg.api.extra_args])
-
-            def info() -> dict[str, Any] | None:
-                try:
-                    response = httpx.get(f"{api_url}/info", timeout=2.0, trust_env=False)
-                    return response.json() if response.status_code == 200 else None
-                except (httpx.HTTPError, ValueError):
-                    return None
-
-            self._wait_until("GET /info answers", lambda: info() is not None,
-                             cfg.api.start_timeout, [api])
-            self.say(f"run-api ready at {api_url}")
-
-            # 2. trainer (launches vLLM itself, evaluates, then registers)
-            trainer_values = dict(cfg.trainer)
-            nproc = trainer_values.pop("nproc_per_node", 1)
-            port_flags: list[str] = []
-            if trainer_values.get("vllm_url"):  # an already-running vLLM (e.g. in tests)
-                base_url = str(trainer_values["vllm_url"]).rstrip("/")
-            else:  # the trainer launches vLLM on a port chosen here, so the envs know it
-                vllm_port = free_port()
-                base_url = f"http://127.0.0.1:{vllm_port}/v1"
-                port_flags = ["--vllm-port", str(vllm_port)]
-            model_name = trainer_values.get("served_model_name", DEFAULT_INFERENCE_MODEL)
-            eval_env = next((e for e in cfg.envs if e.name == cfg.eval_env), None)
-            if eval_env is not None and "eval_command" not in trainer_values:
-                eval_args = {**eval_env.args, **cfg.eval_args}
-                eval_args = {k: v for k, v in eval_args.items()
-                             if k not in ("env.rollout_server_url", "env.data_dir_to_save_evals")}
-                if trainer_values.get("model") and "env.tokenizer_name" not in eval_args:
-                    eval_args["env.tokenizer_name"] = trainer_values["model"]
-                trainer_values["eval_command"] = " ".join([
-                    shlex.quote(sys.executable), shlex.quote(eval_env.script), "evaluate",
-                    *map(shlex.quote, flags(eval_args)),
-                    "--openai.server_type", shlex.quote(eval_env.server_type),
-                    "--openai.base_url", "{base_url}", "--openai.model_name", "{model_name}",
-                    "--env.data_dir_to_save_evals", "{out_dir}",
-                ])
-            trainer = self.start("trainer", [
-                *trainer_command(self.trainer_module, nproc), *trainer_flags(trainer_values),
-                "--api-url", api_url, "--run-dir", str(self.run_dir), *port_flags])
-            self._wait_until("trainer registered with run-api",
-                             lambda: (info() or {}).get("batch_size", -1) > 0,
-                             cfg.register_timeout, [api, trainer])
-            trainer.remember_descendants()
-            self.say("trainer registered; starting environments")
-
-            # 3. environments
-            envs = []
-            model_dir = trainer_values.get("model")
-            for env in cfg.envs:
-                extra = {"env.rollout_server_url": api_url, "openai.base_url": base_url,
-                         "openai.model_name": model_name, "openai.server_type": env.server_type}
-                if model_dir and "env.tokenizer_name" not in env.args:
-                    extra["env.tokenizer_name"] = model_dir
-                envs.append(self.start(env.name, [sys.executable, env.script, "serve",
-                                                  *flags({**env.args, **extra})]))
-
-            # 4. wait for the trainer
-            while True:
-                if self._stop_signal is not None:
-                    raise KeyboardInterrupt
-                # the others first: a trainer that failed because run-api died names run-api
-                for part in [api, *envs]:
-                    if part.poll() is not None:
-                        raise self._fail(part, f"exited early with code {part.poll()}")
-                if trainer.poll() is not None:
-                    break
-                trainer.remember_descendants()
-                time.sleep(1.0)
-            code = trainer.poll()
-            if code != 0:
-                raise self._fail(trainer, f"exited with code {code}")
-            self.say(f"trainer finished; results in {self.run_dir} (summary.json, plot.png)")
-            return 0
+            self.backend = self._make_backend()
+            return self._run()
         except KeyboardInterrupt:
             self.say("interrupted: stopping every part")
             return 130
@@ -193,16 +150,151 @@ class Launcher:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _run(self) -> int:
+        import httpx
+
+        cfg = self.config
+        # 1. run-api
+        (api_site,) = self.place("api", cfg.api.placement)
+        api_port = cfg.api.port or api_site.free_port()
+        api_url = f"http://{api_site.host}:{api_port}"
+        api = self.start(api_site, [api_site.python, "-m", "atroposlib.cli.run_api", "--host",
+                                    api_site.host, "--port", str(api_port), *cfg.api.extra_args])
+
+        def info() -> dict[str, Any] | None:
+            try:
+                response = httpx.get(f"{api_url}/info", timeout=2.0, trust_env=False)
+                return response.json() if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                return None
+
+        self._wait_until("GET /info answers", lambda: info() is not None,
+                         cfg.api.start_timeout, [api])
+        self.say(f"run-api ready at {api_url}")
+
+        # 2. trainer (launches vLLM itself, evaluates, then registers)
+        trainer_values = cfg.trainer_settings
+        nproc = cfg.trainer.get("nproc_per_node", 1)
+        nnodes = cfg.trainer.get("nnodes", 1)
+        trainer_sites = self.place("trainer", cfg.trainer_placement, nnodes)
+        main_site = trainer_sites[0]
+        port_flags: list[str] = []
+        own_vllm = not trainer_values.get("vllm_url")
+        if not own_vllm:  # already-running servers (e.g. in tests)
+            base_url = str(trainer_values["vllm_url"]).split(",")[0].strip().rstrip("/")
+        else:  # the trainer launches vLLM on a port chosen here, so the envs know it
+            vllm_port = main_site.free_port()
+            # it listens on 127.0.0.1 of the trainer's node only (its reload routes are open)
+            base_url = f"http://127.0.0.1:{vllm_port}/v1"
+            port_flags = ["--vllm-port", str(vllm_port)]
+        model_name = trainer_values.get("served_model_name", DEFAULT_INFERENCE_MODEL)
+        eval_env = next((e for e in cfg.envs if e.name == cfg.eval_env), None)
+        if eval_env is not None and "eval_command" not in trainer_values:
+            eval_args = {**eval_env.args, **cfg.eval_args}
+            eval_args = {k: v for k, v in eval_args.items()
+                         if k not in ("env.rollout_server_url", "env.data_dir_to_save_evals")}
+            if trainer_values.get("model") and "env.tokenizer_name" not in eval_args:
+                eval_args["env.tokenizer_name"] = trainer_values["model"]
+            trainer_values["eval_command"] = " ".join([
+                shlex.quote(main_site.python), shlex.quote(eval_env.script), "evaluate",
+                *map(shlex.quote, flags(eval_args)),
+                "--openai.server_type", shlex.quote(eval_env.server_type),
+                "--openai.base_url", "{base_url}", "--openai.model_name", "{model_name}",
+                "--env.data_dir_to_save_evals", "{out_dir}",
+            ])
+        master = (main_site.host, main_site.free_port()) if nnodes > 1 else None
+        trainers = []
+        for rank, site in enumerate(trainer_sites):
+            argv = trainer_command(self.trainer_module, nproc, python=site.python, nnodes=nnodes,
+                                   node_rank=rank, master=master)
+            trainers.append(self.start(site, [
+                *argv, *trainer_flags(trainer_values), "--api-url", api_url,
+                "--run-dir", site.run_dir, *port_flags], name="trainer" if rank == 0 else f"trainer.{rank}"))
+        trainer = trainers[0]
+        self._wait_until("trainer registered with run-api",
+                         lambda: (info() or {}).get("batch_size", -1) > 0,
+                         cfg.register_timeout, [api, *trainers])
+        trainer.remember_descendants()
+        self.say("trainer registered; starting environments")
+
+        # 3. environments
+        envs = []
+        model_dir = trainer_values.get("model")
+        for env in cfg.envs:
+            (site,) = self.place(env.name, env.placement)
+            if own_vllm and site.host != main_site.host:
+                raise LaunchError(
+                    f"env {env.name} runs on {site.node}, but the trainer's own vLLM listens on "
+                    f"127.0.0.1 of {main_site.node}: place the env on the trainer's node "
+                    "(its placement), or serve the policy from inference nodes the trainer "
+                    "pushes weights to (trainer.vllm_url; docs/cluster.md)", part=env.name,
+                    reason="cannot reach the trainer's vLLM")
+            extra = {"env.rollout_server_url": api_url, "openai.base_url": base_url,
+                     "openai.model_name": model_name, "openai.server_type": env.server_type}
+            if model_dir and "env.tokenizer_name" not in env.args:
+                extra["env.tokenizer_name"] = model_dir
+            envs.append(self.start(site, [site.python, env.script, "serve",
+                                          *flags({**env.args, **extra})]))
+
+        # 4. wait for the trainer
+        while True:
+            if self._stop_signal is not None:
+                raise KeyboardInterrupt
+            # the others first: a trainer that failed because run-api died names run-api
+            for part in [api, *envs, *trainers[1:]]:
+                if part.poll() is not None:
+                    raise self._fail(part, f"exited early with code {part.poll()}")
+            if trainer.poll() is not None:
+                break
+            trainer.remember_descendants()
+            time.sleep(1.0)
+        code = trainer.poll()
+        if code != 0:
+            raise self._fail(trainer, f"exited with code {code}")
+        self.say(f"trainer finished; results in {self.run_dir} (summary.json, plot.png)")
+        return 0
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._stop_signal is not None:
             raise KeyboardInterrupt
         self._stop_signal = signum
 
     def shutdown(self) -> None:
-        """Stop every part, newest first (envs, trainer + vLLM, api)."""
+        """Stop every part, newest first (envs, trainer + vLLM, api); then fetch the run files.
+
+        On a cluster the trainer's run files come back from its node after it stopped (it
+        writes ``summary.json`` on its way out), then the backend lets go of its nodes.
+        """
         for part in reversed(self.parts):
             code = part.stop(self.config.stop_timeout)
             self.say(f"stopped {part.name} (exit code {code})")
+        if self.backend is None:
+            return
+        try:
+            trainer_site = self.sites.get("trainer")
+            if trainer_site is not None and trainer_site.node_id != "local":
+                got = self.backend.collect(trainer_site, self.run_dir, RUN_FILES)
+                if got:
+                    self.say(f"copied {', '.join(got)} from {trainer_site.node} into {self.run_dir}")
+                _localise_summary(self.run_dir / "summary.json", trainer_site.run_dir, self.run_dir, got)
+        finally:
+            self.backend.close()
+
+
+def _localise_summary(path: Path, node_dir: str, local_dir: Path, copied: list[str]) -> None:
+    """Point the summary's paths at the copies on this host (those that were copied back)."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(summary, dict):
+        return
+    prefixes = [f"{node_dir.rstrip('/')}/{rel}" for rel in copied]
+    for key, value in summary.items():
+        if isinstance(value, str) and any(value == p or value.startswith(p + "/") for p in prefixes):
+            summary[key] = str(local_dir) + value[len(node_dir.rstrip("/")):]
+    summary["node_run_dir"] = node_dir
+    path.write_text(json.dumps(summary, indent=2))
 
 
 def record_failure(summary_path: Path, part: str | None, reason: str) -> None:

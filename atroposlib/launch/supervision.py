@@ -1,4 +1,11 @@
-"""Starting, watching and stopping the parts of a run: one child process each, logs prefixed ``[name]``."""
+"""Starting, watching and stopping the parts of a run: one child process each, logs prefixed ``[name]``.
+
+A :class:`Backend` decides where each part runs and hands out a :class:`Site` for it: an
+address other parts reach it at, a Python, a run directory, free ports, and a way to start the
+part's command there. :class:`LocalBackend` runs every part as a child of ``atropos-launch``;
+:mod:`atroposlib.launch.ray_cluster` runs each one as a Ray actor on the node its placement
+picks. Either way a started part is watched through the same :class:`PartHandle` methods.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,16 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
+from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+from atroposlib.launch.commands import free_port
+
+if TYPE_CHECKING:
+    from atroposlib.launch.config import Placement
 
 
 class Part:
@@ -52,6 +66,10 @@ class Part:
     def poll(self) -> int | None:
         """Exit code, or None while running."""
         return self.proc.poll()
+
+    def output_closed(self) -> bool:
+        """True once the process exited and every line of its output was passed on."""
+        return self.proc.poll() is not None and not self._reader.is_alive()
 
     def remember_descendants(self) -> None:
         """Record the pids this part spawned (e.g. vLLM in its own group) to stop them later."""
@@ -126,3 +144,124 @@ class LaunchError(RuntimeError):
         self.part = part
         self.reason = reason or message
 
+
+
+class PartHandle(Protocol):
+    """A started part, wherever it runs (a local :class:`Part` or a Ray actor's)."""
+
+    name: str
+
+    @property
+    def log_path(self) -> Path:
+        """The part's log on the launching host."""
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+
+    def tail(self, chars: int = 4000) -> str:
+        """The last ``chars`` characters of its log."""
+
+    def remember_descendants(self) -> None:
+        """Record what it spawned, to stop that too."""
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM it and its descendants, SIGKILL after ``timeout`` seconds; its exit code."""
+
+
+class Site(ABC):
+    """Where one part runs: its node's address, Python, run directory and free ports.
+
+    Attributes:
+        name: the part's name (log prefix).
+        host: the address other parts use to reach a server this part runs (it binds there).
+        python: the interpreter on that node.
+        run_dir: the directory the part writes in, on its node.
+        node: the node, in words, for the launch log.
+        node_id: an identifier of the node (``"local"`` here, Ray's node id on a cluster).
+    """
+
+    name: str
+    host: str
+    python: str
+    run_dir: str
+    node: str
+    node_id: str
+
+    @abstractmethod
+    def free_port(self) -> int:
+        """A TCP port that was free on the part's node a moment ago (bound on :attr:`host`)."""
+
+    @abstractmethod
+    def start(self, argv: list[str], name: str | None = None) -> PartHandle:
+        """Start ``argv`` there, named ``name`` (default: the site's) in logs."""
+
+
+class Backend(ABC):
+    """Places parts on nodes and stops them all at the end."""
+
+    @abstractmethod
+    def place(self, name: str, placement: Placement, count: int = 1) -> list[Site]:
+        """``count`` sites for part ``name``, each on a node that fits ``placement``.
+
+        With ``count > 1`` (a trainer over several nodes) the sites are placed together, each
+        on a different node, or not at all.
+
+        Raises:
+            LaunchError: the cluster has no node that fits (the message names the placement).
+        """
+
+    def collect(self, site: Site, into: Path, paths: list[str]) -> list[str]:
+        """Copy ``paths`` (files or directories, relative to ``site.run_dir``) into ``into``.
+
+        Returns:
+            The paths that were copied (those that exist on the node). Here the part wrote
+            into ``into`` already, so nothing is copied.
+        """
+        return []
+
+    def close(self) -> None:  # noqa: B027 - an optional hook: the local backend holds nothing
+        """Release what the backend holds (after every part was stopped)."""
+
+
+class LocalSite(Site):
+    """This host: parts are child processes of ``atropos-launch``."""
+
+    def __init__(self, name: str, run_dir: Path, env: dict[str, str], console: TextIO,
+                 lock: threading.Lock):
+        """A site on this host writing under ``run_dir`` (logs in ``run_dir/logs``)."""
+        self.name = name
+        self.host = "127.0.0.1"
+        self.python = sys.executable
+        self.run_dir = str(run_dir)
+        self.node = "this host"
+        self.node_id = "local"
+        self._env, self._console, self._lock = env, console, lock
+
+    def free_port(self) -> int:
+        """A free TCP port on 127.0.0.1."""
+        return free_port()
+
+    def start(self, argv: list[str], name: str | None = None) -> Part:
+        """Start ``argv`` as a child process in its own process group."""
+        return Part(name or self.name, argv, Path(self.run_dir) / "logs", self._env,
+                    self._console, self._lock)
+
+
+class LocalBackend(Backend):
+    """Every part on this host; placements are not used."""
+
+    def __init__(self, run_dir: Path, env: dict[str, str], console: TextIO, lock: threading.Lock):
+        """Parts write under ``run_dir`` with environment ``env``; output to ``console``."""
+        self._args = (run_dir, env, console, lock)
+
+    def place(self, name: str, placement: Placement, count: int = 1) -> list[Site]:
+        """This host, once.
+
+        Raises:
+            LaunchError: ``count > 1`` (several nodes need ``--ray`` or torchrun by hand).
+        """
+        if count > 1:
+            raise LaunchError(f"{name} asks for {count} nodes, but without --ray every part runs "
+                              "on this host: pass --ray ADDRESS (or set ray: in the config), or "
+                              "start torchrun on each node by hand (docs/cluster.md)", part=name)
+        return [LocalSite(name, *self._args)]

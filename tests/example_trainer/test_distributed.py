@@ -26,6 +26,7 @@ def _env(**extra: str) -> dict[str, str]:
            if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
+    env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's peers meet on loopback, not the host's other interfaces
     return {**env, **extra}
 
 
@@ -94,8 +95,13 @@ class FakeVLLM:
 
 
 def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM, steps: int = 3,
-                 seeds: range = range(6), extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run the trainer against a fresh run-api fed groups ``seeds`` (2 per batch); return its output."""
+                 seeds: range = range(6), extra: tuple[str, ...] = (),
+                 cwds: tuple[Path, ...] = (ROOT,)) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run the trainer against a fresh run-api fed groups ``seeds`` (2 per batch); return its output.
+
+    With several ``cwds`` the same command runs once in each (one torchrun agent per "node");
+    the output is theirs, one after the other, and the exit code the first non-zero one.
+    """
     api = start_run_api()
     try:
         flags = ["--model", str(model), "--run-dir", str(run_dir), "--api-url", api.url,
@@ -105,20 +111,27 @@ def _run_trainer(argv: list[str], model: Path, run_dir: Path, vllm: FakeVLLM, st
                  # token-level normalisation: the divisor must be the whole step's token count
                  "--loss-type", "dapo",
                  "--checkpoint-interval", "2", "--dtype", "float32", "--torch-threads", "1", *extra]
-        log = open(run_dir.parent / f"{run_dir.name}.log", "w+")  # noqa: SIM115
-        proc = subprocess.Popen([*argv, *flags], cwd=ROOT, env=_env(), stdout=log,
-                                stderr=subprocess.STDOUT)
+        logs = [open(cwd / f"{run_dir.name}-{i}.log" if len(cwds) > 1 else  # noqa: SIM115
+                     run_dir.parent / f"{run_dir.name}.log", "w+") for i, cwd in enumerate(cwds)]
+        procs = [subprocess.Popen([*argv, *flags], cwd=cwd, env=_env(), stdout=log,
+                                  stderr=subprocess.STDOUT) for cwd, log in zip(cwds, logs, strict=True)]
         with AtroposClient(api.url) as client:
             deadline = time.monotonic() + 180
             while client.info()["batch_size"] != 8:
-                assert time.monotonic() < deadline and proc.poll() is None, Path(log.name).read_text()
+                assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                    "".join(Path(log.name).read_text() for log in logs)
                 time.sleep(0.3)
             for seed in seeds:  # batches of 2 groups of 4
                 client.post_scored_data(_group(seed))
-            proc.wait(300)
+            for proc in procs:
+                proc.wait(300)
             status = client.status()
-        log.seek(0)
-        return subprocess.CompletedProcess(argv, proc.returncode, log.read()), status
+        output = ""
+        for log in logs:
+            log.seek(0)
+            output += log.read()
+        code = next((p.returncode for p in procs if p.returncode), 0)
+        return subprocess.CompletedProcess(argv, code, output), status
     finally:
         api.stop()
 
@@ -175,6 +188,45 @@ def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F
         assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
         assert y["trained_tokens"] == x["trained_tokens"] == 8 * 6  # summed over both ranks
     assert json.loads((tmp_path / "two/summary.json").read_text())["steps"] == 4
+
+
+@needs_tokenizer
+def test_two_nodes_with_a_c10d_rendezvous_and_no_shared_directory_train_like_one_process(tiny_model, tmp_path):  # noqa: F811
+    """2 nodes x 1 process: two torchrun agents meet at a c10d rendezvous on 127.0.0.1.
+
+    Each runs in a working directory of its own with the same relative ``--run-dir``, as on two
+    hosts that share only the code and the model: the rank the rendezvous makes 0 writes the
+    run; the other node's directory gets nothing.
+    """
+    nodes = (tmp_path / "node0", tmp_path / "node1")
+    for node in nodes:
+        node.mkdir()
+    rendezvous = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                  "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                  "--rdzv-id", "two-nodes", "--local-addr", "127.0.0.1", "-m", "example_trainer.grpo"]
+    vllm = FakeVLLM()
+    try:
+        single, _ = _run_trainer([sys.executable, "-m", "example_trainer.grpo"], tiny_model,
+                                 tmp_path / "one", vllm)
+        assert single.returncode == 0, single.stdout[-3000:]
+        single_reloads, vllm.reloads = vllm.reloads, []
+        two, status = _run_trainer(rendezvous, tiny_model, Path("run"), vllm, cwds=nodes)
+        assert two.returncode == 0, two.stdout[-6000:]
+    finally:
+        vllm.stop()
+    assert "x 2 ranks (FSDP)" in two.stdout
+    assert status["queue_size"] == 0
+    written = [node for node in nodes if (node / "run").exists()]
+    assert len(written) == 1, [sorted(p.name for p in (n / "run").rglob("*")) for n in written]
+    run = written[0] / "run"
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+    # the whole model was gathered from both nodes' shards for every reload
+    assert vllm.reloads == single_reloads and len(single_reloads) == 3
+    one, two_final = _load_state(tmp_path / "one/checkpoints/final"), _load_state(run / "checkpoints/final")
+    start = _load_state(tiny_model)
+    assert one.keys() == two_final.keys()
+    assert any(not torch.equal(one[k], start[k]) for k in one)  # it trained
+    assert max((one[k] - two_final[k]).abs().max().item() for k in one) <= 1e-5
 
 
 def _adapter(run_dir: Path, name: str = "final") -> dict[str, torch.Tensor]:

@@ -21,9 +21,13 @@ needs_tokenizer = pytest.mark.skipif(not (BUNDLED / "tokenizer.json").exists(),
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def make_tiny_model(out):
+    """A 3-layer Llama with the bundled tokenizer, saved as a HF directory in ``out``."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny")
     tokenizer = AutoTokenizer.from_pretrained(BUNDLED)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
                          num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,

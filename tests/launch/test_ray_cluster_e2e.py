@@ -1,0 +1,153 @@
+"""atropos-launch --ray on a real two-node Ray cluster on 127.0.0.1 whose nodes share no /tmp.
+
+Each test starts the cluster with ``tests/fixtures/ray_nodes.py`` inside a network namespace of
+its own (loopback only), so Ray, run-api, vLLM and the envs talk over 127.0.0.1 and nothing else
+on the machine is touched. Node ``node_a`` is the head, in this process's mount namespace (the
+launching host); node ``node_b`` has a fresh tmpfs over /tmp, so it sees none of this test's
+files (its run directory, the launch config) and this test sees none of what it writes except
+through the launcher.
+
+Needs root (``unshare -n``/``-m``), Ray (``pip install 'atroposlib[ray]'``) and the bundled
+model; run under the machine's heavy-work lock: ``flock /tmp/atropos-heavy.lock pytest ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
+HARNESS = REPO / "tests" / "fixtures" / "ray_nodes.py"
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("ip") is None
+                       or os.geteuid() != 0, reason="needs root with unshare and ip (network namespaces)"),
+    pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(),
+                       reason="bundled model not prepared (atropos-bundled-model)"),
+]
+
+
+def _needs_ray() -> None:
+    pytest.importorskip("ray", reason="pip install 'atroposlib[ray]'")
+
+
+def _on_cluster(tmp_path: Path, script: str, timeout: float) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``bash -c script`` (``$PY`` = this Python) next to a fresh two-node cluster."""
+    nodes = tmp_path / "nodes.json"
+    proc = subprocess.run(
+        ["unshare", "-n", sys.executable, str(HARNESS), "--out", str(nodes), "--log-dir",
+         str(tmp_path / "ray-logs"), "--", "bash", "-c", script],
+        cwd=REPO, env={**os.environ, "PY": sys.executable, "PYTHONUNBUFFERED": "1"},
+        capture_output=True, text=True, timeout=timeout)
+    assert nodes.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(nodes.read_text())["nodes"]
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.timeout(900)
+def test_parts_land_where_placed_and_a_part_that_dies_stops_the_run(tmp_path):
+    _needs_ray()
+    from tests.example_trainer.test_grpo_loop import make_tiny_model
+
+    (tmp_path / "tiny").mkdir()
+    model = make_tiny_model(tmp_path / "tiny")  # in this test's /tmp, which only node_a sees
+    dies = _write(tmp_path / "dies.yaml", {
+        "run_dir": str(tmp_path / "run"), "stop_timeout": 20,
+        "ray": {"node_run_dir": str(tmp_path / "nodes"), "place_timeout": 120},
+        "api": {"placement": {"resources": {"node_b": 0.1}}},
+        "trainer": {"model": str(model), "vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
+                    "training_steps": 2, "batch_size": 4, "micro_batch_size": 4,
+                    "placement": {"resources": {"node_a": 0.1}}},
+        "envs": [{"name": "crashy", "script": str(REPO / "tests/fixtures/crashing_env.py"),
+                  "placement": {"resources": {"node_b": 0.1}}}]})
+    unplaceable = _write(tmp_path / "unplaceable.yaml", {
+        "run_dir": str(tmp_path / "run2"), "ray": {"place_timeout": 5},
+        "api": {"placement": {"resources": {"gpu_node": 1}}},
+        "envs": [{"name": "a", "script": str(REPO / "tests/fixtures/crashing_env.py")}]})
+    proc, nodes = _on_cluster(tmp_path, (
+        f'"$PY" -m atroposlib.cli.launch {dies} --ray; echo "dies exit $?"; '
+        f'"$PY" -m atroposlib.cli.launch {unplaceable} --ray "$RAY_ADDRESS"; echo "unplaceable exit $?"'),
+        timeout=800)
+    out = proc.stdout
+    assert "dies exit 1" in out, out[-5000:] + proc.stderr[-3000:]
+    placement = json.loads((tmp_path / "run" / "placement.json").read_text())
+    assert {k: v["node_id"] for k, v in placement.items()} == {
+        "api": nodes["node_b"], "trainer": nodes["node_a"], "crashy": nodes["node_b"]}
+    # the env on node_b said why, with its prefix, and the run stopped naming it
+    assert "[crashy] env says: cannot load my dataset" in out
+    assert "FAILED: crashy exited early with code 3" in out
+    for part in ("crashy", "trainer", "api"):
+        assert f"[launch] stopped {part}" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped"] == "error" and summary["failed_part"] == "crashy"
+    assert summary["error"] == "crashy exited early with code 3"
+    # each log streamed back to the launching host; node_b's own copies stayed on node_b
+    logs = tmp_path / "run" / "logs"
+    assert "env says: cannot load my dataset" in (logs / "crashy.log").read_text()
+    assert "Uvicorn running on http://127.0.0.1" in (logs / "api.log").read_text()
+    assert "[grpo] registered with" in (logs / "trainer.log").read_text()
+    node_dir = tmp_path / "nodes" / "run" / "logs"
+    assert (node_dir / "trainer.log").exists()  # node_a's own copy (node_a is this host)
+    assert not (node_dir / "crashy.log").exists() and not (node_dir / "api.log").exists()
+
+    assert "unplaceable exit 1" in out
+    assert "Ray found no room for api on a node within 5s: it asks for {'resources': {'gpu_node': 1.0}}" in out
+
+
+@pytest.mark.timeout(1500)
+def test_quickstart_trains_on_two_nodes_and_brings_the_run_back(tmp_path):
+    _needs_ray()
+    config = yaml.safe_load((REPO / "configs/quickstart-cpu.yaml").read_text())
+    config["trainer"].update(training_steps=3, eval_interval=0, batch_timeout=600,
+                             placement={"resources": {"node_b": 0.1}})
+    config["trainer"].pop("max_train_seconds")
+    config["envs"][0]["args"]["env.eval_size"] = 8
+    config["envs"][0]["placement"] = {"resources": {"node_a": 0.1}}
+    config["envs"][0]["script"] = str(REPO / config["envs"][0]["script"])
+    config.update(run_dir=str(tmp_path / "run"), api={"placement": {"resources": {"node_a": 0.1}}},
+                  ray={"node_run_dir": str(tmp_path / "nodes"), "place_timeout": 120})
+    path = _write(tmp_path / "quickstart.yaml", config)
+    proc, nodes = _on_cluster(tmp_path, f'"$PY" -m atroposlib.cli.launch {path} --ray', timeout=1400)
+    out = proc.stdout
+    run = tmp_path / "run"
+    assert proc.returncode == 0, out[-6000:] + proc.stderr[-3000:]
+    placement = json.loads((run / "placement.json").read_text())
+    assert {k: v["node_id"] for k, v in placement.items()} == {
+        "api": nodes["node_a"], "trainer": nodes["node_b"], "arithmetic": nodes["node_a"]}
+    for part in ("api", "trainer", "arithmetic"):
+        assert f"\n[{part}] " in out
+    # the run's files came back from node_b, whose run directory this host cannot see
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["stopped"] == "completed", summary
+    assert summary["node_run_dir"] == str(tmp_path / "nodes" / "run")
+    assert not (tmp_path / "nodes" / "run" / "summary.json").exists()
+    assert summary["final_checkpoint"] == str(run / "checkpoints" / "final")
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    # the trainer reloaded its vLLM on node_b after the steps, and the envs sampled from it
+    assert sum(m.get("sync/update_seconds", 0.0) for m in steps) > 0
+    assert summary["eval_accuracy_before"] is not None and summary["eval_accuracy_after"] is not None
+    # the final checkpoint is whole here, and it trained: a top layer moved
+    from safetensors import safe_open
+
+    name = "model.layers.29.mlp.down_proj.weight"
+    with safe_open(run / "checkpoints/final/model.safetensors", "pt") as new, \
+            safe_open(BUNDLED / "model.safetensors", "pt") as old:
+        assert new.keys() == old.keys()
+        assert not new.get_tensor(name).equal(old.get_tensor(name))
+    assert (run / "plot.png").stat().st_size > 1000
+    assert "[grpo] registered with" in (run / "logs" / "trainer.log").read_text()
