@@ -6,10 +6,12 @@ A run uses one of three backends (:func:`available_backends` lists those that wo
 
 * ``"bwrap"``: bubblewrap (Debian/Ubuntu package ``bubblewrap``) builds the run's namespaces
   and its root filesystem from explicit binds. The default when it works.
-* ``"unshare"``: util-linux ``unshare`` creates the namespaces, and the bootstrap
-  (:mod:`atroposlib.utils.sandbox_bootstrap`) builds the same root filesystem itself and moves
-  into it with ``pivot_root``; it refuses to run the program (exit 125, raised as
-  :class:`SandboxStartError`) when it cannot.
+* ``"unshare"`` (root hosts only): util-linux ``unshare`` creates the namespaces, and the
+  bootstrap (:mod:`atroposlib.utils.sandbox_bootstrap`) builds the same root filesystem itself
+  and moves into it with ``pivot_root``; it refuses to run the program (exit 125, raised as
+  :class:`SandboxStartError`) when it cannot. A non-root host is not offered it: there it
+  would need a user namespace in which the program is root with every capability over its
+  mounts, free to remount the env's venv writable and change it on the host.
 * ``"none"``: no namespaces at all; only rlimits, the private uid of a root host and a Python
   audit hook. **It hides nothing of the host** (see below) and is never chosen on its own:
   with neither bwrap nor a working ``unshare``, :func:`resolve_backend` and :func:`run_python`
@@ -33,15 +35,17 @@ bypassing the audit hook through child processes and ``ctypes``.
   ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (discarded when the run ends, so nothing written
   there persists) and the scratch directory (read-write); the root is read-only. ``/etc``
   (``/etc/passwd`` included), ``/home``, ``/root``, ``/run``, ``/var``, ``/sys``, the project's
-  working tree and data sets do not exist inside; when the venv lies inside the working tree,
-  the venv alone is visible at its path.
+  working tree and data sets do not exist inside; when the venv lies inside the working tree
+  (or under ``/tmp``), the venv alone is visible at its path.
 - **Processes.** The PID namespace's ``/proc`` shows only the run's own processes: host
   command lines (``/proc/1/cmdline`` is the run's own init) and environments are invisible,
   and no host process can be signalled. When the run's init ends, or the wall-clock timeout
   kills it, the kernel kills every process inside, ``setsid()`` escapees included.
 - **Users.** On a root host the program runs under a fresh **unprivileged uid** (random, one
-  per run, no capabilities), so ``RLIMIT_NPROC`` counts only this run's processes. Otherwise
-  a user namespace is added.
+  per run, no capabilities), so ``RLIMIT_NPROC`` counts only this run's processes. A non-root
+  host runs bwrap with a user namespace, and bwrap drops every capability inside it: the
+  program cannot remount anything (``tests/utils/test_sandbox_backends.py`` tries, as
+  ``nobody``).
 
 Not hidden by them: the contents of the system directories (installed programs and libraries,
 ``/usr/local`` included) and the interpreter's directories (read-only); kernel-wide facts in
@@ -234,7 +238,7 @@ def available_backends() -> list[str]:
 
     ``"bwrap"``: bubblewrap builds the run's root filesystem from explicit binds.
     ``"unshare"``: util-linux ``unshare`` namespaces; the bootstrap builds the same root itself
-    when a mount namespace is available (root, or unprivileged user namespaces).
+    when a mount namespace is available (root hosts only).
     ``"none"``: no namespaces; rlimits, private uid (root host) and the audit hook only; it
     hides nothing (see the module docstring), so :func:`resolve_backend` never picks it.
     """
@@ -474,7 +478,7 @@ def run_python(
             "fsize": int(limits.file_size_bytes),
             "nofile": int(limits.max_open_files),
             "nproc": backends.nproc_limit(limits.max_processes, private_count=run_uid is not None
-                                  or "--map-root-user" in flags or backend == "bwrap"),
+                                  or backend == "bwrap"),
             "mem": int(limits.memory_bytes),
             "uid": run_uid,
             "network": limits.network,

@@ -59,22 +59,31 @@ def _probe_run(argv: list[str]) -> str:
     return f"exit {probe.returncode}: {err[-1] if err else 'no message'}"
 
 
+#: Why ``unshare`` is not offered to a non-root host (see :func:`probe_unshare`).
+UNSHARE_NEEDS_ROOT = (
+    "not root: unshare would isolate through a user namespace in which the program is root "
+    "with every capability over its own mounts, so it could remount the interpreter's "
+    "directories (the env's venv) writable and change them on the host; bubblewrap drops "
+    "those capabilities"
+)
+
+
 @functools.lru_cache(maxsize=1)
 def probe_unshare() -> Probe:
     """Probe util-linux ``unshare`` once: the namespace flags a run gets here.
 
     Tries network + IPC + UTS + PID + mount namespaces first, then the same without a mount
-    namespace (no private root filesystem then). Not root: a user namespace
-    (``--map-root-user``) is added, which needs unprivileged user namespaces.
+    namespace (no private root filesystem then). Only for a root host, whose runs drop to an
+    unprivileged uid without capabilities; a non-root host gets :data:`UNSHARE_NEEDS_ROOT`.
     """
     exe = shutil.which("unshare")
     if not sys.platform.startswith("linux"):
         return Probe((), "not Linux")
     if exe is None:
         return Probe((), "`unshare` is not on PATH (util-linux)")
-    base = ["--net", "--ipc", "--uts", "--pid", "--fork", "--kill-child"]
     if os.geteuid() != 0:
-        base.insert(0, "--map-root-user")
+        return Probe((), UNSHARE_NEEDS_ROOT)
+    base = ["--net", "--ipc", "--uts", "--pid", "--fork", "--kill-child"]
     errors = []
     for extra in (["--mount"], []):
         flags = (exe, *base, *extra)
@@ -212,14 +221,15 @@ def bwrap_argv(exe: str, scratch: str, tmpfs_bytes: int, network: bool, python: 
                 out += ["--perms", "0755", "--dir", cur]
         return out
 
-    for d in expose:
-        argv += [*parents(d), "--ro-bind", d, d]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     made.add("/dev")
     size = str(tmpfs_bytes)
     for target in ("/tmp", "/var/tmp", "/dev/shm"):
         argv += [*parents(target), "--perms", "1777", "--size", size, "--tmpfs", target]
         made.add(target)
+    # after the private tmpfs mounts: an interpreter installed under /tmp stays visible
+    for d in expose:
+        argv += [*parents(d), "--ro-bind", d, d]
     # cwd "/": the scratch directory is the run uid's (0700); the bootstrap enters it later
     argv += [*parents(scratch), "--bind", scratch, scratch, "--chdir", "/", "--remount-ro", "/"]
     return argv
@@ -297,6 +307,7 @@ __all__ = [
     "ISOLATING",
     "NR_PIVOT_ROOT",
     "SYSTEM_DIRS",
+    "UNSHARE_NEEDS_ROOT",
     "Probe",
     "bwrap_argv",
     "bwrap_common",

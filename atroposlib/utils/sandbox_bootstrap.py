@@ -53,9 +53,6 @@ if cfg["build_root"]:
             else:
                 mkdirs(new + top)
                 ro_bind(top, new + top)
-        for path in cfg["expose"]:
-            mkdirs(new + path)
-            ro_bind(path, new + path)
         mkdirs(new + "/dev")
         mount("tmpfs", new + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
         for name in ("null", "zero", "full", "random", "urandom", "tty"):
@@ -69,6 +66,10 @@ if cfg["build_root"]:
         for target in ("/tmp", "/var/tmp", "/dev/shm"):
             mkdirs(new + target)
             mount("tmpfs", new + target, "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
+        # after the private tmpfs mounts: an interpreter installed under /tmp stays visible
+        for path in cfg["expose"]:
+            mkdirs(new + path)
+            ro_bind(path, new + path)
         mkdirs(new + scratch)
         mount(scratch, new + scratch, None, MS_BIND)
         mkdirs(new + "/proc")

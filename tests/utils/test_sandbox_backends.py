@@ -126,3 +126,76 @@ def test_interpreter_closed_to_the_run_uid_is_named():
     assert closed in message and "closed to other users" in message
     assert "No module named" in info.value.stderr
     assert "use backend 'bwrap' or 'unshare'" in message
+
+
+# ------------------------------------------------------------------ a non-root host
+_REMOUNT_ATTACK = r'''
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+target = %r
+rc = libc.mount(None, target.encode(), None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND: read-write
+err = ctypes.get_errno()
+fd = libc.open((target + "/planted.py").encode(), os.O_WRONLY | os.O_CREAT, 0o644)
+print("remount", rc, err, "open", fd)
+'''
+
+_AS_NOBODY = r'''
+import json, sys
+from atroposlib.utils.sandbox import available_backends, run_python
+from atroposlib.utils.sandbox_backends import probe_unshare
+out = {"backends": available_backends(), "unshare_why": probe_unshare().why_not}
+if "bwrap" in out["backends"]:
+    out["bwrap"] = run_python(ATTACK % sys.prefix, backend="bwrap").stdout
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def nobody_python():
+    """A venv of ``/usr/bin/python3`` owned by ``nobody`` (as a non-root user's own venv is)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from tests.utils.test_sandbox_hostile import REPO, _open_to_others
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs a root host with setpriv (util-linux) and /usr/bin/python3")
+    if not _open_to_others(REPO / "atroposlib" / "utils" / "sandbox.py"):
+        pytest.skip(f"the working tree {REPO} is closed to other users")
+    base = tempfile.mkdtemp(prefix="atropos-nobody-")
+    os.chmod(base, 0o755)
+    os.chown(base, 65534, 65534)
+    as_nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    made = subprocess.run([*as_nobody, "/usr/bin/python3", "-m", "venv", "--without-pip",
+                           f"{base}/venv"], capture_output=True, text=True)
+    if made.returncode != 0:
+        shutil.rmtree(base)
+        pytest.skip(f"cannot create a venv as nobody: {made.stderr.strip()[-200:]}")
+    try:
+        yield as_nobody, f"{base}/venv"
+    finally:
+        shutil.rmtree(base)
+
+
+def test_a_non_root_host_gets_no_unshare_and_bwrap_forbids_remounts(nobody_python):
+    import json
+    import subprocess
+
+    from tests.utils.test_sandbox_hostile import REPO
+
+    as_nobody, venv = nobody_python
+    script = f"ATTACK = {_REMOUNT_ATTACK!r}\n" + _AS_NOBODY
+    done = subprocess.run([*as_nobody, f"{venv}/bin/python", "-c", script], capture_output=True,
+                          text=True, cwd="/", env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert "unshare" not in seen["backends"]
+    if sandbox_backends.shutil.which("unshare"):
+        assert seen["unshare_why"] == sandbox_backends.UNSHARE_NEEDS_ROOT
+    assert not os.path.exists(f"{venv}/planted.py")  # nothing written into the host's venv
+    if "bwrap" not in seen["backends"]:
+        pytest.skip("bwrap cannot create a user namespace for nobody here")
+    remount = seen["bwrap"].split()
+    assert remount[:2] == ["remount", "-1"] and remount[-2:] == ["open", "-1"], seen["bwrap"]
