@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from atroposlib.envs.runtime.step import Skip, run_item
+from atroposlib.env_runtime.step import Skip, run_item
 from atroposlib.utils import sandbox, sandbox_backends
 from atroposlib.utils.sandbox import SandboxLimits, SandboxStartError, resolve_backend
 from tests.environments.test_env_behaviour import make_env
@@ -20,8 +20,8 @@ GOOD = "```python\ndef add(a, b):\n    return a + b\n```"
 
 def _process(tok_dir, out, *flags):
     """Run the env's real CLI in ``process`` mode (in this process); return its exit code."""
-    from atroposlib.envs.cli import run_cli
-    from environments.code_execution_env import CodeExecutionEnv
+    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.environments.code_execution_env import CodeExecutionEnv
 
     try:
         run_cli(CodeExecutionEnv, ["process", "--testing", f"--env.tokenizer_name={tok_dir}",
@@ -55,7 +55,7 @@ def test_env_refuses_to_start_without_an_isolating_backend(tok_dir, tmp_path, mo
 
 def test_default_backend_is_recorded_in_every_group_and_the_log(tok_dir, tmp_path, caplog):
     out = tmp_path / "out.jsonl"
-    with caplog.at_level(logging.INFO, logger="environments.code_execution_env"):
+    with caplog.at_level(logging.INFO, logger="atroposlib.environments.code_execution_env"):
         assert _process(tok_dir, out) == 0
     backend = resolve_backend(None)
     groups = _groups(out)

@@ -6,10 +6,10 @@ import pytest
 
 from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.envs.checks import check_env
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.inference.clients.base import APIServerConfig
 
 # Our own module: an import failure is a failure of this file, not a reason to skip it.
-from atroposlib.envs.server_handling.vllm_server import VLLMServer
+from atroposlib.inference.clients.vllm_client import VLLMServer
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,7 @@ def _vllm_backend(vllm_server):
 async def test_blackjack_multi_turn_real_vllm(vllm_server):
     from transformers import AutoTokenizer
 
-    from environments.blackjack_env import BlackjackEnv
+    from atroposlib.environments.blackjack_env import BlackjackEnv
 
     tokenizer = AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
     groups = await check_env(
@@ -58,9 +58,9 @@ def test_code_execution_process_real_vllm(vllm_server, tmp_path):
     """`process` mode end to end: real vLLM writes code, the sandbox runs it, JSONL + HTML out."""
     import json
 
+    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.environments.code_execution_env import CodeExecutionEnv
     from atroposlib.envs.checks import check_group
-    from atroposlib.envs.cli import run_cli
-    from environments.code_execution_env import CodeExecutionEnv
 
     out = tmp_path / "code.jsonl"
     run_cli(CodeExecutionEnv, [
