@@ -218,6 +218,8 @@ class CodeExecutionEnv(SingleTurnEnv):
 
     name = "code_execution"
     env_config_cls = CodeExecutionConfig
+    #: The sandbox backend every run of this env uses; set by :meth:`check_sandbox` in setup.
+    sandbox_backend: str | None = None
 
     def _load(self, split: str, limit: int | None) -> list[dict[str, Any]]:
         c = self.config

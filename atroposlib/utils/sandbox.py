@@ -110,6 +110,7 @@ from atroposlib.utils.sandbox_bootstrap import BOOTSTRAP, REFUSED_EXIT
 __all__ = [
     "BACKENDS",
     "ISOLATING",
+    "NONE_RISK",
     "SandboxError",
     "SandboxLimits",
     "SandboxResult",
@@ -120,6 +121,7 @@ __all__ = [
     "isolation_support",
     "resolve_backend",
     "run_python",
+    "unavailable_message",
 ]
 
 logger = logging.getLogger(__name__)
