@@ -13,7 +13,7 @@ def generate() -> str:
     """Return the full CONFIG.md text."""
     from atroposlib.envs.config import BaseEnvConfig
     from atroposlib.envs.teacher_distillation_env import TeacherDistillationConfig
-    from atroposlib.inference.clients.base import APIServerConfig, ServerBaseline
+    from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
     from atroposlib.inference.clients.manager import ServerManagerConfig
 
     sections = [

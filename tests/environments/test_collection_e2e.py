@@ -6,7 +6,7 @@ import pytest
 
 from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.envs.checks import check_env
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.config_docs import generate
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
