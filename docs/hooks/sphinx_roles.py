@@ -14,6 +14,8 @@ from typing import Any
 import griffe
 
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`(~?)([^`<>]+)`")
+#: "Example::" introduces a literal block in reStructuredText and reads "Example:".
+_LITERAL_INTRO = re.compile(r"(?<=\S)::$", re.M)
 
 
 def _span(match: re.Match[str]) -> str:
@@ -22,8 +24,8 @@ def _span(match: re.Match[str]) -> str:
 
 
 def rewrite_roles(text: str) -> str:
-    """Return ``text`` with every Sphinx cross-reference role turned into a code span."""
-    return _ROLE.sub(_span, text)
+    """Return ``text`` with every Sphinx role turned into a code span, and ``Example::`` into ``Example:``."""
+    return _LITERAL_INTRO.sub(":", _ROLE.sub(_span, text))
 
 
 class SphinxRoles(griffe.Extension):
