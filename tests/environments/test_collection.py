@@ -100,7 +100,7 @@ CASES = {
 
 def env_class(name: str):
     module, cls, _, _ = CASES[name]
-    return getattr(importlib.import_module(f"environments.{module}"), cls)
+    return getattr(importlib.import_module(f"atroposlib.environments.{module}"), cls)
 
 
 def overrides_for(name: str, data_files: dict[str, str]) -> dict:

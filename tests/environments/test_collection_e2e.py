@@ -25,7 +25,7 @@ def _vllm_backend(vllm_server):
 async def test_blackjack_multi_turn_real_vllm(vllm_server):
     from transformers import AutoTokenizer
 
-    from environments.blackjack_env import BlackjackEnv
+    from atroposlib.environments.blackjack_env import BlackjackEnv
 
     tokenizer = AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
     groups = await check_env(
@@ -59,9 +59,9 @@ def test_code_execution_process_real_vllm(vllm_server, tmp_path):
     """`process` mode end to end: real vLLM writes code, the sandbox runs it, JSONL + HTML out."""
     import json
 
+    from atroposlib.environments.code_execution_env import CodeExecutionEnv
     from atroposlib.envs.checks import check_group
     from atroposlib.envs.cli import run_cli
-    from environments.code_execution_env import CodeExecutionEnv
 
     pytest.importorskip("atroposlib.envs.server_handling.vllm_server")
     out = tmp_path / "code.jsonl"
