@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import Field
 
 from atroposlib.envs.helpers import load_rows
-from atroposlib.envs.reward_fns import registry
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
+from atroposlib.rewards import registry
 
 DEFAULT_SYSTEM_PROMPT = (
     "Think step by step inside <think></think>, then give the final answer as \\boxed{answer}."

@@ -12,9 +12,9 @@ from atroposlib.utils.config_docs import model_table
 def generate() -> str:
     """Return the configuration reference as Markdown."""
     from atroposlib.envs.config import BaseEnvConfig
-    from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
-    from atroposlib.envs.server_handling.server_manager import ServerManagerConfig
     from atroposlib.envs.teacher_distillation_env import TeacherDistillationConfig
+    from atroposlib.inference.clients.base import APIServerConfig, ServerBaseline
+    from atroposlib.inference.clients.manager import ServerManagerConfig
 
     sections = [
         "# Configuration reference",

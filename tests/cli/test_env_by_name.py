@@ -250,7 +250,7 @@ def test_evaluate_by_name_writes_metrics_samples_table_and_summary(third_party, 
 
 
 def test_unknown_env_message_without_any_registered():
-    from atroposlib.envs.entry_points import unknown_env_message
+    from atroposlib.env_runtime.entry_points import unknown_env_message
 
     assert "no environments are registered" in unknown_env_message("x", [])
     assert unknown_env_message("mcq", ["mcqa", "gsm8k"]).endswith("did you mean mcqa?")

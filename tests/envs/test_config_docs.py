@@ -11,7 +11,7 @@ import pytest
 
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.config_docs import generate
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.inference.clients.base import APIServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_PAGE = "reference/config.md"
