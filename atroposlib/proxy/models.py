@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.proxy.errors import validation_message
 
 #: Default idle time (seconds) after which a session is deleted.

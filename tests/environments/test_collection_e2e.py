@@ -6,7 +6,7 @@ import pytest
 
 from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.envs.checks import check_env
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 
 # Our own module: an import failure is a failure of this file, not a reason to skip it.
 from atroposlib.inference.clients.vllm_client import VLLMServer

@@ -189,7 +189,7 @@ def test_client_session_multi_turn_extends_node(proxy, tiny_tokenizer):
 
 def test_server_manager_uses_the_proxy_when_configured(proxy, backend):
     from atroposlib.compat.managed_server_proxy import ProxyManagedServer
-    from atroposlib.inference.clients.base import APIServerConfig
+    from atroposlib.inference.clients.config import APIServerConfig
     from atroposlib.inference.clients.manager import ServerManager
 
     manager = ServerManager(
