@@ -18,8 +18,8 @@ A run uses one of three backends (:func:`available_backends` lists those that wo
   raise :class:`SandboxUnavailableError` naming both fixes (install bubblewrap, or pass
   ``backend="none"`` explicitly). An explicit ``"none"`` runs, with one warning per process.
 
-What the isolating backends (``bwrap``, ``unshare``) hide
----------------------------------------------------------
+What bwrap and unshare hide
+---------------------------
 Each run gets fresh **network, IPC, UTS, PID and mount namespaces** (``unshare`` without a mount
 namespace, on hosts that refuse one, loses the private root below: :func:`isolation_support`
 says so). ``tests/utils/test_sandbox_hostile.py`` runs each case below against each backend,
@@ -55,8 +55,8 @@ kernel allows an unprivileged process). Memory is limited per process (``RLIMIT_
 per run: a fork bomb of ``max_processes`` processes can use ``max_processes x memory_bytes``;
 keep both small, or run the env in a memory cgroup.
 
-What ``"none"`` does and does not do
-------------------------------------
+What none does and does not do
+------------------------------
 The program runs in the host's namespaces. The audit hook (PEP 578) refuses, inside the
 program's own interpreter only, socket connect/bind/send/resolve and writes outside the scratch
 directory; child processes and ``ctypes`` bypass it. Measured by the same tests, the program
