@@ -366,8 +366,9 @@ class VerifiersEnv(BaseEnv):
                 model calls were not tracked.
         """
         if not episode.ok:
-            error = episode.last_error
-            detail = f"{error.type}: {error.message}" if error else "no error recorded"
+            errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
+            detail = "; ".join(f"{e.type}: {e.message}" for e in errors) or (
+                f"not ok, no error recorded (stop: {[t.stop_condition for t in episode.traces]})")
             raise RolloutError(f"verifiers episode failed: {detail}")
         trainable = [t for t in episode.traces if t.agent.trainable]
         if len(trainable) != 1:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import sys
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -78,9 +80,15 @@ def use_local_python() -> None:
                                "with uv (needs uv and a package index)", ", ".join(missing))
                 return await super().prepare_uv_script(script, env, activate=activate)
             digest = hashlib.sha256(text.encode()).hexdigest()
-            path = f"{self.scripts_dir}/local-{digest}.py"
-            await self.write(path, text.encode())
-            return [sys.executable, path]
+            path = Path(self.scripts_dir) / f"local-{digest}.py"
+            if not path.exists():
+                # Concurrent rollouts prepare the same script: write aside, then rename
+                # atomically, so no program ever starts on a half-written file.
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.{id(self):x}.tmp")
+                tmp.write_text(text)
+                os.replace(tmp, path)
+            return [sys.executable, str(path)]
 
     original = runtimes._runtime_cls
 
