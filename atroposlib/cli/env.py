@@ -28,7 +28,7 @@ examples:
 Environments of other ecosystems, by prefix (see docs/ecosystems.md):
   atropos-env verifiers:reverse-text serve          (a verifiers taskset or environment)
   atropos-env verifiers:my_pkg.tasks:MyTaskset process
-  atropos-env openenv:echo_env.server.app:app serve (an OpenEnv environment)
+  atropos-env openenv:my_env.server.app:app serve   (an OpenEnv server app)
   atropos-env gym:Blackjack-v1 serve                (a Gymnasium env with text observations)
 
 Register your own environment in your package's pyproject.toml:
