@@ -3,7 +3,7 @@
 Environments from other ecosystems (verifiers, OpenEnv agents, ...) sample through an
 OpenAI-compatible client of their own. :class:`TrackedEndpoint` gives that client an
 endpoint backed by the env's own inference servers: the ManagedServer proxy
-(:mod:`atroposlib.envs.server_handling.proxy`) served by uvicorn on ``127.0.0.1`` inside the
+(:mod:`atroposlib.proxy`) served by uvicorn on ``127.0.0.1`` inside the
 env's event loop, with one proxy *session* per rollout. Every call made through a session's
 ``base_url`` is generated from exact token ids, so afterwards the session's tracked
 sequences hold the sampled token ids, the sampler's log-probs and a mask that trains only
@@ -121,7 +121,7 @@ class TrackedEndpoint:
     async def _start(self) -> None:
         import uvicorn
 
-        from atroposlib.envs.server_handling.proxy.app import create_app
+        from atroposlib.proxy.app import create_app
 
         app = create_app(server_manager=self.server_manager, tokenizer=self.tokenizer,
                          model_name=self.model_name)
@@ -148,7 +148,7 @@ class TrackedEndpoint:
         """
         if self.url is None or self._http is None:
             raise RuntimeError("TrackedEndpoint.session() needs `async with TrackedEndpoint(...)`")
-        from atroposlib.envs.server_handling.proxy.client import create_proxy_session
+        from atroposlib.proxy.client import create_proxy_session
 
         return await create_proxy_session(self.url, tool_parser=self.tool_parser,
                                           client=self._http)

@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.models import RegisterEnv, Registration
+from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
-from atroposlib.envs.serve import ServeLoop
 from atroposlib.testing.fake_server import FakeServer
 from tests.envs.sample_envs import ChatLengthEnv
 

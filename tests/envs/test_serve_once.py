@@ -7,8 +7,8 @@ import httpx
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.factory import build_app
 from atroposlib.api.settings import ApiSettings
+from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
-from atroposlib.envs.serve import ServeLoop
 from atroposlib.testing.fake_server import FakeServer
 from tests.envs.sample_envs import ChatLengthEnv
 from tests.fixtures.lossy import LoseReplies, first_n
