@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def make_env(spec, tok_dir, tok, replies, **config):
     cls = verifiers_env_class(spec)
-    cfg = cls.env_config_cls(tokenizer_name=tok_dir, use_wandb=False, max_tokens=48, **config)
+    cfg = cls.env_config_cls(**{"tokenizer_name": tok_dir, "use_wandb": False, "max_tokens": 48,
+                                **config})
     server = FakeServer(replies, tokenizer=tok)
     return cls(cfg, [server]), server
 
@@ -170,3 +171,26 @@ def test_atropos_env_process_runs_a_verifiers_env(tiny_tok_dir, tiny_tok, tmp_pa
     for group in groups:
         assert sorted(group["scores"])[-1] == 1.0 or max(group["scores"]) < 1.0
         assert len(group["tokens"]) == 2 and group["inference_logprobs"]
+
+
+def test_tool_environment_calls_its_mcp_tool(tiny_tok_dir, tiny_tok, monkeypatch):
+    """The model's <tool_call> becomes an OpenAI tool call, verifiers runs the MCP tool, the
+    result comes back as a (masked) tool turn and the model's second turn is trained too."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the tool server is `python -m tests.adapters...`
+
+    def reply(request):
+        if "7431" in request.prompt:
+            return "The code is 7431."
+        return '<tool_call>\n{"name": "codes_lookup", "arguments": {"color": "red"}}\n</tool_call>'
+
+    env, _ = make_env("tests.adapters.vf_lookup", tiny_tok_dir, tiny_tok, reply, group_size=2,
+                      max_tokens=128)  # one token per byte
+    _, group, _ = asyncio.run(one_group(env))
+    assert group["scores"] == [1.0, 1.0]
+    for tokens, masks, messages in zip(group["tokens"], group["masks"], group["messages"],
+                                       strict=True):
+        turns = [tiny_tok.decode(tokens[a:b], skip_special_tokens=True)
+                 for a, b in generated_spans(masks)]
+        assert turns[0].startswith("<tool_call>") and turns[-1] == "The code is 7431."
+        assert [m["role"] for m in messages][-3:] == ["assistant", "tool", "assistant"]
+        assert messages[-2]["content"] == "7431"
