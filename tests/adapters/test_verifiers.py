@@ -194,3 +194,20 @@ def test_tool_environment_calls_its_mcp_tool(tiny_tok_dir, tiny_tok, monkeypatch
         assert turns[0].startswith("<tool_call>") and turns[-1] == "The code is 7431."
         assert [m["role"] for m in messages][-3:] == ["assistant", "tool", "assistant"]
         assert messages[-2]["content"] == "7431"
+
+
+def test_evaluate_runs_one_greedy_episode_per_task(tiny_tok_dir, tiny_tok, tmp_path):
+    env, server = make_env("tests.adapters.vf_reverse", tiny_tok_dir, tiny_tok,
+                           ["<answer>tac</answer>"], eval_limit=3,
+                           data_dir_to_save_evals=str(tmp_path / "evals"))
+
+    async def run():
+        await env.setup()
+        return await env.evaluate()
+
+    metrics = asyncio.run(run())
+    assert metrics["eval/num_tasks"] == 3 and metrics["eval/failed_fraction"] == 0.0
+    assert metrics["eval/metric/tagged"] == 1.0  # the task's own @vf.metric
+    assert 0.0 < metrics["eval/mean_reward"] < 1.0  # right for "cat" only
+    assert {r.kwargs.get("temperature") for r in server.requests} == {0.0}
+    assert (tmp_path / "evals" / "metrics.json").exists()
