@@ -200,7 +200,8 @@ def test_gymnasium_env_by_id_served_into_run_api(vllm_server, tokenizer, tmp_pat
 def test_short_grpo_run_on_a_verifiers_env_through_atropos_launch(vllm_server, tmp_path):
     import yaml
 
-    from atroposlib.cli.launch import Launcher, load_config
+    from atroposlib.launch.config import load_config
+    from atroposlib.launch.orchestration import Launcher
 
     config = yaml.safe_load((Path(__file__).parent / "launch-vf-reverse.yaml").read_text())
     run_dir = tmp_path / "run"
