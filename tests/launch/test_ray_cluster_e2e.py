@@ -110,15 +110,14 @@ def test_parts_land_where_placed_and_a_part_that_dies_stops_the_run(tmp_path):
 @pytest.mark.timeout(1500)
 def test_quickstart_trains_on_two_nodes_and_brings_the_run_back(tmp_path):
     _needs_ray()
-    config = yaml.safe_load((REPO / "configs/quickstart-cpu.yaml").read_text())
-    config["trainer"].update(training_steps=3, eval_interval=0, batch_timeout=600,
-                             placement={"resources": {"node_b": 0.1}})
+    # the shipped example (the quickstart placed on node_a/node_b), with a budget of 3 steps
+    config = yaml.safe_load((REPO / "configs/quickstart-ray.yaml").read_text())
+    config["trainer"].update(training_steps=3, eval_interval=0)
     config["trainer"].pop("max_train_seconds")
     config["envs"][0]["args"]["env.eval_size"] = 8
-    config["envs"][0]["placement"] = {"resources": {"node_a": 0.1}}
     config["envs"][0]["script"] = str(REPO / config["envs"][0]["script"])
-    config.update(run_dir=str(tmp_path / "run"), api={"placement": {"resources": {"node_a": 0.1}}},
-                  ray={"node_run_dir": str(tmp_path / "nodes"), "place_timeout": 120})
+    config["ray"].update(node_run_dir=str(tmp_path / "nodes"), place_timeout=120)
+    config["run_dir"] = str(tmp_path / "run")
     path = _write(tmp_path / "quickstart.yaml", config)
     proc, nodes = _on_cluster(tmp_path, f'"$PY" -m atroposlib.cli.launch {path} --ray', timeout=1400)
     out = proc.stdout

@@ -137,3 +137,13 @@ def test_trainer_command_over_several_nodes_uses_a_static_rendezvous():
     assert trainer_command("m", 1, python="/py") == ["/py", "-m", "m"]
     with pytest.raises(ValueError, match="master"):
         trainer_command("m", 1, nnodes=2)
+
+
+def test_the_ray_quickstart_is_the_quickstart_placed_on_two_nodes():
+    placed = load_config(REPO / "configs/quickstart-ray.yaml")
+    plain = load_config(REPO / "configs/quickstart-cpu.yaml")
+    assert placed.ray is not None and placed.ray.address == "auto"
+    assert placed.trainer_settings == plain.trainer_settings
+    assert [e.model_dump(exclude={"placement"}) for e in placed.envs] == [e.model_dump(exclude={"placement"}) for e in plain.envs]
+    assert placed.api.placement.resources == placed.envs[0].placement.resources == {"node_a": 0.1}
+    assert placed.trainer_placement.resources == {"node_b": 0.1}
