@@ -241,9 +241,12 @@ class Launcher:
             if self._stop_signal is not None:
                 raise KeyboardInterrupt
             # the others first: a trainer that failed because run-api died names run-api
-            for part in [api, *envs, *trainers[1:]]:
+            for part in [api, *envs]:
                 if part.poll() is not None:
                     raise self._fail(part, f"exited early with code {part.poll()}")
+            for part in trainers[1:]:  # the other trainer nodes may finish just before rank 0's
+                if part.poll() not in (None, 0):
+                    raise self._fail(part, f"exited with code {part.poll()}")
             if trainer.poll() is not None:
                 break
             trainer.remember_descendants()

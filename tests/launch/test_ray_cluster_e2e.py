@@ -150,3 +150,52 @@ def test_quickstart_trains_on_two_nodes_and_brings_the_run_back(tmp_path):
         assert not new.get_tensor(name).equal(old.get_tensor(name))
     assert (run / "plot.png").stat().st_size > 1000
     assert "[grpo] registered with" in (run / "logs" / "trainer.log").read_text()
+
+
+FEED = """
+import sys, time
+from atroposlib.api.client import AtroposClient
+from tests.example_trainer.test_grpo_loop import _group
+with AtroposClient(sys.argv[1]) as client:
+    deadline = time.monotonic() + 600
+    while (client.info() or {}).get("batch_size", -1) <= 0:
+        assert time.monotonic() < deadline, "the trainer never registered"
+        time.sleep(1)
+    for seed in range(4):
+        client.post_scored_data(_group(seed))
+print("fed 4 groups", flush=True)
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_trainer_over_two_ray_nodes_meets_at_a_static_rendezvous(tmp_path):
+    _needs_ray()
+    port = 18555  # free: the cluster has a network namespace of its own
+    config = _write(tmp_path / "two.yaml", {
+        "run_dir": str(tmp_path / "run"),
+        "ray": {"node_run_dir": str(tmp_path / "nodes"), "place_timeout": 120},
+        "api": {"port": port, "placement": {"resources": {"node_a": 0.1}}},
+        # one rank on each node (a placement group spreads the two bundles); the bundled model's
+        # path is outside /tmp, so both nodes read it
+        "trainer": {"model": str(BUNDLED), "vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
+                    "training_steps": 2, "batch_size": 8, "micro_batch_size": 4, "lr": 1e-4,
+                    "train_last_layers": 2, "dtype": "float32", "torch_threads": 1, "batch_timeout": 600,
+                    "nnodes": 2, "nproc_per_node": 1, "placement": {"num_cpus": 1}},
+        "envs": [{"name": "idle", "script": str(REPO / "tests/fixtures/idle_env.py"),
+                  "placement": {"resources": {"node_a": 0.1}}}]})
+    feed = tmp_path / "feed.py"
+    feed.write_text(FEED)
+    proc, nodes = _on_cluster(tmp_path, (
+        f'"$PY" {feed} http://127.0.0.1:{port} & FEEDER=$!; '
+        f'"$PY" -m atroposlib.cli.launch {config} --ray; code=$?; wait $FEEDER; exit $code'), timeout=800)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-6000:] + proc.stderr[-3000:]
+    assert "fed 4 groups" in out
+    placement = json.loads((tmp_path / "run" / "placement.json").read_text())
+    assert {placement["trainer"]["node_id"], placement["trainer.1"]["node_id"]} == set(nodes.values())
+    assert "[trainer.1] " in out  # the second node's torchrun streams with its own prefix
+    trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
+    assert "x 2 ranks (FSDP)" in trainer_log
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["stopped"] == "completed"
+    assert (tmp_path / "run" / "checkpoints" / "final" / "model.safetensors").exists()
