@@ -258,7 +258,7 @@ class Launcher:
         return 0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._stop_signal is not None:
+        if self._stop_signal is not None or self.backend is None:  # or still connecting to Ray
             raise KeyboardInterrupt
         self._stop_signal = signum
 

@@ -33,8 +33,7 @@ try:
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("atropos-launch --ray needs Ray: pip install 'atroposlib[ray]' "
-                      f"(Ray {exc.name or 'ray'} could not be imported)") from exc
+    raise ImportError(f"atropos-launch --ray needs Ray ({exc}): pip install 'atroposlib[ray]'") from exc
 
 #: Bytes of a file fetched per actor call when copying run files back.
 CHUNK_BYTES = 32 * 1024 * 1024
@@ -173,6 +172,7 @@ class RayBackend(Backend):
         self._groups: list[Any] = []
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
+            _check_reachable(section.address)
             try:
                 # the parts' output is streamed with [part] prefixes, not through Ray's log monitor
                 ray.init(address=section.address, namespace=section.namespace,
@@ -279,3 +279,31 @@ class RayBackend(Backend):
         self._actors, self._groups = [], []
         if self._owns_connection:
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail in seconds when nothing listens at a ``HOST:PORT`` (or ``ray://HOST:PORT``) address.
+
+    ``ray.init`` retries an unreachable head for minutes; this turns that into one clear error.
+    ``auto`` is left to Ray (it fails at once when this host belongs to no cluster).
+
+    Raises:
+        LaunchError: the address does not parse, or a TCP connection to it fails.
+    """
+    import socket
+
+    if address == "auto":
+        return
+    hostport = address.removeprefix("ray://").rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(f"Ray address {address!r} is not HOST:PORT, ray://HOST:PORT or auto",
+                          part="launch", reason="bad Ray address")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        what = "Ray Client server (ray start --head runs it on 10001)" if address.startswith("ray://") \
+            else "Ray head's GCS (ray start --head --port, 6379 by default)"
+        raise LaunchError(f"nothing answers at {hostport} ({exc}): it should be the {what}; start "
+                          "the cluster or fix --ray / ray.address", part="launch",
+                          reason="could not reach the Ray cluster") from exc

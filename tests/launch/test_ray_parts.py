@@ -147,3 +147,18 @@ def test_the_ray_quickstart_is_the_quickstart_placed_on_two_nodes():
     assert [e.model_dump(exclude={"placement"}) for e in placed.envs] == [e.model_dump(exclude={"placement"}) for e in plain.envs]
     assert placed.api.placement.resources == placed.envs[0].placement.resources == {"node_a": 0.1}
     assert placed.trainer_placement.resources == {"node_b": 0.1}
+
+
+@pytest.mark.timeout(120)  # without the reachability check ray.init retries for minutes
+def test_an_unreachable_ray_head_fails_at_once_naming_the_address(tmp_path, capsys):
+    pytest.importorskip("ray", reason="pip install 'atroposlib[ray]'")
+    from atroposlib.launch.commands import free_port
+
+    port = free_port()  # nothing listens there
+    path = _write(tmp_path, {"run_dir": str(tmp_path / "run"),
+                             "envs": [{"name": "a", "script": str(REPO / "tests/fixtures/idle_env.py")}]})
+    assert launch_cli.main([str(path), "--ray", f"127.0.0.1:{port}"]) == 1
+    out = capsys.readouterr().out
+    assert f"nothing answers at 127.0.0.1:{port}" in out and "ray start --head" in out
+    assert launch_cli.main([str(path), "--ray", "no-port-here"]) == 1
+    assert "is not HOST:PORT, ray://HOST:PORT or auto" in capsys.readouterr().out
