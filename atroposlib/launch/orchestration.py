@@ -81,7 +81,14 @@ class Launcher:
             self.console.flush()
 
     def _make_backend(self) -> Backend:
-        if self.config.ray is None:
+        cfg = self.config
+        if cfg.ray is None:
+            placed = [name for name, section in [("api", cfg.api), *((e.name, e) for e in cfg.envs)]
+                      if section.model_fields_set & {"placement"}]
+            if "placement" in cfg.trainer:
+                placed.insert(1, "trainer")
+            if placed:
+                self.say(f"placement of {', '.join(placed)} is for Ray (--ray); every part runs on this host")
             return LocalBackend(self.run_dir, self.env, self.console, self.lock)
         from atroposlib.launch.ray_cluster import RayBackend
 
