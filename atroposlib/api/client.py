@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -45,6 +46,8 @@ from atroposlib.errors import (
     ApiRejectedError,
     ApiUnavailableError,
 )
+
+log = logging.getLogger("atroposlib.api.client")
 
 #: Bodies at least this large (bytes) are gzipped when that makes them smaller (as upstream).
 GZIP_MIN_BYTES = 1024
@@ -144,14 +147,20 @@ class _ClientBase:
         #: Step of the last batch received (or the registered starting_step); None: unknown.
         self.last_step: int | None = None
         self._batch_unanswered = False
+        #: The server's step at registration: batches up to it are re-fetched by step
+        self._replay_until: int | None = None
 
     def _batch_params(self, attempt: int) -> dict[str, int]:
         """Query of one ``GET /batch`` attempt: ``?step=N`` once a reply may have been lost.
 
         The first attempt is a plain ``GET /batch`` (as any Atropos client), unless an earlier
-        call ended without an answer; retries ask for the step expected after ``last_step``.
+        call ended without an answer, or the client is re-fetching the batches served before a
+        resume (see :meth:`_note_registration`); retries ask for the step after ``last_step``.
         """
-        if self.last_step is None or (attempt == 1 and not self._batch_unanswered):
+        if self.last_step is None:
+            return {}
+        replaying = self._replay_until is not None and self.last_step < self._replay_until
+        if attempt == 1 and not self._batch_unanswered and not replaying:
             return {}
         return {"step": self.last_step + 1}
 
@@ -163,9 +172,27 @@ class _ClientBase:
             self.last_step = int(response.headers[STEP_HEADER])
         return batch
 
-    def _note_registration(self, registration: Registration) -> None:
+    def _note_registration(self, registration: Registration, answer: dict[str, Any]) -> None:
+        """Expect the batch after ``starting_step`` next; on a resume, re-fetch the served ones.
+
+        When the server's ``current_step`` is past ``starting_step`` (a trainer restarted from
+        a checkpoint), the next calls ask ``GET /batch?step=N`` for N = starting_step + 1 ..
+        current_step: the batches served before the restart that the checkpoint does not hold.
+        Steps the server no longer keeps are skipped with a warning (their groups never reach
+        the weights). A server without these answer keys (Atropos 0.4) changes nothing.
+        """
         self.last_step = registration.starting_step
         self._batch_unanswered = False
+        current, oldest = answer.get("current_step"), answer.get("oldest_replayable_step")
+        self._replay_until = current if isinstance(current, int) else None
+        if self._replay_until is None or current <= registration.starting_step:
+            return
+        first = oldest if isinstance(oldest, int) else current + 1
+        if first > registration.starting_step + 1:
+            log.warning("run-api no longer keeps the batches of steps %d..%d (its --replay-batches "
+                        "window): their groups will not reach the weights; continuing from step %d",
+                        registration.starting_step + 1, first - 1, first)
+            self.last_step = first - 1
 
     def _retry_kwargs(self) -> dict[str, Any]:
         return {
@@ -218,11 +245,14 @@ class AtroposClient(_ClientBase):
     def register(self, registration: Registration) -> int:
         """``POST /register``; returns the registration uuid (an int).
 
-        The next batch this client expects is then ``starting_step + 1`` (see :meth:`get_batch`).
+        The next batch this client expects is then ``starting_step + 1`` (see :meth:`get_batch`):
+        after a trainer restarts from the checkpoint of step C, its next calls get the batches
+        of steps C+1 .. (the server's step) again, the ones the checkpoint does not hold, and
+        then new ones.
         """
-        uuid_ = self.request("POST", "/register", registration.model_dump())["uuid"]
-        self._note_registration(registration)
-        return uuid_
+        answer = self.request("POST", "/register", registration.model_dump())
+        self._note_registration(registration, answer)
+        return answer["uuid"]
 
     def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
         """``POST /register-env``; ``status`` is "success" or "wait for trainer to start"."""
@@ -385,9 +415,9 @@ class AsyncAtroposClient(_ClientBase):
 
     async def register(self, registration: Registration) -> int:
         """``POST /register``; returns the registration uuid (an int); see :meth:`get_batch`."""
-        uuid_ = (await self.request("POST", "/register", registration.model_dump()))["uuid"]
-        self._note_registration(registration)
-        return uuid_
+        answer = await self.request("POST", "/register", registration.model_dump())
+        self._note_registration(registration, answer)
+        return answer["uuid"]
 
     async def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
         """``POST /register-env``; ``status`` is "success" or "wait for trainer to start"."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from atroposlib.api.errors import UnknownEnvError
 from atroposlib.api.models import Registration
-from atroposlib.api.settings import ApiSettings
+from atroposlib.api.settings import REPLAY_BATCHES_CAP, ApiSettings
 from atroposlib.api.store import (
     GroupMeta,
     IdempotentReply,
@@ -108,10 +108,12 @@ class StateCore:
         self.latest_id: int | None = max(self.groups) if self.groups else None
         #: groups dropped as too stale, per env id as a string ("null": no env id)
         self.stale_dropped: Counter[str] = Counter(meta.get("stale_dropped", {}))
-        last = meta.get("last_batch")
-        #: (step, group ids in batch order) of the last served batch, while it can be served again
-        self.last_batch: tuple[int, list[int]] | None = (
-            (int(last["step"]), list(last["ids"])) if last else None)
+        #: group ids in batch order of the served batches GET /batch?step=N can answer again,
+        #: by step, oldest first (see :attr:`replay_batches`)
+        self.batches: OrderedDict[int, list[int]] = OrderedDict(snap.batches)
+        last = meta.get("last_batch")  # written by stores of schema 2: their one kept batch
+        if last and not self.batches:
+            self.batches[int(last["step"])] = list(last["ids"])
         self.replies: OrderedDict[str, IdempotentReply] = OrderedDict(
             (r.key, r) for r in snap.replies)
         self.next_reply_seq = max((r.seq for r in snap.replies), default=0) + 1
@@ -151,6 +153,26 @@ class StateCore:
         if reg is not None and reg.max_staleness is not None:
             return reg.max_staleness
         return self.settings.max_staleness
+
+    @property
+    def replay_batches(self) -> int:
+        """How many of the last served batches ``GET /batch?step=N`` can answer again.
+
+        ``--replay-batches`` when given; else the trainer's ``save_checkpoint_interval + 2``
+        (the steps after its last checkpoint, the one it was training and one fetched ahead),
+        at most :data:`~atroposlib.api.settings.REPLAY_BATCHES_CAP`; else 1 (the last batch).
+        """
+        if self.settings.replay_batches is not None:
+            return self.settings.replay_batches
+        reg = self.registration
+        if reg is not None and reg.save_checkpoint_interval > 0:
+            return min(reg.save_checkpoint_interval + 2, REPLAY_BATCHES_CAP)
+        return 1
+
+    @property
+    def oldest_replayable_step(self) -> int | None:
+        """The oldest step whose batch can be answered again, or None when none is kept."""
+        return next(iter(self.batches), None)
 
     def env(self, env_id: int) -> EnvRecord:
         """Return the registered env ``env_id``.

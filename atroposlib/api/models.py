@@ -118,6 +118,13 @@ class RegistrationResponse(BaseModel):
     """``POST /register`` response."""
 
     uuid: int = Field(description="A fresh 128-bit integer identifying this registration.")
+    # atroposlib extensions (Atropos 0.4 trainers read only uuid)
+    current_step: int | None = Field(
+        default=None, description="The server's step after this registration: starting_step, "
+        "or the server's own step when the trainer resumes at or before it.")
+    oldest_replayable_step: int | None = Field(
+        default=None, description="Oldest step whose batch GET /batch?step=N answers again "
+        "(null: none kept). A resuming trainer fetches steps starting_step+1..current_step.")
 
 
 class RegisterEnv(BaseModel):

@@ -14,6 +14,9 @@ from atroposlib.defaults import DEFAULT_API_HOST, DEFAULT_API_PORT
 
 #: Environment variable holding the bearer token when ``--api-key`` is not given.
 API_KEY_ENV = "ATROPOS_API_KEY"
+#: Most batches kept for replay when ``--replay-batches`` is derived from the trainer's
+#: checkpoint interval (an explicit ``--replay-batches`` may exceed it).
+REPLAY_BATCHES_CAP = 64
 #: Environment variable used to hand settings to a ``--reload`` worker process (JSON).
 SETTINGS_ENV = "ATROPOS_API_SETTINGS"
 
@@ -103,6 +106,14 @@ class ApiSettings(BaseModel):
         "that generated them) is more than this many steps behind the current step, instead of "
         "serving them; counted per env in /status. Groups without a policy_version are never "
         "dropped. A trainer's /register max_staleness overrides it. Default: no limit.",
+    )
+    replay_batches: int | None = Field(
+        default=None, ge=1,
+        description="GET /batch?step=N answers again any of the last this many served batches "
+        "(with --db, across restarts too), so a trainer that restarts from a checkpoint re-fetches "
+        "the batches it had not trained on. Default: the trainer's save_checkpoint_interval + 2 "
+        f"(capped at {REPLAY_BATCHES_CAP}), or 1 when it registers no interval. Their groups stay "
+        "stored (in memory without --db) until they leave this window.",
     )
     idempotency_keys: int = Field(
         default=100_000, gt=0,

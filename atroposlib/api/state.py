@@ -100,7 +100,7 @@ class ApiState:
         self.core.close()
 
     # ------------------------------------------------------------------ registration
-    def register(self, reg: Registration) -> int:
+    def register(self, reg: Registration) -> dict[str, Any]:
         """``POST /register``: see :meth:`Registry.register`."""
         return self.registry.register(reg)
 

@@ -18,12 +18,21 @@ router = APIRouter(tags=["register"])
 
 @router.post("/register", response_model=RegistrationResponse)
 async def register(registration: Registration, state: StateDep) -> dict:
-    """The trainer registers the run: batch size (sequences), W&B names, starting step.
+    """The trainer registers the run: batch size (sequences), limits, W&B names, starting step.
 
-    A second call updates these settings and the step, keeping queued data and envs (call
-    ``/reset_data`` first to start from scratch).
+    The first call sets the step to ``starting_step``. A second call (a restarted trainer)
+    updates the settings and keeps queued data and envs (call ``/reset_data`` first to start
+    from scratch). When its ``starting_step`` is at most the server's step (a trainer resuming
+    from a checkpoint, or an Atropos 0.4 trainer registering with 0 again), the step is NOT
+    renumbered and the served batches stay fetchable: ``GET /batch?step=N`` for N from
+    ``starting_step + 1`` to ``current_step`` answers the batches the trainer had fetched but
+    not trained on (those still kept: ``oldest_replayable_step``), then serves new ones. A
+    ``starting_step`` past the server's step sets the step to it.
+
+    With ``vocab_size`` (and always ``max_token_len``), groups the model cannot train on are
+    refused from then on (422 naming the group, its env and the likely cause).
     """
-    return {"uuid": state.register(registration)}
+    return state.register(registration)
 
 
 @router.post("/register-env", response_model=RegisterEnvResponse, response_model_exclude_none=True)
