@@ -60,7 +60,7 @@ class Batching:
             return orjson.dumps(NOT_REGISTERED), {}
         if not self.core.started:
             self.core.started = True
-            with self.core.store.transaction():
+            with self.core.transaction("recording the trainer's first poll"):
                 self.core.store.set_meta("started", True)
             log.info("trainer polled /batch: envs may now register")
         self._drop_stale()
@@ -92,17 +92,12 @@ class Batching:
             self.core.served.append(g)
             self.core.served_tokens += g.n_tokens
         pruned = self._prune_served()
-        try:
-            with self.core.store.transaction():
-                self.core.store.mark_served(ids, step)
-                self.core.store.set_meta("step", step)
-                self.core.store.put_batch(step, ids)
-                self.core.store.delete_batches(forgotten)
-                self.core.store.delete_groups(g.id for g in pruned)
-        except Exception:
-            log.exception("recording a served batch failed; reloading state from the store")
-            self.core.load()
-            raise
+        with self.core.transaction("recording a served batch"):
+            self.core.store.mark_served(ids, step)
+            self.core.store.set_meta("step", step)
+            self.core.store.put_batch(step, ids)
+            self.core.store.delete_batches(forgotten)
+            self.core.store.delete_groups(g.id for g in pruned)
         self.core.step = step
         self.core.changed()
         info = {"step": step, "groups": len(chosen), "sequences": reg.batch_size,
@@ -128,14 +123,9 @@ class Batching:
             self.core.unindex_queued(g)
             del self.core.groups[g.id]
             self.core.stale_dropped[orjson.dumps(g.env_id).decode()] += 1
-        try:
-            with self.core.store.transaction():
-                self.core.store.delete_groups(g.id for g in stale)
-                self.core.store.set_meta("stale_dropped", dict(self.core.stale_dropped))
-        except Exception:
-            log.exception("dropping stale groups failed; reloading state from the store")
-            self.core.load()
-            raise
+        with self.core.transaction("dropping stale groups"):
+            self.core.store.delete_groups(g.id for g in stale)
+            self.core.store.set_meta("stale_dropped", dict(self.core.stale_dropped))
         self.core.changed()
         log.info("dropped %d stale groups (policy_version more than %d steps behind step %d): %s",
                  len(stale), limit, self.core.step, dict(Counter(g.env_id for g in stale)))

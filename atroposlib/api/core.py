@@ -9,12 +9,15 @@ store (at start-up, after ``/reset_data`` and after a failed transaction).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from atroposlib.api.errors import UnknownEnvError
+from atroposlib.api.errors import InsufficientStorageError, UnknownEnvError
 from atroposlib.api.models import Registration
 from atroposlib.api.settings import REPLAY_BATCHES_CAP, ApiSettings
 from atroposlib.api.store import (
@@ -23,8 +26,11 @@ from atroposlib.api.store import (
     MemoryStore,
     PartialMeta,
     SqliteStore,
+    StoreFullError,
     open_store,
 )
+
+log = logging.getLogger("atroposlib.api")
 
 
 @dataclass(slots=True)
@@ -120,6 +126,36 @@ class StateCore:
         self.version = 0
         self.no_batch_key: tuple | None = None
         self.no_batch_reason = ""
+
+    @contextlib.contextmanager
+    def transaction(self, what: str) -> Iterator[None]:
+        """One store transaction; on failure the in-memory index is rebuilt from the store.
+
+        Code inside may change the index before or while it writes: whatever fails, the
+        index goes back to what the store holds (the transaction was rolled back).
+
+        Args:
+            what: what the block does, for the log and the error (e.g. "storing scored data").
+
+        Raises:
+            InsufficientStorageError: the ``--db`` disk is full (507 with ``Retry-After``);
+                nothing was changed, and the same request succeeds once space is freed.
+        """
+        try:
+            with self.store.transaction():
+                yield
+        except StoreFullError as exc:
+            log.error("%s failed, nothing was changed: %s", what, exc)
+            self.load()
+            raise InsufficientStorageError(
+                f"{what} failed: the disk of --db is full ({exc.__cause__ or exc}). Nothing was "
+                f"stored or changed; free space on it and retry (after "
+                f"{self.settings.retry_after_s} s). Data already accepted is safe.",
+                self.settings.retry_after_s) from None
+        except Exception:
+            log.exception("%s failed; reloading state from the store", what)
+            self.load()
+            raise
 
     def index_queued(self, g: GroupMeta) -> None:
         """Add a stored group to the queue's index."""

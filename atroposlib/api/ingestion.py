@@ -154,6 +154,7 @@ class Ingestion:
                 fails a poison check (see :mod:`atroposlib.api.checks`).
             PayloadTooLargeError: the groups alone exceed ``max_queued_tokens``.
             QueueFullError: accepting them would pass the queue limits (nothing is queued).
+            InsufficientStorageError: the ``--db`` disk is full (nothing is queued).
         """
         targets = self.check_all(groups)
         sizes = [sum(len(r) for r in g.tokens) for g in groups]
@@ -164,24 +165,19 @@ class Ingestion:
             if g.env_id is not None:
                 self.core.envs[g.env_id].last_seen = mono
         results = []
-        try:
-            with self.core.store.transaction():
-                for group, target, n_tokens in zip(groups, targets, sizes, strict=True):
-                    blob = encode_group(group)
-                    if target is None or len(group.tokens) == target:
-                        self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob,
-                                      group.policy_version)
-                        results.append({"status": "received"})
-                    else:
-                        results.append(self._buffer(group, target, n_tokens, now, blob))
-                self.core.store.set_meta("next_id", self.core.next_id)
-                self.core.store.set_meta("next_partial_id", self.core.next_partial_id)
-                if remember is not None:
-                    remember(results)
-        except Exception:
-            log.exception("storing scored data failed; reloading state from the store")
-            self.core.load()
-            raise
+        with self.core.transaction("storing scored data"):
+            for group, target, n_tokens in zip(groups, targets, sizes, strict=True):
+                blob = encode_group(group)
+                if target is None or len(group.tokens) == target:
+                    self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob,
+                                  group.policy_version)
+                    results.append({"status": "received"})
+                else:
+                    results.append(self._buffer(group, target, n_tokens, now, blob))
+            self.core.store.set_meta("next_id", self.core.next_id)
+            self.core.store.set_meta("next_partial_id", self.core.next_partial_id)
+            if remember is not None:
+                remember(results)
         self.core.changed()
         return results
 

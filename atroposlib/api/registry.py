@@ -41,17 +41,12 @@ class Registry:
         resume = again and reg.starting_step <= core.step
         core.registration = reg
         dropped = list(core.batches) if not resume else list(core.batches)[:-core.replay_batches]
-        try:
-            with core.store.transaction():
-                core.store.set_meta("registration", reg.model_dump())
-                if not resume:
-                    core.store.set_meta("step", reg.starting_step)
-                core.store.set_meta("last_batch", None)  # schema 2's one kept batch: now a table
-                core.store.delete_batches(dropped)
-        except Exception:
-            log.exception("storing the registration failed; reloading state from the store")
-            core.load()
-            raise
+        with core.transaction("storing the registration"):
+            core.store.set_meta("registration", reg.model_dump())
+            if not resume:
+                core.store.set_meta("step", reg.starting_step)
+            core.store.set_meta("last_batch", None)  # schema 2's one kept batch: now a table
+            core.store.delete_batches(dropped)
         for step in dropped:
             del core.batches[step]
         if not resume:
@@ -90,7 +85,7 @@ class Registry:
             weight=req.weight, group_size=req.group_size,
             min_batch_allocation=req.min_batch_allocation,
         )
-        with self.core.store.transaction():
+        with self.core.transaction("registering the env"):
             self.core.store.put_env(env.registered_id, env.to_record())
         self.core.envs.append(env)
         self.core.changed()
@@ -111,7 +106,7 @@ class Registry:
         """``POST /disconnect-env``: the env stops counting for weights and minimums."""
         env = self.core.env(env_id)
         env.connected = False
-        with self.core.store.transaction():
+        with self.core.transaction("disconnecting the env"):
             self.core.store.put_env(env_id, env.to_record())
         self.core.changed()
         log.info("env disconnected: id=%d name=%s", env_id, env.real_name)
@@ -123,7 +118,7 @@ class Registry:
         Cursors keep increasing, so ``/observe`` readers never see an id twice.
         """
         next_id = self.core.next_id
-        with self.core.store.transaction():
+        with self.core.transaction("resetting"):
             self.core.store.reset()
             self.core.store.set_meta("next_id", next_id)
         self.core.load()

@@ -75,7 +75,8 @@ class ApiSettings(BaseModel):
         "(about 16 bytes of memory per token without --db).",
     )
     retry_after_s: int = Field(
-        default=1, ge=0, description="Retry-After (seconds) sent with 429 answers."
+        default=1, ge=0, description="Retry-After (seconds) sent with 429 answers (queue full) "
+        "and 507 answers (the --db disk is full)."
     )
     max_body_bytes: int = Field(
         default=256 * 2**20, gt=0,

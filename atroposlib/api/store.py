@@ -21,6 +21,7 @@ last served batches (their group ids in batch order, by step) are stored with th
 from __future__ import annotations
 
 import contextlib
+import errno
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -29,8 +30,22 @@ from typing import Any
 
 import orjson
 
+from atroposlib.errors import AtroposError
+
 __all__ = ["GroupMeta", "IdempotentReply", "MemoryStore", "PartialMeta", "Snapshot", "SqliteStore",
-           "open_store"]
+           "StoreFullError", "open_store"]
+
+
+class StoreFullError(AtroposError):
+    """The store could not write (its disk is full, or refused a write); nothing was changed."""
+
+
+def _is_full(exc: BaseException) -> bool:
+    """True for a failed write: SQLite's SQLITE_FULL or SQLITE_IOERR*, or an OS ``ENOSPC``."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 
 @dataclass(slots=True)
@@ -357,7 +372,12 @@ class SqliteStore:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """Run the block as one transaction (nested blocks join the outer one)."""
+        """Run the block as one transaction (nested blocks join the outer one).
+
+        Raises:
+            StoreFullError: a write or the commit failed for lack of space (or an I/O error);
+                the transaction was rolled back, so the file holds what it held before.
+        """
         if self._depth:
             self._depth += 1
             try:
@@ -365,16 +385,20 @@ class SqliteStore:
             finally:
                 self._depth -= 1
             return
-        self._db.execute("BEGIN IMMEDIATE")
         self._depth = 1
         try:
+            self._db.execute("BEGIN IMMEDIATE")
             yield
-        except BaseException:
-            self._depth = 0
-            self._db.execute("ROLLBACK")
+            self._db.execute("COMMIT")
+        except BaseException as exc:
+            if self._db.in_transaction:  # a failed COMMIT may leave it open
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            if _is_full(exc):
+                raise StoreFullError(f"cannot write {self.path}: {exc}") from exc
             raise
-        self._depth = 0
-        self._db.execute("COMMIT")
+        finally:
+            self._depth = 0
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store a small JSON-able value (registration, step, ...)."""

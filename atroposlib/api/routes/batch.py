@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 
 from atroposlib.api.deps import StateDep
 from atroposlib.api.models import Batch
-from atroposlib.api.routes._common import json_response
+from atroposlib.api.routes._common import STORAGE_FULL, json_response
 
 router = APIRouter(tags=["batch"])
 
@@ -21,7 +21,7 @@ STEP_HEADER = "X-Atropos-Step"
 @router.get("/batch", response_model=Batch,
             responses={409: {"description": "?step=N names a step ahead of the next one, or one "
                              "whose batch is no longer kept (the X-Atropos-Oldest-Step header "
-                             "names the oldest kept)"}})
+                             "names the oldest kept)"}, **STORAGE_FULL})
 async def batch(
     state: StateDep,
     step: Annotated[int | None, Query(

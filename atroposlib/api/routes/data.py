@@ -19,7 +19,7 @@ from atroposlib.api.models import (
     ScoredDataListResponse,
     ScoredDataResponse,
 )
-from atroposlib.api.routes._common import body_schema, json_response, parse_body
+from atroposlib.api.routes._common import STORAGE_FULL, body_schema, json_response, parse_body
 from atroposlib.api.state import ApiState
 
 router = APIRouter(tags=["data"])
@@ -30,6 +30,7 @@ _ERRORS = {
     413: {"description": "body too large, or a group larger than the whole queue"},
     422: {"description": "malformed group (shapes, messages, size vs group_size/batch_size)"},
     429: {"description": "queue full; retry after the Retry-After header (nothing was stored)"},
+    **STORAGE_FULL,
 }
 #: Longest ``Idempotency-Key`` accepted (characters).
 MAX_IDEMPOTENCY_KEY = 255
@@ -108,7 +109,7 @@ async def latest_example(state: StateDep) -> Response:
     return json_response(state.latest_example())
 
 
-_CROSS_SITE = {403: {"description": "sent by a browser page of another site"}}
+_CROSS_SITE = {403: {"description": "sent by a browser page of another site"}, **STORAGE_FULL}
 
 
 @router.get("/reset_data", response_class=PlainTextResponse, responses=_CROSS_SITE)

@@ -12,11 +12,12 @@ from atroposlib.api.models import (
     Registration,
     RegistrationResponse,
 )
+from atroposlib.api.routes._common import STORAGE_FULL
 
 router = APIRouter(tags=["register"])
 
 
-@router.post("/register", response_model=RegistrationResponse)
+@router.post("/register", response_model=RegistrationResponse, responses=STORAGE_FULL)
 async def register(registration: Registration, state: StateDep) -> dict:
     """The trainer registers the run: batch size (sequences), limits, W&B names, starting step.
 
@@ -35,7 +36,8 @@ async def register(registration: Registration, state: StateDep) -> dict:
     return state.register(registration)
 
 
-@router.post("/register-env", response_model=RegisterEnvResponse, response_model_exclude_none=True)
+@router.post("/register-env", response_model=RegisterEnvResponse, response_model_exclude_none=True,
+             responses=STORAGE_FULL)
 async def register_env(registration: RegisterEnv, state: StateDep) -> dict:
     """An environment registers.
 
@@ -45,7 +47,8 @@ async def register_env(registration: RegisterEnv, state: StateDep) -> dict:
     return state.register_env(registration)
 
 
-@router.post("/disconnect-env", responses={404: {"description": "env_id is not registered"}})
+@router.post("/disconnect-env", responses={404: {"description": "env_id is not registered"},
+                                           **STORAGE_FULL})
 async def disconnect_env(env: EnvIdentifier, state: StateDep) -> dict:
     """Mark an env disconnected: it stops counting for weights and minimum allocations.
 
