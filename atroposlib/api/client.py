@@ -132,13 +132,20 @@ class _ClientBase:
         Args:
             base_url: root URL of ``run-api`` (no trailing path).
             api_key: bearer token; defaults to the ``ATROPOS_API_KEY`` environment variable.
+                An empty string is refused (ValueError): it would send no token at all.
             timeout: per-request timeout in seconds.
             max_attempts: attempts per call for transient failures (1 = no retry).
             max_retry_seconds: give up retrying after this many seconds in total.
             transport: an httpx transport (sync client: ``httpx.BaseTransport``, async client:
                 ``httpx.AsyncBaseTransport``), e.g. ``httpx.ASGITransport(app)`` in tests.
+
+        Raises:
+            ValueError: ``api_key`` is an empty string.
         """
         self.base_url = base_url.rstrip("/")
+        if api_key is not None and not api_key.strip():
+            raise ValueError("api_key is empty: give the token run-api was started with, or None "
+                             "(then $ATROPOS_API_KEY, if set)")
         key = api_key if api_key is not None else os.environ.get("ATROPOS_API_KEY")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.timeout = timeout

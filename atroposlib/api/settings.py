@@ -170,7 +170,12 @@ class ApiSettings(BaseModel):
 
     @model_validator(mode="after")
     def _one_key_source(self) -> ApiSettings:
-        if self.api_key is not None and self.api_key.get_secret_value() and self.api_key_file:
+        if self.api_key is not None and not self.api_key.get_secret_value().strip():
+            # an empty token would quietly turn authentication off
+            raise ValueError("--api-key is empty: give a token (better: $ATROPOS_API_KEY or "
+                             "--api-key-file, which keep it out of the process list), or leave "
+                             "the flag out to run without authentication")
+        if self.api_key is not None and self.api_key_file:
             raise ValueError("give --api-key or --api-key-file, not both")
         return self
 
@@ -180,9 +185,10 @@ class ApiSettings(BaseModel):
         Order: ``api_key``, else ``api_key_file``'s content, else ``$ATROPOS_API_KEY``, else None.
 
         Raises:
-            ValueError: ``api_key_file`` cannot be read or holds only whitespace.
+            ValueError: ``api_key_file`` cannot be read or holds only whitespace, or
+                ``$ATROPOS_API_KEY`` is set but empty (an empty token would turn auth off).
         """
-        if self.api_key is not None and self.api_key.get_secret_value():
+        if self.api_key is not None:
             return self.api_key.get_secret_value()
         if self.api_key_file is not None:
             try:
@@ -193,7 +199,11 @@ class ApiSettings(BaseModel):
                 raise ValueError(f"--api-key-file {self.api_key_file} is empty; write the token "
                                  "into it")
             return key
-        return os.environ.get(API_KEY_ENV) or None
+        key = os.environ.get(API_KEY_ENV)
+        if key is not None and not key.strip():
+            raise ValueError(f"${API_KEY_ENV} is set but empty: set it to the token, or unset it "
+                             "to run without authentication")
+        return key or None
 
     def host_names(self) -> list[str]:
         """Names accepted in the ``Host`` header.
