@@ -100,6 +100,7 @@ class Batching:
             self.core.store.delete_groups(g.id for g in pruned)
         self.core.step = step
         self.core.changed()
+        self.core.metrics.served(step, chosen)
         info = {"step": step, "groups": len(chosen), "sequences": reg.batch_size,
                 "tokens": sum(g.n_tokens for g in chosen)}
         log.info("batch served: step=%d groups=%d sequences=%d tokens=%d queued_groups=%d",
@@ -127,6 +128,7 @@ class Batching:
             self.core.store.delete_groups(g.id for g in stale)
             self.core.store.set_meta("stale_dropped", dict(self.core.stale_dropped))
         self.core.changed()
+        self.core.metrics.dropped_stale.inc(len(stale))
         log.info("dropped %d stale groups (policy_version more than %d steps behind step %d): %s",
                  len(stale), limit, self.core.step, dict(Counter(g.env_id for g in stale)))
 
@@ -167,6 +169,7 @@ class Batching:
         if ids is not None:
             log.info("batch of step %d served again (a lost reply, or a trainer that restarted "
                      "from a checkpoint)", step)
+            core.metrics.batches.labels("true").inc()
             return self._batch_body(ids), {
                 "step": step, "groups": len(ids), "replayed": True,
                 "sequences": sum(core.groups[i].n_seqs for i in ids),

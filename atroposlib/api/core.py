@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from atroposlib.api.errors import InsufficientStorageError, UnknownEnvError
+from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.models import Registration
 from atroposlib.api.settings import REPLAY_BATCHES_CAP, ApiSettings
 from atroposlib.api.store import (
@@ -76,6 +77,8 @@ class StateCore:
         self.settings = settings
         self.store = store or open_store(self.settings.db, self.settings.db_synchronous)
         self.load()
+        #: the app's Prometheus metrics (GET /metrics)
+        self.metrics = ApiMetrics(self)
 
     def load(self) -> None:
         """(Re)build the in-memory index from the store."""

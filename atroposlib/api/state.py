@@ -21,6 +21,7 @@ from typing import Any
 from atroposlib.api.batching import Batching
 from atroposlib.api.core import EnvRecord, StateCore
 from atroposlib.api.ingestion import Ingestion
+from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.models import RegisterEnv, Registration, ScoredData
 from atroposlib.api.registry import Registry
 from atroposlib.api.settings import ApiSettings
@@ -89,6 +90,11 @@ class ApiState:
     def buffered_groups(self) -> int:
         """Partial groups waiting to be merged, over all envs."""
         return self.core.buffered_groups
+
+    @property
+    def metrics(self) -> ApiMetrics:
+        """The app's Prometheus metrics (``GET /metrics``)."""
+        return self.core.metrics
 
     @property
     def max_staleness(self) -> int | None:
