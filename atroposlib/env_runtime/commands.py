@@ -35,11 +35,8 @@ from typing import TYPE_CHECKING, Any
 from atroposlib.envs.config import BaseEnvConfig, UnknownConfigFieldWarning
 from atroposlib.envs.constants import ENV_NAMESPACE, OPENAI_NAMESPACE
 from atroposlib.errors import ConfigError, RolloutError
-from atroposlib.inference.clients.base import (
-    APIServer,
-    APIServerConfig,
-    ServerBaseline,
-)
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.inference.clients.manager import ServerManagerConfig
 from atroposlib.inference.clients.resolve import resolve_server_configs, validated
 from atroposlib.utils.cli import (

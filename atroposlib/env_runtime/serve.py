@@ -1,6 +1,8 @@
 """Serve mode: register with the trajectory API and keep it supplied with scored groups.
 
-The loop (with upstream's weaknesses fixed):
+:class:`ServeLoop` runs the rollouts and reacts to the trainer's steps; its parts each have a
+module: the API session (:mod:`.api_session`), the outbox and its sender (:mod:`.outbox`), and
+the rollout scheduling rules (:mod:`.scheduling`). The loop (with upstream's weaknesses fixed):
 
 * registers with ``POST /register-env`` (waiting while the API says "wait for trainer to
   start"), reads ``GET /info``, then polls ``GET /status-env`` every ``status_interval`` s with
@@ -29,140 +31,33 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import math
 import time
-from collections import Counter, deque
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import httpx
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_random_exponential,
+from atroposlib.env_runtime.api_session import ApiSession
+from atroposlib.env_runtime.outbox import OUTBOX_MAX_GROUPS, Outbox
+from atroposlib.env_runtime.scheduling import (
+    YIELD_WINDOW,
+    RolloutPacer,
+    inflight_cap,
+    offpolicy_room,
+    spawn_backoff,
 )
-
-from atroposlib.api.client import AsyncAtroposClient, new_idempotency_key
-from atroposlib.api.models import RegisterEnv
 from atroposlib.env_runtime.sinks import OutboxSink, WandbSink, close_sinks, find_sink, local_sinks
 from atroposlib.env_runtime.step import Skip, run_item
 from atroposlib.envs.config import EvalHandlingEnum
-from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState, batch_share
-from atroposlib.errors import (
-    ApiBackpressureError,
-    ApiRejectedError,
-    ApiUnavailableError,
-    ConfigError,
-)
+from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
+    from atroposlib.api.client import AsyncAtroposClient
     from atroposlib.envs.base import BaseEnv
 
 logger = logging.getLogger(__name__)
 
-#: Finished groups kept locally while the API is unreachable; workers wait when it is full.
-OUTBOX_MAX_GROUPS = 256
-#: Consecutive 5xx answers from /status-env after which the env registers again.
-STATUS_ERRORS_BEFORE_REREGISTER = 5
 #: The stop event a ServeLoop started in this context uses (the CLI sets it on SIGINT/SIGTERM).
 SERVE_STOP_EVENT: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
     "serve_stop_event", default=None)
-
-
-class _NotRegistered(Exception):
-    """The API does not know our env_id any more (404); re-register and retry."""
-
-
-#: Drops that repeat for every item while the env or trainer config is wrong (serve backs off
-#: after a run of them); equal-score drops are normal and are not among them.
-_CONFIG_REJECTS = frozenset({Skip.TOO_LONG, Skip.INVALID, Skip.WRONG_SIZE})
-
-
-def offpolicy_room(
-    status: dict[str, Any],
-    batch_size: int,
-    group_size: int,
-    max_batches_offpolicy: int,
-    min_batch_allocation: float | None,
-    unsent_groups: int = 0,
-) -> int | None:
-    """How many more groups this env may have in flight without exceeding the staleness window.
-
-    ``room = max_batches_offpolicy * derived_batch_size // group_size - queue_size - unsent``,
-    raised to the env's minimum-allocation floor when ``min_batch_allocation`` is set.
-
-    Args:
-        status: the ``/status-env`` response.
-        batch_size: trainer batch size in sequences (> 0).
-        group_size: this env's group size.
-        max_batches_offpolicy: staleness window in batches; <= 0 disables the limit.
-        min_batch_allocation: this env's reserved fraction of each batch, or None.
-        unsent_groups: finished groups the status does not count yet (local outbox, and
-            groups sent since the status was read).
-
-    Returns:
-        The room in groups (may be <= 0), or None when there is no limit.
-    """
-    if max_batches_offpolicy <= 0 or batch_size <= 0:
-        return None
-    derived = batch_share(batch_size, status, min_batch_allocation)
-    room = max_batches_offpolicy * derived // group_size - int(status.get("queue_size", 0)) - unsent_groups
-    if min_batch_allocation is not None:
-        m = max(1, int(status.get("max_group_size", group_size)))
-        s = int(status.get("self_queue_size", 0))
-        floor = max(
-            0,
-            math.ceil(
-                (
-                    (math.ceil(min_batch_allocation * batch_size * max_batches_offpolicy / m) + m // group_size) * m
-                    - math.floor(m * s / (m / group_size))
-                )
-                / group_size
-            ),
-        )
-        room = max(room, floor - unsent_groups)
-    return room
-
-
-def spawn_backoff(n: int) -> float:
-    """Pause before the next spawn after the ``n``-th (from 0) repeated failure: 0.1 s doubling to 10 s."""
-    return min(10.0, 0.1 * 2 ** min(n, 7))
-
-
-YIELD_WINDOW = 32
-"""Finished rollouts that :func:`inflight_cap`'s yield estimate looks back on."""
-
-
-def inflight_cap(room: int, recent_yields: Sequence[int], min_yield: float = 0.125) -> int:
-    """Rollouts that may be in flight when ``room`` more groups fit the staleness window.
-
-    A rollout in flight does not always become a group: with ``ensure_scores_are_not_same``
-    (DAPO's dynamic sampling, Yu et al. 2025, arXiv:2503.14476, section 3.2) groups whose
-    scores are all equal are dropped, often most of them once a policy is good. Counting each
-    rollout in flight as a whole group then starves the trainer: with 2 batches of room and 70%
-    dropped, barely one useful group is sampled at a time. So each rollout counts as the mean
-    number of usable groups that the recent rollouts yielded, and the expected number of groups
-    stays within the window::
-
-        cap = floor(room / max(mean(recent_yields), min_yield))     (room if no yield is known)
-
-    Args:
-        room: groups that still fit the window (:func:`offpolicy_room`); <= 0 gives 0.
-        recent_yields: usable groups per recently finished rollout (newest last); rollouts
-            whose inference failed are not in it.
-        min_yield: the smallest yield assumed (bounds the cap at ``room / min_yield``).
-
-    Returns:
-        The most rollouts to keep in flight (``max_num_workers`` still bounds it).
-    """
-    if room <= 0:
-        return 0
-    if not recent_yields:
-        return room
-    expected = max(sum(recent_yields) / len(recent_yields), min_yield)
-    return max(room, math.floor(room / expected))
 
 
 class ServeLoop:
@@ -197,120 +92,32 @@ class ServeLoop:
         self.env = env
         self.config = env.config
         self.status_interval = status_interval
-        self.register_interval = register_interval
-        self.flush_timeout = flush_timeout
-        self.inference_backoff_max = inference_backoff_max
-        self.client = AsyncAtroposClient(env.config.rollout_server_url, max_attempts=3, max_retry_seconds=30)
         self.state = RunState.for_config(
             env.config, sinks=local_sinks(env), outbox=OutboxSink(OUTBOX_MAX_GROUPS)
         )
         env.config.freeze()
         env.bind_run_state(self.state)
-        self.outbox: asyncio.Queue = self.state.outbox.queue
+        self.stop_event: asyncio.Event = stop_event or SERVE_STOP_EVENT.get() or asyncio.Event()
+        self.session = ApiSession(env, self.state, self.stop_event, register_interval)
+        self.outbox = Outbox(self.session, self.state.outbox.queue, flush_timeout)
+        self.pacer = RolloutPacer(env, self.state, inference_backoff_max, reject_streak)
         self.backlog: deque[Any] = deque()
         self.workers: dict[asyncio.Task, tuple[Any, float]] = {}
         self.recent_yields: deque[int] = deque(maxlen=YIELD_WINDOW)  # usable groups per rollout
         self.eval_task: asyncio.Task | None = None
-        self.sender_task: asyncio.Task | None = None
-        self.sending: dict[str, Any] | None = None
-        self.sending_key: str | None = None  # the Idempotency-Key of `sending`
         self.wake = asyncio.Event()
-        self.stop_event: asyncio.Event = stop_event or SERVE_STOP_EVENT.get() or asyncio.Event()
-        self.register_lock = asyncio.Lock()
         self.status: dict[str, Any] = {}
-        self.last_status_at = 0.0
-        self.inference_pause_until = 0.0
-        self.inference_backoff = 1.0
-        self.consecutive_errors = 0
-        self.reject_streak = reject_streak
-        self.consecutive_rejects = 0
-        self.reject_reasons: Counter[Skip] = Counter()  # reasons within the current streak
-        self.sent_since_status = 0
-        self.status_server_errors = 0
         self.last_progress_log = time.monotonic()
         self.finished = False
 
-    # ------------------------------------------------------------------ registration
-    async def register(self, first: bool = True) -> None:
-        """Register (or re-register) with the API, waiting for the trainer to start."""
-        env = self.env
-        desired = self.config.wandb_name or env.name or type(env).__name__
-        payload = RegisterEnv(
-            max_token_length=self.config.max_token_length,
-            desired_name=desired,
-            weight=self.config.inference_weight,
-            group_size=self.config.group_size,
-            min_batch_allocation=self.config.min_batch_allocation,
-        )
-        waited = 0
-        while not self.stop_event.is_set():
-            try:
-                response = await self.client.register_env(payload)
-            except (ApiUnavailableError, ApiBackpressureError) as exc:
-                logger.warning("cannot register with %s yet (%s); retrying", self.client.base_url, exc)
-                await self._sleep(min(10.0, self.register_interval * 5))
-                continue
-            if response.get("status") == "success":
-                break
-            if waited % 30 == 0:
-                logger.info("API says %r; waiting for the trainer", response.get("status"))
-            waited += 1
-            await self._sleep(self.register_interval)
-        else:
-            return
-        state = self.state
-        state.env_id = int(response["env_id"])
-        state.wandb_prepend = response.get("wandb_name")
-        state.checkpoint_dir = response.get("checkpoint_dir")
-        state.checkpoint_interval = int(response.get("checkpoint_interval") or -1)
-        if first:
-            state.curr_step = int(response.get("starting_step") or 0)
-            if state.total_steps == -1:
-                num_steps = int(response.get("num_steps") or -1)
-                if num_steps == -1:
-                    raise ConfigError(
-                        "total_steps is -1 (take it from the trainer) but the trainer registered "
-                        "num_steps=-1; set --env.total_steps"
-                    )
-                state.total_steps = num_steps
-            if state.curr_step > 0:
-                env.load_checkpoint()
-        logger.info(
-            "%s as env_id=%d (%s) at step %d",
-            "registered" if first else "re-registered",
-            env.env_id,
-            env.wandb_prepend,
-            env.curr_step,
-        )
+    @property
+    def client(self) -> AsyncAtroposClient:
+        """The API client (the session's)."""
+        return self.session.client
 
-    async def reregister(self, stale_env_id: int | None) -> None:
-        """Re-register once per loss of registration (concurrent callers share one attempt)."""
-        async with self.register_lock:
-            if self.env.env_id != stale_env_id:
-                return
-            logger.warning("API no longer knows env_id=%s (restarted?); re-registering", stale_env_id)
-            await self.register(first=False)
-            await self.read_info()
-
-    async def read_info(self) -> None:
-        """Adopt ``batch_size`` and ``max_token_len`` from ``GET /info``.
-
-        Raises:
-            ConfigError: ``group_size`` exceeds the trainer's batch size.
-        """
-        info = await self.client.info()
-        batch_size = int(info.get("batch_size", -1))
-        if batch_size != -1:
-            if self.config.group_size > batch_size:
-                raise ConfigError(
-                    f"group_size {self.config.group_size} > trainer batch_size {batch_size}: the "
-                    "groups could never be batched; lower --env.group_size"
-                )
-            self.state.batch_size = batch_size
-        if int(info.get("max_token_len", -1)) != -1:
-            self.state.max_token_len = int(info["max_token_len"])
-        if self.state.batch_size == -1:
-            logger.warning("batch size unknown (trainer did not report it); off-policy limit off")
+    @client.setter
+    def client(self, client: AsyncAtroposClient) -> None:
+        self.session.client = client
 
     async def setup_wandb(self) -> None:
         """Start a W&B run in the trainer's project/group (waits up to 60 s for them).
@@ -320,108 +127,10 @@ class ServeLoop:
         sink = find_sink(self.state.sinks, WandbSink)
         if sink is None:
             return
-        project = group = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not self.stop_event.is_set():
-            try:
-                info = await self.client.wandb_info()
-            except (ApiUnavailableError, ApiRejectedError):
-                info = {}
-            project, group = info.get("project"), info.get("group")
-            if project:
-                break
-            await self._sleep(1.0)
+        project, group = await self.session.wandb_project()
         if not project:
             logger.warning("trainer did not publish a W&B project; logging without one")
         sink.start(project=project, group=group)
-
-    # ------------------------------------------------------------------ sending
-    async def _post(self, group: dict[str, Any], key: str) -> None:
-        env_id = self.env.env_id
-        group["env_id"] = env_id
-        try:
-            await self.client.post_scored_data(group, idempotency_key=key)
-        except ApiRejectedError as exc:
-            if exc.status_code == 404 and not isinstance(exc, ApiBackpressureError):
-                raise _NotRegistered(str(exc)) from exc
-            raise
-
-    async def send_group(
-        self, group: dict[str, Any], deadline: float | None = None, key: str | None = None
-    ) -> bool:
-        """Post one group, surviving outages and re-registrations; True when the API took it.
-
-        Transient failures (unreachable API, 5xx, 429) are retried with random exponential
-        backoff up to 30 s per wait, indefinitely (or until ``deadline``); a 404 for our env_id
-        triggers re-registration; other 4xx mean the group itself is invalid: logged, counted
-        and dropped. Every attempt sends the same ``Idempotency-Key`` (``key``, default a new
-        one), so a group whose reply was lost is stored once.
-        """
-        key = key or new_idempotency_key()
-        stop = stop_after_delay(max(0.0, deadline - time.monotonic())) if deadline else (lambda _s: False)
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type((ApiUnavailableError, ApiBackpressureError, _NotRegistered)),
-            wait=wait_random_exponential(multiplier=0.5, max=30),
-            stop=stop,
-            reraise=True,
-            before_sleep=self._log_send_retry,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    try:
-                        await self._post(group, key)
-                    except _NotRegistered:
-                        await self.reregister(group.get("env_id"))
-                        raise
-        except (ApiUnavailableError, ApiBackpressureError, _NotRegistered) as exc:
-            logger.error("could not send a group before the deadline (%s)", exc)
-            return False
-        except ApiRejectedError as exc:
-            self.env.stats["groups_rejected_by_api"] += 1
-            logger.error("API rejected a group, dropping it: %s", exc)
-            return True
-        self.env.stats["groups_sent"] += 1
-        self.state.items_sent_this_step += 1
-        self.sent_since_status += 1
-        return True
-
-    def _log_send_retry(self, state: Any) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        self.env.stats["send_retries"] += 1
-        logger.warning("sending a group failed (%s); %d unsent, retrying", exc, self.outbox.qsize() + 1)
-
-    async def sender(self) -> None:
-        """Drain the outbox forever, one group at a time, in order."""
-        while True:
-            group = await self.outbox.get()
-            self.sending = group  # if cancelled mid-send, flush() sends it again (same key)
-            self.sending_key = new_idempotency_key()
-            try:
-                await self.send_group(group, key=self.sending_key)
-                self.sending = None
-            finally:
-                self.outbox.task_done()
-
-    async def flush(self) -> int:
-        """Send what is left in the outbox within ``flush_timeout``; return groups left unsent."""
-        if self.sender_task is not None:
-            self.sender_task.cancel()
-            await asyncio.gather(self.sender_task, return_exceptions=True)
-            self.sender_task = None
-        pending = [(self.sending, self.sending_key)] if self.sending is not None else []
-        self.sending = None
-        while not self.outbox.empty():
-            pending.append((self.outbox.get_nowait(), None))
-        deadline = time.monotonic() + self.flush_timeout
-        left = 0
-        for group, key in pending:
-            if time.monotonic() >= deadline or not await self.send_group(group, deadline, key):
-                left += 1
-        if left:
-            self.env.stats["groups_unsent_at_shutdown"] += left
-            logger.error("%d finished group(s) could not be sent before shutdown", left)
-        return left
 
     # ------------------------------------------------------------------ workers
     async def _worker(self, item: Any) -> None:
@@ -429,7 +138,10 @@ class ServeLoop:
         # this task's own context: its groups carry the step of the weights they started with
         ROLLOUT_POLICY_VERSION.set(self.state.curr_step)
         try:
-            outcome = await self._collect(item)
+            outcome = await run_item(env, item)
+            if outcome.reason is Skip.INFERENCE:
+                self.backlog.appendleft(item)
+            self.pacer.note(outcome)
             if outcome.reason is not Skip.INFERENCE:
                 self.recent_yields.append(len(outcome.groups))
             self.backlog.extend(outcome.backlog)
@@ -440,88 +152,6 @@ class ServeLoop:
                 await env.cleanup()
             except Exception:  # noqa: BLE001 - cleanup failures must not kill the worker loop
                 logger.exception("cleanup() failed")
-
-    async def _collect(self, item: Any) -> Any:
-        """``run_item``, then serve's reaction to its outcome.
-
-        Inference failures re-queue the item and back off; while every rollout fails (a bug or
-        a misconfigured server) spawning backs off too; so it does while every rollout's groups
-        are dropped as too long, invalid or of the wrong size (:meth:`_note_rejects`). A usable
-        group resets all three.
-        """
-        outcome = await run_item(self.env, item)
-        if outcome.reason is Skip.INFERENCE:
-            self.backlog.appendleft(item)
-            delay = self.inference_backoff
-            self.inference_backoff = min(self.inference_backoff * 2, self.inference_backoff_max)
-            self.inference_pause_until = time.monotonic() + delay
-            logger.warning("item re-queued, pausing new rollouts %.1f s", delay)
-        elif outcome.reason is Skip.ERROR:
-            self.consecutive_errors += 1
-            # 0.1 s, 0.2 s, ... up to 10 s between spawns instead of spinning; reset by a success.
-            delay = spawn_backoff(self.consecutive_errors - 1)
-            self.inference_pause_until = max(self.inference_pause_until, time.monotonic() + delay)
-            if self.consecutive_errors > 1:
-                logger.warning("%d rollout failures in a row", self.consecutive_errors)
-        elif outcome.reason in _CONFIG_REJECTS:
-            self.inference_backoff = 1.0
-            self.consecutive_errors = 0
-            self._note_rejects(outcome)
-        elif outcome.reason is None:
-            self.inference_backoff = 1.0
-            self.consecutive_errors = 0
-            self.consecutive_rejects = 0
-            self.reject_reasons.clear()
-        else:  # same scores / the env skipped the item: normal, neither slows nor resets
-            self.inference_backoff = 1.0
-            self.consecutive_errors = 0
-        return outcome
-
-    def _note_rejects(self, outcome: Any) -> None:
-        """Count a rollout whose groups were all dropped as too_long / invalid / wrong_size.
-
-        Such drops repeat for every item while the config is wrong (a trainer ``max_token_len``
-        below the env's ``max_token_length``, an env that returns the wrong number of
-        sequences), and respawning at once burns CPU for nothing. From the ``reject_streak``-th
-        in a row, spawning pauses 0.1 s, 0.2 s, ... up to 10 s (like errors), and one warning
-        per streak names the cause and the fix. Equal-score drops do not count.
-        """
-        self.consecutive_rejects += 1
-        self.reject_reasons[outcome.reason] += 1
-        beyond = self.consecutive_rejects - self.reject_streak
-        if beyond < 0:
-            return
-        delay = spawn_backoff(beyond)
-        self.inference_pause_until = max(self.inference_pause_until, time.monotonic() + delay)
-        self.env.stats["reject_backoffs"] += 1
-        if beyond == 0:
-            logger.warning("%s", self._reject_advice(outcome))
-
-    def _reject_advice(self, outcome: Any) -> str:
-        counts = ", ".join(f"{n} {reason.value}" for reason, n in self.reject_reasons.most_common())
-        example = outcome.dropped[0][1] if outcome.dropped else str(outcome.reason)
-        head = (
-            f"the last {self.consecutive_rejects} rollouts all had their groups dropped "
-            f"({counts}; e.g. {example}); pausing new rollouts (up to 10 s) until one succeeds. "
-        )
-        main = self.reject_reasons.most_common(1)[0][0]
-        if main is Skip.TOO_LONG:
-            return head + (
-                f"Sequences reach the trainer's max_token_len ({self.state.max_token_len}) while "
-                f"the env generates up to max_token_length={self.config.max_token_length}: raise "
-                "the trainer's max_token_len, or lower the env's --env.max_token_length (and the "
-                "max_tokens it asks the server for)."
-            )
-        if main is Skip.WRONG_SIZE:
-            return head + (
-                f"Groups must have --env.group_size={self.config.group_size} sequences: return "
-                "that many from collect_trajectories, or set group_overrides['group_size'] for "
-                "variable-size groups."
-            )
-        return head + (
-            "Groups must carry tokens, masks and scores with one row per sequence and matching "
-            "row lengths: fix what collect_trajectories / score returns (check_env shows it)."
-        )
 
     def _on_worker_done(self, task: asyncio.Task) -> None:
         self.workers.pop(task, None)
@@ -547,7 +177,7 @@ class ServeLoop:
                 self.config.group_size,
                 self.config.max_batches_offpolicy,
                 self.config.min_batch_allocation,
-                unsent_groups=self.outbox.qsize() + self.sent_since_status,
+                unsent_groups=self.outbox.unsent(),
             )
             if room is not None:  # rollouts count by how many groups they recently yielded
                 cap = min(cap, inflight_cap(room, self.recent_yields))
@@ -555,7 +185,7 @@ class ServeLoop:
 
     async def spawn_workers(self) -> None:
         """Start rollouts until the cap is reached or no item is available."""
-        if time.monotonic() < self.inference_pause_until:
+        if self.pacer.paused():
             return
         cap = self.worker_cap()
         while len(self.workers) < cap and not self.stop_event.is_set():
@@ -584,35 +214,14 @@ class ServeLoop:
 
     # ------------------------------------------------------------------ status & step events
     async def poll_status(self) -> None:
-        """Fetch ``/status-env`` (re-registering on 404) and react to step changes."""
-        env = self.env
-        try:
-            status = await self.client.status_env(env.env_id)
-        except ApiRejectedError as exc:
-            if exc.status_code == 404:
-                await self.reregister(env.env_id)
-                return
-            raise
-        except ApiUnavailableError as exc:
-            self.last_status_at = time.monotonic()
-            if isinstance(exc.__cause__, httpx.TransportError):
-                self.status_server_errors = 0
-            else:
-                # The API answers, but with 5xx: Atropos 0.4's API answers 500 (not 404) for an
-                # env_id it forgot, so after several in a row, register again.
-                self.status_server_errors += 1
-                if self.status_server_errors >= STATUS_ERRORS_BEFORE_REREGISTER:
-                    self.status_server_errors = 0
-                    await self.reregister(env.env_id)
-                    return
-            logger.warning("cannot read /status-env (%s); continuing with the last status", exc)
+        """Fetch ``/status-env`` (the session re-registers when forgotten); react to step changes."""
+        status = await self.session.read_status()
+        if status is None:
             return
-        self.status_server_errors = 0
-        self.last_status_at = time.monotonic()
-        self.sent_since_status = 0
+        self.outbox.sent_since_status = 0
         self.status = status
         self.state.status = status
-        env.server.update_weight(float(status.get("env_weight", 1.0)))
+        self.env.server.update_weight(float(status.get("env_weight", 1.0)))
         new_step = int(status.get("current_step", self.state.curr_step))
         if new_step != self.state.curr_step:
             await self.on_step(self.state.curr_step, new_step)
@@ -676,25 +285,20 @@ class ServeLoop:
         )
 
     # ------------------------------------------------------------------ main
-    async def _sleep(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
-
     async def run(self) -> None:
         """Register, then loop until stopped or ``total_steps`` is reached; always clean up."""
         env = self.env
+        session = self.session
         try:
             await env.setup()
-            await self.register(first=True)  # waits for the trainer, which publishes W&B info
+            await session.register(first=True)  # waits for the trainer, which publishes W&B info
             if self.stop_event.is_set():
                 return
             await self.setup_wandb()
-            await self.read_info()
-            self.sender_task = asyncio.get_running_loop().create_task(self.sender())
+            await session.read_info()
+            self.outbox.start()
             while not self.stop_event.is_set():
-                if time.monotonic() - self.last_status_at >= self.status_interval:
+                if time.monotonic() - session.last_status_at >= self.status_interval:
                     await self.poll_status()
                     if self.reached_total_steps():
                         logger.info("total_steps=%d reached; finishing", self.state.total_steps)
@@ -703,17 +307,12 @@ class ServeLoop:
                 await self.spawn_workers()
                 self.reap_timeouts()
                 self.log_progress()
-                if self.sender_task.done() and not self.sender_task.cancelled():
-                    exc = self.sender_task.exception()
-                    if self.sending is not None:  # the group that broke the sender
-                        self.sending = None
-                        self.env.stats["groups_unsendable"] += 1
-                    logger.error("sender stopped (%r); dropped the group it was sending, restarting", exc)
-                    self.sender_task = asyncio.get_running_loop().create_task(self.sender())
+                self.outbox.restart_if_broken()
                 self.wake.clear()
-                wait = max(0.05, self.status_interval - (time.monotonic() - self.last_status_at))
-                if time.monotonic() < self.inference_pause_until:
-                    wait = min(wait, self.inference_pause_until - time.monotonic() + 0.01)
+                wait = max(0.05, self.status_interval - (time.monotonic() - session.last_status_at))
+                pause_left = self.pacer.inference_pause_until - time.monotonic()
+                if pause_left > 0:
+                    wait = min(wait, pause_left + 0.01)
                 stop_wait = asyncio.ensure_future(self.stop_event.wait())
                 wake_wait = asyncio.ensure_future(self.wake.wait())
                 await asyncio.wait({stop_wait, wake_wait}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
@@ -737,14 +336,10 @@ class ServeLoop:
             self.eval_task.cancel()
             await asyncio.gather(self.eval_task, return_exceptions=True)
         if env.env_id is not None:
-            await self.flush()
-            try:
-                await self.client.disconnect_env(env.env_id)
-                logger.info("disconnected env_id=%d from the API", env.env_id)
-            except Exception as exc:  # noqa: BLE001 - best effort on the way out
-                logger.warning("disconnect-env failed: %s", exc)
-        elif self.sender_task is not None:
-            self.sender_task.cancel()
+            await self.outbox.flush()
+            await self.session.disconnect()
+        else:
+            await self.outbox.stop()
         try:
             await env.wandb_log({})
         except Exception:  # noqa: BLE001
@@ -755,4 +350,5 @@ class ServeLoop:
         logger.info("serve stopped; stats: %s", dict(env.stats))
 
 
-__all__ = ["OUTBOX_MAX_GROUPS", "SERVE_STOP_EVENT", "ServeLoop", "offpolicy_room"]
+__all__ = ["OUTBOX_MAX_GROUPS", "SERVE_STOP_EVENT", "ServeLoop", "inflight_cap", "offpolicy_room",
+           "spawn_backoff"]

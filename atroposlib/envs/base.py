@@ -46,8 +46,8 @@ from atroposlib.envs.run_state import (
 )
 from atroposlib.envs.runners import get_runner
 from atroposlib.envs.wandb_logging import WandbLoggingMixin
-from atroposlib.inference.clients.base import (
-    APIServer,
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import (
     APIServerConfig,
     OpenaiConfig,
     ReasoningConfig,

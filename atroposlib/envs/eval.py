@@ -400,7 +400,7 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
         The metrics :meth:`EvalBase.__call__` returned.
     """
     from atroposlib.defaults import DEFAULT_INFERENCE_URL
-    from atroposlib.inference.clients.base import APIServerConfig
+    from atroposlib.inference.clients.config import APIServerConfig
     from atroposlib.inference.clients.manager import ServerManager
     from atroposlib.utils.cli import ArgumentParser
 

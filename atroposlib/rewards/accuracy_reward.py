@@ -70,8 +70,8 @@ class AccuracyReward(RewardFunction):
         float_rounding: decimal places compared for floating-point answers.
         max_boxed_threshold: completions with more ``\\boxed{}`` than this score 0 (guards
             against "box every number" reward hacking).
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(

@@ -148,8 +148,8 @@ class CascadingR1MathReward(RewardFunction):
 
     Args:
         format_bonus: added to a correct answer in ``<think>...</think>answer`` form (0.5).
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(self, format_bonus: float = 0.5, **kwargs: Any):

@@ -56,8 +56,8 @@ class ChandasMeterReward(RewardFunction):
         meter: the target meter's name as ``chandas`` reports it (``"tristubh"``).
         classifier: an object with ``classify(slp1_text)`` returning a result with ``name``
             (and optionally ``score``), or None to load ``chandas.Classifier``.
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
 
     Raises:
         ImportError: ``classifier`` is None and the ``chandas`` package is not installed.

@@ -22,8 +22,8 @@ class CombinedReward(RewardFunction):
         rewards: sub-reward specs accepted by ``registry.create`` (names or
             ``{"type": ..., "weight": ...}`` dicts); at least one.
         normalization: ``none``, ``sum`` or ``minmax``.
-        weight: overall multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (overall multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(

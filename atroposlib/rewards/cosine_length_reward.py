@@ -57,8 +57,8 @@ class CosineLengthReward(RewardFunction):
         wrong_rl: reward of a wrong answer at ``max_length`` (paper 0; here -0.5).
         exceed_reward: reward when the length reaches ``max_length`` (paper -10; here -1.0).
         tokenizer: optional object with ``encode(text) -> list[int]`` to count tokens.
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(

@@ -95,8 +95,8 @@ class CosineScaledReward(RewardFunction):
         default_reward: the reward when no solution is given.
         embedder: a callable ``list[str] -> list[vector]`` to use instead of the model
             (tests, or an embedding server).
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
 
     Raises:
         ValueError: ``min_reward > max_reward``.

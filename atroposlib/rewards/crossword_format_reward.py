@@ -29,8 +29,8 @@ class CrosswordFormatReward(RewardFunction):
         reward_value: the reward for a well-formatted completion.
         penalize_invalid_chars: require every answer to use only ``valid_chars``.
         valid_chars: allowed answer letters (default A-Z).
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(

@@ -21,8 +21,8 @@ class FormatReward(RewardFunction):
         preferred_tags: tag names to look for (default ``["think", "answer"]``).
         require_all_tags: 1.0 only when every tag is present, else 0.0 (no partial credit).
         case_sensitive: match tag names case-sensitively.
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(

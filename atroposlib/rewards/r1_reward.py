@@ -32,8 +32,8 @@ class FormatReasoningReward(RewardFunction):
 
     Args:
         reward_value: score of a well-formatted completion (others get 0.0).
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(self, reward_value: float = 0.5, **kwargs: Any):
@@ -58,8 +58,8 @@ class AccuracyXReward(RewardFunction):
         exact_match: the stripped answer must equal the solution (case-insensitive) rather
             than contain it.
         reward_value: score of a correct completion (others get 0.0).
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(self, exact_match: bool = False, reward_value: float = 1.0, **kwargs: Any):
@@ -94,8 +94,8 @@ class R1Reward(RewardFunction):
     Args:
         format_weight: weight of the format term.
         accuracy_weight: weight of the accuracy term.
-        weight: overall multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (overall multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(self, format_weight: float = 0.5, accuracy_weight: float = 1.0, **kwargs: Any):

@@ -30,8 +30,8 @@ class ReasoningStepsReward(RewardFunction):
         min_steps: number of step markers that earns the full 1.0 (>= 1).
         min_words: completions with fewer words score 0.0.
         base_score: score of a long-enough completion with no step markers.
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(self, min_steps: int = 3, min_words: int = 10, base_score: float = 0.1, **kwargs):

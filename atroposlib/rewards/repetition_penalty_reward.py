@@ -37,8 +37,8 @@ class RepetitionPenaltyReward(RewardFunction):
         threshold: repetition fractions at or below this give 0.0.
         min_words: texts with fewer words get ``short_text_penalty``.
         short_text_penalty: reward for texts shorter than ``min_words`` (<= 0).
-        weight: multiplier (see :class:`RewardFunction`).
-        name: metric name.
+        **kwargs: ``weight`` (multiplier) and ``name`` (metric name), passed to
+            :class:`RewardFunction`.
     """
 
     def __init__(

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from atroposlib.inference.clients.base import APIServer, APIServerConfig
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import APIServerConfig
 
 #: A scripted response: text, or (text, finish_reason).
 Response = str | tuple[str, str]

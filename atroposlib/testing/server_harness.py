@@ -23,7 +23,8 @@ import time
 import uuid
 from typing import Any, Literal
 
-from atroposlib.inference.clients.base import APIServer, APIServerConfig
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.utils.lazy_exports import lazy_exports
 
 

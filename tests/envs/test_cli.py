@@ -12,7 +12,7 @@ import pytest
 
 from atroposlib.api.models import ScoredData
 from atroposlib.env_runtime.commands import build_env, parse_args
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 from tests.envs.sample_envs import ChatLengthEnv
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 
 from atroposlib.api.models import ScoredData
 from atroposlib.envs.checks import check_env
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.openai_client import OpenAIServer
 from tests.envs.sample_envs import ArithmeticEnv, ChatLengthEnv
 

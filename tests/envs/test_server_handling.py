@@ -11,12 +11,8 @@ from tenacity import wait_none
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
 from atroposlib.errors import InferenceUnavailableError
-from atroposlib.inference.clients.base import (
-    APIServerConfig,
-    AsyncSemWithAdaptiveWeight,
-    ReasoningConfig,
-    ServerBaseline,
-)
+from atroposlib.inference.clients.base import AsyncSemWithAdaptiveWeight
+from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.managed import DummyManagedServer, ManagedServer
 from atroposlib.inference.clients.manager import ServerManager
 from atroposlib.inference.clients.openai_client import OpenAIServer

@@ -21,7 +21,7 @@ from atroposlib.envs.teacher_distillation_env import (
     align_teacher_logprobs,
 )
 from atroposlib.errors import ConfigError
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.vllm_client import VLLMServer
 from atroposlib.testing.fake_server import FakeOpenAIServer, FakeServer, fake_prompt_logprobs
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer

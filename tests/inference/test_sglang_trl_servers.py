@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 
 from atroposlib.errors import InferenceError
 from atroposlib.inference.bundled import bundled_model_dir
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.manager import ServerManager, server_class_for
 from atroposlib.inference.clients.sglang_client import SGLangServer, finish_reason_of
 from atroposlib.inference.clients.trl_vllm_client import TrlVllmServer

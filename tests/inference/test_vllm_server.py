@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from atroposlib.errors import InferenceError
-from atroposlib.inference.clients.base import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.manager import ServerManager
 from atroposlib.inference.clients.vllm_client import VLLMServer, parse_token_id, root_url
 

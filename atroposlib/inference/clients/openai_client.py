@@ -13,13 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from atroposlib.errors import InferenceError
-from atroposlib.inference.clients.base import (
-    APIServer,
-    APIServerConfig,
-    ReasoningConfig,
-    ServerBaseline,
-    merge_choices,
-)
+from atroposlib.inference.clients.base import APIServer, merge_choices
+from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.utils.lazy_exports import lazy_exports
 
 logger = logging.getLogger(__name__)

@@ -11,11 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from atroposlib.errors import ConfigError
-from atroposlib.inference.clients.base import (
-    APIServer,
-    APIServerConfig,
-    ServerBaseline,
-)
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.utils.cli import validation_error_message
 
 __all__ = ["resolve_server_configs", "validated"]

@@ -15,12 +15,8 @@ import uuid
 from typing import Any
 
 from atroposlib.errors import InferenceError
-from atroposlib.inference.clients.base import (
-    APIServer,
-    APIServerConfig,
-    ReasoningConfig,
-    ServerBaseline,
-)
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.vllm_client import root_url
 from atroposlib.utils.lazy_exports import lazy_exports
 

@@ -21,11 +21,7 @@ from typing import Any
 
 from atroposlib.compat.exports import SERVER_MODULE_EXPORTS
 from atroposlib.errors import InferenceError
-from atroposlib.inference.clients.base import (
-    APIServerConfig,
-    ReasoningConfig,
-    ServerBaseline,
-)
+from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.openai_client import OpenAIServer
 from atroposlib.utils.lazy_exports import lazy_exports
 
