@@ -3,6 +3,10 @@ shared conventions (names, a metrics endpoint for processes without an HTTP serv
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
@@ -12,6 +16,8 @@ from atroposlib.utils.prometheus import metric_name, serve_metrics
 from tests.fixtures.api_server import RunApi
 
 from .conftest import REGISTRATION, make_app, make_group, start_trainer
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def scrape(text: str) -> dict[tuple[str, tuple], float]:
@@ -122,3 +128,19 @@ def test_metric_names_follow_the_convention() -> None:
     for bad in ("QueueTokens", "steps_total", "9x"):
         with pytest.raises(ValueError, match="snake case"):
             metric_name("trainer", bad)
+
+
+
+async def test_dashboard_and_docs_name_exactly_the_metrics_run_api_exports(client) -> None:
+    """docs/metrics.md lists every run-api metric, and the Grafana dashboard uses no other."""
+    page = (await client.get("/metrics")).text
+    exported = {f.name + "_total" if f.type == "counter" else f.name
+                for f in text_string_to_metric_families(page)
+                if f.name.startswith("atropos_api_") and not f.name.endswith("_created")}
+    documented = set(re.findall(r"`(atropos_api_\w+)`", (DOCS / "metrics.md").read_text()))
+    assert documented == exported
+    dashboard = json.loads((DOCS / "grafana" / "atropos.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    used = {re.sub(r"_(bucket|sum|count)$", "", name)
+            for expr in exprs for name in re.findall(r"atropos_api_\w+", expr)}
+    assert len(used) >= 10 and used <= exported, used - exported
