@@ -94,8 +94,8 @@ class ApiSettings(BaseModel):
     )
     observe_retention_groups: int = Field(
         default=1000, ge=0,
-        description="GET /observe keeps this many recently served groups readable (queued groups "
-        "are always readable).",
+        description="GET /observe keeps this many recently served groups readable (queued groups, "
+        "and the groups of the batches kept for --replay-batches, are always readable).",
     )
     observe_retention_tokens: int = Field(
         default=4_000_000, ge=0,
