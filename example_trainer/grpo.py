@@ -30,6 +30,7 @@ environments retry until it is up. Every run writes ``runs/<timestamp>/`` (or ``
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
@@ -95,7 +96,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     exception, named in ``error``), ``train_loop_seconds`` runs from registration to the end of
     the loop or the interruption, ``final_checkpoint`` is null unless ``checkpoints/final`` was
     written by this run, and ``last_checkpoint`` names the newest checkpoint this run wrote
-    (null: none).
+    (null: none); ``failed_part`` names what failed (``vllm``, ``run-api`` or ``trainer``;
+    null without an error or after Ctrl-C).
+
+    An exception (a dead vLLM found by the health watch, an error in a step, a second Ctrl-C)
+    first saves ``checkpoints/step_<k>`` for the last finished step ``k`` when no checkpoint
+    of it exists yet (single process only: see :func:`_save_on_exit`).
 
     Raises:
         ApiError: run-api unreachable or refusing the registration.
@@ -109,6 +115,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from example_trainer import checkpoint as ckpt_io
     from example_trainer import distributed, lora
     from example_trainer.data import batch_to_sequences, make_micro_batches
+    from example_trainer.health import HealthWatch
     from example_trainer.loss import grpo_loss, objective_options, token_logprobs
     from example_trainer.report import NullRunLog, RunLog, run_eval_command, write_summary
     from example_trainer.vllm_sync import VLLMSync, save_weights
@@ -171,7 +178,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             print(f"[grpo] resuming from {resume.path} after step {start_step}", flush=True)
 
     def save_checkpoint(name: str) -> None:
-        nonlocal last_checkpoint
+        nonlocal last_checkpoint, saved_step
 
         def write_weights(out: Path) -> None:
             if lora.is_lora(model):
@@ -185,13 +192,14 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         ckpt_io.save_checkpoint(run_dir / "checkpoints" / name, step=steps_done, model=model,
                                 optimizer=optimizer, write_weights=write_weights,
                                 lora=lora.is_lora(model), is_main=dist.is_main)
-        last_checkpoint = run_dir / "checkpoints" / name
+        last_checkpoint, saved_step = run_dir / "checkpoints" / name, steps_done
 
     def sync_vllm() -> dict[str, float]:
         # every rank takes part in gathering the weights; rank 0 writes and reloads them
         full = dist.full_state_dict(model)
-        metrics = vllm.sync(model, tokenizer, state_dict=full,
-                            background=config.weight_sync_overlap) if dist.is_main else {}
+        with watch.paused() if watch is not None else contextlib.nullcontext():  # restart: on purpose
+            metrics = vllm.sync(model, tokenizer, state_dict=full,
+                                background=config.weight_sync_overlap) if dist.is_main else {}
         dist.wait_for_main()
         return metrics
     reference = None  # frozen starting policy for the KL term, loaded on first need
@@ -220,7 +228,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         runlog.history = [r for r in past if "loss" in r]
         runlog.evals = [(r["step"], r["eval/accuracy"]) for r in past if "eval/accuracy" in r]
     stop = _install_stop_handler()
-    steps_done = start_step
+    watch = None  # the vLLM health watch (rank 0, once vLLM is up)
+    steps_done = saved_step = start_step
     eval_before = eval_after = math.nan
     train_start: float | None = None  # set at registration
     train_seconds: float | None = None  # set when the loop ends (or, in `finally`, when interrupted)
@@ -234,6 +243,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
             vllm_seconds = vllm.start()
             print(f"[grpo] vLLM ready at {vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
+            if config.weight_sync != "none":  # a dead vLLM ends the run in seconds, not at a sync
+                watch = HealthWatch(vllm.health_problem, on_failure=stop.fail).start()
         if resume is not None or config.weight_sync == "lora":
             sync_vllm()  # serve the resumed policy (or the first adapter)
 
@@ -271,7 +282,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         train_start = time.perf_counter()
         last_step_total = 0.0
         for step in range(start_step + 1, config.training_steps + 1):
-            if dist.from_main(stop.requested):  # rank 0 decides for every rank
+            if _stop_requested(dist, stop):  # rank 0 decides for every rank
                 print("[grpo] stop requested: finishing early", flush=True)
                 stopped = "stop_requested"
                 break
@@ -288,7 +299,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             # ---------------------------------------------------------- 1. one batch
             wait_start = time.perf_counter()
             batch = _shared_batch(dist, client, config.batch_timeout, stop)
-            if batch is None:  # a stop was requested while waiting
+            if batch is None:  # a stop was requested while waiting (or vLLM died: raised here)
+                _stop_requested(dist, stop)
                 stopped = "stop_requested"
                 break
             wait_s = time.perf_counter() - wait_start
@@ -340,7 +352,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             grad_norm = dist.scalar(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            steps_done = step  # from here on a checkpoint holds this step's update
             compute_s = time.perf_counter() - step_start
+            _stop_requested(dist, stop)  # vLLM died during the step: end before syncing to it
 
             # ---------------------------------------------------------- 4. sync vLLM
             sync_metrics: dict[str, float] = {}
@@ -348,7 +362,6 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 sync_metrics = sync_vllm()
 
             # ---------------------------------------------------------- 5. checkpoint
-            steps_done = step
             if config.checkpoint_interval and step % config.checkpoint_interval == 0:
                 save_checkpoint(f"step_{step}")
 
@@ -390,9 +403,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             eval_after = evaluate(steps_done)
     except BaseException as exc:
         failure = exc
+        if steps_done > saved_step:  # keep what this run trained since its last checkpoint
+            _save_on_exit(dist, save_checkpoint, steps_done, exc)
         raise
     finally:
         stop.restore()  # the caller's SIGINT/SIGTERM handlers again
+        if watch is not None:
+            watch.stop()
         if train_seconds is None:  # interrupted inside the loop (or before it began)
             train_seconds = 0.0 if train_start is None else time.perf_counter() - train_start
         if failure is not None:
@@ -413,6 +430,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             final_checkpoint=str(last_checkpoint) if last_checkpoint and last_checkpoint.name == "final" else None,
             last_checkpoint=str(last_checkpoint) if last_checkpoint else None,
             stopped=stopped, error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
+            failed_part=_failed_part(failure),
             stop_signal=stop.signum if stopped == "stop_requested" else None,
             stopped_by_time_budget=out_of_time, eval_seconds=eval_seconds,
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
@@ -563,9 +581,15 @@ class _StopFlag:
     requested = False
     #: the signal that requested the stop (None: none did)
     signum: int | None = None
+    #: an error that ends the run (a dead vLLM, from the health watch); None: none
+    failure: BaseException | None = None
 
     def __init__(self) -> None:
         self.previous: dict[int, Any] = {}
+
+    def fail(self, error: BaseException) -> None:
+        """End the run with ``error`` (raised by the loop at its next check; any thread)."""
+        self.failure, self.requested = error, True
 
     def restore(self) -> None:
         """Reinstall the SIGINT/SIGTERM handlers that were in place before (no-op if none)."""
@@ -593,6 +617,51 @@ def _preflight(config: TrainerConfig) -> None:
         *(pf.check_inference_server(url, None, "--vllm-url", "--served-model-name")
           for url in vllm_urls),
     ])
+
+
+def _stop_requested(dist: Any, stop: _StopFlag) -> bool:
+    """Rank 0's stop decision, for every rank: True when a stop was requested.
+
+    Raises:
+        VLLMDiedError: on every rank, when the health watch found vLLM dead (its message).
+    """
+    from example_trainer.health import VLLMDiedError
+
+    requested, failure = dist.from_main((stop.requested, str(stop.failure) if stop.failure else None))
+    if failure is not None:
+        raise stop.failure if stop.failure is not None else VLLMDiedError(failure)
+    return requested
+
+
+def _save_on_exit(dist: Any, save_checkpoint: Any, step: int, error: BaseException) -> None:
+    """Write ``checkpoints/step_<step>`` while the run ends with ``error``; never raises.
+
+    A single process only: under FSDP saving gathers the weights from every rank, which a
+    rank that failed alone would never join (the interval checkpoints are the resume points).
+    """
+    if dist.enabled:
+        print(f"[grpo] no checkpoint on exit under FSDP (ranks cannot gather after {type(error).__name__}); "
+              "resume from the last interval checkpoint", flush=True)
+        return
+    try:
+        save_checkpoint(f"step_{step}")
+        print(f"[grpo] {type(error).__name__} ended the run: saved checkpoints/step_{step} "
+              "(resume with --resume RUN_DIR)", flush=True)
+    except BaseException as exc:  # noqa: BLE001 - the original error is the one to raise
+        print(f"[grpo] could not save a checkpoint on exit: {type(exc).__name__}: {exc}", flush=True)
+
+
+def _failed_part(error: BaseException | None) -> str | None:
+    """Which part of the run ``error`` names: ``vllm``, ``run-api`` or ``trainer`` (None: no error)."""
+    from atroposlib.errors import ApiError, InferenceError
+
+    if error is None or isinstance(error, KeyboardInterrupt):
+        return None
+    if isinstance(error, InferenceError):
+        return "vllm"
+    if isinstance(error, ApiError):
+        return "run-api"
+    return "trainer"
 
 
 def _install_stop_handler() -> _StopFlag:

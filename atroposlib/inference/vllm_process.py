@@ -300,6 +300,22 @@ class VLLMProcess:
         """True while the server process is alive (it may not be ready yet)."""
         return self.proc is not None and self.proc.poll() is None
 
+    def death_report(self, lines: int = 20) -> str | None:
+        """How the server died: None while it runs (or before :meth:`start`, after :meth:`stop`).
+
+        Returns:
+            One line with the pid, port and exit code (``killed by SIGKILL`` for a signal),
+            then the last ``lines`` lines of its log.
+        """
+        proc = self.proc
+        code = proc.poll() if proc is not None else None
+        if proc is None or code is None:
+            return None
+        how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in
+               signal.valid_signals() else f"exited with code {code}")
+        tail = "\n".join(self.log_tail().splitlines()[-lines:])
+        return f"vLLM (pid {proc.pid}, port {self.port}) {how}; last lines of {self.log_path}:\n{tail}"
+
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
         """Return the last ``chars`` characters of the server log ("" if none yet)."""
         try:
@@ -472,8 +488,9 @@ class VLLMProcess:
 
         Raises:
             FileNotFoundError: ``weights_dir`` has no ``*.safetensors`` file.
-            RuntimeError: the server is not running.
-            InferenceError: the server refused or failed (message includes its answer).
+            RuntimeError: the server was never started (or was stopped).
+            InferenceError: the server died (exit code and log tail in the message), refused or
+                failed (message includes its answer).
         """
         import httpx
 
@@ -483,6 +500,9 @@ class VLLMProcess:
                 f"{weights_dir} holds no *.safetensors file; save the policy with "
                 "model.save_pretrained(dir) (safetensors) before reloading"
             )
+        died = self.death_report()
+        if died is not None:
+            raise InferenceError(f"cannot reload weights: {died}")
         if not self.is_running():
             raise RuntimeError("vLLM is not running; call start() first")
         begin = time.perf_counter()

@@ -83,3 +83,45 @@ def test_sigkill_to_the_trainer_takes_its_vllm_down(bundled_model_dir, tmp_path)
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         api.stop()
+
+
+def test_a_vllm_killed_mid_run_ends_the_trainer_with_a_checkpoint(bundled_model_dir, tmp_path):
+    """SIGKILL to vLLM while the trainer waits for a batch: the trainer names vLLM as dead (the
+    health watch, not the next weight sync), saves the step it trained and exits with 1."""
+    import json
+
+    from atroposlib.api.client import AtroposClient
+    from tests.example_trainer.test_grpo_loop import _group
+
+    api = start_run_api()
+    log_path = tmp_path / "trainer.log"
+    run = tmp_path / "run"
+    vllm_group: list[psutil.Process] = []
+    try:
+        with log_path.open("wb") as log, AtroposClient(api.url) as client:
+            trainer = _trainer(bundled_model_dir, run, api.url, log, "--training-steps", "3")
+            try:
+                _wait_for_line(log_path, r"vLLM ready at", trainer)
+                vllm_group = list(psutil.Process(trainer.pid).children(recursive=True))
+                server = next(p for p in vllm_group if "api_server" in " ".join(p.cmdline()))
+                client.post_scored_data(_group(0))  # one batch of 4: step 1, then a wait
+                _wait_for_line(log_path, r"step 1: ", trainer)
+                server.kill()
+                code = trainer.wait(120)
+            finally:
+                if trainer.poll() is None:
+                    trainer.kill()
+        text = log_path.read_text()
+        assert code == 1, text[-3000:]
+        assert re.search(r"vLLM died: vLLM \(pid \d+, port \d+\) was killed by SIGKILL", text), text[-3000:]
+        assert "call start() first" not in text
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["stopped"] == "error" and summary["failed_part"] == "vllm"
+        assert summary["steps"] == 1 and summary["last_checkpoint"] == str(run / "checkpoints" / "step_1")
+        gone, alive = psutil.wait_procs(vllm_group, timeout=30)
+        assert not alive, f"vLLM processes outlived the run: {alive}"
+    finally:
+        for proc in vllm_group:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        api.stop()
