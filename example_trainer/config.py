@@ -170,8 +170,19 @@ class TrainerConfig(BaseSettings):
                                 "TeacherDistillationEnv) to the student on trained tokens.")
 
     # ---------------------------------------------------------------- checkpoints
-    checkpoint_interval: int = Field(default=0, ge=0, description="Save a checkpoint every N "
-                                     "steps (0: only the final one).")
+    checkpoint_interval: int = Field(
+        default=10, ge=0, description="Save checkpoints/step_<k> every N steps (0: only the "
+        "final one and one on exit). Default 10: a save costs about 0.08 of a step (measured "
+        "with benchmarks/bench_checkpoint.py on SmolLM2-135M: 1.5 s against an 18 s step with "
+        "the top 10 layers trained, 3.4 s against 42 s for the full model, 0.2 s for a LoRA "
+        "adapter), so saving every 10 steps costs under 1% of the run and a crash loses at most "
+        "10 steps. The trainer also saves on any exit it can handle (an error in a step, Ctrl-C, "
+        "SIGTERM, a dead vLLM).")
+    checkpoint_keep: int = Field(
+        default=2, ge=0, description="Keep the newest N step_<k> checkpoints and delete older "
+        "ones once a newer one is complete (checkpoints/final is always kept); 0 keeps all. A "
+        "full checkpoint holds the weights and the optimizer state: about 1.5 GiB for "
+        "SmolLM2-135M.")
 
     # ---------------------------------------------------------------- vLLM
     vllm_url: str | None = Field(default=None, description="Use this already-running vLLM "

@@ -193,6 +193,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                                 optimizer=optimizer, write_weights=write_weights,
                                 lora=lora.is_lora(model), is_main=dist.is_main)
         last_checkpoint, saved_step = run_dir / "checkpoints" / name, steps_done
+        if dist.is_main:
+            ckpt_io.prune_checkpoints(run_dir, config.checkpoint_keep)
 
     def sync_vllm() -> dict[str, float]:
         # every rank takes part in gathering the weights; rank 0 writes and reloads them
