@@ -114,6 +114,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from atroposlib.api.models import Registration
     from example_trainer import checkpoint as ckpt_io
     from example_trainer import distributed, lora
+    from example_trainer.batch_checks import BatchGuard
     from example_trainer.data import batch_to_sequences, make_micro_batches
     from example_trainer.health import HealthWatch
     from example_trainer.loss import grpo_loss, objective_options, token_logprobs
@@ -148,6 +149,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     # sharded: every rank loads on the CPU and FSDP moves its own shard to the device
     load_device = torch.device("cpu") if dist.enabled else device
     model, tokenizer = load_policy(config.model, load_device, dtype, config.attn_implementation)
+    # every batch is checked against the model's vocabulary before the forward pass
+    guard = BatchGuard(model.get_input_embeddings().num_embeddings, config.max_token_len,
+                       whole_batch=dist.enabled, report=dist.is_main)
     if config.lora_r:
         model = lora.apply_lora(model, r=config.lora_r, alpha=config.lora_alpha,
                                 dropout=config.lora_dropout, target_modules=config.lora_target_modules,
@@ -306,9 +310,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 stopped = "stop_requested"
                 break
             wait_s = time.perf_counter() - wait_start
+            batch = guard.filter(step, batch)  # bad groups dropped with one error line each
+            if not batch:  # nothing left: the step counts, no update (never fetched again)
+                steps_done = step
+                runlog.log(step, {"skipped_groups": guard.last_step_dropped, "batch_wait_seconds": wait_s})
+                continue
             step_start = time.perf_counter()
-            sequences, stats = batch_to_sequences(batch, config.max_token_len,
-                                                  config.scale_advantages)
+            sequences, stats = batch_to_sequences(batch, config.scale_advantages)
             micro_batches = make_micro_batches(sequences, config.micro_batch_size, pad_id,
                                                config.pad_multiple, by_prefix=share_prefix)
             step_tokens = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in micro_batches)
@@ -381,6 +389,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 "sampler_out_of_range": sums["sampler_out_of_range_tokens"] / max(sums["sampler_tokens"], 1.0),
                 "is_corrected_fraction": sums["is_corrected_tokens"] / max(sums["sampler_tokens"], 1.0),
                 "trained_tokens": sums["tokens"], "sequences": n, "groups": stats.num_groups,
+                "skipped_groups": guard.last_step_dropped,
                 **({"distill_kl": sums["distill_kl_sum"] / sums["distill_tokens"]}
                    if sums["distill_tokens"] else {}),
                 "max_len": stats.max_len,
@@ -438,6 +447,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
             mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
+            **guard.summary(),
         )
         runlog.close()
         if dist.is_main:
