@@ -99,6 +99,13 @@ class Registration(BaseModel):
         description="Drop queued groups more than this many policy versions (trainer steps) older "
         "than the current step instead of serving them (null: use run-api's --max-staleness).",
     )
+    # atroposlib extension: Atropos 0.4 trainers omit it, and the vocabulary checks are skipped.
+    vocab_size: Size | None = Field(
+        default=None,
+        description="Size of the trainer's token vocabulary (the model's embedding rows): run-api "
+        "refuses groups with token ids or labels outside [0, vocab_size), the mark of an env "
+        "whose tokenizer differs from the trainer's (null: not checked).",
+    )
 
 
 class RegistrationResponse(BaseModel):
