@@ -282,8 +282,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 checkpoint_dir=str(run_dir / "checkpoints"),
                 save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
                 starting_step=start_step, num_steps=config.training_steps,
-                max_staleness=config.max_staleness))
-            print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
+                max_staleness=config.max_staleness, vocab_size=guard.vocab_size))
+            print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size} "
+                  f"max_token_len={config.max_token_len} vocab_size={guard.vocab_size}", flush=True)
 
         train_start = time.perf_counter()
         last_step_total = 0.0
