@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,6 +181,8 @@ class BatchGuard:
             the same micro-batches).
         report: print the error lines (False on the FSDP ranks other than 0, which check the
             same batch).
+        on_drop: called with the reason of every dropped group (e.g. a metrics counter).
+        on_skip: called once for every batch of which nothing is left.
 
     Attributes:
         groups_by_reason: dropped groups per reason over the run.
@@ -188,9 +191,12 @@ class BatchGuard:
     """
 
     def __init__(self, vocab_size: int, max_token_len: int, whole_batch: bool = False,
-                 report: bool = True):
+                 report: bool = True, on_drop: Callable[[str], Any] | None = None,
+                 on_skip: Callable[[], Any] | None = None):
         """Set the limits; nothing is checked until :meth:`filter`."""
         self.report = report
+        self.on_drop = on_drop
+        self.on_skip = on_skip
         self.vocab_size = vocab_size
         self.max_token_len = max_token_len
         self.whole_batch = whole_batch
@@ -213,11 +219,15 @@ class BatchGuard:
         for item in bad:
             self._print(item.message(step))
             self.groups_by_reason[item.reason] += 1
+            if self.on_drop is not None:
+                self.on_drop(item.reason)
         dropped = {item.index for item in bad}
         kept = [] if bad and self.whole_batch else [g for i, g in enumerate(batch) if i not in dropped]
         self.last_step_dropped = len(batch) - len(kept)
         if bad and not kept:
             self.batches_skipped += 1
+            if self.on_skip is not None:
+                self.on_skip()
             why = "FSDP trains whole batches only" if self.whole_batch and len(bad) < len(batch) else \
                 "no group was usable"
             self._print(f"step {step}: skipped the whole batch ({why}); no update this step")

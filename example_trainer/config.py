@@ -114,6 +114,13 @@ class TrainerConfig(BaseSettings):
                                       "this many steps behind the current step (overrides "
                                       "run-api --max-staleness). null: run-api's setting.")
 
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Serve "
+                                     "Prometheus metrics at http://<metrics_host>:PORT/metrics "
+                                     "(0: a free port, printed at start; null: off). Names in "
+                                     "docs/metrics-trainer.md.")
+    metrics_host: str = Field(default="127.0.0.1", description="Interface the metrics endpoint "
+                              "binds (0.0.0.0 lets a scraper on another machine in).")
+
     # ---------------------------------------------------------------- optimisation
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "
                                 "exactly one GET /batch.")

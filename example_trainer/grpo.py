@@ -118,6 +118,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from example_trainer.data import batch_to_sequences, make_micro_batches
     from example_trainer.health import HealthWatch
     from example_trainer.loss import grpo_loss, objective_options, token_logprobs
+    from example_trainer.metrics import TrainerMetrics
     from example_trainer.report import NullRunLog, RunLog, run_eval_command, write_summary
     from example_trainer.vllm_sync import VLLMSync, save_weights
 
@@ -149,9 +150,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     # sharded: every rank loads on the CPU and FSDP moves its own shard to the device
     load_device = torch.device("cpu") if dist.enabled else device
     model, tokenizer = load_policy(config.model, load_device, dtype, config.attn_implementation)
-    # every batch is checked against the model's vocabulary before the forward pass
-    guard = BatchGuard(model.get_input_embeddings().num_embeddings, config.max_token_len,
-                       whole_batch=dist.enabled, report=dist.is_main)
+    vocab_size = model.get_input_embeddings().num_embeddings  # ids at or above it crash the forward
     if config.lora_r:
         model = lora.apply_lora(model, r=config.lora_r, alpha=config.lora_alpha,
                                 dropout=config.lora_dropout, target_modules=config.lora_target_modules,
@@ -192,10 +191,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             hf_model, weights = lora.export(model, full)  # LoRA: the adapter merged in
             save_weights(hf_model, tokenizer, out, True, state_dict=weights)
 
+        begin = time.perf_counter()
         full = dist.full_state_dict(model)  # sharded: every rank gathers, rank 0 writes
         ckpt_io.save_checkpoint(run_dir / "checkpoints" / name, step=steps_done, model=model,
                                 optimizer=optimizer, write_weights=write_weights,
                                 lora=lora.is_lora(model), is_main=dist.is_main)
+        prom.checkpoint.observe(time.perf_counter() - begin)
         last_checkpoint, saved_step = run_dir / "checkpoints" / name, steps_done
         if dist.is_main:
             ckpt_io.prune_checkpoints(run_dir, config.checkpoint_keep)
@@ -225,15 +226,24 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     if resume is not None and dist.is_main:
         past = ckpt_io.read_history(run_dir, start_step)
         ckpt_io.append_resume_marker(run_dir, start_step)
+    prom = TrainerMetrics(config.metrics_port if dist.is_main else None, config.metrics_host)
     runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
                     config.model_dump(mode="json"), plot_every=config.plot_every,
                     tensorboard_dir=Path(config.tensorboard_dir or run_dir / "tensorboard")
-                    if config.tensorboard or config.tensorboard_dir else None
-                    ) if dist.is_main else NullRunLog()
+                    if config.tensorboard or config.tensorboard_dir else None,
+                    observers=[prom.observe]) if dist.is_main else NullRunLog()
     if resume is not None and dist.is_main:
         runlog.history = [r for r in past if "loss" in r]
         runlog.evals = [(r["step"], r["eval/accuracy"]) for r in past if "eval/accuracy" in r]
+    # every batch is checked against the model's vocabulary before the forward pass
+    guard = BatchGuard(vocab_size, config.max_token_len, whole_batch=dist.enabled, report=dist.is_main,
+                       on_drop=lambda reason: prom.groups_dropped.labels(reason).inc(),
+                       on_skip=prom.batches_skipped.inc)
     stop = _install_stop_handler()
+
+    def vllm_died(error: BaseException) -> None:  # from the health watch's thread
+        prom.vllm_up.set(0)
+        stop.fail(error)
     watch = None  # the vLLM health watch (rank 0, once vLLM is up)
     steps_done = saved_step = start_step
     eval_before = eval_after = math.nan
@@ -245,12 +255,16 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     stopped = "completed"  # how the loop ended; an exception overrides it in `finally`
     failure: BaseException | None = None
     try:
+        if prom.port is not None:
+            print(f"[grpo] Prometheus metrics at http://{config.metrics_host}:{prom.port}/metrics",
+                  flush=True)
         if dist.is_main:
             print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
             vllm_seconds = vllm.start()
             print(f"[grpo] vLLM ready at {vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
             if config.weight_sync != "none":  # a dead vLLM ends the run in seconds, not at a sync
-                watch = HealthWatch(vllm.health_problem, on_failure=stop.fail).start()
+                prom.vllm_up.set(1)
+                watch = HealthWatch(vllm.health_problem, on_failure=vllm_died).start()
         if resume is not None or config.weight_sync == "lora":
             sync_vllm()  # serve the resumed policy (or the first adapter)
 
@@ -422,6 +436,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         stop.restore()  # the caller's SIGINT/SIGTERM handlers again
         if watch is not None:
             watch.stop()
+        prom.close()
         if train_seconds is None:  # interrupted inside the loop (or before it began)
             train_seconds = 0.0 if train_start is None else time.perf_counter() - train_start
         if failure is not None:
