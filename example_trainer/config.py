@@ -163,9 +163,9 @@ class TrainerConfig(BaseSettings):
         "advantages sent by the env are used as sent.")
     is_correction: Literal["none", "tis", "mis"] = Field(
         default="none", description="Sampler/trainer mismatch correction with rho = pi_old / "
-        "pi_sampler per token: tis weights the policy loss by min(rho, is_cap); mis drops tokens "
-        "with rho outside [1/is_cap, is_cap]; none: the PPO ratio is taken against the sampler's "
-        "log-probs instead.")
+        "pi_sampler per token: tis weights the policy loss by min(rho, is_cap); mis weights it "
+        "by rho inside [1/is_cap, is_cap] and drops tokens outside (IcePop's token mask, "
+        "arXiv:2510.18855); none: the PPO ratio is taken against the sampler's log-probs instead.")
     is_cap: float = Field(default=2.0, gt=1, description="C of --is-correction (tis cap, mis "
                           "range [1/C, C]); also the range of the logged sampler_out_of_range.")
     kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty coefficient (0 = off). "
