@@ -119,6 +119,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from example_trainer.health import HealthWatch
     from example_trainer.loss import grpo_loss, objective_options, token_logprobs
     from example_trainer.metrics import TrainerMetrics
+    from example_trainer.replay import Replay, fetch_served_batches
     from example_trainer.report import NullRunLog, RunLog, run_eval_command, write_summary
     from example_trainer.vllm_sync import VLLMSync, save_weights
 
@@ -245,6 +246,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         prom.vllm_up.set(0)
         stop.fail(error)
     watch = None  # the vLLM health watch (rank 0, once vLLM is up)
+    replay = Replay()  # resumed: the batches run-api served after the checkpoint, fetched again
     steps_done = saved_step = start_step
     eval_before = eval_after = math.nan
     train_start: float | None = None  # set at registration
@@ -290,12 +292,16 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         # -------------------------------------------------------------- register with run-api
         client = AtroposClient(config.api_url, api_key=config.api_key) if dist.is_main else None
         if client is not None:
+            if resume is not None:  # before registering: an older run-api forgets them then
+                replay = fetch_served_batches(client, start_step, run_dir, config.batch_size)
+                prom.batches_replayed.inc(replay.replayed)
+                prom.batches_lost.inc(len(replay.lost))
             client.register(Registration(
                 wandb_group=config.wandb_group or "", wandb_project=config.wandb_project or "",
                 batch_size=config.batch_size, max_token_len=config.max_token_len,
                 checkpoint_dir=str(run_dir / "checkpoints"),
                 save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
-                starting_step=start_step, num_steps=config.training_steps,
+                starting_step=max(start_step, replay.server_step), num_steps=config.training_steps,
                 max_staleness=config.max_staleness, vocab_size=guard.vocab_size))
             print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size} "
                   f"max_token_len={config.max_token_len} vocab_size={guard.vocab_size}", flush=True)
@@ -319,7 +325,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 break
             # ---------------------------------------------------------- 1. one batch
             wait_start = time.perf_counter()
-            batch = _shared_batch(dist, client, config.batch_timeout, stop)
+            batch = _shared_batch(dist, client, config.batch_timeout, stop, replay.batches.pop(step, None))
             if batch is None:  # a stop was requested while waiting (or vLLM died: raised here)
                 _stop_requested(dist, stop)
                 stopped = "stop_requested"
@@ -463,7 +469,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
             mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
-            **guard.summary(),
+            **guard.summary(), replayed_batches=replay.replayed, lost_batches=len(replay.lost),
         )
         runlog.close()
         if dist.is_main:
@@ -710,17 +716,22 @@ def _install_stop_handler() -> _StopFlag:
     return flag
 
 
-def _shared_batch(dist: Any, client: Any, timeout: float, stop: Any) -> list[dict[str, Any]] | None:
+def _shared_batch(dist: Any, client: Any, timeout: float, stop: Any,
+                  ready: list[dict[str, Any]] | None = None) -> list[dict[str, Any]] | None:
     """Rank 0 pulls one batch with :func:`wait_for_batch`; every rank returns it (None: stop).
+
+    ``ready`` (rank 0): the step's batch, already fetched again after a resume (``[]``: lost);
+    then nothing is pulled.
 
     Raises:
         TimeoutError, ApiError: on rank 0, as :func:`wait_for_batch`.
         RuntimeError: on the other ranks, when rank 0 got no batch (the message says why).
     """
     if not dist.enabled:
-        return wait_for_batch(client, timeout, stop)
+        return ready if ready is not None else wait_for_batch(client, timeout, stop)
     try:
-        batch = wait_for_batch(client, timeout, stop) if dist.is_main else None
+        batch = None if not dist.is_main else ready if ready is not None else wait_for_batch(
+            client, timeout, stop)
     except Exception as exc:
         dist.from_main(f"rank 0 got no batch: {type(exc).__name__}: {exc}")
         raise
