@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import sys
 import time
 from pathlib import Path
@@ -121,6 +120,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from example_trainer.metrics import TrainerMetrics
     from example_trainer.replay import Replay, fetch_served_batches
     from example_trainer.report import NullRunLog, RunLog, run_eval_command, write_summary
+    from example_trainer.stopping import (
+        failed_part,
+        install_stop_handler,
+        save_on_exit,
+        stop_requested,
+    )
     from example_trainer.vllm_sync import VLLMSync, save_weights
 
     wall_start = time.perf_counter()
@@ -240,7 +245,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     guard = BatchGuard(vocab_size, config.max_token_len, whole_batch=dist.enabled, report=dist.is_main,
                        on_drop=lambda reason: prom.groups_dropped.labels(reason).inc(),
                        on_skip=prom.batches_skipped.inc)
-    stop = _install_stop_handler()
+    stop = install_stop_handler()
 
     def vllm_died(error: BaseException) -> None:  # from the health watch's thread
         prom.vllm_up.set(0)
@@ -309,7 +314,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         train_start = time.perf_counter()
         last_step_total = 0.0
         for step in range(start_step + 1, config.training_steps + 1):
-            if _stop_requested(dist, stop):  # rank 0 decides for every rank
+            if stop_requested(dist, stop):  # rank 0 decides for every rank
                 print("[grpo] stop requested: finishing early", flush=True)
                 stopped = "stop_requested"
                 break
@@ -327,7 +332,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             wait_start = time.perf_counter()
             batch = _shared_batch(dist, client, config.batch_timeout, stop, replay.batches.pop(step, None))
             if batch is None:  # a stop was requested while waiting (or vLLM died: raised here)
-                _stop_requested(dist, stop)
+                stop_requested(dist, stop)
                 stopped = "stop_requested"
                 break
             wait_s = time.perf_counter() - wait_start
@@ -385,7 +390,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
             steps_done = step  # from here on a checkpoint holds this step's update
             compute_s = time.perf_counter() - step_start
-            _stop_requested(dist, stop)  # vLLM died during the step: end before syncing to it
+            stop_requested(dist, stop)  # vLLM died during the step: end before syncing to it
 
             # ---------------------------------------------------------- 4. sync vLLM
             sync_metrics: dict[str, float] = {}
@@ -436,7 +441,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     except BaseException as exc:
         failure = exc
         if steps_done > saved_step:  # keep what this run trained since its last checkpoint
-            _save_on_exit(dist, save_checkpoint, steps_done, exc)
+            save_on_exit(dist, save_checkpoint, steps_done, exc)
         raise
     finally:
         stop.restore()  # the caller's SIGINT/SIGTERM handlers again
@@ -463,7 +468,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             final_checkpoint=str(last_checkpoint) if last_checkpoint and last_checkpoint.name == "final" else None,
             last_checkpoint=str(last_checkpoint) if last_checkpoint else None,
             stopped=stopped, error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
-            failed_part=_failed_part(failure),
+            failed_part=failed_part(failure),
             stop_signal=stop.signum if stopped == "stop_requested" else None,
             stopped_by_time_budget=out_of_time, eval_seconds=eval_seconds,
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
@@ -609,30 +614,6 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
 POLL_MAX_SECONDS = 0.25
 
 
-class _StopFlag:
-    """Whether a stop was requested; :meth:`restore` puts back the signal handlers it replaced."""
-
-    requested = False
-    #: the signal that requested the stop (None: none did)
-    signum: int | None = None
-    #: an error that ends the run (a dead vLLM, from the health watch); None: none
-    failure: BaseException | None = None
-
-    def __init__(self) -> None:
-        self.previous: dict[int, Any] = {}
-
-    def fail(self, error: BaseException) -> None:
-        """End the run with ``error`` (raised by the loop at its next check; any thread)."""
-        self.failure, self.requested = error, True
-
-    def restore(self) -> None:
-        """Reinstall the SIGINT/SIGTERM handlers that were in place before (no-op if none)."""
-        for sig, handler in self.previous.items():
-            # None: the handler was not set from Python; the default is the closest
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        self.previous.clear()
-
-
 def _preflight(config: TrainerConfig) -> None:
     """Check run-api (``--api-url``), the model path and external ``--vllm-url`` servers in seconds.
 
@@ -651,69 +632,6 @@ def _preflight(config: TrainerConfig) -> None:
         *(pf.check_inference_server(url, None, "--vllm-url", "--served-model-name")
           for url in vllm_urls),
     ])
-
-
-def _stop_requested(dist: Any, stop: _StopFlag) -> bool:
-    """Rank 0's stop decision, for every rank: True when a stop was requested.
-
-    Raises:
-        VLLMDiedError: on every rank, when the health watch found vLLM dead (its message).
-    """
-    from example_trainer.health import VLLMDiedError
-
-    requested, failure = dist.from_main((stop.requested, str(stop.failure) if stop.failure else None))
-    if failure is not None:
-        raise stop.failure if stop.failure is not None else VLLMDiedError(failure)
-    return requested
-
-
-def _save_on_exit(dist: Any, save_checkpoint: Any, step: int, error: BaseException) -> None:
-    """Write ``checkpoints/step_<step>`` while the run ends with ``error``; never raises.
-
-    A single process only: under FSDP saving gathers the weights from every rank, which a
-    rank that failed alone would never join (the interval checkpoints are the resume points).
-    """
-    if dist.enabled:
-        print(f"[grpo] no checkpoint on exit under FSDP (ranks cannot gather after {type(error).__name__}); "
-              "resume from the last interval checkpoint", flush=True)
-        return
-    try:
-        save_checkpoint(f"step_{step}")
-        print(f"[grpo] {type(error).__name__} ended the run: saved checkpoints/step_{step} "
-              "(resume with --resume RUN_DIR)", flush=True)
-    except BaseException as exc:  # noqa: BLE001 - the original error is the one to raise
-        print(f"[grpo] could not save a checkpoint on exit: {type(exc).__name__}: {exc}", flush=True)
-
-
-def _failed_part(error: BaseException | None) -> str | None:
-    """Which part of the run ``error`` names: ``vllm``, ``run-api`` or ``trainer`` (None: no error)."""
-    from atroposlib.errors import ApiError, InferenceError
-
-    if error is None or isinstance(error, KeyboardInterrupt):
-        return None
-    if isinstance(error, InferenceError):
-        return "vllm"
-    if isinstance(error, ApiError):
-        return "run-api"
-    return "trainer"
-
-
-def _install_stop_handler() -> _StopFlag:
-    """First SIGINT/SIGTERM: finish the current step, save, evaluate. Second: exit at once."""
-    flag = _StopFlag()
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag.requested:
-            raise KeyboardInterrupt
-        flag.requested, flag.signum = True, int(signum)
-        print(f"[grpo] got signal {signum}: stopping after this step (again to abort)", flush=True)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            flag.previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread (e.g. called from a test thread)
-            pass
-    return flag
 
 
 def _shared_batch(dist: Any, client: Any, timeout: float, stop: Any,
