@@ -125,3 +125,29 @@ def test_a_vllm_killed_mid_run_ends_the_trainer_with_a_checkpoint(bundled_model_
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         api.stop()
+
+
+def test_a_restart_sync_is_not_taken_for_a_dead_vllm(bundled_model_dir, tmp_path):
+    """--weight-sync restart stops vLLM on purpose after every step: the health watch must wait."""
+    from atroposlib.api.client import AtroposClient
+    from tests.example_trainer.test_grpo_loop import _group
+
+    api = start_run_api()
+    log_path = tmp_path / "trainer.log"
+    try:
+        with log_path.open("wb") as log, AtroposClient(api.url) as client:
+            trainer = _trainer(bundled_model_dir, tmp_path / "run", api.url, log,
+                               "--weight-sync", "restart")
+            try:
+                _wait_for_line(log_path, r"registered with", trainer)
+                for seed in range(2):
+                    client.post_scored_data(_group(seed))
+                code = trainer.wait(600)
+            finally:
+                if trainer.poll() is None:
+                    trainer.kill()
+        text = log_path.read_text()
+        assert code == 0, text[-3000:]
+        assert "vLLM died" not in text and text.count("sync/update_seconds=") == 2
+    finally:
+        api.stop()
