@@ -312,8 +312,10 @@ def record_failure(summary_path: Path, part: str | None, reason: str) -> None:
 
     The trainer writes the summary; when atropos-launch stops it because another part (run-api,
     an env) died, the trainer only sees a stop request and writes ``stopped: stop_requested``.
-    This rewrites it to ``stopped: error``, ``error: "<part> <reason>"`` and ``failed_part``,
-    keeping the trainer's own error (if it had one) as ``trainer_error``. Without a summary (the
+    This rewrites it to ``stopped: error``, ``error: "<part> <reason>"`` and ``failed_part`` (the
+    part's name as in the logs: ``api``, ``trainer``, an env's name), keeping the trainer's own
+    error (if it had one) as ``trainer_error``. When the trainer itself failed, its own
+    ``error`` and ``failed_part`` (``vllm``, ``run-api`` or ``trainer``) stay. Without a summary (the
     trainer never got far enough to write one) a minimal one with these three keys is written.
 
     Args:
@@ -330,7 +332,8 @@ def record_failure(summary_path: Path, part: str | None, reason: str) -> None:
     if not isinstance(summary, dict):
         summary = {}
     if part == "trainer" and summary.get("stopped") == "error":
-        summary.setdefault("failed_part", "trainer")  # its own error says more than an exit code
+        # its own error says more than an exit code, and its failed_part may name vLLM or run-api
+        summary["failed_part"] = summary.get("failed_part") or "trainer"
     else:
         if summary.get("error"):
             summary["trainer_error"] = summary["error"]

@@ -172,6 +172,12 @@ def test_record_failure_keeps_the_trainers_own_error(tmp_path):
     record_failure(path, "trainer", "exited with code 1")
     assert json.loads(path.read_text())["error"] == "TimeoutError: no batch"
     assert json.loads(path.read_text())["failed_part"] == "trainer"
+    path.write_text(json.dumps({"stopped": "error", "error": "InferenceError: vLLM died", "failed_part": "vllm"}))
+    record_failure(path, "trainer", "exited with code 1")
+    assert json.loads(path.read_text())["failed_part"] == "vllm"
+    path.write_text(json.dumps({"stopped": "error", "error": "x", "failed_part": None}))
+    record_failure(path, "trainer", "exited with code 1")
+    assert json.loads(path.read_text())["failed_part"] == "trainer"
     # no summary at all (the trainer never wrote one)
     record_failure(tmp_path / "none" / "summary.json", "arith", "exited early with code 2")
     assert json.loads((tmp_path / "none" / "summary.json").read_text()) == {
