@@ -11,9 +11,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from atroposlib.defaults import DEFAULT_API_HOST, DEFAULT_API_PORT
+from atroposlib.utils.api_key import API_KEY_ENV, resolve_api_key
 
-#: Environment variable holding the bearer token when ``--api-key`` is not given.
-API_KEY_ENV = "ATROPOS_API_KEY"
 #: Environment variable used to hand settings to a ``--reload`` worker process (JSON).
 SETTINGS_ENV = "ATROPOS_API_SETTINGS"
 
@@ -170,18 +169,8 @@ class ApiSettings(BaseModel):
         Raises:
             ValueError: ``api_key_file`` cannot be read or holds only whitespace.
         """
-        if self.api_key is not None and self.api_key.get_secret_value():
-            return self.api_key.get_secret_value()
-        if self.api_key_file is not None:
-            try:
-                key = self.api_key_file.read_text().strip()
-            except OSError as exc:
-                raise ValueError(f"--api-key-file {self.api_key_file}: {exc.strerror}") from None
-            if not key:
-                raise ValueError(f"--api-key-file {self.api_key_file} is empty; write the token "
-                                 "into it")
-            return key
-        return os.environ.get(API_KEY_ENV) or None
+        secret = self.api_key.get_secret_value() if self.api_key is not None else None
+        return resolve_api_key(secret, self.api_key_file)
 
     def host_names(self) -> list[str]:
         """Names accepted in the ``Host`` header.
