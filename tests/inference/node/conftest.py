@@ -98,12 +98,14 @@ class FakeEngineClient:
 class FakeServer:
     """A Starlette 'vLLM' with the real NodeMiddleware; ``release`` lets held completions answer."""
 
-    def __init__(self, tmp_path: Path, **settings):
-        model_dir = tmp_path / "model"
-        model_dir.mkdir(exist_ok=True)
-        save_file(base_tensors(), model_dir / "model.safetensors")
+    def __init__(self, tmp_path: Path, model_dir: Path | None = None, **settings):
+        if model_dir is None:
+            model_dir = tmp_path / "model"
+            model_dir.mkdir(exist_ok=True)
+            save_file(base_tensors(), model_dir / "model.safetensors")
+        settings.setdefault("api_key", KEY)
         self.settings = NodeSettings(model=str(model_dir), weights_dir=tmp_path / "weights",
-                                     api_key=KEY, **settings)
+                                     **settings)
         self.engine = FakeEngineClient(model_dir)
         self.hold = asyncio.Event()
         self.hold.set()
