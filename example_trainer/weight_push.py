@@ -230,9 +230,14 @@ class NodeFleet:
         payload = Payload(version, kind, lora_name, bodies, directory, len(weights))
         with self._payload_lock:
             self._last, self.version = payload, version
-        targets = [n for n in self.nodes if not n.stale]
+        # stale nodes, and nodes the watcher is re-sending to, get this version from the watcher
+        targets = [n for n in self.nodes if not n.stale and n.lock.acquire(blocking=False)]
         begin = time.perf_counter()
-        results = asyncio.run(self._send_all(targets, payload)) if targets else []
+        try:
+            results = asyncio.run(self._send_all(targets, payload)) if targets else []
+        finally:
+            for node in targets:
+                node.lock.release()
         seconds = time.perf_counter() - begin
         sent = 0
         for node, error in zip(targets, results, strict=True):
@@ -240,14 +245,13 @@ class NodeFleet:
                 sent += len(bodies.get(node.dtype, b"")) if node.path == "http" else 0
             else:
                 self._mark_stale(node, version, error)
-        missed = [n for n in self.nodes if n.stale]
-        for node in missed:
-            if node not in targets:
-                node.failures += 1
+        for node in self.nodes:
+            if node.stale and node not in targets:
+                node.failures += 1  # skipped while stale: this sync did not land there either
+        failed = len(self.nodes) - len(targets) + sum(e is not None for e in results)
         self._ensure_watcher()
         return {"sync/update_seconds": seconds, "sync/bytes_sent": float(sent),
-                "sync/nodes_ok": float(len(self.nodes) - len(missed)),
-                "sync/nodes_failed": float(len(missed))}
+                "sync/nodes_ok": float(len(self.nodes) - failed), "sync/nodes_failed": float(failed)}
 
     async def _send_all(self, nodes: list[Node], payload: Payload) -> list[str | None]:
         import httpx
@@ -283,8 +287,9 @@ class NodeFleet:
                           headers={DIGEST_HEADER: content_digest(body),
                                    "Content-Type": "application/octet-stream"})
 
-    def _mark_stale(self, node: Node, version: int, reason: str) -> None:
-        node.failures += 1
+    def _mark_stale(self, node: Node, version: int, reason: str, count: bool = True) -> None:
+        if count:
+            node.failures += 1
         if node.stale:
             return
         node.stale = True
@@ -297,13 +302,14 @@ class NodeFleet:
 
     # ------------------------------------------------------------------ re-sync
     def _ensure_watcher(self) -> None:
-        if self._watcher is None and any(n.stale for n in self.nodes):
+        if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="node-watch", daemon=True)
             self._watcher.start()
 
     def _watch(self) -> None:
+        """Every few seconds: any node not on the current version (stale, or restarted) is re-sent it."""
         while not self._stop.wait(WATCH_INTERVAL_S):
-            for node in [n for n in self.nodes if n.stale]:
+            for node in self.nodes:
                 if self._stop.is_set():
                     return
                 try:
@@ -312,37 +318,49 @@ class NodeFleet:
                     print(f"[grpo] re-sync of {node.url} failed: {exc}", file=sys.stderr, flush=True)
 
     def resync(self, node: Node) -> bool:
-        """Bring one stale node back: if it answers, send it the current weights; True when fresh."""
+        """Check one node; if it answers without the current version, send it. True when current.
+
+        A node that restarted between two syncs (its status shows no or an older version) is
+        caught here too, so it never waits for the next training step to serve again.
+        """
         import httpx
 
-        with node.lock:
+        if not node.lock.acquire(blocking=False):  # a push to it is in flight
+            return False
+        try:
             with self._payload_lock:
                 payload = self._last
-            if payload is None or not node.stale:
-                return not node.stale
+            if payload is None:
+                return True
             try:
                 answer = httpx.get(f"{node.url}/atropos/status", headers=self.headers,
                                    timeout=PROBE_TIMEOUT_S, trust_env=False)
                 status = NodeStatus.model_validate(answer.json()) if answer.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
-                return False
-            if status is None:
+                status = None
+            if status is None or status.state == "applying":
                 return False
             begin = time.perf_counter()
             if status.policy_version != payload.version or status.state != "serving":
-                if node.path == "http":  # restarted in another dtype: any body will do (vLLM casts)
+                if not node.stale:
+                    _log(f"inference node {node.url} serves version {status.policy_version} "
+                         f"({status.state}), not {payload.version}: it restarted? re-sending")
+                if node.path == "http":  # maybe restarted in another dtype: any body will do
                     node.dtype = status.dtype if status.dtype in payload.bodies else next(iter(payload.bodies))
                 error = asyncio.run(self._send_all([node], payload))[0]
                 if error is not None:
-                    node.failures += 1
+                    self._mark_stale(node, payload.version, error, count=False)
                     return False
             with self._payload_lock:
                 if self._last is not payload:  # a newer version was pushed meanwhile: again
                     return False
-                node.stale = False
-            _log(f"inference node {node.url} is back: re-sent policy version {payload.version} "
-                 f"({time.perf_counter() - begin:.1f} s); it serves again")
+                was_stale, node.stale = node.stale, False
+            if was_stale:
+                _log(f"inference node {node.url} is back: re-sent policy version {payload.version} "
+                     f"({time.perf_counter() - begin:.1f} s); it serves again")
             return True
+        finally:
+            node.lock.release()
 
     def summary(self) -> dict[str, Any]:
         """What the run summary reports about the nodes.

@@ -189,3 +189,28 @@ def test_a_wrong_key_or_a_mix_of_nodes_and_plain_vllm_fails_at_start(tmp_path, t
     finally:
         servers[0].thread.stop()
         plain_thread.stop()
+
+
+def test_a_node_that_restarts_between_two_syncs_is_re_sent_the_weights_without_waiting_for_one(
+        tmp_path, tiny_model, capsys):
+    model, model_dir = tiny_model
+    first = start_nodes(tmp_path, model_dir, 1)[0]
+    sync = sync_for(tmp_path, model_dir, [first], weight_transport="http")
+    restarted = None
+    try:
+        sync.sync(model, None, version=4)
+        first.thread.stop()
+        restarted = FakeServer(tmp_path / "node0-again", model_dir=model_dir)
+        restarted.thread = AppThread(restarted.app, port=first.thread.port)
+        deadline = time.monotonic() + 30
+        while restarted.state.version != 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        summary = sync.summary()
+        sync.stop()
+    finally:
+        first.thread.stop()
+        if restarted is not None:
+            restarted.thread.stop()
+    assert restarted.state.version == 4  # no training step needed: envs would wait on it
+    assert "serves version None (awaiting_weights), not 4: it restarted? re-sending" in capsys.readouterr().out
+    assert summary["weight_sync_failures"] == 0

@@ -45,6 +45,12 @@ class VLLMEngine:
         """Whether vLLM was started with ``--enable-lora``."""
         return getattr(self.client.vllm_config, "lora_config", None) is not None
 
+    @property
+    def workers(self) -> int | None:
+        """Worker processes of vLLM (tensor x pipeline x data parallel), None if unknown."""
+        parallel = getattr(self.client.vllm_config, "parallel_config", None)
+        return getattr(parallel, "world_size_across_dp", None)
+
     async def pause(self, mode: str = "wait") -> None:
         """Stop scheduling: ``wait`` lets requests in flight finish, ``abort`` ends them.
 

@@ -95,6 +95,9 @@ class NodeStatus(BaseModel):
     hostname: str
     boot_id: str = Field(description="This host's boot id (with hostname: same machine?).")
     weight_transfer: Literal["http", "nccl"]
+    workers: int | None = Field(default=None, description="vLLM's worker processes (tensor x "
+                                "pipeline x data parallel): an NCCL weight transfer group has "
+                                "these plus the trainer's sender.")
     lora_enabled: bool = Field(description="vLLM was started with --enable-lora.")
     in_flight: int = Field(description="Completions being served now.")
     last_update: LastUpdate | None = None

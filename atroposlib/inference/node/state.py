@@ -108,6 +108,7 @@ class NodeState:
             dtype=engine.dtype if engine is not None else self.settings.dtype,
             hostname=self.hostname, boot_id=self.boot_id,
             weight_transfer=self.settings.weight_transfer,
+            workers=engine.workers if engine is not None else None,
             lora_enabled=bool(engine is not None and engine.lora_enabled),
             in_flight=self.in_flight, last_update=self.last_update, last_error=self.last_error)
 
