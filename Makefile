@@ -2,6 +2,7 @@
 #   make install     venv + torch==2.13.0 + the vLLM build this machine needs + atroposlib[all]
 #   make test        install, then run the whole test suite (e2e tests with real vLLM included)
 #   make quickstart  install, prepare the bundled model, run the default CPU training loop
+#   make docs        install, then build the documentation site into site/ (mkdocs --strict, offline)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -13,9 +14,11 @@ export WANDB_MODE ?= offline
 export GRADIO_ANALYTICS_ENABLED ?= False
 export VLLM_NO_USAGE_STATS ?= 1
 export DO_NOT_TRACK ?= 1
+# Material for MkDocs prints a banner about its successor on every build; keep the log to what matters.
+export NO_MKDOCS_2_WARNING ?= 1
 PYTEST_ARGS ?=
 
-.PHONY: install test quickstart lint config-docs bench clean-venv
+.PHONY: install test quickstart lint docs config-docs bench clean-venv
 
 $(VENV)/.installed: pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
@@ -33,8 +36,12 @@ quickstart: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+docs: install
+	$(VENV)/bin/mkdocs build --strict
+
+# The configuration reference (also the site's Configuration page, generated on every docs build).
 config-docs: install
-	$(PY) -m atroposlib.envs.config_docs > CONFIG.md
+	$(PY) -m atroposlib.envs.config_docs
 
 bench: install
 	$(PY) benchmarks/bench_api.py

@@ -311,8 +311,12 @@ def trl_worker(run_dir: Path, minutes: float, lr: float = LR) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from atroposlib.environments.arithmetic_server import (
+        ArithmeticEnv,
+        ArithmeticEnvConfig,
+        make_problem,
+    )
     from atroposlib.inference.bundled import bundled_model_dir
-    from environments.arithmetic_server import ArithmeticEnv, ArithmeticEnvConfig, make_problem
     from example_trainer.grpo import freeze_all_but_last_layers
 
     env_cfg = ArithmeticEnvConfig(difficulty=DIFFICULTY)
@@ -414,7 +418,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 def _score_completion(completion: Any, ids: list[int], answer: int, eos_ids: set[int]) -> float:
     """The env's reward for one TRL completion: a reply that did not end with EOS scores 0."""
-    from environments.arithmetic_server import score_reply
+    from atroposlib.environments.arithmetic_server import score_reply
 
     text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
     stopped = bool(ids) and ids[-1] in eos_ids
@@ -428,13 +432,13 @@ def evaluate_all(results: dict[str, dict[str, Any]], eval_batch: int) -> float:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from atroposlib.inference.bundled import bundled_model_dir
-    from environments.arithmetic_server import (
+    from atroposlib.environments.arithmetic_server import (
         ArithmeticEnv,
         ArithmeticEnvConfig,
         heldout_problems,
         score_reply,
     )
+    from atroposlib.inference.bundled import bundled_model_dir
 
     base_dir = str(bundled_model_dir())
     env_cfg = ArithmeticEnvConfig(difficulty=DIFFICULTY, eval_size=200)

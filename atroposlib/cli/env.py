@@ -7,7 +7,7 @@ with exactly the flags of ``python path/to/env.py serve|process|evaluate [flags]
 of the command line goes to the env's own command line unchanged.
 
 Environments are registered with the ``atroposlib.environments`` entry-point group (see
-:mod:`atroposlib.envs.entry_points`).
+:mod:`atroposlib.env_runtime.entry_points`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _list_parser() -> ArgumentParser:
 
 
 def _list(argv: list[str]) -> int:
-    from atroposlib.envs.entry_points import (
+    from atroposlib.env_runtime.entry_points import (
         first_line,
         load_env,
         registered_envs,
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.name == "list":
         raise SystemExit(_list(args.rest))
 
-    from atroposlib.envs.entry_points import load_env
+    from atroposlib.env_runtime.entry_points import load_env
     from atroposlib.errors import ConfigError
 
     try:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     if not args.rest:
         parser.error(f"{args.name}: give a mode: serve, process or evaluate (then its flags)")
-    from atroposlib.envs.cli import run_cli
+    from atroposlib.env_runtime.commands import run_cli
 
     # The env command line names itself after argv[0] in usage and errors.
     saved, sys.argv = sys.argv, [f"atropos-env {args.name}", *args.rest]

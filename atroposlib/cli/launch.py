@@ -255,8 +255,8 @@ def _env_arg_problems(env: EnvSection) -> list[str]:
     import importlib.util
     import inspect
 
+    from atroposlib.env_runtime.commands import build_configs, build_parser
     from atroposlib.envs.base import BaseEnv
-    from atroposlib.envs.cli import build_configs, build_parser
 
     where = f"envs.{env.name}.args"
     spec = importlib.util.spec_from_file_location(f"_atropos_launch_check_{env.name}", env.script)
@@ -267,8 +267,11 @@ def _env_arg_problems(env: EnvSection) -> list[str]:
         spec.loader.exec_module(module)
     except BaseException:  # noqa: BLE001 - its own start-up will report the script's failure
         return []
-    classes = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, BaseEnv)
-               and c.__module__ == module.__name__ and not inspect.isabstract(c)]
+    envs = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, BaseEnv)
+            and not inspect.isabstract(c) and not c.__module__.startswith("atroposlib.envs.")]
+    # The class the script defines; else the one it imports (a checkout's environments/X.py
+    # launcher imports its class from atroposlib.environments).
+    classes = [c for c in envs if c.__module__ == module.__name__] or envs
     if len(classes) != 1:
         return []
     parser = build_parser(classes[0])

@@ -32,25 +32,25 @@ __all__ = sorted(_EXPORTS)
 # so that the env contract names none of them (they import it); each imports its runner
 # module on first call only.
 def _run_cli(env_cls: Any, argv: list[str] | None = None) -> None:
-    from atroposlib.envs.cli import run_cli
+    from atroposlib.env_runtime.commands import run_cli
 
     run_cli(env_cls, argv)
 
 
 async def _serve(env: Any) -> None:
-    from atroposlib.envs.runtime.serve import ServeLoop
+    from atroposlib.env_runtime.serve import ServeLoop
 
     await ServeLoop(env).run()
 
 
 async def _process(env: Any, show_progress: bool = True) -> Path | None:
-    from atroposlib.envs.runtime.process import run_process
+    from atroposlib.env_runtime.process import run_process
 
     return await run_process(env, show_progress=show_progress)
 
 
 async def _evaluate(env: Any) -> Path:
-    from atroposlib.envs.runtime.process import run_evaluate
+    from atroposlib.env_runtime.process import run_evaluate
 
     return await run_evaluate(env)
 

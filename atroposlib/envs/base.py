@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.api.models import MASKED_LOGPROB
-from atroposlib.envs.checkpoints import CheckpointMixin
 
 # names Atropos 0.4's envs/base.py imported, importable from here too (loaded on first use)
-from atroposlib.envs.compat_exports import base_getattr as __getattr__  # noqa: F401
+from atroposlib.compat.exports import base_getattr as __getattr__  # noqa: F401
+from atroposlib.envs.checkpoints import CheckpointMixin
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
 from atroposlib.envs.eval import EvalLogMixin
 from atroposlib.envs.groups import (
@@ -45,15 +45,15 @@ from atroposlib.envs.run_state import (
     state_property,
 )
 from atroposlib.envs.runners import get_runner
-from atroposlib.envs.server_handling.server_baseline import (
-    APIServer,
+from atroposlib.envs.wandb_logging import WandbLoggingMixin
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import (
     APIServerConfig,
     OpenaiConfig,
     ReasoningConfig,
     ServerBaseline,
 )
-from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
-from atroposlib.envs.wandb_logging import WandbLoggingMixin
+from atroposlib.inference.clients.manager import ServerManager, ServerManagerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.hf_tokenizer import load_tokenizer
 
@@ -85,7 +85,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
     ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``APIServer`` =
     choose by ``server_type``) and ``server_namespaces`` (extra CLI server namespaces, e.g.
     ``{"teacher": "teacher_server_configs"}`` gives ``--teacher.*`` flags whose configs reach
-    the constructor as that keyword; see :mod:`atroposlib.envs.cli`).
+    the constructor as that keyword; see :mod:`atroposlib.env_runtime.commands`).
 
     Available inside hooks: ``self.config``, ``self.tokenizer`` (HF tokenizer of
     ``config.tokenizer_name``, loaded lazily), ``self.server`` (a ``ServerManager``; use

@@ -105,8 +105,8 @@ async def check_env(
         AssertionError: an invariant is violated, ``collect_trajectories`` raised or returned
             the wrong shape, or no group was produced within ``max_items`` items.
     """
-    from atroposlib.envs.runtime.step import Skip, run_item
-    from atroposlib.envs.server_handling.fake_server import FakeServer
+    from atroposlib.env_runtime.step import Skip, run_item
+    from atroposlib.testing.fake_server import FakeServer
 
     env_config, _ = env_cls.config_init()
     values = {**env_config.model_dump(), "use_wandb": False, **(config_overrides or {})}

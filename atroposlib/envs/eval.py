@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from atroposlib.utils.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from atroposlib.envs.server_handling.server_manager import ServerManager
+    from atroposlib.inference.clients.manager import ServerManager
 
 logger = logging.getLogger(__name__)
 
@@ -400,8 +400,8 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
         The metrics :meth:`EvalBase.__call__` returned.
     """
     from atroposlib.defaults import DEFAULT_INFERENCE_URL
-    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-    from atroposlib.envs.server_handling.server_manager import ServerManager
+    from atroposlib.inference.clients.config import APIServerConfig
+    from atroposlib.inference.clients.manager import ServerManager
     from atroposlib.utils.cli import ArgumentParser
 
     parser = ArgumentParser(description=f"Run the {type(eval_env).__name__} evaluation.")
@@ -428,7 +428,7 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
 # resolved from their homes on first access, so importing this module stays as cheap as before.
 __getattr__ = lazy_exports(__name__, {
     "ChatCompletion": "openai.types.chat",
-    "ServerManager": "atroposlib.envs.server_handling.server_manager",
+    "ServerManager": "atroposlib.inference.clients.manager",
     "tqdm_asyncio": "tqdm.asyncio",
 })
 

@@ -1,7 +1,7 @@
 """Scored groups: the ``ScoredDataGroup``/``ScoredDataItem`` wire shapes and the pure checks on them.
 
 Everything here is a pure function of a group and a few limits, so the env contract
-(:mod:`atroposlib.envs.base`), the runners (:mod:`atroposlib.envs.runtime`) and ``check_env`` share
+(:mod:`atroposlib.envs.base`), the runners (:mod:`atroposlib.env_runtime`) and ``check_env`` share
 one definition of what a valid group is.
 """
 

@@ -1,6 +1,6 @@
 """The run state: what a runner knows about the run, and the env may read but not write.
 
-A runner (serve loop, process or evaluate runner in :mod:`atroposlib.envs.runtime`) creates one
+A runner (serve loop, process or evaluate runner in :mod:`atroposlib.env_runtime`) creates one
 ``RunState``, binds it to the env with ``env.bind_run_state(state)`` and is the only writer of
 its fields afterwards: the env's id at the API, the trainer step, the last ``/status-env`` answer,
 the trainer's limits (``batch_size``, ``max_token_len``, ``total_steps``) and the counters. The

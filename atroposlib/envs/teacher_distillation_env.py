@@ -46,14 +46,11 @@ from pydantic import Field
 from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.groups import reject_reason
-from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
-from atroposlib.envs.server_handling.server_baseline import (
-    APIServer,
-    APIServerConfig,
-    ServerBaseline,
-)
-from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.errors import ConfigError
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
+from atroposlib.inference.clients.manager import ServerManager
+from atroposlib.inference.clients.openai_client import resolve_openai_configs
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Render a pydantic model as a markdown table (field, CLI flag, type, default, description).
 
-Generic: knows no particular config. ``atroposlib.envs.config_docs`` uses it to write CONFIG.md.
+Generic: knows no particular config. ``atroposlib.envs.config_docs`` uses it for the configuration reference.
 """
 
 from __future__ import annotations

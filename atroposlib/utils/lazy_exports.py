@@ -10,7 +10,7 @@ Example::
 
     __getattr__ = lazy_exports(__name__, {
         "AutoTokenizer": "transformers",               # same name in its home module
-        "LegacyFunctionWrapper": "atroposlib.envs.reward_fns.registry:_FunctionReward",
+        "LegacyFunctionWrapper": "atroposlib.rewards.registry:_FunctionReward",
     })
 """
 

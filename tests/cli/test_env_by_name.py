@@ -122,18 +122,21 @@ def third_party(tmp_path) -> Path:
 
 # ----------------------------------------------------------------- what pyproject declares
 def test_pyproject_registers_every_runnable_collection_env_and_ships_the_package():
-    assert "environments" in PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    # The collection ships inside atroposlib: no top-level `environments` package that could
+    # shadow a user's own environments/ folder (Atropos's layout).
+    assert PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == [
+        "atroposlib", "example_trainer"]
     assert PYPROJECT["project"]["scripts"]["atropos-env"] == "atroposlib.cli.env:main"
     runnable = {}
-    for path in sorted((REPO / "environments").glob("*.py")):
+    for path in sorted((REPO / "atroposlib" / "environments").glob("*.py")):
         source = path.read_text()
         if "__name__ == \"__main__\"" not in source or ".cli()" not in source:
-            continue  # helpers and bases (common.py, gym_text.py)
+            continue  # bases (gym_text.py)
         tree = ast.parse(source)
         launched = [n.func.value.id for n in ast.walk(tree) if isinstance(n, ast.Call)
                     and isinstance(n.func, ast.Attribute) and n.func.attr == "cli"
                     and isinstance(n.func.value, ast.Name)]
-        runnable[launched[-1]] = f"environments.{path.stem}:{launched[-1]}"
+        runnable[launched[-1]] = f"atroposlib.environments.{path.stem}:{launched[-1]}"
     assert sorted(COLLECTION.values()) == sorted(runnable.values())
     # Each name is the env's own `name`, so `atropos-env NAME` matches its wandb/eval names.
     for name, target in COLLECTION.items():
@@ -149,7 +152,7 @@ def test_pyproject_registers_every_runnable_collection_env_and_ships_the_package
 def test_list_shows_the_collection_without_importing_any_env(collection):
     code = ("import sys\nfrom atroposlib.cli.env import main\ntry:\n    main(['list'])\n"
             "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "loaded = sorted(m for m in sys.modules if m.startswith('environments.')"
+            "loaded = sorted(m for m in sys.modules if m.startswith('atroposlib.environments.')"
             " or m in ('torch', 'transformers'))\nprint('IMPORTED', loaded)\n")
     proc = _run([], collection, code=code)
     assert proc.returncode == 0, proc.stderr
@@ -157,7 +160,7 @@ def test_list_shows_the_collection_without_importing_any_env(collection):
     assert lines[-1] == "IMPORTED []"
     rows = {line.split()[0]: line for line in lines[:-1]}
     assert sorted(rows) == sorted(COLLECTION)
-    assert "environments.gsm8k_server:GSM8kEnv" in rows["gsm8k"]
+    assert "atroposlib.environments.gsm8k_server:GSM8kEnv" in rows["gsm8k"]
     assert "GSM8K with math-verify rewards" in rows["gsm8k"]
 
 
@@ -247,7 +250,7 @@ def test_evaluate_by_name_writes_metrics_samples_table_and_summary(third_party, 
 
 
 def test_unknown_env_message_without_any_registered():
-    from atroposlib.envs.entry_points import unknown_env_message
+    from atroposlib.env_runtime.entry_points import unknown_env_message
 
     assert "no environments are registered" in unknown_env_message("x", [])
     assert unknown_env_message("mcq", ["mcqa", "gsm8k"]).endswith("did you mean mcqa?")

@@ -72,7 +72,7 @@ HELP_COMMANDS = {
     **{f"env script {mode}": [*ENV_SCRIPT, mode, "--help"] for mode in ("serve", "process", "evaluate")},
     "atropos-env arithmetic serve": _script("atropos-env", "arithmetic", "serve", "--help"),
     **{module: ["-m", module, "--help"] for module in (
-        "atroposlib.envs.server_handling.managed_server_proxy",
+        "atroposlib.compat.managed_server_proxy",
         "atroposlib.inference.vllm_process",
         "atroposlib.inference.throughput",
     )},

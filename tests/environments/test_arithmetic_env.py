@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from atroposlib.envs.checks import check_env
-from atroposlib.testing.fake_server import FakeServer
-from environments.arithmetic_server import (
+from atroposlib.environments.arithmetic_server import (
     DIFFICULTIES,
     ArithmeticEnv,
     heldout_problems,
@@ -16,6 +14,8 @@ from environments.arithmetic_server import (
     make_problem,
     score_reply,
 )
+from atroposlib.envs.checks import check_env
+from atroposlib.testing.fake_server import FakeServer
 
 BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
 needs_tokenizer = pytest.mark.skipif(not (BUNDLED / "tokenizer.json").exists(),

@@ -1,13 +1,8 @@
 """The arithmetic reward scores the reply's final number, not an echo of the question."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "environments"))
-
-from arithmetic_server import final_number, score_reply  # noqa: E402
+from atroposlib.environments.arithmetic_server import final_number, score_reply
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,14 @@ import pytest
 
 from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.envs.checks import check_env
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
 
 pytestmark = pytest.mark.e2e
 
 
 def _vllm_backend(vllm_server):
     module = pytest.importorskip(
-        "atroposlib.envs.server_handling.vllm_server",
+        "atroposlib.inference.clients.vllm_client",
         reason="the stock-vLLM backend (server_type vllm) is not installed yet",
     )
     return module.VLLMServer(APIServerConfig(
@@ -25,7 +25,7 @@ def _vllm_backend(vllm_server):
 async def test_blackjack_multi_turn_real_vllm(vllm_server):
     from transformers import AutoTokenizer
 
-    from environments.blackjack_env import BlackjackEnv
+    from atroposlib.environments.blackjack_env import BlackjackEnv
 
     tokenizer = AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
     groups = await check_env(
@@ -59,11 +59,11 @@ def test_code_execution_process_real_vllm(vllm_server, tmp_path):
     """`process` mode end to end: real vLLM writes code, the sandbox runs it, JSONL + HTML out."""
     import json
 
+    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.environments.code_execution_env import CodeExecutionEnv
     from atroposlib.envs.checks import check_group
-    from atroposlib.envs.cli import run_cli
-    from environments.code_execution_env import CodeExecutionEnv
 
-    pytest.importorskip("atroposlib.envs.server_handling.vllm_server")
+    pytest.importorskip("atroposlib.inference.clients.vllm_client")
     out = tmp_path / "code.jsonl"
     run_cli(CodeExecutionEnv, [
         "process", f"--openai.base_url={vllm_server.base_url}",

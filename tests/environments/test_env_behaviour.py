@@ -35,7 +35,7 @@ def trained_text(env, tokens, masks) -> str:
 
 # ------------------------------------------------------------------ letter counting / reversal
 def test_letter_counting_scoring_and_generator():
-    from environments.letter_counting_env import make_question, score_answer
+    from atroposlib.environments.letter_counting_env import make_question, score_answer
 
     rng = random.Random(1)
     items = [make_question(rng, 5, 9, 2) for _ in range(50)]
@@ -50,7 +50,7 @@ def test_letter_counting_scoring_and_generator():
 
 
 def test_text_reversal_partial_credit():
-    from environments.text_reversal_env import score_reversal
+    from atroposlib.environments.text_reversal_env import score_reversal
 
     assert score_reversal("<answer>olleh</answer>", "olleh", True) == 1.0
     near = score_reversal("<answer>olleg</answer>", "olleh", True)
@@ -94,7 +94,7 @@ async def test_dataset_env_missing_data_is_a_clear_config_error(tok_dir, tmp_pat
 
 # ------------------------------------------------------------------ MCQA
 def test_mcqa_row_normalisation_and_letter_parsing():
-    from environments.mcqa_env import normalise_row, parse_letter
+    from atroposlib.environments.mcqa_env import normalise_row, parse_letter
 
     row = normalise_row({"question": "q", "A": "x", "B": "y", "C": "z", "answer": "c"},
                         "question", "choices", "answer")
@@ -179,7 +179,7 @@ async def test_taxi_episode_stops_before_overflowing_the_context(tok_dir):
 
 # ------------------------------------------------------------------ tool calling
 def test_tool_call_matching():
-    from environments.tool_calling_env import builtin_example, score_tool_calls
+    from atroposlib.environments.tool_calling_env import builtin_example, score_tool_calls
 
     expected = [{"name": "f", "arguments": {"x": 1, "y": "a"}}, {"name": "g", "arguments": {}}]
     both = ('<tool_call>{"name": "g", "arguments": {}}</tool_call>'
@@ -201,7 +201,7 @@ async def test_tool_calling_builtin_dataset_splits_train_and_eval(tok_dir):
 
 # ------------------------------------------------------------------ calculator tool loop
 def test_calculator_is_safe_and_exact():
-    from environments.calculator_env import calculate, final_answer, format_number
+    from atroposlib.environments.calculator_env import calculate, final_answer, format_number
 
     assert calculate("347*29 + 1200/16") == 10138
     assert format_number(calculate("1/3")) == "0.333333"
@@ -275,7 +275,7 @@ async def test_judge_without_verdict_drops_the_group(tok_dir):
 
 
 def test_judge_parsers():
-    from environments.judge_env import parse_preference, parse_rating
+    from atroposlib.environments.judge_env import parse_preference, parse_rating
 
     assert parse_rating("Score: 7") == 7.0
     assert parse_rating("I'd say \\boxed{9}") == 9.0
@@ -314,7 +314,7 @@ async def test_code_env_rewards_passing_code_only(tok_dir, data_files):  # noqa:
 
 
 def test_code_problem_schemas():
-    from environments.code_execution_env import extract_code, normalise_problem
+    from atroposlib.environments.code_execution_env import extract_code, normalise_problem
 
     he = normalise_problem({"prompt": "def f(x):\n    '''double'''\n", "test": "def check(c):\n    assert c(2) == 4\n",
                             "entry_point": "f"})
@@ -340,7 +340,7 @@ async def test_code_env_humaneval_row(tok_dir, tmp_path):
 async def test_multimodal_sends_the_image_and_counts_match_it(tok_dir):
     from PIL import Image
 
-    from environments.multimodal_counting_env import COLORS, SHAPES
+    from atroposlib.environments.multimodal_counting_env import COLORS, SHAPES
 
     env, server = await make_env("multimodal_counting", tok_dir, lambda r: "<answer>1</answer>",
                                  group_size=2, image_size=200, grid=4)

@@ -9,18 +9,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from atroposlib.envs.checks import check_env
-from atroposlib.envs.run_state import RunState
-from atroposlib.errors import ConfigError, RolloutError
-from atroposlib.inference.bundled import bundled_model_dir
-from atroposlib.testing.fake_server import FakeServer
-from environments.gsm8k_server import (
+from atroposlib.environments.gsm8k_server import (
     GSM8kEnv,
     gold_answer,
     length_penalised,
     parse_gold,
     score_answer,
 )
+from atroposlib.envs.checks import check_env
+from atroposlib.envs.run_state import RunState
+from atroposlib.errors import ConfigError, RolloutError
+from atroposlib.inference.bundled import bundled_model_dir
+from atroposlib.testing.fake_server import FakeServer
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_GSM8K = (REPO / "../shared/data/gsm8k").resolve()

@@ -6,12 +6,11 @@ import json
 
 import pytest
 
+from atroposlib.env_runtime.serve import inflight_cap, offpolicy_room
+from atroposlib.env_runtime.sinks import WandbSink
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.groups import aggregate_items
 from atroposlib.envs.run_state import RunState
-from atroposlib.envs.runtime.serve import inflight_cap
-from atroposlib.envs.runtime.sinks import WandbSink
-from atroposlib.envs.serve import offpolicy_room
 from atroposlib.errors import RolloutError
 from atroposlib.testing.fake_server import FakeServer
 from tests.envs.sample_envs import ChatLengthEnv, SingleRolloutEnv

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from atroposlib.api.models import ScoredData
-from atroposlib.envs.cli import build_env, parse_args
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.env_runtime.commands import build_env, parse_args
+from atroposlib.inference.clients.config import APIServerConfig
 from tests.envs.sample_envs import ChatLengthEnv
 
 REPO = Path(__file__).resolve().parents[2]

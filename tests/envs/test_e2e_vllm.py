@@ -12,8 +12,8 @@ import pytest
 
 from atroposlib.api.models import ScoredData
 from atroposlib.envs.checks import check_env
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.inference.clients.config import APIServerConfig
+from atroposlib.inference.clients.openai_client import OpenAIServer
 from tests.envs.sample_envs import ArithmeticEnv, ChatLengthEnv
 
 pytestmark = pytest.mark.e2e
@@ -49,11 +49,11 @@ def test_process_cli_with_real_vllm_writes_jsonl_and_html(vllm_server, tmp_path)
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("atroposlib.envs.server_handling.vllm_server") is None,
+    importlib.util.find_spec("atroposlib.inference.clients.vllm_client") is None,
     reason="VLLMServer backend not available yet",
 )
 async def test_managed_groups_from_real_vllm_have_aligned_sampler_logprobs(vllm_server):
-    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+    from atroposlib.inference.clients.vllm_client import VLLMServer
 
     server = VLLMServer(APIServerConfig(base_url=vllm_server.base_url, api_key="x",
                                         model_name=vllm_server.model_name, server_type="vllm",

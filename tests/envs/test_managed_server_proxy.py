@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from atroposlib.envs.server_handling.managed_server_proxy import (
+from atroposlib.compat.managed_server_proxy import (
     ProxyConfig,
     ProxyError,
     ProxySettings,
@@ -178,7 +178,7 @@ def test_client_session_multi_turn_extends_node(proxy, tiny_tokenizer):
             uuid = managed.uuid
         with pytest.raises(ProxyError) as info:  # deleted on exit
             async with httpx.AsyncClient() as client:
-                from atroposlib.envs.server_handling.managed_server_proxy import ProxyManagedServer
+                from atroposlib.compat.managed_server_proxy import ProxyManagedServer
 
                 gone = ProxyManagedServer(proxy.url, {"uuid": uuid}, client=client)
                 await gone.fetch_state()
@@ -188,9 +188,9 @@ def test_client_session_multi_turn_extends_node(proxy, tiny_tokenizer):
 
 
 def test_server_manager_uses_the_proxy_when_configured(proxy, backend):
-    from atroposlib.envs.server_handling.managed_server_proxy import ProxyManagedServer
-    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-    from atroposlib.envs.server_handling.server_manager import ServerManager
+    from atroposlib.compat.managed_server_proxy import ProxyManagedServer
+    from atroposlib.inference.clients.config import APIServerConfig
+    from atroposlib.inference.clients.manager import ServerManager
 
     manager = ServerManager(
         [APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type="vllm", model_name="m")],
@@ -446,7 +446,7 @@ def test_config_fills_server_defaults(tmp_path):
     bad = tmp_path / "servers.json"
     bad.write_text(json.dumps({"model_name": "m", "servers": [{"server_type": "nope"}]}))
     result = subprocess.run(
-        [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy",
+        [sys.executable, "-m", "atroposlib.compat.managed_server_proxy",
          "--config", str(bad)],
         capture_output=True, text=True, timeout=60,
     )
@@ -456,7 +456,7 @@ def test_config_fills_server_defaults(tmp_path):
 
 def test_help_is_fast_and_imports_no_heavy_modules():
     code = (
-        "import sys, atroposlib.envs.server_handling.managed_server_proxy as m\n"
+        "import sys, atroposlib.compat.managed_server_proxy as m\n"
         "heavy = [k for k in ('torch', 'transformers', 'vllm', 'fastapi', 'uvicorn') "
         "if k in sys.modules]\n"
         "assert not heavy, heavy\n"
@@ -502,7 +502,7 @@ def test_proxy_through_real_vllm(vllm_server):
 
 
 def test_create_app_serves_a_prebuilt_server_manager(tiny_tokenizer):
-    from atroposlib.envs.server_handling.server_manager import ServerManager
+    from atroposlib.inference.clients.manager import ServerManager
 
     manager = ServerManager([FakeServer(REPLIES, tokenizer=tiny_tokenizer, model_name="fake")])
     app = create_app(server_manager=manager, tokenizer=tiny_tokenizer, model_name="prebuilt")

@@ -9,16 +9,16 @@ import threading
 
 import pytest
 
-from atroposlib.envs.reward_fns import RewardFunction, get_content, registry
-from atroposlib.envs.reward_fns.cosine_length_reward import cosine_schedule
-from atroposlib.envs.reward_fns.registry import RewardRegistry
 from atroposlib.errors import RolloutError
+from atroposlib.rewards import RewardFunction, get_content, registry
+from atroposlib.rewards.cosine_length_reward import cosine_schedule
+from atroposlib.rewards.registry import RewardRegistry
 
 
 def test_lazy_create_r1_in_fresh_process_yields_r1_reward():
     # Upstream's lazy loader registered AccuracyXReward under "r1" (alphabetical first class).
     code = (
-        "from atroposlib.envs.reward_fns import registry\n"
+        "from atroposlib.rewards import registry\n"
         "r = registry.create('r1')\n"
         "print(type(r).__name__, type(registry.create('accuracyx')).__name__)\n"
     )

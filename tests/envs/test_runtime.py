@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from atroposlib.env_runtime import Outcome, ServeLoop, Skip, run_item, start_run
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, FrozenConfigError, ScoredDataGroup
 from atroposlib.envs.run_state import RunState
-from atroposlib.envs.runtime import Outcome, ServeLoop, Skip, run_item, start_run
 from atroposlib.errors import InferenceUnavailableError
 from atroposlib.testing.fake_server import FakeServer
 

@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.models import RegisterEnv, Registration
+from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
-from atroposlib.envs.serve import ServeLoop
 from atroposlib.testing.fake_server import FakeServer
 from tests.envs.sample_envs import ChatLengthEnv
 
@@ -180,7 +180,7 @@ async def test_shutdown_with_the_api_down_is_bounded_and_counts_unsent(tiny_toke
                 await asyncio.sleep(0.05)
         api.stop()  # the API disappears; finished groups pile up in the outbox
         async with asyncio.timeout(30):
-            while loop.outbox.qsize() + (loop.sending is not None) < 2:
+            while loop.outbox.queue.qsize() + (loop.outbox.sending is not None) < 2:
                 await asyncio.sleep(0.05)
         loop.stop_event.set()
         start = asyncio.get_running_loop().time()
@@ -268,7 +268,7 @@ async def test_groups_carry_the_policy_version_their_rollout_started_with(tiny_t
     loop.state.curr_step = 9
     await slow
     await loop._worker(await env.get_next_item())
-    stale, fresh = loop.outbox.get_nowait(), loop.outbox.get_nowait()
+    stale, fresh = loop.outbox.queue.get_nowait(), loop.outbox.queue.get_nowait()
     assert (stale["policy_version"], fresh["policy_version"]) == (7, 9)
 
     trainer = loop.client
@@ -278,7 +278,7 @@ async def test_groups_carry_the_policy_version_their_rollout_started_with(tiny_t
     assert await trainer.get_batch() is None
     loop.state.env_id = (await trainer.register_env(RegisterEnv(
         max_token_length=512, desired_name="e", weight=1.0, group_size=4)))["env_id"]
-    assert await loop.send_group(stale) and await loop.send_group(fresh)
+    assert await loop.outbox.send_group(stale) and await loop.outbox.send_group(fresh)
     batch = await trainer.get_batch()
     assert batch is not None and [g["scores"] for g in batch] == [fresh["scores"]]
     assert (await trainer.status())["stale_groups_dropped"] == {str(env.env_id): 1}
@@ -335,5 +335,5 @@ async def test_equal_score_drops_do_not_slow_spawning(run_api, tiny_tokenizer, t
     loop.stop_event.set()
     await serving
     assert env.stats["reject_backoffs"] == 0
-    assert loop.inference_pause_until == 0.0
+    assert loop.pacer.inference_pause_until == 0.0
     await trainer.aclose()

@@ -7,8 +7,8 @@ import httpx
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.factory import build_app
 from atroposlib.api.settings import ApiSettings
+from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
-from atroposlib.envs.serve import ServeLoop
 from atroposlib.testing.fake_server import FakeServer
 from tests.envs.sample_envs import ChatLengthEnv
 from tests.fixtures.lossy import LoseReplies, first_n
@@ -37,14 +37,14 @@ async def test_lost_replies_and_a_flush_resend_store_each_group_once(tiny_tokeni
         loop.state.env_id = env_id
         lossy = LoseReplies(httpx.ASGITransport(app=app), first_n("/scored_data", 2))
         loop.client = AsyncAtroposClient("http://api", transport=lossy, max_attempts=1)
-        assert await loop.send_group(group(1))  # two replies lost; the sender's retries resend
+        assert await loop.outbox.send_group(group(1))  # two replies lost; the sender's retries resend
         assert len(lossy.lost) == 2 and env.stats["send_retries"] == 2
         assert (await c.get("/status")).json()["queue_size"] == 1
         # a group whose send was interrupted after the server stored it: flush resends it
         direct = AsyncAtroposClient("http://api", transport=httpx.ASGITransport(app=app))
         await direct.post_scored_data({**group(2), "env_id": env_id}, idempotency_key="interrupted")
-        loop.sending, loop.sending_key = group(2), "interrupted"
-        assert await loop.flush() == 0
+        loop.outbox.sending, loop.outbox.sending_key = group(2), "interrupted"
+        assert await loop.outbox.flush() == 0
         assert (await c.get("/status")).json()["queue_size"] == 2
         assert env.stats["groups_sent"] == 2 and not env.stats.get("groups_rejected_by_api")
         await loop.client.aclose()

@@ -10,16 +10,12 @@ import pytest
 from tenacity import wait_none
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
-from atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.server_baseline import (
-    APIServerConfig,
-    AsyncSemWithAdaptiveWeight,
-    ReasoningConfig,
-    ServerBaseline,
-)
-from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.errors import InferenceUnavailableError
+from atroposlib.inference.clients.base import AsyncSemWithAdaptiveWeight
+from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
+from atroposlib.inference.clients.managed import DummyManagedServer, ManagedServer
+from atroposlib.inference.clients.manager import ServerManager
+from atroposlib.inference.clients.openai_client import OpenAIServer
 from atroposlib.testing.fake_server import FakeOpenAIServer, FakeServer, fake_logprob
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -219,7 +215,7 @@ def test_reasoning_config_extra_body():
 
 
 async def test_vllm_backend_managed_mode_over_http_against_the_fake_app(tiny_tokenizer, tiny_tokenizer_dir):
-    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+    from atroposlib.inference.clients.vllm_client import VLLMServer
 
     fake = FakeServer(["four", "five!"], tokenizer=tiny_tokenizer)
     with FakeOpenAIServer(fake) as http_server:
@@ -240,7 +236,7 @@ async def test_vllm_backend_managed_mode_over_http_against_the_fake_app(tiny_tok
 
 
 async def test_a_hanging_health_probe_counts_as_unhealthy(monkeypatch):
-    from atroposlib.envs.server_handling import server_baseline
+    from atroposlib.inference.clients import base as server_baseline
 
     monkeypatch.setattr(server_baseline, "HEALTH_PROBE_TIMEOUT", 0.2)
 
@@ -282,7 +278,7 @@ async def test_think_blocks_survive_templates_that_strip_them(tiny_tokenizer_dir
 
 
 def test_every_server_type_maps_to_its_backend_class():
-    from atroposlib.envs.server_handling.server_manager import server_class_for
+    from atroposlib.inference.clients.manager import server_class_for
 
     for server_type in ("openai", "vllm", "sglang", "trl"):
         config = APIServerConfig(base_url="http://127.0.0.1:9/v1", server_type=server_type,

@@ -1,4 +1,4 @@
-"""SingleTurnEnv: the README example passes check_env; evaluate, train accuracy, checkpoints."""
+"""SingleTurnEnv: the tutorial's example passes check_env; evaluate, train accuracy, checkpoints."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+TUTORIAL = REPO / "docs" / "tutorials" / "write-an-env.md"
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +25,17 @@ def tok_dir(tmp_path_factory):
     return str(path)
 
 
-EXAMPLE = README.parent / "examples" / "add_env.py"
+EXAMPLE = REPO / "examples" / "add_env.py"
 
 
 @pytest.fixture(scope="module")
 def add_env_cls():
-    """The env class of examples/add_env.py, the file README's "Writing an env" shows."""
-    text = README.read_text()
-    section = text[text.index("### Writing an env"):]
+    """The env class of examples/add_env.py, the file the "Write an environment" tutorial shows."""
+    text = TUTORIAL.read_text()
+    section = text[text.index("## A single-turn env"):]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    assert code == EXAMPLE.read_text(), "README's example and examples/add_env.py differ"
-    assert 20 <= len(code.splitlines()) <= 35, "the README example should stay about 30 lines"
+    assert code == EXAMPLE.read_text(), "the tutorial's example and examples/add_env.py differ"
+    assert 20 <= len(code.splitlines()) <= 35, "the tutorial's example should stay about 30 lines"
     spec = importlib.util.spec_from_file_location("add_env", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

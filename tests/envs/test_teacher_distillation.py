@@ -13,16 +13,16 @@ from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.factory import build_app
 from atroposlib.api.models import Registration
 from atroposlib.api.settings import ApiSettings
-from atroposlib.envs.cli import parse_args, parse_args_with_namespaces
-from atroposlib.envs.serve import ServeLoop
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.envs.server_handling.vllm_server import VLLMServer
+from atroposlib.env_runtime.commands import parse_args, parse_args_with_namespaces
+from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.teacher_distillation_env import (
     TeacherDistillationConfig,
     TeacherDistillationEnv,
     align_teacher_logprobs,
 )
 from atroposlib.errors import ConfigError
+from atroposlib.inference.clients.config import APIServerConfig
+from atroposlib.inference.clients.vllm_client import VLLMServer
 from atroposlib.testing.fake_server import FakeOpenAIServer, FakeServer, fake_prompt_logprobs
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
 

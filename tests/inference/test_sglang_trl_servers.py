@@ -6,12 +6,12 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.envs.server_handling.server_manager import ServerManager, server_class_for
-from atroposlib.envs.server_handling.sglang_server import SGLangServer, finish_reason_of
-from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
 from atroposlib.errors import InferenceError
 from atroposlib.inference.bundled import bundled_model_dir
+from atroposlib.inference.clients.config import APIServerConfig
+from atroposlib.inference.clients.manager import ServerManager, server_class_for
+from atroposlib.inference.clients.sglang_client import SGLangServer, finish_reason_of
+from atroposlib.inference.clients.trl_vllm_client import TrlVllmServer
 
 BUNDLED = bundled_model_dir()
 # The session fixture builds the bundled model when missing (a fresh machine), so these

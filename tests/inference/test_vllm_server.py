@@ -9,10 +9,10 @@ import openai
 import pytest
 from fastapi import FastAPI, Request
 
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.envs.server_handling.server_manager import ServerManager
-from atroposlib.envs.server_handling.vllm_server import VLLMServer, parse_token_id, root_url
 from atroposlib.errors import InferenceError
+from atroposlib.inference.clients.config import APIServerConfig
+from atroposlib.inference.clients.manager import ServerManager
+from atroposlib.inference.clients.vllm_client import VLLMServer, parse_token_id, root_url
 
 
 def test_parse_token_id_and_root_url():

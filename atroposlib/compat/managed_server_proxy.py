@@ -1,0 +1,85 @@
+"""The ManagedServer OpenAI proxy under its Atropos 0.4 import path.
+
+The proxy lives in :mod:`atroposlib.proxy`; this module re-exports its
+public names, and ``python -m atroposlib.compat.managed_server_proxy`` runs the
+same command as ``python -m atroposlib.proxy``. ``create_app`` is loaded on
+first use, so importing this module (e.g. for the client) does not import FastAPI.
+"""
+
+from __future__ import annotations
+
+from atroposlib.proxy.cli import build_parser, main
+from atroposlib.proxy.client import ProxyManagedServer, create_proxy_session
+from atroposlib.proxy.errors import ProxyError, ProxyHTTPError
+from atroposlib.proxy.models import (
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_TTL_S,
+    MAX_N,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ProxyConfig,
+    ProxySettings,
+    RenderResponse,
+    SessionCreateRequest,
+    SessionInfo,
+    check_chat_message,
+)
+from atroposlib.proxy.state import ProxyState, Session
+from atroposlib.utils.lazy_exports import lazy_exports
+
+#: Atropos 0.4's names for our request/session types.
+ChatCompletionProxyRequest = ChatCompletionRequest
+SessionCreateResponse = SessionInfo
+SessionState = Session
+
+_CL = "atroposlib.inference.clients."
+# FastAPI-side names (and the classes Atropos 0.4's module imported) load on first use, so
+# importing this module (e.g. for the client) does not import FastAPI.
+__getattr__ = lazy_exports(__name__, {
+    "create_app": "atroposlib.proxy.app",
+    "openai_error": "atroposlib.proxy.app",
+    "APIServerConfig": _CL + "base",
+    "BaseModel": "pydantic",
+    "DummyManagedServer": _CL + "managed",
+    "ManagedServer": _CL + "managed",
+    "OpenAIServer": _CL + "openai_client",
+    "ServerManager": _CL + "manager",
+    "ToolCallTranslator": _CL + "tool_call_translator",
+    "FastAPI": "fastapi",
+    "HTTPException": "fastapi",
+    "Request": "fastapi",
+    "JSONResponse": "fastapi.responses",
+})
+
+
+__all__ = [
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_SESSION_TTL_S",
+    "MAX_N",
+    "ChatCompletionProxyRequest",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ProxyConfig",
+    "ProxyError",
+    "ProxyHTTPError",
+    "ProxyManagedServer",
+    "ProxySettings",
+    "ProxyState",
+    "RenderResponse",
+    "Session",
+    "SessionCreateRequest",
+    "SessionCreateResponse",
+    "SessionInfo",
+    "SessionState",
+    "build_parser",
+    "check_chat_message",
+    "create_app",  # noqa: F822 - provided by __getattr__
+    "create_proxy_session",
+    "main",
+    "openai_error",  # noqa: F822 - provided by __getattr__
+]
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""The ManagedServer proxy's client under its Atropos 0.4 import path.
+
+:class:`ProxyManagedServer` (a ``ManagedServer`` look-alike that talks to a running proxy over
+HTTP) and :func:`create_proxy_session` live in :mod:`atroposlib.proxy.client`;
+this module re-exports them. The OpenAI types and ``SequenceNode`` that Atropos 0.4's module
+imported load on first access.
+"""
+
+from __future__ import annotations
+
+from atroposlib.proxy.client import ProxyManagedServer, create_proxy_session
+from atroposlib.utils.lazy_exports import lazy_exports
+
+__getattr__ = lazy_exports(__name__, {
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "ChatCompletionMessage": "openai.types.chat.chat_completion",
+    "Choice": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "SequenceNode": "atroposlib.inference.clients.managed",
+})
+
+__all__ = ["ProxyManagedServer", "create_proxy_session"]

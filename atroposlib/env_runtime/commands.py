@@ -1,0 +1,443 @@
+"""The env command line: ``python my_env.py serve|process|evaluate`` with layered configuration.
+
+Layering, lowest to highest (with upstream's bugs fixed):
+
+1. ``config_init()`` of the env class (then mode defaults: ``process`` sets
+   ``include_messages=True``, ``ensure_scores_are_not_same=False``, ``use_wandb=False`` and
+   ``data_path_to_save_groups=data/<name>.jsonl`` when unset; ``evaluate`` sets
+   ``use_wandb=False``; ``serve`` defaults ``wandb_name`` to the env's ``name``);
+2. ``--config FILE.yaml`` with top-level keys ``env:``, ``openai:`` (a mapping, or a list for
+   several servers), ``slurm:``, ``testing:`` (and ``max_n_completions:``, ``proxy_url:``);
+3. flags: ``--env.<field>``, ``--openai.<field>``, ``--slurm``, ``--testing`` ...
+
+A single server config always stays a list of one ``APIServerConfig`` with the given URL.
+
+Extra server namespaces: an env class may declare ``server_namespaces = {"teacher":
+"teacher_server_configs"}``; then ``serve`` and ``process`` also take ``--teacher.<field>`` flags
+(``APIServerConfig`` fields) and a YAML ``teacher:`` key (mapping or list), resolved like
+``openai`` and passed to the env constructor as ``teacher_server_configs=[...]``. A namespace
+given nowhere is not passed (the constructor default applies). ``evaluate`` has no such flags:
+it sends no groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import difflib
+import logging
+import signal
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from atroposlib.envs.config import BaseEnvConfig, UnknownConfigFieldWarning
+from atroposlib.envs.constants import ENV_NAMESPACE, OPENAI_NAMESPACE
+from atroposlib.errors import ConfigError, RolloutError
+from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
+from atroposlib.inference.clients.manager import ServerManagerConfig
+from atroposlib.inference.clients.resolve import resolve_server_configs, validated
+from atroposlib.utils.cli import (
+    ArgumentParser,
+    add_model_options,
+    collect_overrides,
+    unknown_flag_message,
+)
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import BaseEnv
+
+logger = logging.getLogger(__name__)
+
+MODES = ("serve", "process", "evaluate")
+_YAML_KEYS = (ENV_NAMESPACE, OPENAI_NAMESPACE, "slurm", "testing", "max_n_completions", "proxy_url")
+#: Modes that get the env's extra server namespaces (``server_namespaces``): the group producers.
+NAMESPACE_MODES = ("serve", "process")
+_MODE_HELP = {
+    "serve": "Register with the trajectory API and keep it supplied with scored groups.",
+    "process": "Generate groups offline (no API) into a JSONL file plus an HTML viewer.",
+    "evaluate": "Run evaluate() once and write metrics.json.",
+}
+
+
+def mode_env_defaults(env_cls: type[BaseEnv], mode: str, base: dict[str, Any]) -> dict[str, Any]:
+    """Return the env-config overrides a mode applies on top of ``config_init`` values."""
+    if mode == "process":
+        out: dict[str, Any] = {
+            "include_messages": True,
+            "ensure_scores_are_not_same": False,
+            "use_wandb": False,
+        }
+        if not base.get("data_path_to_save_groups"):
+            out["data_path_to_save_groups"] = f"data/{env_cls.name or 'groups'}.jsonl"
+        return out
+    if mode == "evaluate":
+        return {"use_wandb": False}
+    if mode == "serve" and not base.get("wandb_name") and env_cls.name:
+        return {"wandb_name": env_cls.name}
+    return {}
+
+
+def _server_namespaces(env_cls: type[BaseEnv]) -> dict[str, str]:
+    """The env's extra server namespaces: CLI/YAML prefix -> constructor keyword."""
+    return dict(getattr(env_cls, "server_namespaces", None) or {})
+
+
+def _load_yaml(path: str, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    import yaml
+
+    allowed = (*_YAML_KEYS, *extra_keys)
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--config {path}: file not found")
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: the top level must be a mapping with keys {allowed}")
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"--config {path}: unknown top-level key(s) {unknown}; allowed: {', '.join(allowed)}"
+        )
+    if data.get("env") is not None and not isinstance(data["env"], dict):
+        raise ConfigError(f"--config {path}: `env:` must be a mapping of BaseEnvConfig fields")
+    for key in ("openai", *extra_keys):
+        value = data.get(key)
+        if value is not None and not isinstance(value, (dict, list)):
+            raise ConfigError(f"--config {path}: `{key}:` must be a mapping or a list of mappings")
+    return data
+
+
+def _env_config_class(env_cls: type[BaseEnv], init_env: BaseEnvConfig) -> type[BaseEnvConfig]:
+    """The config class whose fields become ``--env.*``: ``config_init``'s when more specific."""
+    declared = env_cls.env_config_cls
+    return type(init_env) if isinstance(init_env, declared) else declared
+
+
+def _reject_typed_unknown_fields(
+    config_cls: type[BaseEnvConfig],
+    yaml_env: dict[str, Any],
+    code_extras: dict[str, Any],
+    config_path: str | None,
+) -> None:
+    """Reject YAML ``env:`` keys the config class does not declare, suggesting the closest.
+
+    Env configs accept undeclared keyword fields from Python code (with a warning), but a key
+    a person typed into YAML is most likely a typo. Keys that ``config_init`` itself set
+    (``code_extras``) are allowed, so YAML can override them. ``--env.*`` flags need no check
+    here: argparse already rejects unknown ones with a suggestion.
+
+    Raises:
+        ConfigError: naming each unknown key and its closest declared field.
+    """
+    known = set(config_cls.model_fields) | set(code_extras)
+    unknown = sorted(set(yaml_env) - known)
+    if not unknown:
+        return
+    lines = [f"invalid env configuration in --config {config_path}:"]
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+        hint = (
+            f"did you mean {' or '.join(f'--env.{c}' for c in close)}?"
+            if close
+            else "check the spelling; see --help"
+        )
+        lines.append(f"  --env.{key}: unknown field; {hint}")
+    raise ConfigError("\n".join(lines))
+
+
+def build_configs(
+    env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
+) -> tuple[BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
+    """Apply the layering (module docstring) to parsed arguments.
+
+    Raises:
+        ConfigError: bad YAML, unknown keys or invalid values (the message names the flag).
+    """
+    init_env, init_servers = env_cls.config_init()
+    extra_keys = tuple(_server_namespaces(env_cls))
+    data = _load_yaml(namespace.config, extra_keys) if getattr(namespace, "config", None) else {}
+    overrides = collect_overrides(namespace, [ENV_NAMESPACE, OPENAI_NAMESPACE, ""])
+    base_env = init_env.model_dump()
+    env_values = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
+    env_values.update(data.get(ENV_NAMESPACE) or {})
+    env_values.update(overrides[ENV_NAMESPACE])
+    env_cls_config = _env_config_class(env_cls, init_env)
+    _reject_typed_unknown_fields(
+        env_cls_config, data.get(ENV_NAMESPACE) or {}, init_env.model_extra or {}, namespace.config
+    )
+    with warnings.catch_warnings():
+        # Undeclared fields set by config_init's code were already warned about there.
+        warnings.simplefilter("ignore", UnknownConfigFieldWarning)
+        env_config = validated(env_cls_config, env_values, ENV_NAMESPACE, "env configuration")
+    servers = resolve_server_configs(init_servers, data.get(OPENAI_NAMESPACE), overrides[OPENAI_NAMESPACE])
+    manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
+    manager_values.update({k: v for k, v in overrides[""].items()
+                           if k not in ("config", "mode", "wait_for_services")})
+    manager = validated(ServerManagerConfig, manager_values, None, "server manager configuration")
+    return env_config, servers, manager
+
+
+def build_namespace_servers(
+    env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
+) -> dict[str, list[APIServerConfig | APIServer]]:
+    """Resolve the env's extra server namespaces (e.g. ``teacher``) into constructor kwargs.
+
+    Each namespace merges YAML ``<prefix>:`` < ``--<prefix>.*`` flags over ``APIServerConfig``
+    defaults, exactly like ``openai``. Only ``serve`` and ``process`` use them.
+
+    Returns:
+        ``{constructor_keyword: [config, ...]}`` for every namespace given in YAML or flags.
+
+    Raises:
+        ConfigError: invalid values (the message names the ``--<prefix>.*`` flag).
+    """
+    namespaces = _server_namespaces(env_cls)
+    if not namespaces or mode not in NAMESPACE_MODES:
+        return {}
+    extra_keys = tuple(namespaces)
+    data = _load_yaml(namespace.config, extra_keys) if getattr(namespace, "config", None) else {}
+    overrides = collect_overrides(namespace, list(namespaces))
+    kwargs: dict[str, list[APIServerConfig | APIServer]] = {}
+    for prefix, keyword in namespaces.items():
+        if not data.get(prefix) and not overrides[prefix]:
+            continue
+        resolved = resolve_server_configs(ServerBaseline(), data.get(prefix), overrides[prefix], prefix)
+        kwargs[keyword] = list(resolved) if isinstance(resolved, list) else [resolved]
+    return kwargs
+
+
+def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
+    """Build the ``serve|process|evaluate`` parser; every option shows its description/default."""
+    init_env, init_servers = env_cls.config_init()
+    base_env = init_env.model_dump()
+    server_defaults: dict[str, Any] = {}
+    first = init_servers[0] if isinstance(init_servers, (list, tuple)) and init_servers else init_servers
+    if isinstance(first, ServerBaseline):
+        server_defaults = first.model_dump()
+    parser = ArgumentParser(
+        prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else env_cls.__name__,
+        description=f"{env_cls.__name__} ({env_cls.name or 'unnamed env'}): "
+        "serve | process | evaluate. Layering: config_init < --config YAML < flags.",
+    )
+    sub = parser.add_subparsers(dest="mode", metavar="{serve,process,evaluate}", required=True)
+    parser.mode_parsers = {}  # type: ignore[attr-defined]
+    for mode in MODES:
+        mode_parser = sub.add_parser(mode, help=_MODE_HELP[mode], description=_MODE_HELP[mode])
+        parser.mode_parsers[mode] = mode_parser  # type: ignore[attr-defined]
+        mode_parser.add_argument(
+            "--config",
+            default=None,
+            metavar="YAML",
+            help="YAML with keys env:, openai: (mapping or list), slurm:, testing:.",
+        )
+        mode_parser.add_argument(
+            "--wait-for-services", action=argparse.BooleanOptionalAction,
+            default=mode == "serve",
+            help="wait (logging what for) for an unreachable run-api or inference server "
+            "instead of failing at once with the fix (default: on for serve, off for "
+            "process and evaluate)",
+        )
+        env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
+        add_model_options(
+            mode_parser, _env_config_class(env_cls, init_env), ENV_NAMESPACE, env_defaults, "env options"
+        )
+        add_model_options(
+            mode_parser, APIServerConfig, OPENAI_NAMESPACE, server_defaults, "inference server (--openai.*)"
+        )
+        add_model_options(mode_parser, ServerManagerConfig, None, None, "server manager")
+        if mode in NAMESPACE_MODES:
+            for prefix, keyword in _server_namespaces(env_cls).items():
+                add_model_options(
+                    mode_parser, APIServerConfig, prefix, None,
+                    f"{prefix} inference server (--{prefix}.*, passed as {keyword})",
+                )
+    return parser
+
+
+def parse_args(
+    env_cls: type[BaseEnv], argv: list[str] | None = None
+) -> tuple[str, BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
+    """Parse ``argv`` into ``(mode, env_config, server_configs, manager_config)``.
+
+    Raises:
+        SystemExit: code 2 on unknown flags or invalid values (message on stderr).
+    """
+    mode, env_config, servers, manager, _ = parse_args_with_namespaces(env_cls, argv)
+    return mode, env_config, servers, manager
+
+
+def parse_args_with_namespaces(
+    env_cls: type[BaseEnv], argv: list[str] | None = None
+) -> tuple[
+    str,
+    BaseEnvConfig,
+    list[APIServerConfig | APIServer] | ServerBaseline,
+    ServerManagerConfig,
+    dict[str, list[APIServerConfig | APIServer]],
+]:
+    """Like :func:`parse_args`, plus the extra server namespaces as constructor kwargs.
+
+    Returns:
+        ``(mode, env_config, server_configs, manager_config, extra_kwargs)``, where
+        ``extra_kwargs`` is e.g. ``{"teacher_server_configs": [APIServerConfig(...)]}``.
+
+    Raises:
+        SystemExit: code 2 on unknown flags or invalid values (message on stderr).
+    """
+    parser = build_parser(env_cls)
+    namespace, unknown = parser.parse_known_args(argv)
+    mode_parser = parser.mode_parsers[namespace.mode]  # type: ignore[attr-defined]
+    if unknown:
+        mode_parser.error(unknown_flag_message(unknown, mode_parser))
+    try:
+        env_config, servers, manager = build_configs(env_cls, namespace.mode, namespace)
+        extra = build_namespace_servers(env_cls, namespace.mode, namespace)
+    except ConfigError as exc:
+        mode_parser.error(str(exc))
+    return namespace.mode, env_config, servers, manager, extra
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+            pass
+
+
+async def _run_mode(env: BaseEnv, mode: str) -> Any:
+    if mode != "serve":
+        # SIGTERM cancels like Ctrl-C does, so process keeps its JSONL and writes the HTML.
+        task = asyncio.current_task()
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+            pass
+    if mode == "process":
+        return await env.process_manager()
+    if mode == "evaluate":
+        path = await env._evaluate_and_save()
+        print(f"metrics written to {path}")
+        return path
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    from atroposlib.env_runtime.serve import SERVE_STOP_EVENT
+
+    SERVE_STOP_EVENT.set(stop)  # the serve loop env_manager() starts stops on it
+    return await env.env_manager()
+
+
+def build_env(env_cls: type[BaseEnv], argv: list[str] | None = None) -> tuple[str, BaseEnv]:
+    """Parse ``argv`` and construct the env the way ``run_cli`` runs it (nothing started yet).
+
+    Returns:
+        ``(mode, env)``: the chosen mode (``serve``/``process``/``evaluate``) and the env, with
+        its server manager's ``max_n_completions`` and ``proxy_url`` taken from the command line
+        or YAML file.
+
+    Raises:
+        SystemExit: bad flags (argparse's usage error, exit code 2).
+        ConfigError: the env refuses its configuration (e.g. a teacher that cannot be used).
+    """
+    mode, env_config, servers, manager, extra = parse_args_with_namespaces(env_cls, argv)
+    env = env_cls(env_config, servers, slurm=manager.slurm, testing=manager.testing, **extra)
+    env.server.max_n_completions = manager.max_n_completions
+    env.server.proxy_url = manager.proxy_url or env.server.proxy_url
+    return mode, env
+
+
+def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
+    """Check, in seconds, what the mode needs before it starts: tokenizer, run-api, inference.
+
+    ``serve`` needs run-api (``--env.rollout_server_url``); every mode needs the tokenizer
+    (``--env.tokenizer_name``) and each configured inference server serving its model
+    (skipped for servers without a ``base_url``, e.g. ``--testing``'s fake one).
+
+    With ``wait`` an unreachable service is waited for instead of failing: ``serve`` logs what
+    it waits for and starts (its loop already waits for run-api and rides out inference
+    outages, and stops cleanly on SIGTERM meanwhile); ``process``/``evaluate`` wait here until
+    the inference server answers. A missing path or an unserved model never waits.
+
+    Raises:
+        PreflightError: one line per problem, each with its fix.
+    """
+    from atroposlib.utils import preflight as pf
+
+    problems = [pf.check_model_path(env.config.tokenizer_name, "--env.tokenizer_name", "tokenizer")]
+    if mode == "serve":
+        url = env.config.rollout_server_url
+        down = pf.check_run_api(url, "--env.rollout_server_url")
+        if down and wait:
+            logger.warning("waiting for run-api at %s (start it with `run-api`)", url)
+        else:
+            problems.append(down)
+    # --testing's in-process FakeServer has no base_url: nothing to probe
+    for server in [s.config for s in env.server.servers
+                   if getattr(getattr(s, "config", None), "base_url", None)]:
+        def reachable(s: APIServerConfig = server) -> str | None:
+            return pf.check_inference_server(s.base_url, None, "--openai.base_url",
+                                             "--openai.model_name", s.api_key)
+
+        waiting_for = f"inference server at {server.base_url} (start it, e.g. `python -m atroposlib.inference.vllm_process --port PORT`)"
+        if wait and reachable():
+            if mode == "serve":
+                logger.warning("waiting for %s; rollouts start when it answers", waiting_for)
+                continue
+            pf.raise_on_problems(problems)  # a wrong path is never worth waiting for
+            pf.wait_until_ok(reachable, waiting_for)
+        problems.append(pf.check_inference_server(server.base_url, server.model_name,
+                                                  "--openai.base_url", "--openai.model_name",
+                                                  server.api_key))
+    pf.raise_on_problems(problems)
+
+
+def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
+    """Entry point behind ``BaseEnv.cli()``: parse, build the env, run the chosen mode."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # One INFO line per request otherwise (recent openai releases send through the httpx2 fork).
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        mode, env = build_env(env_cls, argv)
+        parser = build_parser(env_cls)
+        wait = parser.parse_known_args(argv)[0].wait_for_services
+        env_preflight(mode, env, wait=wait)
+    except ConfigError as exc:  # e.g. a teacher that cannot be used; a failed pre-flight
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:  # while waiting for services
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    try:
+        asyncio.run(_run_mode(env, mode))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except RolloutError as exc:  # e.g. process mode: every item failing in a row
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:  # process/evaluate: files written so far are kept
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except asyncio.CancelledError:  # SIGTERM during process/evaluate
+        print("terminated", file=sys.stderr)
+        raise SystemExit(143) from None
+
+
+__all__ = [
+    "build_configs",
+    "build_namespace_servers",
+    "build_parser",
+    "parse_args",
+    "parse_args_with_namespaces",
+    "resolve_server_configs",
+    "run_cli",
+]

@@ -1,0 +1,354 @@
+"""Serve mode: register with the trajectory API and keep it supplied with scored groups.
+
+:class:`ServeLoop` runs the rollouts and reacts to the trainer's steps; its parts each have a
+module: the API session (:mod:`.api_session`), the outbox and its sender (:mod:`.outbox`), and
+the rollout scheduling rules (:mod:`.scheduling`). The loop (with upstream's weaknesses fixed):
+
+* registers with ``POST /register-env`` (waiting while the API says "wait for trainer to
+  start"), reads ``GET /info``, then polls ``GET /status-env`` every ``status_interval`` s with
+  ONE reused HTTP client;
+* keeps at most ``max_num_workers`` rollout groups in flight and stops SPAWNING (never
+  cancels) while the API queue plus our unsent groups reach ``max_batches_offpolicy`` batches,
+  counting each rollout in flight as the groups that recent rollouts yielded
+  (:func:`inflight_cap`: dropped all-same-score groups do not hold the window's place);
+* finished groups go to a bounded local outbox; one sender task posts them with retries and
+  backoff (gzip via the client) and keeps them through API outages; when the API has forgotten
+  this env (404, e.g. after a restart) it re-registers and resends; every post of one group
+  carries the same ``Idempotency-Key``, so a retry after a lost reply is not stored twice;
+* each item goes through :func:`~atroposlib.env_runtime.step.run_item`; an inference outage
+  re-queues the item and backs off instead of dropping it; a rollout that raises is logged,
+  counted and dropped; while every rollout fails, or has its groups dropped as too long /
+  invalid / of the wrong size (a config problem), spawning backs off instead of spinning;
+* the loop owns the env's :class:`~atroposlib.envs.run_state.RunState` (env id, step, status,
+  trainer limits, counters); the env reads it and its config is frozen while serving;
+* timed-out rollouts are cancelled and their item re-queued (FIFO backlog);
+* the stop event (the CLI sets it on SIGINT/SIGTERM through :data:`SERVE_STOP_EVENT`) or reaching ``total_steps`` stops spawning, flushes the
+  outbox (bounded wait) and calls ``POST /disconnect-env``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from atroposlib.env_runtime.api_session import ApiSession
+from atroposlib.env_runtime.outbox import OUTBOX_MAX_GROUPS, Outbox
+from atroposlib.env_runtime.scheduling import (
+    YIELD_WINDOW,
+    RolloutPacer,
+    inflight_cap,
+    offpolicy_room,
+    spawn_backoff,
+)
+from atroposlib.env_runtime.sinks import OutboxSink, WandbSink, close_sinks, find_sink, local_sinks
+from atroposlib.env_runtime.step import Skip, run_item
+from atroposlib.envs.config import EvalHandlingEnum
+from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState
+
+if TYPE_CHECKING:
+    from atroposlib.api.client import AsyncAtroposClient
+    from atroposlib.envs.base import BaseEnv
+
+logger = logging.getLogger(__name__)
+
+#: The stop event a ServeLoop started in this context uses (the CLI sets it on SIGINT/SIGTERM).
+SERVE_STOP_EVENT: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
+    "serve_stop_event", default=None)
+
+
+class ServeLoop:
+    """Runs one env in serve mode (see module docstring). ``await ServeLoop(env).run()``."""
+
+    def __init__(
+        self,
+        env: BaseEnv,
+        status_interval: float = 1.0,
+        register_interval: float = 1.0,
+        flush_timeout: float = 30.0,
+        inference_backoff_max: float = 30.0,
+        stop_event: asyncio.Event | None = None,
+        reject_streak: int = 20,
+    ):
+        """Prepare the loop (no I/O).
+
+        Args:
+            env: the environment to run.
+            status_interval: seconds between ``/status-env`` polls.
+            register_interval: seconds between ``/register-env`` attempts while waiting.
+            flush_timeout: seconds allowed at shutdown to send unsent groups.
+            inference_backoff_max: longest pause (s) before retrying after an inference outage.
+            stop_event: set it to stop serving (default: :data:`SERVE_STOP_EVENT`, else a new
+                event).
+            reject_streak: after this many rollouts in a row whose groups were all dropped as
+                ``too_long`` / ``invalid`` / ``wrong_size`` (a configuration problem, not bad
+                luck), spawning backs off like it does for errors and one warning says why.
+
+        The loop binds a fresh :class:`RunState` to the env and freezes the env's config.
+        """
+        self.env = env
+        self.config = env.config
+        self.status_interval = status_interval
+        self.state = RunState.for_config(
+            env.config, sinks=local_sinks(env), outbox=OutboxSink(OUTBOX_MAX_GROUPS)
+        )
+        env.config.freeze()
+        env.bind_run_state(self.state)
+        self.stop_event: asyncio.Event = stop_event or SERVE_STOP_EVENT.get() or asyncio.Event()
+        self.session = ApiSession(env, self.state, self.stop_event, register_interval)
+        self.outbox = Outbox(self.session, self.state.outbox.queue, flush_timeout)
+        self.pacer = RolloutPacer(env, self.state, inference_backoff_max, reject_streak)
+        self.backlog: deque[Any] = deque()
+        self.workers: dict[asyncio.Task, tuple[Any, float]] = {}
+        self.recent_yields: deque[int] = deque(maxlen=YIELD_WINDOW)  # usable groups per rollout
+        self.eval_task: asyncio.Task | None = None
+        self.wake = asyncio.Event()
+        self.status: dict[str, Any] = {}
+        self.last_progress_log = time.monotonic()
+        self.finished = False
+
+    @property
+    def client(self) -> AsyncAtroposClient:
+        """The API client (the session's)."""
+        return self.session.client
+
+    @client.setter
+    def client(self, client: AsyncAtroposClient) -> None:
+        self.session.client = client
+
+    async def setup_wandb(self) -> None:
+        """Start a W&B run in the trainer's project/group (waits up to 60 s for them).
+
+        Called after registration, when the trainer has normally published them already.
+        """
+        sink = find_sink(self.state.sinks, WandbSink)
+        if sink is None:
+            return
+        project, group = await self.session.wandb_project()
+        if not project:
+            logger.warning("trainer did not publish a W&B project; logging without one")
+        sink.start(project=project, group=group)
+
+    # ------------------------------------------------------------------ workers
+    async def _worker(self, item: Any) -> None:
+        env = self.env
+        # this task's own context: its groups carry the step of the weights they started with
+        ROLLOUT_POLICY_VERSION.set(self.state.curr_step)
+        try:
+            outcome = await run_item(env, item)
+            if outcome.reason is Skip.INFERENCE:
+                self.backlog.appendleft(item)
+            self.pacer.note(outcome)
+            if outcome.reason is not Skip.INFERENCE:
+                self.recent_yields.append(len(outcome.groups))
+            self.backlog.extend(outcome.backlog)
+            if outcome.groups:
+                await env.handle_send_to_api(outcome.groups, item)
+        finally:
+            try:
+                await env.cleanup()
+            except Exception:  # noqa: BLE001 - cleanup failures must not kill the worker loop
+                logger.exception("cleanup() failed")
+
+    def _on_worker_done(self, task: asyncio.Task) -> None:
+        self.workers.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self.env.stats["worker_crashes"] += 1
+            logger.error("worker crashed: %r", exc, exc_info=exc)
+        self.wake.set()
+
+    def worker_cap(self) -> int:
+        """Groups allowed in flight now (max_num_workers, eval handling, off-policy room)."""
+        env = self.env
+        cap = env.max_num_workers
+        if self.eval_task is not None and not self.eval_task.done():
+            if self.config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
+                return 0
+            if self.config.eval_handling == EvalHandlingEnum.LIMIT_TRAIN:
+                cap = int(cap * self.config.eval_limit_ratio)
+        if self.status:
+            room = offpolicy_room(
+                self.status,
+                self.state.batch_size,
+                self.config.group_size,
+                self.config.max_batches_offpolicy,
+                self.config.min_batch_allocation,
+                unsent_groups=self.outbox.unsent(),
+            )
+            if room is not None:  # rollouts count by how many groups they recently yielded
+                cap = min(cap, inflight_cap(room, self.recent_yields))
+        return cap
+
+    async def spawn_workers(self) -> None:
+        """Start rollouts until the cap is reached or no item is available."""
+        if self.pacer.paused():
+            return
+        cap = self.worker_cap()
+        while len(self.workers) < cap and not self.stop_event.is_set():
+            if self.backlog:
+                item = self.backlog.popleft()
+            else:
+                item = await self.env.get_next_item()
+                if item is None:
+                    return
+            task = asyncio.get_running_loop().create_task(self._worker(item))
+            self.workers[task] = (item, time.monotonic())
+            task.add_done_callback(self._on_worker_done)
+
+    def reap_timeouts(self) -> None:
+        """Cancel rollouts older than ``worker_timeout`` and re-queue their items."""
+        timeout = self.config.worker_timeout
+        if timeout <= 0:
+            return
+        now = time.monotonic()
+        for task, (item, started) in list(self.workers.items()):
+            if now - started > timeout and not task.done():
+                task.cancel()
+                self.backlog.append(item)
+                self.env.stats["rollouts_timed_out"] += 1
+                logger.warning("rollout exceeded worker_timeout=%ss; cancelled, item re-queued", timeout)
+
+    # ------------------------------------------------------------------ status & step events
+    async def poll_status(self) -> None:
+        """Fetch ``/status-env`` (the session re-registers when forgotten); react to step changes."""
+        status = await self.session.read_status()
+        if status is None:
+            return
+        self.outbox.sent_since_status = 0
+        self.status = status
+        self.state.status = status
+        self.env.server.update_weight(float(status.get("env_weight", 1.0)))
+        new_step = int(status.get("current_step", self.state.curr_step))
+        if new_step != self.state.curr_step:
+            await self.on_step(self.state.curr_step, new_step)
+
+    async def on_step(self, old: int, new: int) -> None:
+        """Evaluation / checkpoint / logging triggers when the trainer step moves."""
+        env = self.env
+        every = self.config.steps_per_eval
+        if every > 0 and new // every > old // every:
+            if self.eval_task is not None and not self.eval_task.done():
+                logger.warning("previous evaluation still running at step %d; skipping this one", new)
+            else:
+                self.eval_task = asyncio.get_running_loop().create_task(self._run_eval())
+        interval = env.checkpoint_interval
+        if interval and interval > 0 and new // interval > old // interval:
+            try:
+                env.save_checkpoint((new // interval) * interval)
+            except Exception:  # noqa: BLE001 - a failed checkpoint must not stop serving
+                logger.exception("save_checkpoint failed")
+        self.state.curr_step = new
+        if self.state.items_sent_this_step >= self.config.min_items_sent_before_logging:
+            self.state.items_sent_this_step = 0
+            try:
+                await env.wandb_log({})
+            except Exception:  # noqa: BLE001 - logging must not stop serving
+                logger.exception("wandb_log failed")
+
+    async def _run_eval(self) -> None:
+        try:
+            metrics = await self.env.evaluate()
+            if metrics:
+                await self.env.wandb_log(dict(metrics))
+        except Exception:  # noqa: BLE001 - a failing eval is logged, serving goes on
+            self.env.stats["eval_failures"] += 1
+            logger.exception("evaluate() failed")
+
+    def reached_total_steps(self) -> bool:
+        """True when already-queued data will carry the trainer past ``total_steps``."""
+        total = self.state.total_steps
+        if total <= 0 or not self.status:
+            return False
+        ahead = 0
+        if self.state.batch_size > 0:
+            ahead = int(self.status.get("queue_size", 0)) * self.config.group_size // self.state.batch_size
+        return self.state.curr_step + ahead >= total
+
+    def log_progress(self, every: float = 60.0) -> None:
+        """Log a one-line summary (step, in flight, unsent, counters) at most every ``every`` s."""
+        now = time.monotonic()
+        if now - self.last_progress_log < every:
+            return
+        self.last_progress_log = now
+        logger.info(
+            "step %d: %d rollout group(s) in flight, %d unsent, backlog %d, API queue %s; %s",
+            self.env.curr_step,
+            len(self.workers),
+            self.outbox.qsize(),
+            len(self.backlog),
+            self.status.get("queue_size", "?"),
+            dict(self.env.stats),
+        )
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> None:
+        """Register, then loop until stopped or ``total_steps`` is reached; always clean up."""
+        env = self.env
+        session = self.session
+        try:
+            await env.setup()
+            await session.register(first=True)  # waits for the trainer, which publishes W&B info
+            if self.stop_event.is_set():
+                return
+            await self.setup_wandb()
+            await session.read_info()
+            self.outbox.start()
+            while not self.stop_event.is_set():
+                if time.monotonic() - session.last_status_at >= self.status_interval:
+                    await self.poll_status()
+                    if self.reached_total_steps():
+                        logger.info("total_steps=%d reached; finishing", self.state.total_steps)
+                        self.finished = True
+                        break
+                await self.spawn_workers()
+                self.reap_timeouts()
+                self.log_progress()
+                self.outbox.restart_if_broken()
+                self.wake.clear()
+                wait = max(0.05, self.status_interval - (time.monotonic() - session.last_status_at))
+                pause_left = self.pacer.inference_pause_until - time.monotonic()
+                if pause_left > 0:
+                    wait = min(wait, pause_left + 0.01)
+                stop_wait = asyncio.ensure_future(self.stop_event.wait())
+                wake_wait = asyncio.ensure_future(self.wake.wait())
+                await asyncio.wait({stop_wait, wake_wait}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                for fut in (stop_wait, wake_wait):
+                    fut.cancel()
+        finally:
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stop workers, flush unsent groups, disconnect from the API, close clients."""
+        env = self.env
+        if self.finished and self.workers:
+            # Finished normally: let in-flight groups complete (bounded by worker_timeout).
+            timeout = self.config.worker_timeout if self.config.worker_timeout > 0 else None
+            await asyncio.wait(list(self.workers), timeout=timeout)
+        for task in list(self.workers):
+            task.cancel()
+        if self.workers:
+            await asyncio.gather(*self.workers, return_exceptions=True)
+        if self.eval_task is not None and not self.eval_task.done():
+            self.eval_task.cancel()
+            await asyncio.gather(self.eval_task, return_exceptions=True)
+        if env.env_id is not None:
+            await self.outbox.flush()
+            await self.session.disconnect()
+        else:
+            await self.outbox.stop()
+        try:
+            await env.wandb_log({})
+        except Exception:  # noqa: BLE001
+            logger.exception("final wandb_log failed")
+        await close_sinks(self.state.sinks)
+        await env.server.aclose()
+        await self.client.aclose()
+        logger.info("serve stopped; stats: %s", dict(env.stats))
+
+
+__all__ = ["OUTBOX_MAX_GROUPS", "SERVE_STOP_EVENT", "ServeLoop", "inflight_cap", "offpolicy_room",
+           "spawn_backoff"]

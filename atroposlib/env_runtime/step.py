@@ -1,0 +1,150 @@
+"""``run_item``: the one runner step, "collect a group for an item, post-process it, classify".
+
+Every runner (serve, process, ``check_env``) calls it and reacts to the :class:`Outcome` in its
+own way (serve re-queues an item whose inference failed; process counts failures in a row;
+``check_env`` turns errors into assertion failures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from atroposlib.envs.groups import reject_reason
+from atroposlib.errors import InferenceError, RolloutError
+from atroposlib.inference.clients.base import is_transient_error
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.groups import ScoredDataGroup
+
+logger = logging.getLogger(__name__)
+
+
+class Skip(StrEnum):
+    """Why an item gave no usable group (``Outcome.reason``); the value is the stats key suffix."""
+
+    RETURNED_NONE = "none"  #: the env returned None (its own choice to skip the item)
+    ERROR = "error"  #: the env raised (a bug or a bad rollout); the group is dropped
+    INFERENCE = "inference"  #: inference was unreachable / failed transiently; retry the item
+    INVALID = "invalid"  #: a group lacks tokens/masks/scores or has ragged rows
+    WRONG_SIZE = "wrong_size"  #: a group does not have group_size sequences
+    SAME_SCORES = "same_scores"  #: all scores equal (no learning signal)
+    TOO_LONG = "too_long"  #: a sequence reaches the trainer's max_token_len
+
+
+@dataclass
+class Outcome:
+    """What ``run_item`` made of one item.
+
+    Attributes:
+        groups: usable groups, after ``postprocess_histories`` (and the checks unless
+            ``validate=False``); empty when there is none.
+        backlog: items the env asked to roll out later.
+        reason: None when ``groups`` is non-empty, else why not (:class:`Skip`).
+        error: the exception behind ``Skip.ERROR`` / ``Skip.INFERENCE``.
+        dropped: ``(reason, message)`` for each group the checks dropped.
+        duration: seconds spent in the env's hooks.
+    """
+
+    groups: list[ScoredDataGroup] = field(default_factory=list)
+    backlog: list[Any] = field(default_factory=list)
+    reason: Skip | None = None
+    error: BaseException | None = None
+    dropped: list[tuple[Skip, str]] = field(default_factory=list)
+    duration: float = 0.0
+
+    @property
+    def group(self) -> ScoredDataGroup | None:
+        """The first usable group, or None."""
+        return self.groups[0] if self.groups else None
+
+
+def _stat_key(reason: Skip) -> str:
+    return "rollouts_failed_inference" if reason is Skip.INFERENCE else f"groups_dropped_{reason.value}"
+
+
+async def run_item(
+    env: BaseEnv, item: Any, *, validate: bool = True, check_length: bool = True
+) -> Outcome:
+    """Collect, post-process and check the group(s) of one item; never raises for env errors.
+
+    Calls ``env.collect_trajectories(item)`` then ``env.postprocess_histories``. An exception
+    is classified: ``InferenceError`` or a transient network/server error -> ``Skip.INFERENCE``,
+    anything else -> ``Skip.ERROR``; both are logged. Each group is checked with
+    :func:`atroposlib.envs.groups.reject_reason` (against ``config.group_size``,
+    ``ensure_scores_are_not_same`` and, when ``check_length``, the trainer's ``max_token_len``).
+    Every skip is counted in ``env.stats`` (``groups_dropped_<reason>``,
+    ``rollouts_failed_inference``); the rollout duration goes to ``task_durations``.
+
+    Args:
+        env: the environment.
+        item: the item from ``get_next_item`` (or the backlog).
+        validate: run the group checks (``check_env`` runs its own stricter ones instead).
+        check_length: drop groups with a sequence of ``>= max_token_len`` tokens.
+
+    Raises:
+        asyncio.CancelledError: the task was cancelled (e.g. a worker timeout).
+    """
+    start = time.perf_counter()
+    outcome = Outcome()
+    try:
+        result = await env.collect_trajectories(item)
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise RolloutError(
+                f"{type(env).__name__}.collect_trajectories must return (group | list | None, "
+                f"backlog_items), got {type(result).__name__}"
+            )
+        scored, backlog = result
+        if backlog is not None and not isinstance(backlog, list):
+            raise RolloutError(f"backlog must be a list of items, got {type(backlog).__name__}")
+        outcome.backlog = list(backlog or [])
+        if scored is not None:
+            scored = await env.postprocess_histories(scored)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - classify: infrastructure vs bad rollout
+        outcome.error = exc
+        outcome.reason = Skip.INFERENCE if isinstance(exc, InferenceError) or is_transient_error(exc) else Skip.ERROR
+        env.stats[_stat_key(outcome.reason)] += 1
+        logger.warning(
+            "%s (%s: %s)",
+            "inference failed" if outcome.reason is Skip.INFERENCE else "rollout failed, dropping its group",
+            type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG),
+        )
+        return outcome
+    finally:
+        outcome.duration = time.perf_counter() - start
+        env.task_durations.append(outcome.duration)
+    candidates = [g for g in (scored if isinstance(scored, list) else [scored]) if g is not None]
+    if not candidates:
+        outcome.reason = Skip.RETURNED_NONE
+        env.stats[_stat_key(outcome.reason)] += 1
+        return outcome
+    if not validate:
+        outcome.groups = candidates
+        return outcome
+    max_len = env.run_state.max_token_len if check_length else -1
+    for group in candidates:
+        problem = (
+            reject_reason(group, env.config.group_size, env.config.ensure_scores_are_not_same, max_len)
+            if isinstance(group, dict)
+            else ("invalid", f"groups must be ScoredDataGroup dicts, got {type(group).__name__}")
+        )
+        if problem is None:
+            outcome.groups.append(group)
+            continue
+        reason = Skip(problem[0])
+        outcome.dropped.append((reason, problem[1]))
+        env.stats[_stat_key(reason)] += 1
+        (logger.debug if reason is Skip.SAME_SCORES else logger.warning)("dropping group: %s", problem[1])
+    if not outcome.groups:
+        outcome.reason = outcome.dropped[0][0]
+    return outcome
+
+
+__all__ = ["Outcome", "Skip", "run_item"]

@@ -1,0 +1,235 @@
+"""Procedurally generated arithmetic ("What is 7 + 12?") scored with math-verify: a CPU-sized RL task.
+
+Designed so the bundled SmolLM2-135M-Instruct shows learning within minutes on a CPU: at
+difficulty 2 (operands 1..20, addition) its greedy accuracy is about 35% and about 10% of
+temperature-1.0 samples are right, with about half of the groups of 8 holding at least one right
+answer, so the GRPO reward is not sparse. A reply counts as correct when it ends on its own
+(``finish_reason == "stop"``, within ``max_tokens``) and math-verify finds the right number
+(the last number of the reply).
+
+No dataset: problems come from a seeded generator. Operand pairs are split into train and
+held-out pairs by a fixed hash, so ``evaluate`` (greedy, temperature 0) measures accuracy on
+problems the policy never trains on.
+
+Run it (see ``atropos-launch configs/quickstart-cpu.yaml`` for the whole loop)::
+
+    python environments/arithmetic_server.py serve --env.difficulty 2 \
+        --openai.base_url http://127.0.0.1:9100/v1 --openai.model_name smollm2
+    python environments/arithmetic_server.py evaluate --openai.base_url http://127.0.0.1:9100/v1
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import re
+import threading
+from typing import Any
+
+from pydantic import Field
+
+from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
+
+#: difficulty -> (smallest operand, largest operand, operators)
+DIFFICULTIES: dict[int, tuple[int, int, tuple[str, ...]]] = {
+    1: (1, 9, ("+",)),
+    2: (1, 20, ("+",)),
+    3: (1, 50, ("+", "-")),
+    4: (1, 99, ("+", "-")),
+    5: (2, 30, ("+", "-", "*")),
+}
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+PROMPT = "What is {a} {op} {b}? Answer with just the number."
+
+
+def is_heldout(a: int, op: str, b: int, fraction: float) -> bool:
+    """Whether problem ``a op b`` belongs to the held-out (evaluation) split.
+
+    A fixed multiplicative hash of the operands, independent of any seed, so train and eval
+    never share a problem.
+
+    Args:
+        a: first operand.
+        op: operator symbol.
+        b: second operand.
+        fraction: share of problems held out, in [0, 1).
+
+    Returns:
+        True for held-out problems.
+    """
+    h = (a * 1_000_003 + b * 7_919 + ord(op) * 104_729) * 2_654_435_761 % 2**32
+    return h / 2**32 < fraction
+
+
+def make_problem(rng: random.Random, difficulty: int, heldout: bool, fraction: float) -> dict[str, Any]:
+    """Draw one problem of the requested split.
+
+    Args:
+        rng: random source.
+        difficulty: key of :data:`DIFFICULTIES`.
+        heldout: draw from the held-out split (True) or the training split (False).
+        fraction: held-out share (see :func:`is_heldout`).
+
+    Returns:
+        ``{"a", "op", "b", "answer", "question"}``.
+
+    Raises:
+        ValueError: unknown difficulty.
+    """
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTIES)}, got {difficulty}")
+    lo, hi, ops = DIFFICULTIES[difficulty]
+    while True:
+        a, b, op = rng.randint(lo, hi), rng.randint(lo, hi), rng.choice(ops)
+        if op == "-" and b > a:
+            a, b = b, a
+        if is_heldout(a, op, b, fraction) == heldout:
+            answer = _OPS[op](a, b)
+            return {"a": a, "op": op, "b": b, "answer": answer,
+                    "question": PROMPT.format(a=a, op=op, b=b)}
+
+
+def heldout_problems(difficulty: int, fraction: float, size: int, seed: int) -> list[dict[str, Any]]:
+    """The evaluation set: up to ``size`` DISTINCT held-out problems in a seeded order.
+
+    Args:
+        difficulty: key of :data:`DIFFICULTIES`.
+        fraction: held-out share (see :func:`is_heldout`).
+        size: problems wanted (fewer when the held-out split is smaller).
+        seed: shuffling seed.
+
+    Returns:
+        Problems as in :func:`make_problem`.
+
+    Raises:
+        ValueError: unknown difficulty.
+    """
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTIES)}, got {difficulty}")
+    lo, hi, ops = DIFFICULTIES[difficulty]
+    problems = [
+        {"a": a, "op": op, "b": b, "answer": _OPS[op](a, b),
+         "question": PROMPT.format(a=a, op=op, b=b)}
+        for op in ops for a in range(lo, hi + 1) for b in range(lo, hi + 1)
+        if not (op == "-" and b > a) and is_heldout(a, op, b, fraction)
+    ]
+    random.Random(seed).shuffle(problems)
+    return problems[:size]
+
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def final_number(text: str) -> str | None:
+    r"""The answer a reply commits to: the last number inside its last ``\boxed{}``, else its last number.
+
+    Args:
+        text: the assistant reply.
+
+    Returns:
+        The number as written (e.g. ``"-12"``), or None when the reply holds no number.
+    """
+    boxed = _BOXED.findall(text)
+    numbers = _NUMBER.findall(boxed[-1] if boxed else text)
+    if not numbers and boxed:
+        numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def score_reply(text: str, answer: int, finish_reason: str | None) -> float:
+    """1.0 when the reply stopped by itself and its final number equals ``answer``, else 0.0.
+
+    The final number is extracted and compared with math-verify (``parse`` / ``verify``).
+
+    Args:
+        text: the assistant reply.
+        answer: the true result.
+        finish_reason: the sampler's finish reason ("stop" or "length").
+
+    Returns:
+        1.0 or 0.0.
+    """
+    if finish_reason == "length":
+        return 0.0
+    from math_verify import parse, verify
+
+    # math-verify's timeouts use signal.alarm, which only works in the main thread.
+    kw: dict[str, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        kw = {"parsing_timeout": None}
+    # Score only the reply's final number (boxed content wins). Parsing the whole reply would let
+    # math-verify evaluate an echoed question: "7 + 5" or "7 + 5 = x" would then score as 12.
+    final = final_number(text)
+    if final is None:
+        return 0.0
+    predicted = parse(final, **kw)
+    if not predicted:
+        return 0.0
+    gold = parse(str(answer), **kw)
+    vkw = {"timeout_seconds": None} if kw else {}
+    return 1.0 if verify(gold, predicted, **vkw) else 0.0
+
+
+class ArithmeticEnvConfig(SingleTurnEnvConfig):
+    """Settings of :class:`ArithmeticEnv`."""
+
+    difficulty: int = Field(default=2, ge=1, le=max(DIFFICULTIES),
+                            description="1: a+b with 1..9; 2: 1..20; 3: +,- with 1..50; "
+                            "4: +,- with 1..99; 5: +,-,* with 2..30.")
+    max_tokens: int = Field(default=24, ge=1, description="Completion budget per rollout; "
+                            "a reply cut off by it scores 0.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for training rollouts.")
+    seed: int = Field(default=0, description="Seed of the training-problem generator.")
+    eval_size: int = Field(default=100, ge=1, description="Distinct held-out problems in the evaluation "
+                           "set (all of them when the split is smaller).")
+    eval_seed: int = Field(default=1234, description="Seed of the evaluation-set generator.")
+    eval_temperature: float = Field(default=0.0, ge=0, description="Evaluation temperature (0 = greedy).")
+    heldout_fraction: float = Field(default=0.25, gt=0, lt=1,
+                                    description="Share of operand pairs reserved for evaluation.")
+    max_token_length: int = Field(default=256, ge=1, description="Longest sequence, in tokens.")
+    steps_per_eval: int = Field(default=10_000, description="Evaluate every this many trainer "
+                                "steps in serve mode (the quickstart evaluates from the trainer).")
+
+
+class ArithmeticEnv(SingleTurnEnv):
+    """Arithmetic questions; reward 1 for the right number in a reply that stops by itself.
+
+    ``evaluate`` reports ``eval/accuracy`` on the held-out problems (greedy by default).
+    """
+
+    name = "arithmetic"
+    env_config_cls = ArithmeticEnvConfig
+    truncated_reward = 0.0  # a reply cut off by max_tokens scores 0
+    send_messages = False  # token-only groups unless --env.include_messages
+
+    async def setup(self) -> None:
+        """Build the fixed held-out evaluation set (training problems come from ``self.rng``)."""
+        cfg = self.config
+        self.eval_items = heldout_problems(cfg.difficulty, cfg.heldout_fraction, cfg.eval_size,
+                                           cfg.eval_seed)
+
+    def train_item(self, index: int) -> dict[str, Any]:
+        """A fresh training-split problem."""
+        return make_problem(self.rng, self.config.difficulty, False, self.config.heldout_fraction)
+
+    @staticmethod
+    def messages(item: dict[str, Any]) -> list[dict[str, str]]:
+        """The chat prompt of a problem (the model's default system prompt is kept)."""
+        return [{"role": "user", "content": item["question"]}]
+
+    def prompt(self, item: dict[str, Any]) -> list[dict[str, str]]:
+        """See :meth:`messages`."""
+        return self.messages(item)
+
+    def score(self, item: dict[str, Any], completion: str) -> float:
+        """:func:`score_reply` of a reply that stopped by itself."""
+        return score_reply(completion, item["answer"], "stop")
+
+    def answer(self, item: dict[str, Any]) -> int:
+        """The true result."""
+        return item["answer"]
+
+
+if __name__ == "__main__":
+    ArithmeticEnv.cli()

@@ -1,1 +1,0 @@
-"""The environment collection: runnable ``BaseEnv`` scripts (``python environments/X.py serve``)."""
