@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: Response header naming the policy version (trainer step) of the weights that served a request.
-POLICY_VERSION_HEADER = "X-Atropos-Policy-Version"
+from atroposlib.inference.policy_version import POLICY_VERSION_HEADER
+
 #: Request header carrying the payload's checksum, in RFC 9530 form ``sha-256=:<base64>:``.
 DIGEST_HEADER = "Content-Digest"
 #: safetensors metadata key holding a LoRA adapter's ``adapter_config.json`` (``kind=lora``).

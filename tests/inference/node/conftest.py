@@ -3,7 +3,7 @@
 ``FakeEngineClient`` implements the few ``EngineClient`` methods the node calls (pause, resume,
 ``collective_rpc("reload_weights")``, prefix-cache reset, weight version, LoRA load) and keeps the
 loaded tensors, so a test can read what "vLLM" serves. ``node_app`` wraps a tiny Starlette app
-(``POST /v1/completions`` answering with a checksum of the loaded weights) in the real
+(``POST /v1/completions`` answering, OpenAI-style, with a checksum of the loaded weights as text) in the real
 :class:`NodeMiddleware`, exactly as vLLM's server does with ``--middleware``.
 """
 
@@ -114,7 +114,11 @@ class FakeServer:
         async def completions(request: Request) -> JSONResponse:
             self.started += 1
             await self.hold.wait()
-            return JSONResponse({"weights": fingerprint(self.engine.weights)})
+            weights = fingerprint(self.engine.weights)  # what the "model" answers: its weights
+            return JSONResponse({"id": "cmpl-1", "object": "text_completion", "created": 0,
+                                 "model": "m", "weights": weights, "choices": [
+                                     {"index": 0, "text": weights, "finish_reason": "stop",
+                                      "logprobs": None}]})
 
         app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
                                 Route("/health", lambda r: JSONResponse({}))])
