@@ -230,9 +230,14 @@ class NodeFleet:
         payload = Payload(version, kind, lora_name, bodies, directory, len(weights))
         with self._payload_lock:
             self._last, self.version = payload, version
-        # stale nodes, and nodes the watcher is re-sending to, get this version from the watcher
-        targets = [n for n in self.nodes if not n.stale and n.lock.acquire(blocking=False)]
+        # stale nodes get this version from the watcher once they answer; a node the watcher
+        # is re-sending to right now is waited for (within the timeout)
         begin = time.perf_counter()
+        targets = []
+        for node in self.nodes:
+            wait = max(0.0, self.timeout - (time.perf_counter() - begin))
+            if not node.stale and node.lock.acquire(timeout=wait):
+                targets.append(node)
         try:
             results = asyncio.run(self._send_all(targets, payload)) if targets else []
         finally:
@@ -320,28 +325,34 @@ class NodeFleet:
     def resync(self, node: Node) -> bool:
         """Check one node; if it answers without the current version, send it. True when current.
 
-        A node that restarted between two syncs (its status shows no or an older version) is
-        caught here too, so it never waits for the next training step to serve again.
+        A stale node is sent the weights as soon as it answers. A node that restarted between
+        two syncs (it awaits weights) is caught here too, so it never waits for the next
+        training step to serve again.
         """
         import httpx
 
+        with self._payload_lock:
+            payload = self._last
+        if payload is None:
+            return True
+        try:
+            answer = httpx.get(f"{node.url}/atropos/status", headers=self.headers,
+                               timeout=PROBE_TIMEOUT_S, trust_env=False)
+            status = NodeStatus.model_validate(answer.json()) if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            status = None
+        if status is None or status.state == "applying":
+            return False
+        behind = status.policy_version != payload.version or status.state != "serving"
+        if behind and not node.stale and status.state == "serving":
+            return False  # an older version on a node that is not stale: a push is under way
         if not node.lock.acquire(blocking=False):  # a push to it is in flight
             return False
         try:
             with self._payload_lock:
-                payload = self._last
-            if payload is None:
-                return True
-            try:
-                answer = httpx.get(f"{node.url}/atropos/status", headers=self.headers,
-                                   timeout=PROBE_TIMEOUT_S, trust_env=False)
-                status = NodeStatus.model_validate(answer.json()) if answer.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                status = None
-            if status is None or status.state == "applying":
-                return False
+                payload = self._last or payload
             begin = time.perf_counter()
-            if status.policy_version != payload.version or status.state != "serving":
+            if behind:
                 if not node.stale:
                     _log(f"inference node {node.url} serves version {status.policy_version} "
                          f"({status.state}), not {payload.version}: it restarted? re-sending")

@@ -78,17 +78,23 @@ def tied_names(hf_model: Any) -> set[str]:
 def select(weights: dict[str, Any], names: list[str], dtype_name: str | None) -> dict[str, Any]:
     """``weights`` restricted to ``names``, floating tensors cast to ``dtype_name`` (None: kept), contiguous on the CPU.
 
-    Tensors sharing storage are deduplicated by copying, so safetensors can write them.
+    Tensors are copied only where a cast, a move or a layout change needs it. Two names sharing
+    one storage (tied weights, left out by :func:`tied_names`) are copied apart, since
+    safetensors refuses shared storage.
     """
     import torch
 
     dtype = getattr(torch, dtype_name) if dtype_name else None
     out = {}
+    seen: set[int] = set()
     for name in names:
         tensor = weights[name].detach()
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
-        out[name] = tensor.to("cpu").contiguous().clone()
+        tensor = tensor.to("cpu").contiguous()
+        key = tensor.untyped_storage().data_ptr()
+        out[name] = tensor.clone() if key in seen else tensor
+        seen.add(key)
     return out
 
 

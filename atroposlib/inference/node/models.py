@@ -79,6 +79,8 @@ class LastUpdate(BaseModel):
                                           "adapter.")
     tensors: int = Field(default=0, description="Tensors in the update.")
     bytes: int = Field(default=0, description="Bytes received (0 when read from a path).")
+    receive_seconds: float = Field(default=0.0, description="Receiving, checksumming and "
+                                   "checking the body (0 when read from a path).")
     drain_seconds: float = Field(default=0.0, description="Waiting for completions in flight.")
     apply_seconds: float = Field(default=0.0, description="vLLM loading the weights.")
 

@@ -158,7 +158,7 @@ class NodeState:
     # ------------------------------------------------------------------ updates
     async def apply(self, directory: Path, version: int, *, source: WeightsSource,
                     kind: Literal["full", "lora"] = "full", lora_name: str | None = None,
-                    tensors: int = 0, nbytes: int = 0) -> LastUpdate:
+                    tensors: int = 0, nbytes: int = 0, receive_s: float = 0.0) -> LastUpdate:
         """Serve the weights in ``directory`` as ``version``, atomically (see the module doc).
 
         Args:
@@ -171,6 +171,7 @@ class NodeState:
             lora_name: kind lora: the name the adapter is served under.
             tensors: number of tensors, for the status.
             nbytes: bytes received, for the status.
+            receive_s: seconds spent receiving and checking them, for the status.
 
         Returns:
             The update now served.
@@ -199,7 +200,7 @@ class NodeState:
             if self.state == "failed":  # loaded, but vLLM did not resume
                 raise UpdateFailed(self.last_error or "vLLM did not resume")
             update = LastUpdate(version=version, source=source, kind=kind, tensors=tensors,
-                                bytes=nbytes, drain_seconds=drain_s,
+                                bytes=nbytes, receive_seconds=receive_s, drain_seconds=drain_s,
                                 apply_seconds=time.perf_counter() - begin)
             self._commit(update, directory if source == "http" else None)
             return update
@@ -221,9 +222,9 @@ class NodeState:
         self.version, self.state, self.last_update, self.last_error = (
             update.version, "serving", update, None)
         self._open.set()
-        logger.info("serving policy version %d (%s, %d tensors, drain %.2f s, load %.2f s)",
-                    update.version, update.source, update.tensors, update.drain_seconds,
-                    update.apply_seconds)
+        logger.info("serving policy version %d (%s, %d tensors, receive %.2f s, drain %.2f s, "
+                    "load %.2f s)", update.version, update.source, update.tensors,
+                    update.receive_seconds, update.drain_seconds, update.apply_seconds)
 
     async def _resume(self) -> None:
         try:

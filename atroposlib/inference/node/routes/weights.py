@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -144,6 +145,7 @@ async def put_weights(
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     _require_lora(state, kind, lora_name)
+    begin = time.perf_counter()
     incoming, received, size = await _receive(request, state)
     target = state.weights_dir / f"v{version}-{uuid.uuid4().hex[:8]}"
     try:
@@ -160,7 +162,8 @@ async def put_weights(
         raise
     try:
         update = await state.apply(target, version, source="http", kind=kind, lora_name=lora_name,
-                                   tensors=len(header.shapes), nbytes=size)
+                                   tensors=len(header.shapes), nbytes=size,
+                                   receive_s=time.perf_counter() - begin)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
