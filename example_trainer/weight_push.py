@@ -62,6 +62,7 @@ class Node:
     url: str
     path: Literal["file", "http"]
     dtype: str
+    lora_enabled: bool = False
     stale: bool = False
     failures: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -148,7 +149,8 @@ class NodeFleet:
                     reads = transport == "auto" and same_host and client.post(
                         f"{root}/atropos/probe", json={"path": str(probe.resolve()),
                                                        "content": token}).json().get("matches")
-                    nodes.append(Node(root, "file" if reads else "http", status.dtype))
+                    nodes.append(Node(root, "file" if reads else "http", status.dtype,
+                                      status.lora_enabled))
                     if reads:
                         why = "same host, reads the run directory -> weights by local file"
                     else:
@@ -414,6 +416,13 @@ def connect_nodes(config: Any, urls: list[str], weights_dir: Path) -> NodeFleet 
         return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
     fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
                                       config.weight_transport)
+    if fleet is not None and config.weight_sync == "lora":
+        without = [n.url for n in fleet.nodes if not n.lora_enabled]
+        if without:
+            raise InferenceError(
+                f"--weight-sync lora: the nodes {', '.join(without)} run vLLM without LoRA; start "
+                f"them with `atropos-inference-node ... -- --enable-lora --max-lora-rank "
+                f"{config.lora_r}`, or use --weight-sync reload (the adapter merged in)")
     if fleet is not None and plain:
         raise InferenceError(
             f"--vllm-url mixes atropos-inference-node nodes ({', '.join(n.url for n in fleet.nodes)})"

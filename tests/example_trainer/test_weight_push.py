@@ -214,3 +214,41 @@ def test_a_node_that_restarts_between_two_syncs_is_re_sent_the_weights_without_w
     assert restarted.state.version == 4  # no training step needed: envs would wait on it
     assert "serves version None (awaiting_weights), not 4: it restarted? re-sending" in capsys.readouterr().out
     assert summary["weight_sync_failures"] == 0
+
+
+def test_lora_runs_push_the_adapter_which_the_node_loads_in_place(tmp_path):
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from example_trainer.lora import apply_lora
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=2, num_attention_heads=2,
+                                        num_key_value_heads=2, max_position_embeddings=32))
+    base.save_pretrained(tmp_path / "model")
+    model = apply_lora(base, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    plain = FakeServer(tmp_path / "plain", model_dir=tmp_path / "model")
+    with_lora = FakeServer(tmp_path / "lora", model_dir=tmp_path / "model", lora=True)
+    for server in (plain, with_lora):
+        server.settings.weights_dir.parent.mkdir(parents=True, exist_ok=True)
+        server.thread = AppThread(server.app)
+    try:
+        sync = sync_for(tmp_path, tmp_path / "model", [with_lora], weight_sync="lora", lora_r=4,
+                        train_last_layers=None, served_model_name="policy", weight_transport="http")
+        metrics = sync.sync(model, None, version=2)
+        sync.stop()
+        with pytest.raises(InferenceError, match="run vLLM without LoRA.*--enable-lora --max-lora-rank 4"):
+            sync_for(tmp_path / "again", tmp_path / "model", [plain], weight_sync="lora", lora_r=4,
+                     train_last_layers=None, weight_transport="http")
+    finally:
+        for server in (plain, with_lora):
+            server.thread.stop()
+    [load] = with_lora.models.loads
+    assert (load["name"], load["inplace"]) == ("policy-lora", True)
+    assert json.loads(load["config"])["r"] == 4
+    assert load["tensors"] and all("lora_" in name for name in load["tensors"])
+    assert metrics["sync/nodes_failed"] == 0 and with_lora.state.version == 2
+    assert with_lora.state.last_update.kind == "lora"
+    assert plain.models.loads == []

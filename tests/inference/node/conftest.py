@@ -95,13 +95,27 @@ class FakeEngineClient:
         self.version = new_version
 
 
+class FakeServingModels:
+    """vLLM's ``OpenAIServingModels.load_lora_adapter``: records each adapter loaded in place."""
+
+    def __init__(self) -> None:
+        self.loads: list[dict] = []
+
+    async def load_lora_adapter(self, request) -> str:
+        adapter = Path(request.lora_path)
+        self.loads.append({"name": request.lora_name, "inplace": request.load_inplace,
+                           "config": (adapter / "adapter_config.json").read_text(),
+                           "tensors": sorted(load_file(adapter / "adapter_model.safetensors"))})
+        return "Success"
+
+
 class FakeServer:
     """A Starlette 'vLLM' with the real NodeMiddleware; ``release`` lets held completions answer."""
 
-    def __init__(self, tmp_path: Path, model_dir: Path | None = None, **settings):
+    def __init__(self, tmp_path: Path, model_dir: Path | None = None, lora: bool = False, **settings):
         if model_dir is None:
             model_dir = tmp_path / "model"
-            model_dir.mkdir(exist_ok=True)
+            model_dir.mkdir(parents=True, exist_ok=True)
             save_file(base_tensors(), model_dir / "model.safetensors")
         settings.setdefault("api_key", KEY)
         self.settings = NodeSettings(model=str(model_dir), weights_dir=tmp_path / "weights",
@@ -123,6 +137,10 @@ class FakeServer:
         app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
                                 Route("/health", lambda r: JSONResponse({}))])
         app.state.engine_client = self.engine
+        self.models = FakeServingModels()
+        app.state.openai_serving_models = self.models
+        if lora:
+            self.engine.vllm_config.lora_config = SimpleNamespace(max_lora_rank=8)
         self.state = NodeState(self.settings)
         app.add_middleware(NodeMiddleware, settings=self.settings, state=self.state)
         self.app = app

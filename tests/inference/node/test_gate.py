@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from atroposlib.inference.node.models import POLICY_VERSION_HEADER
+from atroposlib.inference.node.models import POLICY_VERSION_HEADER, content_digest
 from tests.inference.node.conftest import KEY, FakeServer, base_tensors, fingerprint, push_body
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -216,3 +216,28 @@ async def test_probe_tells_whether_the_node_reads_the_trainers_file(fake_node, t
     assert same.json() == {"readable": True, "matches": True}
     assert hidden.json() == {"readable": False, "matches": False}
     assert other.status_code == 422
+
+
+async def test_an_adapter_push_is_loaded_in_place_only_where_vllm_runs_with_lora(tmp_path):
+    from atroposlib.inference.node.models import ADAPTER_CONFIG_KEY
+
+    adapter = {"base_model.model.model.layers.1.q.lora_A.weight": np.ones((2, 3), np.float32)}
+    body, headers = push_body(adapter, {ADAPTER_CONFIG_KEY: '{"r": 2, "lora_alpha": 4}'})
+    answers = {}
+    for lora in (False, True):
+        server = FakeServer(tmp_path / str(lora), lora=lora)
+        async with client(server) as http:
+            answers[lora] = await http.put("/atropos/weights?version=3&kind=lora&lora_name=p-lora",
+                                           content=body, headers=headers)
+            if lora:
+                served = await complete(http)
+                no_config, _ = push_body(adapter)
+                missing = await http.put("/atropos/weights?version=4&kind=lora&lora_name=p-lora",
+                                         content=no_config, headers={**headers, "Content-Digest":
+                                                                     content_digest(no_config)})
+    assert answers[False].status_code == 409 and "--enable-lora" in answers[False].json()["detail"]
+    assert answers[True].status_code == 200 and answers[True].json()["update"]["kind"] == "lora"
+    [load] = server.models.loads
+    assert (load["name"], load["inplace"], load["config"]) == ("p-lora", True, '{"r": 2, "lora_alpha": 4}')
+    assert served.headers[POLICY_VERSION_HEADER] == "3"
+    assert missing.status_code == 422 and ADAPTER_CONFIG_KEY in missing.json()["detail"]
