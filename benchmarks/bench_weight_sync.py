@@ -150,7 +150,11 @@ def bench_node(args, model, tokenizer, results: dict) -> None:
                     assert metrics["sync/nodes_failed"] == 0, metrics
                     sent = metrics["sync/bytes_sent"] if transport == "http" else local_bytes(sync.weights_dir.parent)
                     results.setdefault(name, []).append((seconds, sent))
-                    print(f"{name}: {seconds:.2f} s ({sent / 1e6:.0f} MB)", flush=True)
+                    last = httpx.get(f"{url.removesuffix('/v1')}/atropos/status", timeout=10,
+                                     headers={"Authorization": "Bearer bench"}).json()["last_update"]
+                    print(f"{name}: {seconds:.2f} s ({sent / 1e6:.0f} MB; node: receive "
+                          f"{last['receive_seconds']:.2f} s, drain {last['drain_seconds']:.2f} s, "
+                          f"load {last['apply_seconds']:.2f} s)", flush=True)
                 sync.stop()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
