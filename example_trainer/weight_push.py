@@ -133,7 +133,11 @@ class NodeFleet:
             with httpx.Client(timeout=30.0, trust_env=False, headers=headers) as client:
                 for url in urls:
                     root = url.rstrip("/").removesuffix("/v1")
-                    answer = client.get(f"{root}/atropos/status")
+                    try:
+                        answer = client.get(f"{root}/atropos/status")
+                    except httpx.HTTPError as exc:
+                        raise InferenceError(f"inference server {root} stopped answering "
+                                             f"({type(exc).__name__}: {exc}); is it running?") from exc
                     if answer.status_code == 404:
                         plain.append(url)
                         continue
@@ -387,10 +391,10 @@ class NodeFleet:
                 "weight_sync_paths": {n.url: n.path for n in self.nodes}}
 
     def close(self) -> None:
-        """Stop the re-sync watcher."""
+        """Stop the re-sync watcher (a re-send still in flight is left to end with the process)."""
         self._stop.set()
         if self._watcher is not None:
-            self._watcher.join(PROBE_TIMEOUT_S + self.timeout)
+            self._watcher.join(PROBE_TIMEOUT_S)
             self._watcher = None
 
 
