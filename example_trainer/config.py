@@ -92,8 +92,9 @@ class TrainerConfig(BaseSettings):
 
     # ---------------------------------------------------------------- trajectory API
     api_url: str = Field(default=DEFAULT_API_URL, description="run-api base URL.")
-    api_key: str | None = Field(default=None, description="Bearer token for run-api "
-                                "(null: the ATROPOS_API_KEY environment variable).")
+    api_key: str | None = Field(default=None, min_length=1, description="Bearer token for "
+                                "run-api (null: the ATROPOS_API_KEY environment variable; an "
+                                "empty token is refused).")
     batch_timeout: float = Field(default=900.0, gt=0, description="Seconds to wait for one "
                                  "batch before failing with a hint (are the envs running?).")
     wandb_project: str | None = Field(default=None, description="W&B project (also sent to "

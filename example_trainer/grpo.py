@@ -267,7 +267,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 checkpoint_dir=str(run_dir / "checkpoints"),
                 save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
                 starting_step=start_step, num_steps=config.training_steps,
-                max_staleness=config.max_staleness))
+                max_staleness=config.max_staleness,
+                # run-api refuses groups with ids past the embedding rows (a tokenizer mismatch)
+                vocab_size=model.get_input_embeddings().num_embeddings))
             print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
 
         train_start = time.perf_counter()

@@ -16,13 +16,14 @@ def resolve_api_key(api_key: str | None, api_key_file: Path | None) -> str | Non
     ``$ATROPOS_API_KEY``, else None (no authentication).
 
     Args:
-        api_key: the token given as a flag or setting ("" counts as not given).
+        api_key: the token given as a flag or setting (None: not given; settings refuse "").
         api_key_file: a file holding the token (keep it ``chmod 600``).
 
     Raises:
-        ValueError: ``api_key_file`` cannot be read or holds only whitespace.
+        ValueError: ``api_key_file`` cannot be read or holds only whitespace, or
+            ``$ATROPOS_API_KEY`` is set but blank (which would quietly turn authentication off).
     """
-    if api_key:
+    if api_key is not None:
         return api_key
     if api_key_file is not None:
         try:
@@ -32,7 +33,11 @@ def resolve_api_key(api_key: str | None, api_key_file: Path | None) -> str | Non
         if not key:
             raise ValueError(f"--api-key-file {api_key_file} is empty; write the token into it")
         return key
-    return os.environ.get(API_KEY_ENV) or None
+    key = os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise ValueError(f"${API_KEY_ENV} is set but empty: set it to the token, or unset it "
+                         "to run without authentication")
+    return key or None
 
 
 __all__ = ["API_KEY_ENV", "resolve_api_key"]

@@ -84,7 +84,12 @@ class NodeSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_key_source(self) -> NodeSettings:
-        if self.api_key is not None and self.api_key.get_secret_value() and self.api_key_file:
+        if self.api_key is not None and not self.api_key.get_secret_value().strip():
+            # an empty token would quietly turn authentication off
+            raise ValueError("--api-key is empty: give a token (better: $ATROPOS_API_KEY or "
+                             "--api-key-file), or leave the flag out to run without "
+                             "authentication")
+        if self.api_key is not None and self.api_key_file:
             raise ValueError("give --api-key or --api-key-file, not both")
         return self
 
