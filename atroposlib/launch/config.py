@@ -88,6 +88,37 @@ class RaySection(BaseModel):
                                  "a node for a part (longer on clusters that scale up).")
 
 
+class InferenceSection(BaseModel):
+    """Inference nodes: ``atropos-inference-node`` servers the trainer pushes each policy to.
+
+    The trainer then launches no vLLM of its own: it gets every node's URL in ``--vllm-url``
+    and sends new weights over HTTP (or as a local file when a node shares its host and run
+    directory); the environments sample from all the nodes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="inference", description="Log name; with count > 1 the nodes are "
+                      "<name>.0, <name>.1, ...")
+    count: int = Field(default=1, ge=1, description="How many nodes of this kind.")
+    model: str | None = Field(default=None, description="Model to serve (default: trainer.model, "
+                              "or the bundled one); it must be the trainer's starting model.")
+    args: dict[str, Any] = Field(default_factory=dict, description="atropos-inference-node "
+                                 "flags in snake_case, e.g. {dtype: bfloat16, max_model_len: 512}; "
+                                 "host, port, model and served_model_name are set by the launcher.")
+    vllm_args: list[str] = Field(default_factory=list, description="Flags passed to vLLM "
+                                 "unchanged (after --), e.g. [--max-num-seqs, '64'].")
+    placement: Placement = Field(default_factory=Placement, description="Where each node runs "
+                                 "under --ray.")
+    start_timeout: float = Field(default=900.0, gt=0, description="Seconds to wait for each "
+                                 "node's GET /health.")
+
+    @property
+    def names(self) -> list[str]:
+        """The log names of this section's nodes."""
+        return [self.name] if self.count == 1 else [f"{self.name}.{i}" for i in range(self.count)]
+
+
 class ApiSection(BaseModel):
     """How to run ``run-api``."""
 
@@ -136,6 +167,9 @@ class LaunchConfig(BaseModel):
                                     "under --ray, nnodes: M runs it on M nodes (M x N ranks) and "
                                     "placement: {...} places each node's share.")
     envs: list[EnvSection] = Field(min_length=1, description="Environments to serve.")
+    inference: list[InferenceSection] = Field(default_factory=list, description="Inference "
+                                              "nodes (atropos-inference-node) the trainer pushes "
+                                              "weights to; empty: the trainer launches its own vLLM.")
     eval_env: str | None = Field(default=None, description="Name of the env whose `evaluate` "
                                  "runs before/after training (sets trainer.eval_command).")
     eval_args: dict[str, Any] = Field(default_factory=dict, description="Extra flags for that "
@@ -152,6 +186,20 @@ class LaunchConfig(BaseModel):
         names = [e.name for e in self.envs]
         if len(set(names)) != len(names):
             raise ValueError(f"env names must be unique, got {names}; rename the duplicates")
+        parts = [*names, *(n for i in self.inference for n in i.names), "api", "trainer"]
+        clashes = sorted({p for p in parts if parts.count(p) > 1})
+        if clashes:
+            raise ValueError(f"part names must be unique (envs, inference nodes, api, trainer): "
+                             f"{clashes} is used twice; rename it")
+        if self.inference:
+            if self.trainer.get("vllm_url"):
+                raise ValueError("trainer.vllm_url and inference: both name the inference servers; "
+                                 "keep one (inference: starts them, vllm_url uses running ones)")
+            for env in self.envs:
+                if "config" in env.args:
+                    raise ValueError(f"envs.{env.name}.args.config: with inference: nodes the "
+                                     "launcher gives each env a --config with the nodes' list; "
+                                     "move its settings into args")
         if self.eval_env is not None and self.eval_env not in names:
             raise ValueError(f"eval_env {self.eval_env!r} is not one of the envs {names}")
         for key in FILLED_TRAINER_KEYS:
@@ -279,7 +327,8 @@ def _validation_problems(exc: ValidationError, prefix: str, model: type[BaseMode
     Each names the key's full path (``trainer.lr``) and what is wrong, and for an unknown key
     the closest known ones.
     """
-    sections = {"api": ApiSection, "envs": EnvSection, "ray": RaySection}
+    sections = {"api": ApiSection, "envs": EnvSection, "ray": RaySection,
+                "inference": InferenceSection}
     lines = []
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from atroposlib.api.settings import API_KEY_ENV
 from atroposlib.cli.trainers import load_trainer
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.launch.commands import flags, trainer_command, trainer_flags
@@ -72,6 +73,7 @@ class Launcher:
         self.sites: dict[str, Site] = {}
         self.env = {**OFFLINE_ENV, **os.environ}
         self.backend: Backend | None = None
+        self._main_site: Site | None = None  # the trainer's rank-0 node, once placed
         self._stop_signal: int | None = None
 
     def say(self, message: str) -> None:
@@ -111,9 +113,10 @@ class Launcher:
              for k, s in self.sites.items()}, indent=2))
         return sites
 
-    def start(self, site: Site, argv: list[str], name: str | None = None) -> PartHandle:
-        """Start one part on ``site`` and remember it for shutdown."""
-        part = site.start(argv, name)
+    def start(self, site: Site, argv: list[str], name: str | None = None,
+              files: dict[str, str] | None = None) -> PartHandle:
+        """Start one part on ``site`` (after writing ``files`` there) and remember it for shutdown."""
+        part = site.start(argv, name, files)
         self.parts.append(part)
         self.say(f"started {part.name}: {shlex.join(argv)}")
         return part
@@ -158,97 +161,24 @@ class Launcher:
                 signal.signal(sig, handler)
 
     def _run(self) -> int:
-        import httpx
-
         cfg = self.config
-        # 1. run-api
-        (api_site,) = self.place("api", cfg.api.placement)
-        api_port = cfg.api.port or api_site.free_port()
-        api_url = f"http://{api_site.host}:{api_port}"
-        api = self.start(api_site, [api_site.python, "-m", "atroposlib.cli.run_api", "--host",
-                                    api_site.host, "--port", str(api_port), *cfg.api.extra_args])
-
-        def info() -> dict[str, Any] | None:
-            try:
-                response = httpx.get(f"{api_url}/info", timeout=2.0, trust_env=False)
-                return response.json() if response.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                return None
-
-        self._wait_until("GET /info answers", lambda: info() is not None,
-                         cfg.api.start_timeout, [api])
-        self.say(f"run-api ready at {api_url}")
-
-        # 2. trainer (launches vLLM itself, evaluates, then registers)
-        trainer_values = cfg.trainer_settings
-        nproc = cfg.trainer.get("nproc_per_node", 1)
-        nnodes = cfg.trainer.get("nnodes", 1)
-        trainer_sites = self.place("trainer", cfg.trainer_placement, nnodes)
-        main_site = trainer_sites[0]
-        port_flags: list[str] = []
-        own_vllm = not trainer_values.get("vllm_url")
-        if not own_vllm:  # already-running servers (e.g. in tests)
-            base_url = str(trainer_values["vllm_url"]).split(",")[0].strip().rstrip("/")
-        else:  # the trainer launches vLLM on a port chosen here, so the envs know it
-            vllm_port = main_site.free_port()
-            # it listens on 127.0.0.1 of the trainer's node only (its reload routes are open)
-            base_url = f"http://127.0.0.1:{vllm_port}/v1"
-            port_flags = ["--vllm-port", str(vllm_port)]
-        model_name = trainer_values.get("served_model_name", DEFAULT_INFERENCE_MODEL)
-        eval_env = next((e for e in cfg.envs if e.name == cfg.eval_env), None)
-        if eval_env is not None and "eval_command" not in trainer_values:
-            eval_args = {**eval_env.args, **cfg.eval_args}
-            eval_args = {k: v for k, v in eval_args.items()
-                         if k not in ("env.rollout_server_url", "env.data_dir_to_save_evals")}
-            if trainer_values.get("model") and "env.tokenizer_name" not in eval_args:
-                eval_args["env.tokenizer_name"] = trainer_values["model"]
-            trainer_values["eval_command"] = " ".join([
-                shlex.quote(main_site.python), shlex.quote(eval_env.script), "evaluate",
-                *map(shlex.quote, flags(eval_args)),
-                "--openai.server_type", shlex.quote(eval_env.server_type),
-                "--openai.base_url", "{base_url}", "--openai.model_name", "{model_name}",
-                "--env.data_dir_to_save_evals", "{out_dir}",
-            ])
-        master = (main_site.host, main_site.free_port()) if nnodes > 1 else None
-        trainers = []
-        for rank, site in enumerate(trainer_sites):
-            argv = trainer_command(self.trainer_module, nproc, python=site.python, nnodes=nnodes,
-                                   node_rank=rank, master=master)
-            trainers.append(self.start(site, [
-                *argv, *trainer_flags(trainer_values), "--api-url", api_url,
-                "--run-dir", site.run_dir, *port_flags], name="trainer" if rank == 0 else f"trainer.{rank}"))
-        trainer = trainers[0]
+        api, api_url, info = self._start_api()
+        nodes, node_urls = self._start_inference()
+        trainers, base_url = self._start_trainer(api_url, node_urls, [api, *nodes])
         self._wait_until("trainer registered with run-api",
                          lambda: (info() or {}).get("batch_size", -1) > 0,
-                         cfg.register_timeout, [api, *trainers])
+                         cfg.register_timeout, [api, *nodes, *trainers])
+        trainer = trainers[0]
         trainer.remember_descendants()
         self.say("trainer registered; starting environments")
+        envs = self._start_envs(api_url, base_url, node_urls)
 
-        # 3. environments
-        envs = []
-        model_dir = trainer_values.get("model")
-        for env in cfg.envs:
-            (site,) = self.place(env.name, env.placement)
-            if own_vllm and site.host != main_site.host:
-                raise LaunchError(
-                    f"env {env.name} runs on {site.node}, but the trainer's own vLLM listens on "
-                    f"127.0.0.1 of {main_site.node}: place the env on the trainer's node "
-                    "(its placement), or serve the policy from inference nodes the trainer "
-                    "pushes weights to (trainer.vllm_url; docs/cluster.md)", part=env.name,
-                    reason="cannot reach the trainer's vLLM")
-            extra = {"env.rollout_server_url": api_url, "openai.base_url": base_url,
-                     "openai.model_name": model_name, "openai.server_type": env.server_type}
-            if model_dir and "env.tokenizer_name" not in env.args:
-                extra["env.tokenizer_name"] = model_dir
-            envs.append(self.start(site, [site.python, env.script, "serve",
-                                          *flags({**env.args, **extra})]))
-
-        # 4. wait for the trainer
+        # wait for the trainer
         while True:
             if self._stop_signal is not None:
                 raise KeyboardInterrupt
             # the others first: a trainer that failed because run-api died names run-api
-            for part in [api, *envs]:
+            for part in [api, *nodes, *envs]:
                 if part.poll() is not None:
                     raise self._fail(part, f"exited early with code {part.poll()}")
             for part in trainers[1:]:  # the other trainer nodes may finish just before rank 0's
@@ -263,6 +193,166 @@ class Launcher:
             raise self._fail(trainer, f"exited with code {code}")
         self.say(f"trainer finished; results in {self.run_dir} (summary.json, plot.png)")
         return 0
+
+    def _start_api(self) -> tuple[PartHandle, str, Any]:
+        """Start run-api and wait for ``GET /info``; its handle, URL and an ``/info`` getter."""
+        import httpx
+
+        cfg = self.config
+        (site,) = self.place("api", cfg.api.placement)
+        port = cfg.api.port or site.free_port()
+        url = f"http://{site.host}:{port}"
+        api = self.start(site, [site.python, "-m", "atroposlib.cli.run_api", "--host", site.host,
+                                "--port", str(port), *cfg.api.extra_args])
+
+        def info() -> dict[str, Any] | None:
+            try:
+                response = httpx.get(f"{url}/info", timeout=2.0, trust_env=False,
+                                     headers=_auth_header())
+                return response.json() if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                return None
+
+        self._wait_until("GET /info answers", lambda: info() is not None, cfg.api.start_timeout, [api])
+        self.say(f"run-api ready at {url}")
+        return api, url, info
+
+    def _start_inference(self) -> tuple[list[PartHandle], list[str]]:
+        """Start every inference node (``inference:``) and wait for its ``GET /health``.
+
+        Returns:
+            The nodes' handles and their OpenAI base URLs (``http://HOST:PORT/v1``).
+        """
+        import httpx
+
+        cfg = self.config
+        model = cfg.trainer.get("model")
+        model_name = cfg.trainer.get("served_model_name", DEFAULT_INFERENCE_MODEL)
+        nodes, urls = [], []
+        for section in cfg.inference:
+            for name in section.names:
+                (site,) = self.place(name, section.placement)
+                port = site.free_port()
+                node_model = section.model or model
+                nodes.append(self.start(site, [
+                    site.python, "-m", "atroposlib.cli.inference_node", "--host", site.host,
+                    "--port", str(port), "--served-model-name", model_name,
+                    *(["--model", node_model] if node_model else []), *trainer_flags(section.args),
+                    "--", *section.vllm_args]))
+                urls.append(f"http://{site.host}:{port}/v1")
+        for section in cfg.inference:
+            for name in section.names:
+                part = next(p for p in nodes if p.name == name)
+                url = urls[nodes.index(part)]
+
+                def healthy(root: str = url.removesuffix("/v1")) -> bool:
+                    try:
+                        return httpx.get(f"{root}/health", timeout=2.0, trust_env=False).status_code == 200
+                    except httpx.HTTPError:
+                        return False
+
+                self._wait_until(f"GET /health of {url}", healthy, section.start_timeout, [part])
+        if urls:
+            self.say(f"inference nodes ready: {', '.join(urls)}")
+        return nodes, urls
+
+    def _start_trainer(self, api_url: str, node_urls: list[str],
+                       others: list[PartHandle]) -> tuple[list[PartHandle], str]:
+        """Start the trainer (one part per trainer node); its handles and the envs' base URL.
+
+        Without inference nodes or ``trainer.vllm_url`` the trainer launches its own vLLM, on a
+        port chosen here so the envs know it.
+        """
+        cfg = self.config
+        trainer_values = cfg.trainer_settings
+        if node_urls:
+            trainer_values["vllm_url"] = ",".join(node_urls)
+        nproc = cfg.trainer.get("nproc_per_node", 1)
+        nnodes = cfg.trainer.get("nnodes", 1)
+        sites = self.place("trainer", cfg.trainer_placement, nnodes)
+        main_site = sites[0]
+        self._main_site = main_site
+        port_flags: list[str] = []
+        if trainer_values.get("vllm_url"):  # nodes started above, or running servers (tests)
+            base_url = str(trainer_values["vllm_url"]).split(",")[0].strip().rstrip("/")
+        else:
+            vllm_port = main_site.free_port()
+            # it listens on 127.0.0.1 of the trainer's node only (its reload routes are open)
+            base_url = f"http://127.0.0.1:{vllm_port}/v1"
+            port_flags = ["--vllm-port", str(vllm_port)]
+        files: dict[str, str] = {}
+        eval_env = next((e for e in cfg.envs if e.name == cfg.eval_env), None)
+        if eval_env is not None and "eval_command" not in trainer_values:
+            eval_args = {**eval_env.args, **cfg.eval_args}
+            eval_args = {k: v for k, v in eval_args.items()
+                         if k not in ("env.rollout_server_url", "env.data_dir_to_save_evals")}
+            if trainer_values.get("model") and "env.tokenizer_name" not in eval_args:
+                eval_args["env.tokenizer_name"] = trainer_values["model"]
+            if node_urls:  # through the nodes' list (it holds their key), not {base_url}
+                files["eval-servers.yaml"] = self._servers_yaml(node_urls, eval_env.server_type)
+                servers = ["--config", shlex.quote(f"{main_site.run_dir}/eval-servers.yaml")]
+            else:
+                servers = ["--openai.server_type", shlex.quote(eval_env.server_type),
+                           "--openai.base_url", "{base_url}", "--openai.model_name", "{model_name}"]
+            trainer_values["eval_command"] = " ".join([
+                shlex.quote(main_site.python), shlex.quote(eval_env.script), "evaluate",
+                *map(shlex.quote, flags(eval_args)), *servers,
+                "--env.data_dir_to_save_evals", "{out_dir}"])
+        master = (main_site.host, main_site.free_port()) if nnodes > 1 else None
+        trainers = []
+        for rank, site in enumerate(sites):
+            argv = trainer_command(self.trainer_module, nproc, python=site.python, nnodes=nnodes,
+                                   node_rank=rank, master=master)
+            trainers.append(self.start(site, [
+                *argv, *trainer_flags(trainer_values), "--api-url", api_url, "--run-dir",
+                site.run_dir, *port_flags], name="trainer" if rank == 0 else f"trainer.{rank}",
+                files=files if rank == 0 else None))
+        return trainers, base_url
+
+    def _start_envs(self, api_url: str, base_url: str, node_urls: list[str]) -> list[PartHandle]:
+        """Start every environment in ``serve`` mode, on its own site.
+
+        Raises:
+            LaunchError: an env lands on another host than the trainer's own vLLM, which
+                listens on that host's loopback only.
+        """
+        cfg = self.config
+        model_name = cfg.trainer.get("served_model_name", DEFAULT_INFERENCE_MODEL)
+        model_dir = cfg.trainer.get("model")
+        own_vllm = not node_urls and not cfg.trainer.get("vllm_url")
+        envs = []
+        for env in cfg.envs:
+            (site,) = self.place(env.name, env.placement)
+            assert self._main_site is not None
+            if own_vllm and site.host != self._main_site.host:
+                raise LaunchError(
+                    f"env {env.name} runs on {site.node}, but the trainer's own vLLM listens on "
+                    f"127.0.0.1 of {self._main_site.node}: place the env on the trainer's node "
+                    "(its placement), or serve the policy from inference nodes (inference:; "
+                    "docs: Train on a cluster)", part=env.name, reason="cannot reach the trainer's vLLM")
+            extra: dict[str, Any] = {"env.rollout_server_url": api_url}
+            files = None
+            if node_urls:  # every node, with their key, in a file on the env's node
+                files = {f"{env.name}-servers.yaml": self._servers_yaml(node_urls, env.server_type)}
+                extra["config"] = f"{site.run_dir}/{env.name}-servers.yaml"
+            else:
+                extra.update({"openai.base_url": base_url, "openai.model_name": model_name,
+                              "openai.server_type": env.server_type})
+            if model_dir and "env.tokenizer_name" not in env.args:
+                extra["env.tokenizer_name"] = model_dir
+            envs.append(self.start(site, [site.python, env.script, "serve",
+                                          *flags({**env.args, **extra})], files=files))
+        return envs
+
+    def _servers_yaml(self, urls: list[str], server_type: str) -> str:
+        """An env ``--config`` listing the inference nodes (with ``$ATROPOS_API_KEY`` if set)."""
+        import yaml
+
+        key = os.environ.get(API_KEY_ENV)
+        model_name = self.config.trainer.get("served_model_name", DEFAULT_INFERENCE_MODEL)
+        return yaml.safe_dump({"openai": [
+            {"base_url": url, "model_name": model_name, "server_type": server_type,
+             **({"api_key": key} if key else {})} for url in urls]})
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._stop_signal is not None or self.backend is None:  # or still connecting to Ray
@@ -289,6 +379,12 @@ class Launcher:
                 _localise_summary(self.run_dir / "summary.json", trainer_site.run_dir, self.run_dir, got)
         finally:
             self.backend.close()
+
+
+def _auth_header() -> dict[str, str]:
+    """``Authorization`` for run-api when ``$ATROPOS_API_KEY`` is set (it then requires it)."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _localise_summary(path: Path, node_dir: str, local_dir: Path, copied: list[str]) -> None:

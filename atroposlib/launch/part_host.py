@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from atroposlib.launch.supervision import Part
+from atroposlib.launch.supervision import Part, write_private_files
 from atroposlib.utils.offline import OFFLINE_ENV
 
 
@@ -101,14 +101,19 @@ class PartHost:
             sock.bind((host, 0))
             return sock.getsockname()[1]
 
-    def start(self, argv: list[str], name: str | None = None) -> int:
-        """Start ``argv`` here in its own process group; returns its pid.
+    def start(self, argv: list[str], name: str | None = None,
+              files: dict[str, str] | None = None) -> int:
+        """Write ``files`` under the run dir, then start ``argv`` here in its own process group.
 
         The environment is this worker's (Ray sets ``CUDA_VISIBLE_DEVICES`` and
         ``OMP_NUM_THREADS`` from the placement) over the offline switches.
+
+        Returns:
+            The part's pid.
         """
         if name:
             self.name = name
+        write_private_files(self.run_dir, files or {})
         self._part = Part(self.name, argv, self.run_dir / "logs", {**OFFLINE_ENV, **os.environ},
                           self._buffer, threading.Lock())  # type: ignore[arg-type]
         return self._part.proc.pid

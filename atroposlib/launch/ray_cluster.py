@@ -19,10 +19,12 @@ for a ``--ray`` run.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+from atroposlib.api.settings import API_KEY_ENV
 from atroposlib.launch.config import Placement, RaySection
 from atroposlib.launch.part_host import PartHost
 from atroposlib.launch.supervision import Backend, LaunchError, Site
@@ -149,10 +151,11 @@ class RaySite(Site):
         """A port free on the node's address."""
         return ray.get(self.actor.free_port.remote(self.host), timeout=CALL_TIMEOUT)
 
-    def start(self, argv: list[str], name: str | None = None) -> RayPart:
-        """Start ``argv`` on the node; its output streams here from now on."""
+    def start(self, argv: list[str], name: str | None = None,
+              files: dict[str, str] | None = None) -> RayPart:
+        """Write ``files`` and start ``argv`` on the node; its output streams here from now on."""
         name = name or self.name
-        ray.get(self.actor.start.remote(argv, name), timeout=CALL_TIMEOUT)
+        ray.get(self.actor.start.remote(argv, name, files), timeout=CALL_TIMEOUT)
         return RayPart(name, self.actor, self._log_dir, self._console, self._lock)
 
 
@@ -199,7 +202,11 @@ class RayBackend(Backend):
             LaunchError: the actors were not placed within ``ray.place_timeout`` seconds (no
                 node fits), or an actor failed to start.
         """
-        options = placement.actor_options(self.section.runtime_env)
+        runtime_env = dict(self.section.runtime_env)
+        key = os.environ.get(API_KEY_ENV)
+        if key:  # as locally, every part gets the launching host's key (the config's wins)
+            runtime_env["env_vars"] = {API_KEY_ENV: key, **runtime_env.get("env_vars", {})}
+        options = placement.actor_options(runtime_env)
         run_name = self.run_dir.resolve().name
         actors = []
         if count == 1:

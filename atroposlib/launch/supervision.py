@@ -192,8 +192,16 @@ class Site(ABC):
         """A TCP port that was free on the part's node a moment ago (bound on :attr:`host`)."""
 
     @abstractmethod
-    def start(self, argv: list[str], name: str | None = None) -> PartHandle:
-        """Start ``argv`` there, named ``name`` (default: the site's) in logs."""
+    def start(self, argv: list[str], name: str | None = None,
+              files: dict[str, str] | None = None) -> PartHandle:
+        """Start ``argv`` there, named ``name`` (default: the site's) in logs.
+
+        Args:
+            argv: the command.
+            name: the part's name in logs (default: the site's).
+            files: ``{path relative to run_dir: text}`` written on the node first (mode 600;
+                e.g. a server list that holds a key), for ``argv`` to name.
+        """
 
 
 class Backend(ABC):
@@ -241,8 +249,10 @@ class LocalSite(Site):
         """A free TCP port on 127.0.0.1."""
         return free_port()
 
-    def start(self, argv: list[str], name: str | None = None) -> Part:
-        """Start ``argv`` as a child process in its own process group."""
+    def start(self, argv: list[str], name: str | None = None,
+              files: dict[str, str] | None = None) -> Part:
+        """Write ``files`` under the run dir, then start ``argv`` in its own process group."""
+        write_private_files(Path(self.run_dir), files or {})
         return Part(name or self.name, argv, Path(self.run_dir) / "logs", self._env,
                     self._console, self._lock)
 
@@ -265,3 +275,20 @@ class LocalBackend(Backend):
                               "on this host: pass --ray ADDRESS (or set ray: in the config), or "
                               "start torchrun on each node by hand (docs/cluster.md)", part=name)
         return [LocalSite(name, *self._args)]
+
+
+def write_private_files(run_dir: Path, files: dict[str, str]) -> None:
+    """Write each ``{relative path: text}`` under ``run_dir``, readable by this user only.
+
+    Raises:
+        ValueError: a path points outside ``run_dir``.
+    """
+    root = run_dir.resolve()
+    for rel, text in files.items():
+        path = (root / rel).resolve()
+        if root not in path.parents:
+            raise ValueError(f"{rel!r} is outside the run directory {root}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)

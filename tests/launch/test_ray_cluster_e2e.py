@@ -199,3 +199,40 @@ def test_a_trainer_over_two_ray_nodes_meets_at_a_static_rendezvous(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["stopped"] == "completed"
     assert (tmp_path / "run" / "checkpoints" / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.timeout(1500)
+def test_an_inference_node_on_the_other_node_gets_the_weights_over_http(tmp_path):
+    _needs_ray()
+    config = yaml.safe_load((REPO / "configs/quickstart-ray.yaml").read_text())
+    config["trainer"].update(training_steps=3, eval_interval=0)
+    for key in ("max_train_seconds", "vllm_dtype", "vllm_max_model_len"):
+        config["trainer"].pop(key)
+    config["envs"][0]["args"]["env.eval_size"] = 8
+    config["envs"][0]["script"] = str(REPO / config["envs"][0]["script"])
+    # vLLM on node_a; the trainer on node_b, whose run directory node_a cannot see
+    config["inference"] = [{"placement": {"resources": {"node_a": 0.1}},
+                            "args": {"dtype": "bfloat16", "max_model_len": 512}}]
+    config["ray"].update(node_run_dir=str(tmp_path / "nodes"), place_timeout=120)
+    config["run_dir"] = str(tmp_path / "run")
+    path = _write(tmp_path / "nodes.yaml", config)
+    proc, nodes = _on_cluster(tmp_path, f'ATROPOS_API_KEY=test-key-1 "$PY" -m atroposlib.cli.launch {path} --ray',
+                              timeout=1400)
+    out = proc.stdout
+    run = tmp_path / "run"
+    assert proc.returncode == 0, out[-6000:] + proc.stderr[-3000:]
+    placement = json.loads((run / "placement.json").read_text())
+    assert {k: v["node_id"] for k, v in placement.items()} == {
+        "api": nodes["node_a"], "inference": nodes["node_a"], "trainer": nodes["node_b"],
+        "arithmetic": nodes["node_a"]}
+    assert "\n[inference] " in out
+    trainer_log = (run / "logs" / "trainer.log").read_text()
+    # node_b's run directory is hidden from the node: every policy went over HTTP
+    assert "-> weights pushed over HTTP in bfloat16" in trainer_log, trainer_log[-3000:]
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(m.get("sync/bytes_sent", 0) > 0 for m in steps[1:])  # step 1 may overlap its push
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["stopped"] == "completed", summary
+    assert summary["eval_accuracy_before"] is not None and summary["eval_accuracy_after"] is not None

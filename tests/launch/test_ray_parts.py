@@ -162,3 +162,35 @@ def test_an_unreachable_ray_head_fails_at_once_naming_the_address(tmp_path, caps
     assert f"nothing answers at 127.0.0.1:{port}" in out and "ray start --head" in out
     assert launch_cli.main([str(path), "--ray", "no-port-here"]) == 1
     assert "is not HOST:PORT, ray://HOST:PORT or auto" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    ({"inference": [{"count": 2}, {"name": "inference.1"}]}, r"\['inference\.1'\] is used twice"),
+    ({"inference": [{"name": "a"}]}, r"\['a'\] is used twice"),
+    ({"inference": [{}], "trainer": {"vllm_url": "http://x:1/v1"}}, "keep one"),
+    ({"inference": [{"placement": {"num_gpu": 1}}]},
+     r"inference\.0\.placement\.num_gpu: unknown key; did you mean inference\.0\.placement\.num_gpus"),
+])
+def test_bad_inference_sections_name_the_problem(tmp_path, data, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(_write(tmp_path, {"envs": [{"name": "a", "script": ENV_SCRIPT}], **data}))
+
+
+def test_envs_get_every_inference_node_with_the_key_in_a_private_file(tmp_path, monkeypatch):
+    from atroposlib.launch.orchestration import Launcher
+
+    config = load_config(_write(tmp_path, {
+        "run_dir": str(tmp_path / "run"), "trainer": {"served_model_name": "policy"},
+        "inference": [{"count": 2}], "envs": [{"name": "a", "script": ENV_SCRIPT}]}))
+    assert config.inference[0].names == ["inference.0", "inference.1"]
+    monkeypatch.setenv("ATROPOS_API_KEY", "k3y")
+    text = Launcher(config)._servers_yaml(["http://h:1/v1", "http://h:2/v1"], "vllm")
+    assert yaml.safe_load(text) == {"openai": [
+        {"base_url": "http://h:1/v1", "model_name": "policy", "server_type": "vllm", "api_key": "k3y"},
+        {"base_url": "http://h:2/v1", "model_name": "policy", "server_type": "vllm", "api_key": "k3y"}]}
+    from atroposlib.launch.supervision import write_private_files
+
+    write_private_files(tmp_path, {"a-servers.yaml": text})
+    assert (tmp_path / "a-servers.yaml").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(ValueError, match="outside the run directory"):
+        write_private_files(tmp_path / "run", {"../x": "y"})
