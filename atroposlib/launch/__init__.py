@@ -3,7 +3,10 @@
 - :mod:`atroposlib.launch.config`: the YAML schema and its validation;
 - :mod:`atroposlib.launch.commands`: the command line of each part;
 - :mod:`atroposlib.launch.supervision`: starting, watching and stopping parts, log prefixes;
-- :mod:`atroposlib.launch.orchestration`: the order of a run.
+- :mod:`atroposlib.launch.orchestration`: the order of a run;
+- :mod:`atroposlib.launch.ray_cluster` (``--ray``, needs ``atroposlib[ray]``): each part as a Ray
+  actor placed by its section's ``placement``; :mod:`atroposlib.launch.part_host` is what that
+  actor runs on its node.
 
 The console script is :mod:`atroposlib.cli.launch`.
 """

@@ -164,7 +164,7 @@ class Launcher:
         cfg = self.config
         api, api_url, info = self._start_api()
         nodes, node_urls = self._start_inference()
-        trainers, base_url = self._start_trainer(api_url, node_urls, [api, *nodes])
+        trainers, base_url = self._start_trainer(api_url, node_urls)
         self._wait_until("trainer registered with run-api",
                          lambda: (info() or {}).get("batch_size", -1) > 0,
                          cfg.register_timeout, [api, *nodes, *trainers])
@@ -256,8 +256,7 @@ class Launcher:
             self.say(f"inference nodes ready: {', '.join(urls)}")
         return nodes, urls
 
-    def _start_trainer(self, api_url: str, node_urls: list[str],
-                       others: list[PartHandle]) -> tuple[list[PartHandle], str]:
+    def _start_trainer(self, api_url: str, node_urls: list[str]) -> tuple[list[PartHandle], str]:
         """Start the trainer (one part per trainer node); its handles and the envs' base URL.
 
         Without inference nodes or ``trainer.vllm_url`` the trainer launches its own vLLM, on a

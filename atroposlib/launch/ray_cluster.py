@@ -1,6 +1,6 @@
 """``atropos-launch CONFIG --ray ADDRESS``: every part of the run as a Ray actor on a Ray cluster.
 
-Each part (run-api, each trainer node, each environment) is one
+Each part (run-api, each inference node, each trainer node, each environment) is one
 :class:`~atroposlib.launch.part_host.PartHost` actor. Ray's scheduler places it by the
 resources the part's ``placement`` asks for (``num_cpus``, ``num_gpus``, ``memory``, custom
 ``resources``, node ``labels``); a trainer over several nodes is one placement group with one
