@@ -23,7 +23,7 @@ The teacher is queried with ``get_logprobs(input_ids=seq, top_k=..., max_tokens=
 match the sequence (length, missing actual token, too few candidates), nulls BOTH fields of
 that group, logs why and counts it in ``stats["teacher_groups_failed"]``: never silently wrong
 data. ``group_overrides["teacher_top_k"]`` overrides ``K`` for one group,
-``group_overrides["skip_teacher_top_k"]`` skips the fetch (the group keeps what it has).
+``group_overrides["skip_teacher_top_k"]`` skips the fetch (both fields are then None).
 
 Teacher and student must share a tokenizer (the ids are compared position by position); a
 mismatch raises :class:`~atroposlib.errors.ConfigError` before any rollout.
@@ -49,7 +49,7 @@ from atroposlib.envs.groups import reject_reason
 from atroposlib.errors import ConfigError
 from atroposlib.inference.clients.base import APIServer
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
-from atroposlib.inference.clients.manager import ServerManager
+from atroposlib.inference.clients.manager import ServerManager, server_class_for
 from atroposlib.inference.clients.openai_client import resolve_openai_configs
 from atroposlib.type_definitions import Item
 
@@ -171,6 +171,21 @@ def align_teacher_logprobs(
     return out_ids, out_lps
 
 
+def _check_can_score_prompts(source: APIServerConfig | APIServer) -> None:
+    """Raise ``ConfigError`` when the teacher backend ``source`` cannot return prompt log-probs.
+
+    ``source`` is a teacher's settings (its ``server_type`` names the backend) or a ready server.
+    """
+    config = source.config if isinstance(source, APIServer) else source
+    server_class = type(source) if isinstance(source, APIServer) else server_class_for(config.server_type)
+    if server_class._get_logprobs_wrapper is APIServer._get_logprobs_wrapper:
+        raise ConfigError(
+            f"teacher server {getattr(config, 'base_url', None) or config.model_name!r} (server_type "
+            f"{config.server_type!r}) cannot return prompt log-probs; serve the teacher with "
+            "vLLM and pass --teacher.server_type vllm"
+        )
+
+
 class TeacherDistillationEnv(BaseEnv):
     """``BaseEnv`` whose groups carry teacher top-k log-probs (see the module docstring).
 
@@ -202,8 +217,10 @@ class TeacherDistillationEnv(BaseEnv):
                 or ready ``APIServer`` instances); load-balanced like the student's.
 
         Raises:
-            ConfigError: the teacher is enabled without servers, or a teacher backend cannot
-                return prompt log-probs.
+            ConfigError: the teacher is enabled without servers, a teacher backend cannot
+                return prompt log-probs, or the first teacher's tokenizer (given as settings)
+                differs from the student's (see
+                :meth:`_validate_teacher_tokenizer_compatibility`).
         """
         super().__init__(config, server_configs, slurm=slurm, testing=testing)
         self.teacher: ServerManager | None = None
@@ -217,24 +234,37 @@ class TeacherDistillationEnv(BaseEnv):
             return
         if not teacher_server_configs and not testing:
             raise ConfigError(
-                "teacher_enabled is true but no teacher server is configured: pass "
+                "teacher_enabled is true but no teacher server configuration was provided: pass "
                 "--teacher.base_url URL --teacher.model_name NAME --teacher.server_type vllm "
                 "(or teacher_server_configs=[APIServerConfig(...)]), or set "
                 "--env.teacher_enabled false"
             )
-        self.teacher = ServerManager(
-            teacher_server_configs if teacher_server_configs else ServerBaseline(),
-            testing=testing and not teacher_server_configs,
-        )
-        for server in self.teacher.servers:
-            if type(server)._get_logprobs_wrapper is APIServer._get_logprobs_wrapper:
-                raise ConfigError(
-                    f"teacher server {server.config.base_url or server.config.model_name!r} "
-                    f"(server_type {server.config.server_type!r}) cannot return prompt log-probs; "
-                    "serve the teacher with vLLM and pass --teacher.server_type vllm"
-                )
-            if hasattr(server, "set_tokenizer_factory"):
+        if not teacher_server_configs:  # testing: in-process fake teachers
+            self.teacher = ServerManager(ServerBaseline(), slurm=False, testing=True)
+            for server in self.teacher.servers:
                 server.set_tokenizer_factory(lambda: self.tokenizer)
+            return
+        # One config or server becomes a list of one, as Atropos 0.4 passes it on; a bare
+        # ServerBaseline is passed as is (the manager derives the servers' addresses).
+        bare_baseline = type(teacher_server_configs) is ServerBaseline
+        sources = (
+            list(teacher_server_configs)
+            if isinstance(teacher_server_configs, list | tuple)
+            else [teacher_server_configs]
+        )
+        for source in sources:
+            _check_can_score_prompts(source)
+            if hasattr(source, "set_tokenizer_factory"):
+                source.set_tokenizer_factory(lambda: self.tokenizer)
+        self.teacher = ServerManager(
+            teacher_server_configs if bare_baseline else sources, slurm=False, testing=False
+        )
+        first = sources[0]
+        if isinstance(first, APIServerConfig):
+            name = first.tokenizer_name
+            self._validate_teacher_tokenizer_compatibility(
+                first.model_name if name in ("", "none") else name
+            )
 
     # ------------------------------------------------------------------ checks
     def check_teacher_tokenizer(self) -> None:
@@ -401,23 +431,36 @@ class TeacherDistillationEnv(BaseEnv):
             TeacherDistillationError: an answer does not match its sequence.
             Exception: whatever the teacher request raised (e.g. ``InferenceError``).
         """
+        results = await asyncio.gather(
+            *(self._fetch_teacher_for_sequence(list(seq), top_k) for seq in tokens)
+        )
+        return [ids for ids, _ in results], [lps for _, lps in results]
+
+    async def _fetch_teacher_for_sequence(
+        self, token_ids: list[int], top_k: int
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Ask the teacher for one sequence's ``(ids [T][K], logprobs [T][K])``.
+
+        Atropos 0.4's per-sequence step (the one to override for another teacher source).
+
+        Raises:
+            TeacherDistillationError: the answer does not match ``token_ids``.
+        """
         assert self.teacher is not None
         # vLLM's prompt_logprobs=k returns the k best AND the actual token, so k >= 1 also
         # covers top_k == 0 (the actual token only).
-        results = await asyncio.gather(
-            *(
-                self.teacher.get_logprobs(input_ids=list(seq), top_k=max(top_k, 1), max_tokens=1)
-                for seq in tokens
-            )
+        result = await self.teacher.get_logprobs(
+            input_ids=token_ids, top_k=max(top_k, 1), max_tokens=1
         )
-        aligned = [align_teacher_logprobs(list(seq), res, top_k) for seq, res in zip(tokens, results, strict=True)]
-        return [ids for ids, _ in aligned], [lps for _, lps in aligned]
+        return align_teacher_logprobs(token_ids, result, top_k)
 
     async def _enrich_group(self, group: ScoredDataGroup) -> None:
         """Set (or null) one group's ``distill_*`` fields; failures are logged and counted."""
         try:
             top_k = self._group_top_k(group)
-            if top_k is None:
+            if top_k is None:  # skipped: the group goes without teacher fields
+                group["distill_token_ids"] = None
+                group["distill_logprobs"] = None
                 self.stats["teacher_groups_skipped"] += 1
                 return
             ids, lps = await self.fetch_teacher_logprobs(group["tokens"], top_k)
