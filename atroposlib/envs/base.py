@@ -131,11 +131,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
             )
         self.config = config
         self.server_configs = server_configs
-        self.reasoning_config = ReasoningConfig(
-            enabled=config.thinking_mode,
-            effort=config.reasoning_effort,
-            max_tokens=config.max_reasoning_tokens,
-        )
+        self.reasoning_config = ReasoningConfig.from_env_config(config)
         self.server = ServerManager(
             server_configs,
             server_class=self.server_cls,
