@@ -148,7 +148,10 @@ class ScoredData(BaseModel):
 
     Unknown top-level keys are ignored (Atropos tolerance). Messages pass through verbatim; each
     message must have ``role`` and ``content``. Rows must agree: ``len(tokens) == len(masks) ==
-    len(scores)`` and every per-token field has ``T_i`` entries in row ``i``.
+    len(scores)`` and every per-token field has ``T_i`` entries in row ``i``, except that an
+    ``advantages`` row may be longer (Atropos 0.4 accepted that, e.g. from an env that dropped a
+    cut-off final token after computing advantages): its entries past ``T_i`` belong to no
+    token and are cut off here.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -223,6 +226,12 @@ class ScoredData(BaseModel):
         problem = group_shape_error({name: getattr(self, name) for name in _SHAPE_FIELDS})
         if problem:
             raise ValueError(problem)
+        if self.advantages is not None and any(
+            len(row) > len(seq) for row, seq in zip(self.advantages, self.tokens, strict=True)
+        ):
+            self.advantages = [
+                row[: len(seq)] for row, seq in zip(self.advantages, self.tokens, strict=True)
+            ]
         return self
 
 
@@ -293,7 +302,9 @@ def group_shape_error(group: dict[str, Any]) -> str | None:
         if len(rows) != n:
             return f"{name} has {len(rows)} rows but tokens has {n}; send one row per sequence"
         for i in range(n):
-            if len(rows[i]) != len(tokens[i]):
+            if len(rows[i]) != len(tokens[i]) and not (
+                name == "advantages" and len(rows[i]) > len(tokens[i])  # cut by ScoredData
+            ):
                 return (
                     f"{name}[{i}] has {len(rows[i])} entries but tokens[{i}] has "
                     f"{len(tokens[i])}; per-token fields must match the sequence length"
