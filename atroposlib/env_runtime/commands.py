@@ -15,9 +15,11 @@ A single server config always stays a list of one ``APIServerConfig`` with the g
 Extra server namespaces: an env class may declare ``server_namespaces = {"teacher":
 "teacher_server_configs"}``; then ``serve`` and ``process`` also take ``--teacher.<field>`` flags
 (``APIServerConfig`` fields) and a YAML ``teacher:`` key (mapping or list), resolved like
-``openai`` and passed to the env constructor as ``teacher_server_configs=[...]``. A namespace
-given nowhere is not passed (the constructor default applies). ``evaluate`` has no such flags:
-it sends no groups.
+``openai`` and passed to the env constructor as ``teacher_server_configs=[...]``. Defaults for a
+namespace come from the class method ``<prefix>_config_init()`` when the class has one and it
+returns servers (Atropos 0.4's ``teacher_config_init``), under YAML and flags as
+``config_init``'s are for ``openai``. A namespace given nowhere is not passed (the constructor
+default applies). ``evaluate`` has no such flags: it sends no groups.
 """
 
 from __future__ import annotations
@@ -187,11 +189,12 @@ def build_namespace_servers(
 ) -> dict[str, list[APIServerConfig | APIServer]]:
     """Resolve the env's extra server namespaces (e.g. ``teacher``) into constructor kwargs.
 
-    Each namespace merges YAML ``<prefix>:`` < ``--<prefix>.*`` flags over ``APIServerConfig``
-    defaults, exactly like ``openai``. Only ``serve`` and ``process`` use them.
+    Each namespace merges ``<prefix>_config_init()`` (when the class defines it and it returns
+    servers; else ``APIServerConfig`` defaults) < YAML ``<prefix>:`` < ``--<prefix>.*`` flags,
+    exactly like ``openai``. Only ``serve`` and ``process`` use them.
 
     Returns:
-        ``{constructor_keyword: [config, ...]}`` for every namespace given in YAML or flags.
+        ``{constructor_keyword: [config, ...]}`` for every namespace with defaults, YAML or flags.
 
     Raises:
         ConfigError: invalid values (the message names the ``--<prefix>.*`` flag).
@@ -204,9 +207,14 @@ def build_namespace_servers(
     overrides = collect_overrides(namespace, list(namespaces))
     kwargs: dict[str, list[APIServerConfig | APIServer]] = {}
     for prefix, keyword in namespaces.items():
-        if not data.get(prefix) and not overrides[prefix]:
+        hook = getattr(env_cls, f"{prefix}_config_init", None)
+        defaults = hook() if callable(hook) else None
+        if defaults is None and not data.get(prefix) and not overrides[prefix]:
             continue
-        resolved = resolve_server_configs(ServerBaseline(), data.get(prefix), overrides[prefix], prefix)
+        resolved = resolve_server_configs(
+            ServerBaseline() if defaults is None else defaults, data.get(prefix), overrides[prefix],
+            prefix,
+        )
         kwargs[keyword] = list(resolved) if isinstance(resolved, list) else [resolved]
     return kwargs
 

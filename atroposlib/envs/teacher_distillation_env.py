@@ -266,6 +266,15 @@ class TeacherDistillationEnv(BaseEnv):
                 first.model_name if name in ("", "none") else name
             )
 
+    @classmethod
+    def teacher_config_init(cls) -> APIServerConfig | list[APIServerConfig] | None:
+        """Default teacher servers for ``serve`` and ``process`` (None: no default).
+
+        Atropos 0.4's hook: override it to return the teacher's ``APIServerConfig`` (or a
+        list); YAML ``teacher:`` and ``--teacher.*`` flags override it field by field.
+        """
+        return None
+
     # ------------------------------------------------------------------ checks
     def check_teacher_tokenizer(self) -> None:
         """Make sure every teacher server tokenizes exactly like the student (checked once).

@@ -252,6 +252,27 @@ async def test_per_sequence_fetch_is_the_override_point(tiny_tokenizer_dir):
     assert len(seen) == 2
 
 
+class DefaultTeacherEnv(DistillEnv):
+    """Atropos 0.4's idiom: the class names its default teacher."""
+
+    @classmethod
+    def teacher_config_init(cls):
+        return APIServerConfig(base_url="http://127.0.0.1:9003/v1", model_name="teacher",
+                               server_type="vllm", timeout=1200)
+
+
+def test_teacher_config_init_gives_the_default_teacher_under_yaml_and_flags(tmp_path):
+    [teacher] = parse_args_with_namespaces(DefaultTeacherEnv, ["serve"])[4]["teacher_server_configs"]
+    assert (teacher.base_url, teacher.model_name, teacher.timeout) == (
+        "http://127.0.0.1:9003/v1", "teacher", 1200)
+    [teacher] = parse_args_with_namespaces(
+        DefaultTeacherEnv, ["process", "--teacher.model_name", "big"])[4]["teacher_server_configs"]
+    assert (teacher.base_url, teacher.model_name, teacher.timeout) == (
+        "http://127.0.0.1:9003/v1", "big", 1200)
+    assert DistillEnv.teacher_config_init() is None
+    assert parse_args_with_namespaces(DefaultTeacherEnv, ["evaluate"])[4] == {}
+
+
 def test_cli_teacher_namespace_for_serve_and_process_only(tmp_path, capsys):
     flags = ["--env.teacher_enabled", "--env.teacher_top_k", "4", "--teacher.base_url",
              "http://127.0.0.1:9/v1", "--teacher.model_name", "big", "--teacher.server_type", "vllm"]
