@@ -66,7 +66,7 @@ def _probe_in_child(path: Path, out: Path, project_root: Path | None = None) -> 
         rec["import_error"] = _error(exc)
         rec["import_trace"] = traceback.format_exc()[-1500:]
     if rec["import_ok"]:
-        for name, cls in vars(mod).items():
+        for name, cls in list(vars(mod).items()):  # config_init may add module globals
             if not (inspect.isclass(cls) and issubclass(cls, BaseEnv) and cls is not BaseEnv
                     and cls.__module__ == mod.__name__):
                 continue
@@ -85,11 +85,14 @@ def _probe_in_child(path: Path, out: Path, project_root: Path | None = None) -> 
     out.write_text(json.dumps(rec))
 
 
-def env_files(root: Path) -> list[Path]:
-    """Python files under ``root`` that may hold an env: not ``__init__.py``, not ``test_*.py``."""
+def env_files(root: Path, every_file: bool = False) -> list[Path]:
+    """Python files under ``root`` that may hold an env: not ``__init__.py``, not ``test_*.py``.
+
+    With ``every_file``, all ``*.py`` files (``__init__.py`` and ``test_*.py`` too).
+    """
     return sorted(
         p for p in root.rglob("*.py")
-        if p.name != "__init__.py" and not p.name.startswith("test_")
+        if every_file or (p.name != "__init__.py" and not p.name.startswith("test_"))
     )
 
 
@@ -127,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("root", type=Path, help="directory of env files")
     parser.add_argument("--json", type=Path, help="write per-file records here")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per file")
+    parser.add_argument("--every-file", action="store_true",
+                        help="also import __init__.py and test_*.py files")
     parser.add_argument("--project-root", type=Path,
                         help="appended to sys.path (a checkout whose environments/ files import "
                         "each other as environments.<...>)")
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     records = []
-    for path in env_files(args.root.resolve()):
+    for path in env_files(args.root.resolve(), args.every_file):
         rec = probe(path, args.timeout, args.project_root)
         rec["file"] = str(path.relative_to(args.root.resolve()))
         records.append(rec)

@@ -22,10 +22,11 @@ Two dependency sets:
 
 Suite: upstream's ``atroposlib/tests`` (from the checkout when given, else from the 0.4.0 wheel),
 run with pytest against each side (see ``tests/fixtures/upstream_suite.py``). Env files (needs
-``--upstream-src``): every file under the checkout's ``environments/``, through
-``benchmarks/compat_env_files.py`` (import, a ``BaseEnv`` subclass found, ``config_init()``),
-with the checkout's ``environments`` package importable as in upstream's own layout (a folder
-holding only a link to it is appended to ``sys.path``; upstream's ``atroposlib`` is not).
+``--upstream-src``): every ``*.py`` file under the checkout's ``environments/``, through
+``benchmarks/compat_env_files.py --every-file`` (import, a ``BaseEnv`` subclass found,
+``config_init()``), with that ``environments`` package importable as in upstream's own layout:
+each run gets a fresh copy of the folder, whose parent (holding nothing else; upstream's
+``atroposlib`` is not there) is appended to ``sys.path``.
 
 Everything is built under ``.bench/parity/`` (ignored by git); venvs are reused while their
 requirements are unchanged, our wheel is rebuilt and reinstalled every run. Needs the package
@@ -40,6 +41,7 @@ import argparse
 import email.parser
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -152,13 +154,26 @@ def measure_suite(bench: Path, setup: dict, suite: Path, project: Path | None) -
     return results
 
 
-def measure_envs(bench: Path, setup: dict, upstream_src: Path, project: Path) -> dict:
-    """Run compat_env_files.py over the checkout's environments/ for every (set, side)."""
+def fresh_tree(bench: Path, upstream_src: Path) -> Path:
+    """A fresh copy of the checkout's ``environments/`` under ``bench/envs-tree`` (its root).
+
+    Some env files write files next to themselves when imported; each run starts from the
+    checkout's files, so every side imports the same ones.
+    """
+    root = bench / "envs-tree"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(upstream_src / "environments", root / "environments", symlinks=True)
+    return root
+
+
+def measure_envs(bench: Path, setup: dict, upstream_src: Path) -> dict:
+    """Run compat_env_files.py over every file of the checkout's environments/, every side."""
     results: dict = {}
     script = ROOT / "benchmarks" / "compat_env_files.py"
     for set_name, pythons in setup["python"].items():
         results[set_name] = {}
         for side, python in pythons.items():
+            project = fresh_tree(bench, upstream_src)
             target = setup["targets"].get(set_name, {}).get(side)
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             env.update(OFFLINE_ENV)
@@ -168,8 +183,8 @@ def measure_envs(bench: Path, setup: dict, upstream_src: Path, project: Path) ->
             out.parent.mkdir(parents=True, exist_ok=True)
             start = time.monotonic()
             proc = subprocess.run(
-                [str(python), str(script), str(upstream_src / "environments"), "--project-root",
-                 str(project), "--json", str(out), "--timeout", "120"],
+                [str(python), str(script), str(project / "environments"), "--every-file",
+                 "--project-root", str(project), "--json", str(out), "--timeout", "120"],
                 env=env, capture_output=True, text=True, cwd=bench, start_new_session=True)
             if proc.returncode != 0 or not out.exists():
                 raise RuntimeError(f"env files on {set_name}/{side} failed: {proc.stderr[-2000:]}")
@@ -223,6 +238,14 @@ def print_report(suite: dict | None, envs: dict | None) -> None:
                 print(f"\n{set_name}: env files importing on {base} and not on ours: {len(lost)}")
                 for r in lost:
                     print(f"  {r['file']}: {ours[r['file']]['import_error']}")
+                worse = [(r["file"], e["class"]) for r in sides[base]["files"] for e in r["envs"]
+                         if e["config_init_ok"] and not any(
+                             o["class"] == e["class"] and o["config_init_ok"]
+                             for o in ours[r["file"]]["envs"])]
+                print(f"{set_name}: env classes found and config_init-ing on {base} and not on "
+                      f"ours: {len(worse)}")
+                for file, cls in worse:
+                    print(f"  {file}: {cls}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(["rm", "-rf", str(suite_dir)], check=True)
         suite = measure_suite(bench, setup, extract_suite(suite_src, suite_dir), project)
     if args.only in (None, "envs") and src is not None:
-        envs = measure_envs(bench, setup, src, project)
+        envs = measure_envs(bench, setup, src)
     print_report(suite, envs)
     if args.json:
         args.json.write_text(json.dumps({"suite": suite, "envs": envs}, indent=1, default=str))
