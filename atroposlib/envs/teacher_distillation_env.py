@@ -171,6 +171,45 @@ def align_teacher_logprobs(
     return out_ids, out_lps
 
 
+def resolve_teacher_server_configs(
+    default_teacher_server_configs: Any,
+    yaml_config: dict[str, Any] | None,
+    cli_passed_flags: dict[str, Any] | None,
+) -> Any:
+    """Resolve the ``teacher`` namespace like ``openai`` (Atropos 0.4's helper).
+
+    Defaults < YAML ``teacher:`` < ``--teacher.*`` flags; the env command line does this itself.
+
+    Returns:
+        None when no default, YAML key or flag names a teacher; else the resolved configs.
+    """
+    yaml_teacher = (yaml_config or {}).get("teacher")
+    flags = {
+        key.split(".", 1)[1]: value
+        for key, value in (cli_passed_flags or {}).items()
+        if key.startswith("teacher.")
+    }
+    if default_teacher_server_configs is None and not yaml_teacher and not flags:
+        return None
+    merged: dict[str, Any] = {}
+    if isinstance(default_teacher_server_configs, ServerBaseline):
+        merged.update(default_teacher_server_configs.model_dump())
+    if isinstance(yaml_teacher, dict):
+        merged.update(yaml_teacher)
+    merged.update(flags)
+    return resolve_openai_configs(
+        default_server_configs=(
+            default_teacher_server_configs
+            if default_teacher_server_configs is not None
+            else ServerBaseline()
+        ),
+        openai_config_dict=merged,
+        yaml_config={"openai": yaml_teacher} if yaml_teacher is not None else {},
+        cli_passed_flags={f"openai.{key}": value for key, value in flags.items()},
+        logger=logger,
+    )
+
+
 def _check_can_score_prompts(source: APIServerConfig | APIServer) -> None:
     """Raise ``ConfigError`` when the teacher backend ``source`` cannot return prompt log-probs.
 
@@ -366,46 +405,8 @@ class TeacherDistillationEnv(BaseEnv):
                 "teacher that shares the student's tokenizer"
             )
 
-    @classmethod
-    def _resolve_teacher_server_configs(
-        cls,
-        default_teacher_server_configs: Any,
-        yaml_config: dict[str, Any] | None,
-        cli_passed_flags: dict[str, Any] | None,
-    ) -> Any:
-        """Resolve the ``teacher`` namespace like ``openai``.
-
-        Defaults < YAML ``teacher:`` < ``--teacher.*`` flags (Atropos 0.4's helper; the env
-        CLI does this itself).
-
-        Returns:
-            None when no default, YAML key or flag names a teacher; else the resolved configs.
-        """
-        yaml_teacher = (yaml_config or {}).get("teacher")
-        flags = {
-            key.split(".", 1)[1]: value
-            for key, value in (cli_passed_flags or {}).items()
-            if key.startswith("teacher.")
-        }
-        if default_teacher_server_configs is None and not yaml_teacher and not flags:
-            return None
-        merged: dict[str, Any] = {}
-        if isinstance(default_teacher_server_configs, ServerBaseline):
-            merged.update(default_teacher_server_configs.model_dump())
-        if isinstance(yaml_teacher, dict):
-            merged.update(yaml_teacher)
-        merged.update(flags)
-        return resolve_openai_configs(
-            default_server_configs=(
-                default_teacher_server_configs
-                if default_teacher_server_configs is not None
-                else ServerBaseline()
-            ),
-            openai_config_dict=merged,
-            yaml_config={"openai": yaml_teacher} if yaml_teacher is not None else {},
-            cli_passed_flags={f"openai.{key}": value for key, value in flags.items()},
-            logger=logger,
-        )
+    #: Atropos 0.4's name (called on the class) for :func:`resolve_teacher_server_configs`.
+    _resolve_teacher_server_configs = staticmethod(resolve_teacher_server_configs)
 
     # ------------------------------------------------------------------ enrichment
     def _group_top_k(self, group: ScoredDataGroup) -> int | None:
@@ -552,5 +553,6 @@ __all__ = [
     "TeacherDistillationEnv",
     "TeacherDistillationError",
     "align_teacher_logprobs",
+    "resolve_teacher_server_configs",
     "tokenizer_difference",
 ]
