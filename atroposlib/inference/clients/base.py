@@ -44,6 +44,7 @@ from atroposlib.inference.clients.config import (  # noqa: F401 - re-exported (A
     ReasoningConfig,
     ServerBaseline,
 )
+from atroposlib.inference.policy_version import record_served_version
 from atroposlib.utils.lazy_exports import lazy_exports
 
 logger = logging.getLogger(__name__)
@@ -231,6 +232,21 @@ class APIServer(ABC):
             "eval": _SplitMetrics(config.rolling_buffer_length),
         }
         self.in_flight = 0
+        #: The policy version (trainer step) this server last reported serving (an
+        #: atropos-inference-node tags every completion with it); None: never reported.
+        self.policy_version: int | None = None
+
+    def note_policy_version(self, version: int, served: bool = True) -> None:
+        """Remember the policy version the server reported.
+
+        Args:
+            version: the version from a response header or a status probe.
+            served: a completion of the current rollout was served with it: also credit it to
+                the rollout (:func:`~atroposlib.inference.policy_version.record_served_version`).
+        """
+        self.policy_version = version
+        if served:
+            record_served_version(version)
 
     @property
     def tokenizer(self) -> Any:
