@@ -12,6 +12,29 @@
     ├── InferenceError              an inference server (vLLM, SGLang, OpenAI) failed
     │   └── InferenceUnavailableError  no healthy server within the timeout
     └── RolloutError                a rollout or reward function failed (the group is dropped)
+
+The packages add their own branches (each module's docstring draws its part):
+
+::
+
+    AtroposError
+    ├── ConfigError
+    │   ├── FrozenConfigError       envs.config: a config field assigned after the run started
+    │   ├── UnknownEnvironmentError env_runtime.entry_points: no env of that name
+    │   ├── UnknownTrainerError     cli.trainers: no trainer of that name
+    │   └── PreflightError          utils.preflight: a path or port is not usable
+    ├── ApiRequestError             api.errors: a request run-api refuses (mapped to 4xx)
+    ├── InferenceError
+    │   └── ProxyError              proxy.errors: the proxy refused a request (client side)
+    ├── ProxyHTTPError              proxy.errors: what the proxy answers in OpenAI format
+    ├── TeacherDistillationError    envs.teacher_distillation_env: a teacher answer is unusable
+    ├── RolloutFormatError          tools.rollouts: a rollout cannot become SFT/DPO data
+    └── LaunchError                 cli.launch: a part of the run failed to start or died
+
+Each class also keeps the built-in base that callers caught before (``ConfigError`` is a
+``ValueError``, ``FrozenConfigError`` an ``AttributeError``, ``RolloutFormatError`` a
+``ValueError``, ``LaunchError`` a ``RuntimeError``). Warnings derive from
+:class:`AtroposWarning` (a ``UserWarning``).
 """
 
 from __future__ import annotations
@@ -69,3 +92,7 @@ class InferenceUnavailableError(InferenceError):
 
 class RolloutError(AtroposError):
     """A rollout or reward computation failed; the group is dropped and counted, never scored 0."""
+
+
+class AtroposWarning(UserWarning):
+    """Base class of every warning atroposlib issues (``-W error::...AtroposWarning`` names them all)."""

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from atroposlib.api.packing import batch_size_problem
 from atroposlib.cli.trainers import DEFAULT_TRAINER, load_trainer
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
-from atroposlib.errors import ConfigError
+from atroposlib.errors import AtroposError, ConfigError
 from atroposlib.utils.offline import OFFLINE_ENV
 
 
@@ -484,7 +484,7 @@ class Part:
         return self.proc.returncode
 
 
-class LaunchError(RuntimeError):
+class LaunchError(AtroposError, RuntimeError):
     """A part failed to come up or died early (the message has its log tail)."""
 
 

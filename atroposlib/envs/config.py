@@ -11,11 +11,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from atroposlib.defaults import DEFAULT_API_URL
-from atroposlib.errors import ConfigError
+from atroposlib.errors import AtroposWarning, ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
 
 
-class UnknownConfigFieldWarning(UserWarning):
+class UnknownConfigFieldWarning(AtroposWarning):
     """An env config was given keyword fields its class does not declare.
 
     Raised (as a warning) when Python code builds a config with extra keywords, e.g.

@@ -46,7 +46,7 @@ from pydantic import Field
 from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.groups import reject_reason
-from atroposlib.errors import ConfigError
+from atroposlib.errors import AtroposError, ConfigError
 from atroposlib.inference.clients.base import APIServer
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.inference.clients.manager import ServerManager
@@ -74,7 +74,7 @@ class TeacherDistillationConfig(BaseEnvConfig):
     )
 
 
-class TeacherDistillationError(Exception):
+class TeacherDistillationError(AtroposError):
     """The teacher's answer cannot be aligned with a sequence (the group's fields are nulled)."""
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from atroposlib.errors import InferenceError
+from atroposlib.errors import AtroposError, InferenceError
 
 
-class ProxyHTTPError(Exception):
+class ProxyHTTPError(AtroposError):
     """An error the proxy answers in OpenAI format (raised inside route handlers).
 
     Attributes:
