@@ -29,12 +29,13 @@ from atroposlib.envs.checkpoints import CheckpointMixin
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
 from atroposlib.envs.eval import EvalLogMixin
 from atroposlib.envs.groups import (
+    CheckedGroups,
     ScoredDataGroup,
     ScoredDataItem,
     aggregate_items,
+    check_groups,
     gather_rollouts,
     normalise_group,
-    valid_groups,
 )
 from atroposlib.envs.run_state import (
     ROLLOUT_POLICY_VERSION,
@@ -283,22 +284,34 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         """Runs after every item (serve and process modes); default: nothing."""
 
     # ------------------------------------------------------------------ group validation & sinks
+    def _check_groups(
+        self,
+        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
+        abort_on_any_max_length_exceeded: bool = True,
+    ) -> CheckedGroups:
+        """The usable groups of ``scored_data``; drops are logged and counted in ``stats``.
+
+        The one scored-group check (:func:`~atroposlib.envs.groups.check_groups`): groups the
+        runner already checked (a ``CheckedGroups``, as ``run_item`` hands them on) are not
+        checked again. ``abort_on_any_max_length_exceeded`` drops groups with a sequence of
+        ``>= max_token_len`` tokens (once the API told us ``max_token_len``).
+        """
+        return check_groups(
+            scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
+            self.max_token_len if abort_on_any_max_length_exceeded else -1, self.stats,
+        )
+
     def _accept_groups(
         self,
         scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
         abort_on_any_max_length_exceeded: bool = True,
         item: Item = None,
     ) -> list[ScoredDataGroup]:
-        """Drop (log + count) invalid groups; normalise and record the rest (lengths, counters).
+        """Check the groups (unless checked already); normalise and record the usable ones.
 
-        ``abort_on_any_max_length_exceeded`` drops groups with a sequence of
-        ``>= max_token_len`` tokens (once the API told us ``max_token_len``). Returns the
-        accepted groups, with every optional key present (None when absent).
+        Returns the accepted groups, with every optional key present (None when absent).
         """
-        accepted = valid_groups(
-            scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
-            self.max_token_len if abort_on_any_max_length_exceeded else -1, self.stats,
-        )
+        accepted = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
         for group in accepted:
             normalise_group(group, self.config.include_messages, self._decode)
             self._run_state.record_accepted(group)
@@ -311,8 +324,10 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,
     ) -> list[ScoredDataGroup]:
-        """Validate and record groups; write them to the run's sinks and the API outbox.
+        """Check and record groups; write them to the run's sinks and the API outbox.
 
+        Groups that come from a runner were checked there (``run_item``) and are not checked
+        again; groups an env passes itself are checked here.
         Accepted groups go to every sink of the run (JSONL, W&B) and, with ``do_send_to_api``
         (serve mode), to the outbox the serve loop drains, so a finished group is never lost
         to an API outage. Each sent group gets ``policy_version``: the trainer step when its

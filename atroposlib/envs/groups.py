@@ -203,14 +203,36 @@ def reject_reason(
     return None
 
 
-def valid_groups(
+class CheckedGroups(list):
+    """Groups that passed :func:`check_groups`: a list that remembers it was checked.
+
+    The runners check each group once (in ``run_item``) and hand the result on;
+    :func:`check_groups` returns such a list as it is, so ``handle_send_to_api`` (and any
+    override that passes the list on) does not check the same groups again.
+
+    Attributes:
+        dropped: ``(reason, message)`` for each group the check dropped (reason as in
+            :func:`reject_reason`).
+    """
+
+    def __init__(self, groups: Sequence[ScoredDataGroup] = (), dropped: Sequence[tuple[str, str]] = ()):
+        """Hold ``groups`` (usable) and ``dropped`` (why the others were dropped)."""
+        super().__init__(groups)
+        self.dropped: list[tuple[str, str]] = list(dropped)
+
+
+def check_groups(
     scored_data: ScoredDataGroup | Sequence[ScoredDataGroup | None] | None,
     group_size: int,
     ensure_scores_are_not_same: bool,
     max_token_len: int,
     stats: Any,
-) -> list[ScoredDataGroup]:
-    """The usable groups of ``scored_data``; each dropped one is logged and counted.
+) -> CheckedGroups:
+    """The one scored-group check of the env side: the usable groups of ``scored_data``.
+
+    Each group is checked with :func:`reject_reason`; each dropped one is logged and counted.
+    ``scored_data`` that is already a :class:`CheckedGroups` is returned unchanged (checked
+    once, not again). The API checks the shape again on its side.
 
     Args:
         scored_data: one group, a list of groups (None entries are skipped), or None.
@@ -220,26 +242,26 @@ def valid_groups(
         stats: counter (``Counter[str]``) that gets ``groups_dropped_<reason>`` += 1 per drop
             (``invalid`` also for non-dict entries).
     """
-    if scored_data is None:
-        return []
-    groups = scored_data if isinstance(scored_data, list) else [scored_data]
-    usable = []
+    if isinstance(scored_data, CheckedGroups):
+        return scored_data
+    groups = [] if scored_data is None else scored_data if isinstance(scored_data, list) else [scored_data]
+    checked = CheckedGroups()
     for group in groups:
         if group is None:
             continue
-        if not isinstance(group, dict):
-            stats["groups_dropped_invalid"] += 1
-            logger.warning("dropping a %s: groups must be ScoredDataGroup dicts", type(group))
+        problem = (
+            reject_reason(group, group_size, ensure_scores_are_not_same, max_token_len)
+            if isinstance(group, dict)
+            else ("invalid", f"groups must be ScoredDataGroup dicts, got {type(group).__name__}")
+        )
+        if problem is None:
+            checked.append(group)
             continue
-        reason = reject_reason(group, group_size, ensure_scores_are_not_same, max_token_len)
-        if reason is not None:
-            key, message = reason
-            stats[f"groups_dropped_{key}"] += 1
-            log = logger.debug if key == "same_scores" else logger.warning
-            log("dropping group: %s", message)
-            continue
-        usable.append(group)
-    return usable
+        key, message = problem
+        checked.dropped.append(problem)
+        stats[f"groups_dropped_{key}"] += 1
+        (logger.debug if key == "same_scores" else logger.warning)("dropping group: %s", message)
+    return checked
 
 
 def normalise_group(
@@ -291,11 +313,12 @@ __all__ = [
     "OPTIONAL_GROUP_KEYS",
     "ScoredDataGroup",
     "ScoredDataItem",
+    "CheckedGroups",
     "aggregate_items",
+    "check_groups",
     "completion_lengths",
     "gather_rollouts",
     "normalise_group",
     "reject_reason",
     "set_reference_answer",
-    "valid_groups",
 ]

@@ -98,3 +98,59 @@ def test_run_attributes_are_read_only_views_of_the_runners_state():
         env.run_state.total_steps = 3
     with pytest.raises(FrozenConfigError):
         env.config.batch_size = 16
+
+
+class _CountingCheck:
+    """Counts how often the env side checks a group (every check runs ``group_shape_error``)."""
+
+    def __init__(self, monkeypatch):
+        import atroposlib.envs.groups as groups
+
+        self.calls = 0
+        real = groups.group_shape_error
+
+        def counted(group):
+            self.calls += 1
+            return real(group)
+
+        monkeypatch.setattr(groups, "group_shape_error", counted)
+
+
+async def _serve_items(env, items) -> list:
+    """Run ``items`` through serve mode's worker (run_item -> handle_send_to_api -> outbox)."""
+    loop = ServeLoop(env)
+    for item in items:
+        await loop._worker(item)
+    queue = loop.state.outbox.queue
+    return [queue.get_nowait() for _ in range(queue.qsize())]
+
+
+async def test_serve_checks_each_group_once(monkeypatch):
+    check = _CountingCheck(monkeypatch)
+    env = _env(rollout_server_url="http://127.0.0.1:9")
+    sent = await _serve_items(env, [[1.0, 0.0], [0.5, 0.5], [1.0, 0.0, 1.0], [0.0, 1.0]])
+    assert [g["scores"] for g in sent] == [[1.0, 0.0], [0.0, 1.0]]  # same-score and wrong-size dropped
+    assert check.calls == 4  # one check per group, not one in run_item and one in handle_send_to_api
+    assert env.stats["groups_dropped_same_scores"] == 1 and env.stats["groups_dropped_wrong_size"] == 1
+
+
+async def test_teacher_distillation_serve_checks_each_group_once(monkeypatch, tiny_tokenizer_dir):
+    from tests.envs.test_teacher_distillation import make_env
+
+    check = _CountingCheck(monkeypatch)
+    env, teacher = make_env(tiny_tokenizer_dir, rollout_server_url="http://127.0.0.1:9")
+    env.n = 0
+    sent = await _serve_items(env, [await env.get_next_item() for _ in range(2)])
+    assert len(sent) == 2 and all(g["distill_logprobs"] for g in sent)
+    assert check.calls == 2  # not three times (run_item, the teacher's pre-check, BaseEnv)
+
+
+async def test_groups_an_env_passes_itself_are_still_checked_once(monkeypatch, tiny_tokenizer_dir):
+    from tests.envs.test_teacher_distillation import make_env, make_group
+
+    check = _CountingCheck(monkeypatch)
+    env, _ = make_env(tiny_tokenizer_dir)
+    bad = make_group(env.tokenizer, texts=["a b", "c d", "e f"])  # 3 sequences, group_size 2
+    out = await env.handle_send_to_api([make_group(env.tokenizer), bad], do_send_to_api=False)
+    assert len(out) == 1 and out[0]["distill_logprobs"] and env.stats["groups_dropped_wrong_size"] == 1
+    assert check.calls == 2
