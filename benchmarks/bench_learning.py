@@ -176,11 +176,13 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None,
     """
     import yaml
 
+    from atroposlib.utils.yaml_file import load_yaml
+
     loss = name.removeprefix("ours-").removesuffix("-tis").removesuffix("-lora")
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "points").mkdir(parents=True)
-    config = yaml.safe_load((QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART).read_text())
+    config = load_yaml(QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART)
     budget = 60.0 * minutes
     config["trainer"].update(training_steps=100_000, max_train_seconds=budget, loss_type=loss,
                              is_correction="tis" if name.endswith("-tis") else "none",

@@ -42,6 +42,7 @@ from atroposlib.cli.trainers import DEFAULT_TRAINER, load_trainer
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.errors import AtroposError, ConfigError
 from atroposlib.utils.offline import OFFLINE_ENV
+from atroposlib.utils.yaml_file import load_yaml
 
 
 class ApiSection(BaseModel):
@@ -123,17 +124,10 @@ def load_config(path: str | Path) -> LaunchConfig:
         ConfigError: the file is missing, not YAML, names no registered trainer, or fails
             validation (message lists every problem with its key path).
     """
-    import yaml
-
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist; see configs/quickstart-cpu.yaml")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping (trainer:, envs:, ...)")
+    data = load_yaml(path)
     trainer_name = data.get("trainer_name", DEFAULT_TRAINER)
     # a trainer_name that is not a string is reported with the other LaunchConfig problems
     trainer_config_model = None

@@ -45,6 +45,7 @@ from atroposlib.utils.cli import (
     collect_overrides,
     unknown_flag_message,
 )
+from atroposlib.utils.yaml_file import load_yaml
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -86,18 +87,8 @@ def _server_namespaces(env_cls: type[BaseEnv]) -> dict[str, str]:
 
 
 def _load_yaml(path: str, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
-    import yaml
-
     allowed = (*_YAML_KEYS, *extra_keys)
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"--config {path}: file not found")
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--config {path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: the top level must be a mapping with keys {allowed}")
+    data = load_yaml(path, "--config")
     unknown = sorted(set(data) - set(allowed))
     if unknown:
         raise ConfigError(
