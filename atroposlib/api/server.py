@@ -35,12 +35,12 @@ from atroposlib.api.routes.status import info, root, wandb_info
 from atroposlib.api.routes.status import status as get_status
 from atroposlib.api.routes.status import status_env as get_status_env
 from atroposlib.api.settings import settings_from_env
-from atroposlib.api.state import MIN_ENV_WEIGHT
 from atroposlib.api.utils import (
     find_groups_summing_to_target,
     grab_batch_with_minimum_allocations,
     grab_exact_from_heterogeneous_queue,
 )
+from atroposlib.api.views import MIN_ENV_WEIGHT
 
 _settings = settings_from_env()
 set_header_timeout(_settings.header_timeout_s)  # this process's connections (run-api --reload)

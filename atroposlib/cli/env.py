@@ -25,6 +25,12 @@ examples:
   atropos-env gsm8k evaluate --env.data_dir_to_save_evals evals/gsm8k
   atropos-env gsm8k serve --help      (every flag of that environment)
 
+Environments of other ecosystems, by prefix (see docs/ecosystems.md):
+  atropos-env verifiers:reverse-text serve          (a verifiers taskset or environment)
+  atropos-env verifiers:my_pkg.tasks:MyTaskset process
+  atropos-env openenv:my_env.server.app:app serve   (an OpenEnv server app)
+  atropos-env gym:Blackjack-v1 serve                (a Gymnasium env with text observations)
+
 Register your own environment in your package's pyproject.toml:
   [project.entry-points."atroposlib.environments"]
   my_env = "my_package.my_module:MyEnv"
@@ -40,7 +46,9 @@ def build_parser() -> ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "name", metavar="NAME", help="a registered environment name, or `list` (reserved)"
+        "name", metavar="NAME",
+        help="a registered environment name, `list` (reserved), or verifiers:SPEC, "
+        "openenv:SPEC, gym:ID for environments of those ecosystems",
     )
     parser.add_argument(
         "rest",
@@ -111,11 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.name == "list":
         raise SystemExit(_list(args.rest))
 
+    from atroposlib.adapters import adapter_env_class, is_adapter_name
     from atroposlib.env_runtime.entry_points import load_env
     from atroposlib.errors import ConfigError
 
     try:
-        env_cls = load_env(args.name)
+        env_cls = adapter_env_class(args.name) if is_adapter_name(args.name) else load_env(args.name)
     except ConfigError as exc:
         parser.error(str(exc))
     if not args.rest:

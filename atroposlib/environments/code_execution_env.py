@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import re
 import secrets
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from atroposlib.envs.helpers import load_rows, maybe_json
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
-from atroposlib.utils.sandbox import SandboxLimits, arun_python
+from atroposlib.utils.sandbox import (
+    NONE_RISK,
+    SandboxError,
+    SandboxLimits,
+    arun_python,
+    isolation_support,
+    resolve_backend,
+)
+
+logger = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Write a correct, self-contained solution. Reply with "
@@ -119,26 +129,45 @@ def normalise_problem(row: dict[str, Any]) -> dict[str, Any]:
                    "HumanEval (prompt, test, entry_point)")
 
 
-async def run_tests(code: str, problem: dict[str, Any], limits: SandboxLimits) -> dict[str, Any]:
+async def run_tests(code: str, problem: dict[str, Any], limits: SandboxLimits,
+                    backend: str | None = None) -> dict[str, Any]:
     """Run ``code`` against the problem's tests in the sandbox.
 
+    Args:
+        code: the model's program.
+        problem: ``{"tests": [code], "setup": code}`` (:func:`normalise_problem`).
+        limits: the sandbox's resource limits.
+        backend: the sandbox backend (``atroposlib.utils.sandbox.resolve_backend``); None:
+            the strongest isolating one.
+
     Returns:
-        ``{"passed", "total", "error", "timed_out"}``; ``passed`` is 0 when the harness's
-        verdict is missing (crash, kill, timeout, early exit).
+        ``{"passed", "total", "error", "timed_out", "backend"}``; ``passed`` is 0 when the
+        harness's verdict is missing (crash, kill, timeout, early exit); ``backend`` is the
+        one that ran the code.
+
+    Raises:
+        SandboxError: the sandbox cannot run code here, or could not start this run (a fault
+            of the host or the configuration, never a verdict on the code).
     """
     nonce = secrets.token_hex(16)
     solution = (problem.get("setup") or "") + "\n" + code
     result = await arun_python(
-        _HARNESS, stdin=nonce + "\n", limits=limits,
+        _HARNESS, stdin=nonce + "\n", limits=limits, backend=backend,
         files={"solution.py": solution, "tests.json": json.dumps(problem["tests"])},
     )
     total = len(problem["tests"])
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(nonce):
             verdict = json.loads(line[len(nonce):])
-            return {**verdict, "timed_out": result.timed_out}
+            return {**verdict, "timed_out": result.timed_out, "backend": result.backend}
     error = "timed out" if result.timed_out else (result.stderr.strip()[-300:] or "no verdict")
-    return {"passed": 0, "total": total, "error": error, "timed_out": result.timed_out}
+    return {"passed": 0, "total": total, "error": error, "timed_out": result.timed_out,
+            "backend": result.backend}
+
+
+#: The self-test every env runs at setup: a known-good program against its test.
+CANARY_PROBLEM: dict[str, Any] = {"tests": ["assert canary() == 42"], "setup": ""}
+CANARY_CODE = "def canary():\n    return 6 * 7\n"
 
 
 class CodeExecutionConfig(SingleTurnEnvConfig):
@@ -164,6 +193,12 @@ class CodeExecutionConfig(SingleTurnEnvConfig):
     memory_mb: int = Field(default=1024, ge=64, description="Address space per process, MiB.")
     max_processes: int = Field(default=16, ge=2, description="Processes per program.")
     max_concurrent_runs: int = Field(default=2, ge=1, description="Programs run at once.")
+    sandbox: Literal["auto", "bwrap", "unshare", "none"] = Field(
+        default="auto",
+        description="Sandbox backend for the model's code: 'auto' = bubblewrap, else unshare, "
+        "and refuse to start when neither works. 'none' is an explicit opt-in to NO isolation "
+        "(only on a host that is itself a disposable sandbox): " + NONE_RISK + ".",
+    )
     max_tokens: int = Field(default=512, ge=1, description="Completion budget per rollout.")
     max_token_length: int = Field(default=2048, ge=1, description="Longest sequence, in tokens.")
 
@@ -171,12 +206,20 @@ class CodeExecutionConfig(SingleTurnEnvConfig):
 class CodeExecutionEnv(SingleTurnEnv):
     """Generated code runs in ``atroposlib.utils.sandbox``; +1 when every test passes, else -1.
 
+    ``setup`` picks the sandbox backend (``--env.sandbox``; it refuses to start when no
+    isolating backend works and ``none`` was not asked for) and runs a known-good program
+    through it: a sandbox that cannot start the interpreter stops the env with the cause,
+    instead of scoring every rollout -1. Every group records the backend in
+    ``group_overrides["sandbox_backend"]``, every score's details in ``sandbox_backend``.
+
     Metrics (``train/`` and ``eval/``): ``all_passed``, ``fraction`` (of tests passed) and
     ``timed_out``; ``evaluate`` adds ``eval/pass_at_1`` and ``eval/test_pass_rate``.
     """
 
     name = "code_execution"
     env_config_cls = CodeExecutionConfig
+    #: The sandbox backend every run of this env uses; set by :meth:`check_sandbox` in setup.
+    sandbox_backend: str | None = None
 
     def _load(self, split: str, limit: int | None) -> list[dict[str, Any]]:
         c = self.config
@@ -197,6 +240,27 @@ class CodeExecutionEnv(SingleTurnEnv):
             raise ValueError(f"dataset {c.dataset_name!r} has no training problems")
         random.Random(c.seed).shuffle(self.train_items)
         self.sandbox_slots = asyncio.Semaphore(c.max_concurrent_runs)
+        await self.check_sandbox()
+
+    async def check_sandbox(self) -> None:
+        """Pick the sandbox backend and run a known-good program through it.
+
+        Raises:
+            SandboxError: no isolating backend works and ``sandbox`` is not ``none``
+                (``SandboxUnavailableError``), the sandbox cannot start the interpreter
+                (``SandboxStartError``), or the known-good program did not pass; each message
+                names the cause and the fix.
+        """
+        self.sandbox_backend = resolve_backend(self.config.sandbox)
+        verdict = await run_tests(CANARY_CODE, CANARY_PROBLEM, self.limits, self.sandbox_backend)
+        if verdict["passed"] != verdict["total"]:
+            raise SandboxError(
+                f"the code sandbox (backend {self.sandbox_backend!r}) failed its self-test: a "
+                f"known-good program did not pass ({verdict['error']}); check the limits "
+                "(--env.memory_mb, --env.cpu_seconds, --env.wall_seconds, --env.max_processes)")
+        layers = [k for k, on in isolation_support(self.sandbox_backend).items() if on]
+        logger.info("code sandbox: backend %s (isolation: %s)", self.sandbox_backend,
+                    ", ".join(layers))
 
     def load_eval_items(self) -> list[dict[str, Any]]:
         """The eval split's problems (at most ``eval_limit``), loaded on the first evaluate."""
@@ -210,19 +274,30 @@ class CodeExecutionEnv(SingleTurnEnv):
         """Run the reply's code against the item's tests; return ``(score, details)``.
 
         ``details``: the sandbox verdict (``passed``, ``total``, ``error``) with
-        ``all_passed``, ``fraction`` and ``timed_out`` as numbers.
+        ``all_passed``, ``fraction`` and ``timed_out`` as numbers, and ``sandbox_backend``.
+
+        Raises:
+            SandboxError: the sandbox could not start this run (the group is dropped, not
+                scored).
         """
         async with self.sandbox_slots:
-            verdict = await run_tests(extract_code(text), item, self.limits)
+            verdict = await run_tests(extract_code(text), item, self.limits, self.sandbox_backend)
         fraction = verdict["passed"] / verdict["total"] if verdict["total"] else 0.0
         details = {"all_passed": float(fraction == 1.0), "fraction": fraction,
                    "timed_out": float(verdict["timed_out"]), "passed": verdict["passed"],
-                   "total": verdict["total"], "error": verdict["error"]}
+                   "total": verdict["total"], "error": verdict["error"],
+                   "sandbox_backend": verdict["backend"]}
         if self.config.partial_credit:
             return 2.0 * fraction - 1.0, details
         return (1.0 if fraction == 1.0 else -1.0), details
 
     score = score_code
+
+    def finish_group(self, item, group):
+        """Record the sandbox backend that ran the group's code (``group_overrides``)."""
+        group["group_overrides"] = {**(group.get("group_overrides") or {}),
+                                    "sandbox_backend": self.sandbox_backend}
+        return group
 
     def details_metrics(self, details, prefix):
         """Means of ``all_passed``, ``fraction`` and ``timed_out``."""

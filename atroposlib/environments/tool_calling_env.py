@@ -153,7 +153,14 @@ class ToolCallingEnv(SingleTurnEnv):
         n_eval = min(c.eval_limit, max(1, int(len(items) * c.eval_fraction)))
         if len(items) < 2:
             raise ValueError("the tool-calling dataset needs at least 2 rows (train + eval)")
-        self.eval_items, self.train_items = items[:n_eval], items[n_eval:]
+        self.eval_items = items[:n_eval]
+        # the same request in both splits would measure recall, not skill (the builtin
+        # generator repeats requests: 500 rows hold about 300 distinct ones)
+        held_out = {i["query"] for i in self.eval_items}
+        self.train_items = [i for i in items[n_eval:] if i["query"] not in held_out]
+        if not self.train_items:
+            raise ValueError("every training row repeats an eval row's query; use more rows "
+                             "or a smaller eval_fraction")
 
     def prompt(self, item):
         tools = "\n".join(json.dumps(t) for t in item["tools"])

@@ -232,8 +232,9 @@ class ChatCompletionRequest(BaseModel):
     """Body of ``POST /{uuid}/v1/chat/completions`` (and ``/render``).
 
     Unknown OpenAI fields (``user``, ``metadata``, ``parallel_tool_calls`` ...) are ignored so that
-    stock OpenAI clients work; ``stream=true`` is refused (400) because only whole responses are
-    tracked.
+    stock OpenAI clients work. ``stream=true`` is answered with the whole response sent as
+    server-sent events (see :mod:`~atroposlib.proxy.streaming`), since only
+    whole responses are tracked.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -257,6 +258,9 @@ class ChatCompletionRequest(BaseModel):
     tools: list[dict[str, Any]] | None = Field(default=None, description="OpenAI tool specs.")
     tool_choice: Any = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = Field(
+        default=None, description='With stream: {"include_usage": true} adds a usage chunk.'
+    )
 
     @field_validator("messages")
     @classmethod
@@ -267,14 +271,9 @@ class ChatCompletionRequest(BaseModel):
         return [check_chat_message(i, m) for i, m in enumerate(messages)]
 
     def sampling_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``ManagedServer.chat_completion`` (None values dropped).
-
-        Raises:
-            ValueError: ``stream`` was requested.
-        """
-        if self.stream:
-            raise ValueError("stream=true is not supported by the proxy; send stream=false")
-        out = self.model_dump(exclude={"model", "stream", "max_completion_tokens"}, exclude_none=True)
+        """Keyword arguments for ``ManagedServer.chat_completion`` (None values dropped)."""
+        out = self.model_dump(exclude={"model", "stream", "stream_options", "max_completion_tokens"},
+                              exclude_none=True)
         if self.max_completion_tokens is not None:
             out["max_tokens"] = self.max_completion_tokens
         return out

@@ -23,8 +23,20 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from atroposlib.defaults import DEFAULT_API_URL
 from atroposlib.errors import ConfigError
 
-#: Strings that mean None on the command line.
+#: Strings that mean None on the command line (except for a field whose choices are words
+#: such as ``none``, and that cannot be None: there the word is the value).
 NONE_STRINGS = frozenset({"None", "none", "null", "~"})
+
+
+class _Verbatim(str):
+    """A flag value kept as typed, never read as None (see :data:`NONE_STRINGS`)."""
+
+
+def _choice_is_a_none_word(annotation: Any) -> bool:
+    """True for ``Literal[..., "none", ...]`` (not Optional): ``--x none`` means the word."""
+    if typing.get_origin(annotation) is not typing.Literal:
+        return False
+    return any(isinstance(a, str) and a in NONE_STRINGS for a in typing.get_args(annotation))
 
 
 def _is_bool(annotation: Any) -> bool:
@@ -92,19 +104,24 @@ def add_model_options(
         }
         if _is_bool(field.annotation):
             kwargs.update(nargs="?", const="true", metavar="BOOL")
+        elif _choice_is_a_none_word(field.annotation):
+            kwargs["type"] = _Verbatim
         group.add_argument(flag, **kwargs)
 
 
 def convert_value(raw: Any) -> Any:
     """Turn a raw CLI string into the value handed to pydantic.
 
-    ``None``/``null`` -> None; ``[...]``/``{...}`` -> parsed JSON; anything else unchanged.
+    ``None``/``null`` -> None (unless the option is a choice among words such as ``none``);
+    ``[...]``/``{...}`` -> parsed JSON; anything else unchanged.
 
     Raises:
         ConfigError: a ``[``/``{`` value that is not valid JSON.
     """
     if not isinstance(raw, str):
         return raw
+    if isinstance(raw, _Verbatim):
+        return str(raw)
     if raw in NONE_STRINGS:
         return None
     stripped = raw.strip()

@@ -1,55 +1,94 @@
 """Run untrusted Python (model-written code) in a resource-limited, network-less subprocess.
 
-Layers, outermost first (each one that the host supports; :func:`isolation_support` says which):
+Backends
+--------
+A run uses one of three backends (:func:`available_backends` lists those that work here):
 
-1. Namespaces, from the first available backend (:func:`available_backends`):
-   **bubblewrap** (``bwrap``, Debian package ``bubblewrap``), else util-linux ``unshare`` (the
-   fallback). The run gets fresh **network** (no interfaces but a down loopback: nothing
-   reachable), **PID** and **mount** namespaces. The PID namespace makes the run's first
-   process its ``init``: when it ends, or when the wall-clock timeout kills it, the kernel
-   kills every process inside, including ones that escaped the process group with
-   ``setsid()``. As root no user namespace is needed; otherwise one is added.
-2. When the host process is **root**, the program runs under a fresh **unprivileged uid**
-   (random, unused, one per run): it cannot write anywhere a normal user cannot, cannot signal
-   other processes, and ``RLIMIT_NPROC`` counts only this run's processes (root ignores
-   ``RLIMIT_NPROC``, and a shared uid would let one run's fork bomb starve another's).
-3. In the mount namespace the run gets its own **root filesystem**: an empty tmpfs holding
-   read-only binds of the system directories (``/usr`` and its ``/bin``, ``/lib``... links)
-   and of the interpreter's prefixes (venv and base install), a minimal ``/dev``, a fresh
-   ``/proc`` showing only the run's own processes (no host command lines), small private
-   tmpfs mounts on ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and the scratch directory
-   read-write at its own path; the root is then read-only. Nothing else of the host (working
-   tree, data sets, ``/run``, ``/home``, ``/etc``) exists inside. bwrap builds it from explicit
-   binds; with ``unshare`` the bootstrap builds the same tree itself and moves into it with
-   ``pivot_root`` (and refuses to run the program, exit 125, if it cannot).
-4. ``setrlimit``: ``RLIMIT_CPU`` (CPU seconds; SIGKILL at the limit), ``RLIMIT_AS`` (address
-   space), ``RLIMIT_FSIZE`` (largest file, stdout/stderr files included), ``RLIMIT_NPROC``
-   (processes), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE=0``.
-5. A Python audit hook (PEP 578) refuses socket connect/bind/send/resolve unless networking is
-   allowed, and opening files for writing, removing, renaming or creating anything outside the
-   scratch directory. It is defence in depth (``ctypes`` can bypass it); it is the only network
-   barrier on hosts without ``unshare``.
-6. The host side: a clean environment (``PATH``, ``HOME``/``TMPDIR`` = scratch, one BLAS
-   thread, no proxies or credentials), an isolated interpreter (``python -I -B -u``: no
-   ``PYTHON*`` variables, user site or bytecode writes; unbuffered output, so a killed run
-   still shows what it printed), ``cwd`` = a fresh scratch directory,
-   ``start_new_session=True``, a wall-clock timeout after which the whole process group is
-   SIGKILLed, output captured through files capped by ``RLIMIT_FSIZE`` and read back at most
-   ``max_output_bytes``, and the run directory deleted afterwards.
+* ``"bwrap"``: bubblewrap (Debian/Ubuntu package ``bubblewrap``) builds the run's namespaces
+  and its root filesystem from explicit binds. The default when it works.
+* ``"unshare"`` (root hosts only): util-linux ``unshare`` creates the namespaces, and the
+  bootstrap (:mod:`atroposlib.utils.sandbox_bootstrap`) builds the same root filesystem itself
+  and moves into it with ``pivot_root``; it refuses to run the program (exit 125, raised as
+  :class:`SandboxStartError`) when it cannot. A non-root host is not offered it: there it
+  would need a user namespace in which the program is root with every capability over its
+  mounts, free to remount the env's venv writable and change it on the host.
+* ``"none"``: no namespaces at all; only rlimits, the private uid of a root host and a Python
+  audit hook. **It hides nothing of the host** (see below) and is never chosen on its own:
+  with neither bwrap nor a working ``unshare``, :func:`resolve_backend` and :func:`run_python`
+  raise :class:`SandboxUnavailableError` naming both fixes (install bubblewrap, or pass
+  ``backend="none"`` explicitly). An explicit ``"none"`` runs, with one warning per process.
 
-Without ``bwrap`` or ``unshare`` (e.g. an unprivileged container without user namespaces),
-layers 1 and 3 are missing: network access is then blocked only at the Python level, and a process that both
-``setsid()``s and survives the timeout is cleaned up by uid only when running as root. Run the
-env in a container (``--network none``, a pids and memory cgroup) for stronger guarantees.
-Memory is limited per process (``RLIMIT_AS``); a fork bomb of ``max_processes`` processes can in
-principle use ``max_processes x memory_bytes``: keep both small, or add a memory cgroup.
+What bwrap and unshare hide
+---------------------------
+Each run gets fresh **network, IPC, UTS, PID and mount namespaces** (``unshare`` without a mount
+namespace, on hosts that refuse one, loses the private root below: :func:`isolation_support`
+says so). ``tests/utils/test_sandbox_hostile.py`` runs each case below against each backend,
+bypassing the audit hook through child processes and ``ctypes``.
+
+- **Network, loopback included.** The network namespace has one interface, a loopback that is
+  down: the host's 127.0.0.1 (run-api and its ``/reset_data``, the inference server, any local
+  port), abstract Unix sockets and every other address are unreachable from the program, its
+  child processes (``curl``, ``python -c``) and raw ``connect(2)`` calls alike.
+- **Files.** The root filesystem is an empty tmpfs holding read-only binds of the system
+  directories (``/usr`` and its ``/bin``, ``/lib``... links) and of the interpreter's prefixes
+  (venv and base install), a minimal ``/dev``, a fresh ``/proc``, private tmpfs mounts on
+  ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (discarded when the run ends, so nothing written
+  there persists) and the scratch directory (read-write); the root is read-only. ``/etc``
+  (``/etc/passwd`` included), ``/home``, ``/root``, ``/run``, ``/var``, ``/sys``, the project's
+  working tree and data sets do not exist inside; when the venv lies inside the working tree
+  (or under ``/tmp``), the venv alone is visible at its path.
+- **Processes.** The PID namespace's ``/proc`` shows only the run's own processes: host
+  command lines (``/proc/1/cmdline`` is the run's own init) and environments are invisible,
+  and no host process can be signalled. When the run's init ends, or the wall-clock timeout
+  kills it, the kernel kills every process inside, ``setsid()`` escapees included.
+- **Users.** On a root host the program runs under a fresh **unprivileged uid** (random, one
+  per run, no capabilities), so ``RLIMIT_NPROC`` counts only this run's processes. A non-root
+  host runs bwrap with a user namespace, and bwrap drops every capability inside it: the
+  program cannot remount anything (``tests/utils/test_sandbox_backends.py`` tries, as
+  ``nobody``).
+
+Not hidden by them: the contents of the system directories (installed programs and libraries,
+``/usr/local`` included) and the interpreter's directories (read-only); kernel-wide facts in
+``/proc`` (``cpuinfo``, ``meminfo``, ``version``, load, uptime), the CPU count, the clock and the
+hostname; and the kernel itself (no seccomp filter: the program can make any system call the
+kernel allows an unprivileged process). Memory is limited per process (``RLIMIT_AS``), not
+per run: a fork bomb of ``max_processes`` processes can use ``max_processes x memory_bytes``;
+keep both small, or run the env in a memory cgroup.
+
+What none does and does not do
+------------------------------
+The program runs in the host's namespaces. The audit hook (PEP 578) refuses, inside the
+program's own interpreter only, socket connect/bind/send/resolve and writes outside the scratch
+directory; child processes and ``ctypes`` bypass it. Measured by the same tests, the program
+**can** read every file its uid can (``/etc/passwd``, the project's files, ``/proc/1/cmdline``
+and every host process's command line), leave files in ``/tmp`` and ``/dev/shm``, and reach any
+127.0.0.1 port through a child process or ``ctypes`` (it called run-api's ``/reset_data`` and
+wiped the queue). On a root host the private uid also means that an interpreter installed under
+a directory closed to other users (e.g. ``/root/.pyenv``) cannot start:
+:class:`SandboxStartError` says so.
+
+Layers every backend adds
+-------------------------
+``setrlimit``: ``RLIMIT_CPU`` (CPU seconds; SIGKILL at the limit), ``RLIMIT_AS`` (address
+space), ``RLIMIT_FSIZE`` (largest file, stdout/stderr files included), ``RLIMIT_NPROC``
+(processes), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE=0``; the audit hook above; a clean environment
+(``PATH``, ``HOME``/``TMPDIR`` = scratch, one BLAS thread, no proxies or credentials); an
+isolated interpreter (``python -I -B -u``); ``cwd`` = a fresh scratch directory; a wall-clock
+timeout after which the whole process group is SIGKILLed; output captured through files capped
+by ``RLIMIT_FSIZE`` and read back at most ``max_output_bytes``; the run directory deleted
+afterwards.
+
+A run that never reaches the program (bwrap or the bootstrap failed, the interpreter cannot
+load its standard library, a limit kills it while it starts) raises :class:`SandboxStartError`:
+it is a fault of the host or the configuration, never a result to score. Every result
+records the backend that ran it (:attr:`SandboxResult.backend`); each run is logged at DEBUG.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
+import logging
 import os
 import platform
 import secrets
@@ -58,20 +97,72 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from atroposlib.errors import ConfigError
+from atroposlib.utils import sandbox_backends as backends
+from atroposlib.utils.sandbox_backends import BACKENDS, ISOLATING
+from atroposlib.utils.sandbox_bootstrap import BOOTSTRAP, REFUSED_EXIT
+
 __all__ = [
+    "BACKENDS",
+    "ISOLATING",
+    "NONE_RISK",
+    "SandboxError",
     "SandboxLimits",
     "SandboxResult",
+    "SandboxStartError",
+    "SandboxUnavailableError",
     "arun_python",
     "available_backends",
     "isolation_support",
+    "resolve_backend",
     "run_python",
+    "unavailable_message",
 ]
 
+logger = logging.getLogger(__name__)
+
 MiB = 1024 * 1024
+
+#: What an explicit ``"none"`` costs, in one sentence (the refusal and the warning say it).
+NONE_RISK = (
+    "backend 'none' runs model-written code unconfined: it can read every file the env's user "
+    "can read (the project, /etc/passwd, other processes' command lines), leave files in /tmp "
+    "and /dev/shm, and reach every local port, run-api's /reset_data included; only rlimits "
+    "and a Python audit hook that child processes and ctypes bypass apply"
+)
+
+
+class SandboxError(ConfigError):
+    """The sandbox cannot run programs as configured on this host.
+
+    A fault of the env or the host, not of the program; the message names the cause and the fix.
+    """
+
+
+class SandboxUnavailableError(SandboxError):
+    """No isolating backend works here (or the one named does not); ``"none"`` was not asked for."""
+
+
+class SandboxStartError(SandboxError):
+    """The sandbox did not get as far as starting the program.
+
+    Attributes:
+        backend: the backend that was used.
+        returncode: the exit status of the run (125: the bootstrap refused to run the program
+            without its private root filesystem), or None when it was killed by the timeout.
+        stderr: what bwrap, unshare, the bootstrap or the interpreter printed.
+    """
+
+    def __init__(self, message: str, *, backend: str, returncode: int | None, stderr: str):
+        super().__init__(message)
+        self.backend = backend
+        self.returncode = returncode
+        self.stderr = stderr
 
 
 @dataclass(frozen=True)
@@ -118,7 +209,7 @@ class SandboxResult:
 
     Attributes:
         returncode: exit status; negative ``-N`` when killed by signal N (e.g. -9 after the
-            CPU limit), None only if the process could not be started.
+            CPU limit).
         stdout: captured standard output (UTF-8, errors replaced), at most
             ``max_output_bytes``.
         stderr: captured standard error, likewise.
@@ -126,6 +217,7 @@ class SandboxResult:
         truncated: stdout or stderr was longer than ``max_output_bytes``.
         duration_s: wall-clock seconds from start to exit.
         isolation: the layers that were active (see :func:`isolation_support`).
+        backend: the backend that ran it: ``"bwrap"``, ``"unshare"`` or ``"none"``.
     """
 
     returncode: int | None
@@ -135,6 +227,7 @@ class SandboxResult:
     truncated: bool
     duration_s: float
     isolation: list[str] = field(default_factory=list)
+    backend: str = ""
 
     @property
     def ok(self) -> bool:
@@ -142,214 +235,74 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
-# --------------------------------------------------------------------------------------------
-# The bootstrap runs first inside the sandbox (a fresh, single-threaded interpreter): it mounts
-# the private tmpfs, sets the rlimits, drops to the run's uid, installs the audit hook, then
-# forks: the child runs the program, the parent (PID 1 of the namespace when there is one)
-# waits and exits with the child's status, which tears the namespace down.
-_BOOTSTRAP = r"""
-import ctypes, json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-scratch = cfg["scratch"]
-if cfg["build_root"]:
-    # The fallback backend builds the run's root filesystem itself (as bubblewrap does): a
-    # fresh tmpfs holding read-only binds of the system and interpreter directories, private
-    # tmpfs /tmp, /var/tmp and /dev/shm, the scratch directory, a minimal /dev and a /proc of
-    # the run's PID namespace; then pivot_root into it and detach the host's tree.
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-        MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-        def mount(src, dst, fstype, flags, data=None):
-            enc = lambda x: None if x is None else x.encode()
-            if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, "mount %s on %s: %s" % (src, dst, os.strerror(err)))
-        def ro_bind(src, dst):
-            mount(src, dst, None, MS_BIND | MS_REC)
-            kept = os.statvfs(dst).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048)
-            mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | kept)
-        def mkdirs(path, mode=0o755):
-            cur = ""
-            for comp in path.strip("/").split("/"):
-                cur += "/" + comp
-                if not os.path.isdir(cur):
-                    os.mkdir(cur)
-                    os.chmod(cur, mode)
-        new = cfg["new_root"]
-        mount("none", "/", None, MS_REC | MS_PRIVATE)
-        mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-        for top in cfg["system"]:
-            if os.path.islink(top):
-                os.symlink(os.readlink(top), new + top)
-            else:
-                mkdirs(new + top)
-                ro_bind(top, new + top)
-        for path in cfg["expose"]:
-            mkdirs(new + path)
-            ro_bind(path, new + path)
-        mkdirs(new + "/dev")
-        mount("tmpfs", new + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
-        for name in ("null", "zero", "full", "random", "urandom", "tty"):
-            if os.path.exists("/dev/" + name):
-                open(new + "/dev/" + name, "w").close()
-                mount("/dev/" + name, new + "/dev/" + name, None, MS_BIND)
-        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-            os.symlink(target, new + "/dev/" + name)
-        tmp_opts = "size=%d,mode=1777" % cfg["tmpfs_bytes"]
-        for target in ("/tmp", "/var/tmp", "/dev/shm"):
-            mkdirs(new + target)
-            mount("tmpfs", new + target, "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
-        mkdirs(new + scratch)
-        mount(scratch, new + scratch, None, MS_BIND)
-        mkdirs(new + "/proc")
-        mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        os.chdir(new)
-        if libc.syscall(cfg["nr_pivot_root"], b".", b".") != 0:
-            raise OSError(ctypes.get_errno(), "pivot_root")
-        if libc.umount2(b".", 2) != 0:  # MNT_DETACH: the host's tree is gone from this namespace
-            raise OSError(ctypes.get_errno(), "detach the host root")
-        os.chdir("/")
-        mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    except OSError as exc:
-        sys.stderr.write("sandbox: cannot build the private root filesystem (%s); refusing to "
-                         "run the program\n" % (exc,))
-        sys.stderr.flush()
-        os._exit(125)
-R = resource
-R.setrlimit(R.RLIMIT_CORE, (0, 0))
-R.setrlimit(R.RLIMIT_CPU, (cfg["cpu"], cfg["cpu"]))
-R.setrlimit(R.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
-R.setrlimit(R.RLIMIT_NOFILE, (cfg["nofile"], cfg["nofile"]))
-R.setrlimit(R.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
-if cfg["uid"] is not None:
-    os.setgroups([])
-    os.setgid(cfg["uid"])
-    os.setuid(cfg["uid"])
-os.chdir(scratch)
-R.setrlimit(R.RLIMIT_AS, (cfg["mem"], cfg["mem"]))
-pid = os.fork()
-if pid:
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code)
-def _install(scratch, allow_net):
-    import os as _os
-    import sys as _sys
-    root = _os.path.realpath(scratch)
-    write_flags = _os.O_WRONLY | _os.O_RDWR | _os.O_CREAT | _os.O_TRUNC | _os.O_APPEND
-    ok_paths = ("/dev/null", "/dev/stdout", "/dev/stderr")
-    def inside(path):
-        if isinstance(path, int):
-            return True
-        path = _os.fsdecode(path)
-        if path in ok_paths:
-            return True
-        full = _os.path.realpath(_os.path.join(root, path))
-        return full == root or full.startswith(root + _os.sep)
-    path_events = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
-                   "os.symlink", "os.link", "os.truncate", "shutil.rmtree", "os.utime",
-                   "shutil.copyfile", "shutil.move", "os.replace"}
-    net_events = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
-                  "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr"}
-    def hook(event, args):
-        if event == "open":
-            path, mode, flags = args
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & write_flags)
-            if writing and path is not None and not inside(path):
-                raise PermissionError("sandbox: writing outside the scratch directory is not "
-                                      "allowed: %r" % (path,))
-        elif event in path_events:
-            for path in args[:2] if event in ("os.rename", "os.replace", "os.link",
-                                               "shutil.copyfile", "shutil.move",
-                                               "os.symlink") else args[:1]:
-                if isinstance(path, (str, bytes)) and not inside(path):
-                    raise PermissionError("sandbox: %s outside the scratch directory is not "
-                                          "allowed: %r" % (event, path))
-        elif not allow_net and event in net_events:
-            raise PermissionError("sandbox: network access is disabled (%s)" % event)
-    _sys.addaudithook(hook)
-_install(scratch, cfg["network"])
-del _install
-sys.argv = ["main.py"]
-import runpy
-runpy.run_path("main.py", run_name="__main__")
-"""
-
-
-#: Top-level system directories the interpreter needs (shared libraries, ``/usr/bin/env``);
-#: mounted read-only, or recreated as the same symlink (merged-/usr systems).
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-#: ``pivot_root(2)`` has no libc wrapper; its syscall number per architecture.
-_NR_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
-
-BACKENDS = ("bwrap", "unshare", "none")
-
-
-@functools.lru_cache(maxsize=1)
-def _unshare_flags() -> tuple[str, ...]:
-    """The ``unshare`` flags that work on this host (probed once), or () when none do."""
-    exe = shutil.which("unshare")
-    if exe is None or not sys.platform.startswith("linux"):
-        return ()
-    base = ["--net", "--pid", "--fork", "--kill-child"]
-    if os.geteuid() != 0:
-        base.insert(0, "--map-root-user")
-    for extra in (["--mount"], []):
-        flags = (exe, *base, *extra)
-        try:
-            probe = subprocess.run([*flags, "true"], capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return flags
-    return ()
-
-
-@functools.lru_cache(maxsize=1)
-def _bwrap_exe() -> str | None:
-    """Path of a working ``bwrap`` (probed once with the namespaces a run uses), else None."""
-    exe = shutil.which("bwrap")
-    if exe is None or not sys.platform.startswith("linux"):
-        return None
-    probe_argv = [exe, *_bwrap_common(network=False, root=os.geteuid() == 0),
-                  "--ro-bind", "/", "/", "--proc", "/proc", "--size", "65536", "--tmpfs", "/tmp",
-                  "true"]
-    try:
-        probe = subprocess.run(probe_argv, capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return exe if probe.returncode == 0 else None
-
-
 def available_backends() -> list[str]:
     """Sandbox backends that work on this host, strongest first (``"none"`` always works).
 
     ``"bwrap"``: bubblewrap builds the run's root filesystem from explicit binds.
     ``"unshare"``: util-linux ``unshare`` namespaces; the bootstrap builds the same root itself
-    when a mount namespace is available (root, or unprivileged user namespaces).
-    ``"none"``: no namespaces; rlimits, private uid (root host) and the audit hook only.
+    when a mount namespace is available (root hosts only).
+    ``"none"``: no namespaces; rlimits, private uid (root host) and the audit hook only; it
+    hides nothing (see the module docstring), so :func:`resolve_backend` never picks it.
     """
-    out = []
-    if _bwrap_exe() is not None:
-        out.append("bwrap")
-    if _unshare_flags():
-        out.append("unshare")
-    out.append("none")
-    return out
+    return [b for b in BACKENDS if backends.probe(b).works]
 
 
-def _pick_backend(backend: str | None) -> str:
-    if backend is None:
-        return available_backends()[0]
+_warn_lock = threading.Lock()
+_warned_none = False
+
+
+def _warn_none_once() -> None:
+    global _warned_none
+    with _warn_lock:
+        if _warned_none:
+            return
+        _warned_none = True
+    logger.warning("code sandbox: %s. It was chosen explicitly; install bubblewrap (Debian/"
+                   "Ubuntu: apt-get install bubblewrap) to isolate it.", NONE_RISK)
+
+
+def unavailable_message(asked: str | None = None) -> str:
+    """Why no isolating backend (or ``asked``) works here, with both fixes."""
+    reasons = "; ".join(f"{b}: {backends.probe(b).why_not}" for b in ISOLATING
+                        if asked in (None, "auto", b) and not backends.probe(b).works)
+    subject = ("no isolating sandbox backend works on this host" if asked in (None, "auto")
+               else f"sandbox backend {asked!r} does not work on this host")
+    return (
+        f"{subject} ({reasons}), so model-written code will not run. Fix: install "
+        "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; in a container, allow user "
+        "namespaces or run it with CAP_SYS_ADMIN), or accept the risk explicitly with "
+        "backend='none' (the code_execution env: --env.sandbox none): " + NONE_RISK + "."
+    )
+
+
+def resolve_backend(backend: str | None = None) -> str:
+    """The backend a run uses.
+
+    Args:
+        backend: ``None`` or ``"auto"``: the strongest isolating backend that works here
+            (``"bwrap"``, else ``"unshare"``); ``"bwrap"``/``"unshare"``: that one; ``"none"``:
+            no isolation, on explicit request only (logged as a warning once per process).
+
+    Returns:
+        ``"bwrap"``, ``"unshare"`` or ``"none"``.
+
+    Raises:
+        SandboxUnavailableError: no isolating backend works here (``None``/``"auto"``), or the
+            one named does not; the message names the fixes.
+        ValueError: ``backend`` is not a backend name.
+    """
+    if backend in (None, "auto"):
+        for name in ISOLATING:
+            if backends.probe(name).works:
+                return name
+        raise SandboxUnavailableError(unavailable_message())
     if backend not in BACKENDS:
-        raise ValueError(f"unknown sandbox backend {backend!r}; use one of {BACKENDS} or None")
-    if backend not in available_backends():
-        raise ValueError(f"sandbox backend {backend!r} does not work on this host (available: "
-                         f"{available_backends()}); install bubblewrap (Debian: apt-get install "
-                         "bubblewrap) or pass backend=None to pick the best available")
+        raise ValueError(f"unknown sandbox backend {backend!r}; use one of {BACKENDS} or 'auto'")
+    if backend == "none":
+        _warn_none_once()
+        return backend
+    if not backends.probe(backend).works:
+        raise SandboxUnavailableError(unavailable_message(backend))
     return backend
 
 
@@ -357,21 +310,24 @@ def isolation_support(backend: str | None = None) -> dict[str, bool]:
     """Which isolation layers a backend gives on this host (see the module docstring).
 
     Args:
-        backend: ``"bwrap"``, ``"unshare"``, ``"none"``, or None for the best available.
+        backend: ``"bwrap"``, ``"unshare"``, ``"none"``, or None for the best isolating one
+            (as :func:`resolve_backend`).
 
     Returns:
-        ``{"netns", "pidns", "mountns", "rootfs", "uid", "audit", "rlimits"}`` -> bool;
-        ``rootfs`` means the private root filesystem (only the interpreter's directories,
+        ``{"netns", "ipcns", "pidns", "mountns", "rootfs", "uid", "audit", "rlimits"}`` ->
+        bool; ``rootfs`` means the private root filesystem (only the interpreter's directories,
         read-only, and the scratch directory; fresh ``/proc``; private ``/tmp``).
 
     Raises:
-        ValueError: ``backend`` is unknown or does not work on this host.
+        SandboxUnavailableError: ``backend`` does not work here (or none isolating does).
+        ValueError: ``backend`` is unknown.
     """
-    backend = _pick_backend(backend)
+    backend = resolve_backend(backend) if backend != "none" else "none"
     bwrap = backend == "bwrap"
-    flags = _unshare_flags() if backend == "unshare" else ()
+    flags = backends.probe_unshare().argv if backend == "unshare" else ()
     return {
         "netns": bwrap or "--net" in flags,
+        "ipcns": bwrap or "--ipc" in flags,
         "pidns": bwrap or "--pid" in flags,
         "mountns": bwrap or "--mount" in flags,
         "rootfs": bwrap or "--mount" in flags,
@@ -379,74 +335,6 @@ def isolation_support(backend: str | None = None) -> dict[str, bool]:
         "audit": True,
         "rlimits": True,
     }
-
-
-def _bwrap_common(network: bool, root: bool) -> list[str]:
-    """Namespace and capability flags for bwrap.
-
-    As root, bwrap keeps every capability unless told otherwise: keep only what the bootstrap
-    needs to drop to the run's uid.
-    """
-    argv = ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try"]
-    if not network:
-        argv.append("--unshare-net")
-    if root:
-        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-    else:
-        argv.append("--unshare-user")
-    return argv
-
-
-def _visible_dirs(python: str) -> tuple[list[str], list[str]]:
-    """(system directories that exist, interpreter directories outside them) to expose."""
-    system = [d for d in _SYSTEM_DIRS if os.path.islink(d) or os.path.isdir(d)]
-    real_system = [os.path.realpath(d) for d in system if not os.path.islink(d)]
-    expose = [d for d in _interpreter_dirs(python)
-              if not any(d == s or d.startswith(s + "/") for s in real_system)]
-    # drop a directory that lies inside another exposed one
-    expose = [d for d in expose if not any(d != o and d.startswith(o + "/") for o in expose)]
-    return system, expose
-
-
-def _bwrap_argv(exe: str, scratch: str, limits: SandboxLimits, python: str,
-                root: bool) -> list[str]:
-    """The bwrap command line (without the program).
-
-    An empty root with read-only binds of the system and interpreter directories, fresh /dev
-    and /proc, private tmpfs /tmp, /var/tmp and /dev/shm, the scratch directory read-write,
-    then the root remounted read-only.
-    """
-    system, expose = _visible_dirs(python)
-    argv = [exe, *_bwrap_common(limits.network, root)]
-    for d in system:
-        if os.path.islink(d):
-            argv += ["--symlink", os.readlink(d), d]
-        else:
-            argv += ["--ro-bind", d, d]
-    made: set[str] = set()
-
-    def parents(path: str) -> list[str]:
-        # bwrap creates missing parents 0700: make them traversable for the run's uid
-        out, cur = [], ""
-        for comp in path.strip("/").split("/")[:-1]:
-            cur += "/" + comp
-            if cur not in made:
-                made.add(cur)
-                out += ["--perms", "0755", "--dir", cur]
-        return out
-
-    for d in expose:
-        argv += [*parents(d), "--ro-bind", d, d]
-    argv += ["--dev", "/dev", "--proc", "/proc"]
-    made.add("/dev")
-    size = str(limits.tmpfs_bytes)
-    for target in ("/tmp", "/var/tmp", "/dev/shm"):
-        argv += [*parents(target), "--perms", "1777", "--size", size, "--tmpfs", target]
-        made.add(target)
-    # cwd "/": the scratch directory is the run uid's (0700); the bootstrap enters it later
-    argv += [*parents(scratch), "--bind", scratch, scratch, "--chdir", "/", "--remount-ro", "/"]
-    return argv
 
 
 def _clean_env(scratch: str) -> dict[str, str]:
@@ -467,24 +355,40 @@ def _read_capped(path: Path, cap: int) -> tuple[str, bool]:
     return data[:cap].decode("utf-8", errors="replace"), len(data) > cap
 
 
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process owned by ``uid`` (a run's private uid), until none is left."""
-    import psutil
-
-    for _ in range(50):
-        victims = []
-        for proc in psutil.process_iter(["uids"]):
-            uids = proc.info.get("uids")
-            if uids is not None and uid in (uids.real, uids.effective):
-                victims.append(proc)
-        if not victims:
-            return
-        for proc in victims:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        time.sleep(0.02)
+def _start_error(backend: str, returncode: int | None, timed_out: bool, stderr: str,
+                 python: str, private_uid: bool, limits: SandboxLimits) -> SandboxStartError:
+    """The :class:`SandboxStartError` of a run that never reached the program: cause and fix."""
+    tail = "\n".join(stderr.strip().splitlines()[-6:]) or "(no output)"
+    status = "timed out" if timed_out else f"exit status {returncode}"
+    # this interpreter's prefixes; another one's are unknown here, so check its directory
+    dirs = (backends.interpreter_dirs(python) if os.path.realpath(python)
+            == os.path.realpath(sys.executable) else [os.path.dirname(os.path.realpath(python))])
+    closed = backends.closed_to_others(dirs, parents=backend == "none") if private_uid else None
+    if returncode == REFUSED_EXIT and "cannot build the private root" in stderr:
+        cause = ("the unshare bootstrap refused to run the program because it could not build "
+                 "the private root filesystem. Fix: install bubblewrap (apt-get install "
+                 "bubblewrap), or run where mount namespaces are allowed")
+    elif closed is not None:
+        cause = (f"the interpreter cannot start as the run's unprivileged uid: {closed} is closed "
+                 f"to other users, so {python} cannot load its standard library. Fix: make the "
+                 "interpreter's directories readable by others (chmod o+rx), use an interpreter "
+                 "installed under a world-readable prefix, or use backend 'bwrap' or 'unshare', "
+                 "which expose the interpreter's directories")
+    elif timed_out:
+        cause = (f"the run did not reach the program within wall_seconds={limits.wall_seconds}: "
+                 "the host is overloaded or wall_seconds is too small")
+    elif any(m in stderr for m in ("MemoryError", "Cannot allocate memory")) or (
+            returncode is not None and returncode < 0):
+        cause = ("the interpreter was killed or ran out of memory while starting: raise "
+                 f"memory_bytes (now {limits.memory_bytes}) or cpu_seconds (now "
+                 f"{limits.cpu_seconds})")
+    else:
+        cause = (f"{backend} or the interpreter {python} failed before the program ran; see "
+                 "its output")
+    return SandboxStartError(
+        f"the code sandbox (backend {backend!r}) could not start the program ({status}): "
+        f"{cause}. Its output ends:\n{tail}",
+        backend=backend, returncode=None if timed_out else returncode, stderr=stderr)
 
 
 def run_python(
@@ -506,25 +410,29 @@ def run_python(
         limits: resource limits; :class:`SandboxLimits` defaults when None.
         files: extra files to place in the scratch directory, ``{relative_name: content}``.
         python: interpreter to run (default: this one, so the venv's packages import).
-        backend: ``"bwrap"``, ``"unshare"`` or ``"none"`` (see :func:`available_backends`);
-            None picks the strongest one this host supports.
+        backend: as :func:`resolve_backend`: None or ``"auto"`` for the strongest isolating
+            backend, ``"bwrap"``, ``"unshare"``, or ``"none"`` (explicit opt-in only).
 
     Returns:
         A :class:`SandboxResult`. A program that crashes, is killed or times out is a result,
         not an exception.
 
     Raises:
+        SandboxUnavailableError: no isolating backend works here and ``"none"`` was not
+            asked for, or the backend named does not work here.
+        SandboxStartError: the run never reached the program (see the module docstring).
         ValueError: a name in ``files`` escapes the scratch directory, or ``backend`` is
-            unknown or unavailable here.
+            unknown.
         OSError: the sandbox itself could not be created (e.g. no temp space).
     """
     limits = limits or SandboxLimits()
     python = python or sys.executable
-    backend = _pick_backend(backend)
+    backend = resolve_backend(backend)
     support = isolation_support(backend)
     flags: tuple[str, ...] = ()
     if backend == "unshare":
-        flags = tuple(f for f in _unshare_flags() if not (limits.network and f == "--net"))
+        flags = tuple(f for f in backends.probe_unshare().argv
+                      if not (limits.network and f == "--net"))
     run_uid = None
     if os.geteuid() == 0:
         run_uid = secrets.randbelow(1_000_000_000) + 1_000_000_000
@@ -535,8 +443,8 @@ def run_python(
     if run_uid is not None:
         isolation.append("uid")
     start = time.monotonic()
-    proc = None
     timed_out = False
+    ready_r, ready_w = os.pipe()
     try:
         os.chmod(run_dir, 0o711)
         scratch = run_dir / "scratch"
@@ -557,7 +465,7 @@ def run_python(
         stdin_path = run_dir / "stdin"
         stdin_path.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
         build_root = "--mount" in flags
-        system, expose = _visible_dirs(python)
+        system, expose = backends.visible_dirs(python)
         if build_root:
             (run_dir / "root").mkdir()
         cfg = {
@@ -566,22 +474,25 @@ def run_python(
             "new_root": str(run_dir / "root"),
             "system": system,
             "expose": expose,
-            "nr_pivot_root": _NR_PIVOT_ROOT.get(platform.machine(), 155),
+            "nr_pivot_root": backends.NR_PIVOT_ROOT.get(platform.machine(), 155),
             "tmpfs_bytes": limits.tmpfs_bytes,
             "cpu": int(limits.cpu_seconds),
             "fsize": int(limits.file_size_bytes),
             "nofile": int(limits.max_open_files),
-            "nproc": _nproc_limit(limits.max_processes, private_count=run_uid is not None
-                                  or "--map-root-user" in flags or backend == "bwrap"),
+            "nproc": backends.nproc_limit(limits.max_processes, private_count=run_uid is not None
+                                  or backend == "bwrap"),
             "mem": int(limits.memory_bytes),
             "uid": run_uid,
             "network": limits.network,
+            "ready_fd": ready_w,
         }
         if backend == "bwrap":
-            wrapper = _bwrap_argv(_bwrap_exe(), str(scratch), limits, python, run_uid is not None)
+            wrapper = backends.bwrap_argv(backends.probe_bwrap().argv[0], str(scratch),
+                                          limits.tmpfs_bytes, limits.network, python,
+                                          run_uid is not None)
         else:
             wrapper = list(flags)
-        argv = [*wrapper, python, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)]
+        argv = [*wrapper, python, "-I", "-B", "-u", "-c", BOOTSTRAP, json.dumps(cfg)]
         with (
             open(stdin_path, "rb") as fin,
             open(run_dir / "stdout", "wb") as fout,
@@ -596,20 +507,31 @@ def run_python(
                 env=_clean_env(str(scratch)),
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(ready_w,),
             )
+            os.close(ready_w)
+            ready_w = -1
             try:
                 proc.wait(timeout=limits.wall_seconds)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
-                _terminate(proc)
+                backends.terminate(proc)
         duration = time.monotonic() - start
+        os.set_blocking(ready_r, False)
+        try:
+            started = os.read(ready_r, 1) == b"R"
+        except BlockingIOError:
+            started = False
         stdout, t1 = _read_capped(run_dir / "stdout", limits.max_output_bytes)
         stderr, t2 = _read_capped(run_dir / "stderr", limits.max_output_bytes)
         returncode = proc.returncode
         if returncode is not None and returncode > 128:
             returncode = 128 - returncode  # the bootstrap reports "killed by signal N" as 128+N
-        return SandboxResult(
+        if not started:
+            raise _start_error(backend, returncode, timed_out, stderr, python,
+                               run_uid is not None, limits)
+        result = SandboxResult(
             returncode=-signal.SIGKILL if timed_out else returncode,
             stdout=stdout,
             stderr=stderr,
@@ -617,59 +539,18 @@ def run_python(
             truncated=t1 or t2,
             duration_s=duration,
             isolation=isolation,
+            backend=backend,
         )
+        logger.debug("sandbox run: backend=%s returncode=%s timed_out=%s %.2fs", backend,
+                     result.returncode, timed_out, duration)
+        return result
     finally:
+        os.close(ready_r)
+        if ready_w != -1:
+            os.close(ready_w)
         if run_uid is not None and not support["pidns"]:
-            _kill_uid(run_uid)
+            backends.kill_uid(run_uid)
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _nproc_limit(max_processes: int, private_count: bool) -> int:
-    """RLIMIT_NPROC value giving the run ``max_processes`` of its own.
-
-    The kernel counts every process of the real uid. A private uid (root host) or a private
-    user namespace (``private_count``) counts only the run's; otherwise add the processes this
-    user already has.
-    """
-    if private_count:
-        return max_processes
-    import psutil
-
-    uid = os.getuid()
-    mine = sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid)
-    return mine + max_processes
-
-
-def _interpreter_dirs(python: str) -> list[str]:
-    """Directories the interpreter needs to read: its prefix, base prefix and binary dir."""
-    dirs = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix),
-            os.path.dirname(os.path.realpath(python))}
-    return sorted(d for d in dirs if os.path.isdir(d))
-
-
-def _terminate(proc: subprocess.Popen) -> None:
-    """SIGKILL the run: its init first (so ``unshare`` reaps it), then the process group."""
-    if proc.poll() is None:
-        import psutil
-
-        try:
-            children = psutil.Process(proc.pid).children()
-        except psutil.Error:
-            children = []
-        for child in children:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 async def arun_python(code: str, **kwargs) -> SandboxResult:

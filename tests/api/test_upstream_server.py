@@ -2,8 +2,10 @@
 
 Checks the wire path an env uses when serving into an Atropos run: register, /status-env (the
 env id as a JSON body on the GET, the only form upstream reads), posting a scored group, and
-the trainer getting it back in a batch. Skipped, with the reason, when the upstream venv cannot
-be created here (no package index reachable).
+the trainer getting it back in a batch. Skipped, with the reason, only when the upstream venv
+cannot be built for a reason outside this machine: the package index cannot be reached, or it
+has no such release (``tests.fixtures.upstream.pip_unavailable_reason``); any other failure
+while building it fails.
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ import pytest
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.models import RegisterEnv, Registration
 from tests.fixtures.api_server import free_port
-from tests.fixtures.upstream import ensure_upstream_venv
+from tests.fixtures.upstream import (
+    UpstreamUnavailable,
+    ensure_upstream_venv,
+    pip_unavailable_reason,
+)
 
 
 @pytest.fixture
@@ -26,8 +32,9 @@ def upstream_api(tmp_path_factory):
     # One server per test: upstream keeps the first trainer registration's settings.
     try:
         python = ensure_upstream_venv()
-    except (subprocess.CalledProcessError, OSError) as exc:
-        pytest.skip(f"cannot create the atroposlib==0.4.0 venv offline: {exc}")
+    except UpstreamUnavailable as exc:  # no network, or no such release: nothing to test against
+        pytest.skip(str(exc))
+    # any other failure (a pip error, a venv that cannot be created) fails the test
     port = free_port()
     scratch = tmp_path_factory.mktemp("upstream-api")  # cwd without our atroposlib on it
     log = open(scratch / "run-api.log", "wb")  # noqa: SIM115 - closed below
@@ -103,3 +110,51 @@ def test_our_env_serves_batches_into_upstream_run_api(upstream_api, tmp_path):
     for batch in batches:
         assert sum(len(g["tokens"]) for g in batch) == 8
         _check_batch(batch)
+
+
+# ------------------------------------------------------------------ when building upstream's venv may skip
+@pytest.fixture(scope="module")
+def scratch_venv(tmp_path_factory):
+    """A venv directory ensure_upstream_venv may build into (never finished: every pip fails)."""
+    return tmp_path_factory.mktemp("upstream-scratch") / "venv"
+
+
+def _only_these_pip_settings(monkeypatch, **settings: str) -> None:
+    """pip reads no config file, and only ``settings`` (PIP_* variables) from the environment."""
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_an_unreachable_index_skips_naming_the_network(scratch_venv, monkeypatch):
+    _only_these_pip_settings(monkeypatch, PIP_INDEX_URL=f"http://127.0.0.1:{free_port()}/simple",
+                             PIP_RETRIES="1", PIP_DEFAULT_TIMEOUT="3")
+    with pytest.raises(UpstreamUnavailable, match="no network: .*Connection refused"):
+        ensure_upstream_venv(scratch_venv)
+
+
+def test_a_missing_release_skips_naming_the_package(scratch_venv, monkeypatch, tmp_path):
+    _only_these_pip_settings(monkeypatch, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path))
+    with pytest.raises(UpstreamUnavailable,
+                       match=r"not available: no matching distribution found for atroposlib==0\.4\.0"):
+        ensure_upstream_venv(scratch_venv)
+
+
+def test_any_other_failure_building_the_venv_fails(scratch_venv, monkeypatch, tmp_path):
+    # The release exists but its build fails: a real error, not a reason to skip.
+    sdist = tmp_path / "atroposlib-0.4.0"
+    sdist.mkdir()
+    (sdist / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n')
+    (sdist / "backend.py").write_text(
+        "def get_requires_for_build_wheel(config_settings=None):\n"
+        "    raise RuntimeError('this build is broken')\n")
+    subprocess.run(["tar", "-czf", str(tmp_path / "atroposlib-0.4.0.tar.gz"), "-C", str(tmp_path),
+                    "atroposlib-0.4.0"], check=True)
+    _only_these_pip_settings(monkeypatch, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path))
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        ensure_upstream_venv(scratch_venv)
+    assert "this build is broken" in info.value.output
+    assert pip_unavailable_reason(info.value.output) is None

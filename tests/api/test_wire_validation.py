@@ -194,7 +194,7 @@ def test_scored_data_list_is_all_or_none_when_storing_fails(tmp_path, monkeypatc
             raise RuntimeError("disk full")
         return encode_group(group)
 
-    monkeypatch.setattr("atroposlib.api.state.encode_group", failing_encode)
+    monkeypatch.setattr("atroposlib.api.ingestion.encode_group", failing_encode)
     groups = [ScoredData(**make_group(n, env_id=env, seed=10 + n)) for n in (2, 1, 2)]
     with pytest.raises(RuntimeError, match="disk full"):
         state.ingest(groups)
@@ -221,7 +221,7 @@ async def test_scored_data_list_500_stores_nothing_over_http(any_client, monkeyp
             raise RuntimeError("disk full")
         return encode_group(group)
 
-    monkeypatch.setattr("atroposlib.api.state.encode_group", failing_encode)
+    monkeypatch.setattr("atroposlib.api.ingestion.encode_group", failing_encode)
     response = await any_client.post("/scored_data_list",
                                      json=[make_group(2, seed=0), make_group(2, seed=1)])
     assert response.status_code == 500

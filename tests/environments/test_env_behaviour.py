@@ -193,10 +193,20 @@ def test_tool_call_matching():
 
 
 async def test_tool_calling_builtin_dataset_splits_train_and_eval(tok_dir):
-    env, _ = await make_env("tool_calling", tok_dir, None, dataset_name="builtin", builtin_size=40)
-    assert len(env.eval_items) == 2 and len(env.train_items) == 38
+    from atroposlib.environments.tool_calling_env import builtin_example
+
+    # 200 generated rows repeat requests (the generator has a small space): with this seed 4
+    # training rows repeat one of the 10 eval requests
+    env, _ = await make_env("tool_calling", tok_dir, None, dataset_name="builtin", builtin_size=200)
+    assert len(env.eval_items) == 10
+    eval_queries = {i["query"] for i in env.eval_items}
     train_queries = {i["query"] for i in env.train_items}
-    assert all(i["query"] not in train_queries or True for i in env.eval_items)
+    assert not eval_queries & train_queries  # no eval request is trained on
+    # and nothing else is lost: every generated request is in one split or the other
+    rng = random.Random(env.config.seed)
+    generated = {builtin_example(rng)["query"] for _ in range(200)}
+    assert train_queries | eval_queries == generated
+    assert len(env.train_items) == 190 - 4
 
 
 # ------------------------------------------------------------------ calculator tool loop

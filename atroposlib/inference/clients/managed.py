@@ -100,6 +100,15 @@ def _tool_call_class() -> type:
     return ToolCall
 
 
+def _usage(prompt_tokens: int, completion_lengths: list[int]) -> Any:
+    """OpenAI ``CompletionUsage`` of one call: the prompt counted once, every choice's tokens."""
+    from openai.types import CompletionUsage
+
+    completion = sum(completion_lengths)
+    return CompletionUsage(prompt_tokens=prompt_tokens, completion_tokens=completion,
+                           total_tokens=prompt_tokens + completion)
+
+
 def _fit(values: list[float], length: int) -> list[float]:
     """Pad with 1.0 or truncate a per-token list to ``length`` entries."""
     values = [float(v) for v in values[:length]]
@@ -159,6 +168,8 @@ class ManagedServer:
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
         self.tree: dict[str, str | None] = {}
+        #: ``CompletionUsage`` of the latest call (None before the first).
+        self.last_usage: Any = None
 
     # ------------------------------------------------------------------ state
     def get_state(self) -> dict[str, Any]:
@@ -286,6 +297,7 @@ class ManagedServer:
         ]
         texts = [self.tokenizer.decode(out, skip_special_tokens=True) for out in outputs]
         self._record(nodes, parent_index, parent)
+        self.last_usage = _usage(len(prompt_tokens), [len(out) for out in outputs])
         return nodes, texts
 
     def _record(
@@ -388,6 +400,7 @@ class ManagedServer:
             created=int(time.time()),
             model=str(kwargs.get("model") or self.server.config.model_name),
             object="chat.completion",
+            usage=self.last_usage,
         )
 
     async def completion(self, **kwargs: Any) -> Any:
@@ -418,6 +431,7 @@ class ManagedServer:
             created=int(time.time()),
             model=str(kwargs.get("model") or self.server.config.model_name),
             object="text_completion",
+            usage=self.last_usage,
         )
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from atroposlib.errors import InferenceUnavailableError
 from atroposlib.proxy.deps import ProxyStateDep
@@ -21,6 +21,7 @@ from atroposlib.proxy.models import (
     RenderResponse,
 )
 from atroposlib.proxy.state import Session
+from atroposlib.proxy.streaming import chat_completion_events
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["completions"])
@@ -54,13 +55,16 @@ async def generate(session: Session, call: str, kwargs: dict[str, Any]) -> Any:
 @router.post("/{session_id}/v1/chat/completions")
 async def chat_completions(session_id: str, body: ChatCompletionRequest,
                            state: ProxyStateDep) -> Any:
-    """OpenAI chat completion; one tracked node per choice."""
+    """OpenAI chat completion; one tracked node per choice.
+
+    ``stream=true`` gets the same whole response as server-sent events.
+    """
     session = await state.get(session_id)
-    try:
-        kwargs = body.sampling_kwargs()
-    except ValueError as exc:
-        raise ProxyHTTPError(400, str(exc), "invalid_request_error", "unsupported") from exc
-    return await generate(session, "chat_completion", kwargs)
+    result = await generate(session, "chat_completion", body.sampling_kwargs())
+    if not body.stream:
+        return result
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
+    return Response(chat_completion_events(result, include_usage), media_type="text/event-stream")
 
 
 @router.post("/{session_id}/v1/completions")

@@ -1,0 +1,3 @@
+from tests.adapters.vf_lookup.taskset import LookupTaskset
+
+__all__ = ["LookupTaskset"]

@@ -1,0 +1,3 @@
+from tests.adapters.vf_reverse.taskset import ReverseTaskset
+
+__all__ = ["ReverseTaskset"]
