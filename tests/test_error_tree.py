@@ -73,7 +73,7 @@ def test_every_public_warning_derives_from_atropos_warning():
     ("atroposlib.errors.ConfigError", ValueError),
     ("atroposlib.envs.config.FrozenConfigError", AttributeError),
     ("atroposlib.tools.rollouts.RolloutFormatError", ValueError),
-    ("atroposlib.cli.launch.LaunchError", RuntimeError),
+    ("atroposlib.launch.supervision.LaunchError", RuntimeError),
 ])
 def test_built_in_bases_that_callers_catch_stay(name, builtin):
     module, _, attr = name.rpartition(".")
