@@ -34,7 +34,7 @@ class Skip(StrEnum):
     INVALID = "invalid"  #: a group lacks tokens/masks/scores or has ragged rows
     WRONG_SIZE = "wrong_size"  #: a group does not have group_size sequences
     SAME_SCORES = "same_scores"  #: all scores equal (no learning signal)
-    TOO_LONG = "too_long"  #: a sequence reaches the trainer's max_token_len
+    TOO_LONG = "too_long"  #: a sequence reaches the trainer's max_seq_len
 
 
 @dataclass
@@ -79,7 +79,7 @@ async def run_item(
     is classified: ``InferenceError`` or a transient network/server error -> ``Skip.INFERENCE``,
     anything else -> ``Skip.ERROR``; both are logged. Each group is checked, once on the whole
     serve path, with :func:`atroposlib.envs.groups.check_groups` (against ``config.group_size``,
-    ``ensure_scores_are_not_same`` and, when ``check_length``, the trainer's ``max_token_len``).
+    ``ensure_scores_are_not_same`` and, when ``check_length``, the trainer's ``max_seq_len``).
     Every skip is counted in ``env.stats`` (``groups_dropped_<reason>``,
     ``rollouts_failed_inference``); the rollout duration goes to ``task_durations``.
 
@@ -87,7 +87,7 @@ async def run_item(
         env: the environment.
         item: the item from ``get_next_item`` (or the backlog).
         validate: run the group checks (``check_env`` runs its own stricter ones instead).
-        check_length: drop groups with a sequence of ``>= max_token_len`` tokens.
+        check_length: drop groups with a sequence of ``>= max_seq_len`` tokens (the trainer's).
 
     Raises:
         asyncio.CancelledError: the task was cancelled (e.g. a worker timeout).
@@ -132,7 +132,7 @@ async def run_item(
         return outcome
     checked = check_groups(
         candidates, env.config.group_size, env.config.ensure_scores_are_not_same,
-        env.run_state.max_token_len if check_length else -1, env.stats,
+        env.run_state.max_seq_len if check_length else -1, env.stats,
     )
     outcome.groups = checked
     outcome.dropped = [(Skip(key), message) for key, message in checked.dropped]

@@ -93,7 +93,8 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
     ``self.server.chat_completion(...)`` or ``self.server.managed_server(tokenizer=...)``),
     ``self.run_state`` (read-only view of the runner's :class:`RunState`: ``curr_step``,
     ``env_id``, ``status``, trainer limits, ``stats``), also readable as the Atropos attributes
-    ``self.curr_step``, ``self.max_token_len``, ``self.env_id``, ``self.stats`` ... The config
+    ``self.curr_step``, ``self.max_token_len`` (the trainer's ``max_seq_len``), ``self.env_id``,
+    ``self.stats`` ... The config
     is read-only once a runner starts (assigning a field raises ``FrozenConfigError``).
 
     Returning None, raising inside ``collect_trajectories``/``collect_trajectory``, or (while
@@ -156,7 +157,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
     # ------------------------------------------------------------------ construction helpers
     curr_step = state_property("curr_step")
-    max_token_len = state_property("max_token_len")
+    max_token_len = state_property("max_seq_len")  # Atropos 0.4's name
     env_id = state_property("env_id")
     status_dict = state_property("status")
     wandb_prepend = state_property("wandb_prepend")
@@ -294,11 +295,11 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         The one scored-group check (:func:`~atroposlib.envs.groups.check_groups`): groups the
         runner already checked (a ``CheckedGroups``, as ``run_item`` hands them on) are not
         checked again. ``abort_on_any_max_length_exceeded`` drops groups with a sequence of
-        ``>= max_token_len`` tokens (once the API told us ``max_token_len``).
+        ``>= max_seq_len`` tokens (the trainer's, once the API told us).
         """
         return check_groups(
             scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
-            self.max_token_len if abort_on_any_max_length_exceeded else -1, self.stats,
+            self._run_state.max_seq_len if abort_on_any_max_length_exceeded else -1, self.stats,
         )
 
     def _accept_groups(

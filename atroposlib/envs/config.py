@@ -65,7 +65,9 @@ class BaseEnvConfig(BaseModel):
         default=100, description="Run evaluate() every this many trainer steps (serve mode)."
     )
     max_token_length: int = Field(
-        default=2048, description="Longest sequence (prompt + completion) in tokens."
+        default=2048,
+        description="Longest sequence (prompt + completion) in tokens (read in code as "
+        "config.max_seq_len).",
     )
     eval_handling: EvalHandlingEnum = Field(
         default=EvalHandlingEnum.STOP_TRAIN,
@@ -166,6 +168,15 @@ class BaseEnvConfig(BaseModel):
 
     _frozen: bool = PrivateAttr(default=False)
 
+    @property
+    def max_seq_len(self) -> int:
+        """The env's longest sequence (prompt + completion) in tokens: ``max_token_length``.
+
+        ``max_seq_len`` is the library's one name for a sequence-length limit; the config key
+        and flag keep Atropos 0.4's spelling (``max_token_length``, ``--env.max_token_length``).
+        """
+        return self.max_token_length
+
     def freeze(self) -> None:
         """Make the config read-only; runners call this when they start.
 
@@ -185,7 +196,7 @@ class BaseEnvConfig(BaseModel):
             raise FrozenConfigError(
                 f"cannot set {type(self).__name__}.{name}: the env config is read-only once a "
                 "runner has started. Set it before (in config_init, the env's __init__ or with "
-                f"--env.{name}); trainer-given values (batch_size, max_token_len, total_steps) "
+                f"--env.{name}); trainer-given values (batch_size, max_seq_len, total_steps) "
                 "are in env.run_state"
             )
         super().__setattr__(name, value)

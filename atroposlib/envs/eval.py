@@ -260,7 +260,7 @@ class EvalLogMixin:
     """``BaseEnv``'s ``evaluate_log``: an env's evaluation files, in one directory per run.
 
     Reads what ``BaseEnv`` sets: ``name``, ``config`` (``data_dir_to_save_evals``,
-    ``max_token_length``), ``server`` (the first server's ``config.model_name``) and
+    ``max_seq_len``), ``server`` (the first server's ``config.model_name``) and
     ``_run_state.eval_mode``. Sets ``_eval_metrics_path`` (the last ``metrics.json`` written,
     which the evaluate runner returns) and ``_eval_dir`` (chosen once per env).
     """
@@ -303,7 +303,7 @@ class EvalLogMixin:
             end_time=end_time,
             generation_parameters={
                 **(generation_parameters or {}),
-                "max_new_tokens": self.config.max_token_length,
+                "max_new_tokens": self.config.max_seq_len,
             },
             samples=samples,
             verbose=verbose,

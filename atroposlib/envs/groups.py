@@ -170,15 +170,15 @@ def reject_reason(
     group: ScoredDataGroup,
     group_size: int,
     ensure_scores_are_not_same: bool,
-    max_token_len: int = -1,
+    max_seq_len: int = -1,
 ) -> tuple[str, str] | None:
     """Why a group must be dropped, as ``(counter_key, message)``; None when it is usable.
 
     Keys: ``invalid`` (missing tokens/masks/scores or ragged rows), ``wrong_size`` (not
     ``group_size`` sequences, or ``group_overrides["group_size"]``), ``same_scores`` (all
     ``G > 1`` scores equal while ``ensure_scores_are_not_same``: no learning signal),
-    ``too_long`` (a sequence of ``>= max_token_len`` tokens; only checked when
-    ``max_token_len > 0``).
+    ``too_long`` (a sequence of ``>= max_seq_len`` tokens, the trainer's limit; only checked
+    when ``max_seq_len > 0``).
     """
     for key in ("tokens", "masks", "scores"):
         if key not in group or group[key] is None:
@@ -196,10 +196,10 @@ def reject_reason(
     scores = group["scores"]
     if ensure_scores_are_not_same and len(scores) > 1 and len(set(scores)) <= 1:
         return "same_scores", "all scores are identical (no learning signal)"
-    if max_token_len > 0:
+    if max_seq_len > 0:
         longest = max(len(t) for t in group["tokens"])
-        if longest >= max_token_len:
-            return "too_long", f"a sequence has {longest} tokens >= max_token_len {max_token_len}"
+        if longest >= max_seq_len:
+            return "too_long", f"a sequence has {longest} tokens >= the trainer's max_token_len {max_seq_len}"
     return None
 
 
@@ -225,7 +225,7 @@ def check_groups(
     scored_data: ScoredDataGroup | Sequence[ScoredDataGroup | None] | None,
     group_size: int,
     ensure_scores_are_not_same: bool,
-    max_token_len: int,
+    max_seq_len: int,
     stats: Any,
 ) -> CheckedGroups:
     """The one scored-group check of the env side: the usable groups of ``scored_data``.
@@ -238,7 +238,7 @@ def check_groups(
         scored_data: one group, a list of groups (None entries are skipped), or None.
         group_size: expected sequences per group (unless ``group_overrides`` says otherwise).
         ensure_scores_are_not_same: drop groups whose scores are all equal.
-        max_token_len: drop groups with a sequence this long or longer (-1 = no limit).
+        max_seq_len: drop groups with a sequence this long or longer (-1 = no limit).
         stats: counter (``Counter[str]``) that gets ``groups_dropped_<reason>`` += 1 per drop
             (``invalid`` also for non-dict entries).
     """
@@ -250,7 +250,7 @@ def check_groups(
         if group is None:
             continue
         problem = (
-            reject_reason(group, group_size, ensure_scores_are_not_same, max_token_len)
+            reject_reason(group, group_size, ensure_scores_are_not_same, max_seq_len)
             if isinstance(group, dict)
             else ("invalid", f"groups must be ScoredDataGroup dicts, got {type(group).__name__}")
         )

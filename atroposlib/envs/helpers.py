@@ -228,7 +228,7 @@ class Episode:
             template re-rendered earlier turns differently; then only the last turn's node is
             returned and earlier turns are masked).
         out_of_context: the episode stopped early because the next turn would not fit in
-            ``max_context_tokens``.
+            ``max_seq_len``.
         truncated: the episode used all ``max_turns`` turns and the env still had an answer
             for the last one; that answer is left out of ``messages``, since no turn of the
             trained sequence follows it.
@@ -257,7 +257,7 @@ async def run_episode(
     max_tokens: int,
     temperature: float = 1.0,
     split: str = "train",
-    max_context_tokens: int | None = None,
+    max_seq_len: int | None = None,
 ) -> Episode:
     """Play a conversation turn by turn: sample, let the env answer, repeat.
 
@@ -277,9 +277,9 @@ async def run_episode(
         max_tokens: tokens per assistant turn.
         temperature: sampling temperature.
         split: ``"train"`` or ``"eval"`` (which request pool and metrics to use).
-        max_context_tokens: stop (``Episode.out_of_context``) before a turn whose prompt plus
-            ``max_tokens`` would reach this many tokens (the env's ``max_token_length``, which
-            the API also enforces); None = no check.
+        max_seq_len: stop (``Episode.out_of_context``) before a turn whose prompt plus
+            ``max_tokens`` would reach this many tokens (the env's ``max_seq_len``); None = no
+            check.
 
     Returns:
         The :class:`Episode`.
@@ -290,9 +290,9 @@ async def run_episode(
     episode = Episode(messages=chat, node=None)
     async with server.managed_server(tokenizer=tokenizer) as managed:
         for turn in range(max_turns):
-            if turn > 0 and max_context_tokens is not None:
+            if turn > 0 and max_seq_len is not None:
                 prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-                if len(tokenizer.encode(prompt, add_special_tokens=False)) + max_tokens >= max_context_tokens:
+                if len(tokenizer.encode(prompt, add_special_tokens=False)) + max_tokens >= max_seq_len:
                     episode.out_of_context = True
                     break
             completion = await managed.chat_completion(

@@ -65,14 +65,14 @@ class MultiTurnEnv(SingleTurnEnv):
     ) -> Episode:
         """Play a conversation from ``messages`` (:func:`~atroposlib.envs.helpers.run_episode`).
 
-        Uses the config's ``max_turns``, ``max_tokens`` (per turn) and ``max_token_length``
+        Uses the config's ``max_turns``, ``max_tokens`` (per turn) and ``max_seq_len``
         (the context limit).
         """
         c = self.config
         return await run_episode(
             self.server, self.tokenizer, messages, on_reply, max_turns=c.max_turns,
             max_tokens=c.max_tokens, temperature=temperature, split=split,
-            max_context_tokens=c.max_token_length,
+            max_seq_len=c.max_seq_len,
         )
 
     async def collect_trajectories(
