@@ -62,10 +62,10 @@ def check_group(
         assert isinstance(score, (int, float)) and math.isfinite(score), (
             f"{where}: scores[{i}] = {score!r} is not a finite number"
         )
-    logprobs = group.get("inference_logprobs")
-    if logprobs is not None:
+    sampler_logprobs = group.get("inference_logprobs")
+    if sampler_logprobs is not None:
         for i in range(n):
-            for t, (lp, mask) in enumerate(zip(logprobs[i], group["masks"][i], strict=True)):
+            for t, (lp, mask) in enumerate(zip(sampler_logprobs[i], group["masks"][i], strict=True)):
                 if mask == IGNORE_INDEX:
                     assert lp == MASKED_LOGPROB, (
                         f"{where}: inference_logprobs[{i}][{t}] = {lp} at a masked position; use "

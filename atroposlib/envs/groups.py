@@ -26,7 +26,8 @@ class ScoredDataGroup(TypedDict, total=False):
 
     Keys:
         tokens: ``[G][T_i]`` prompt + completion token ids.
-        masks: ``[G][T_i]`` ``-100`` at untrained positions, else the token id.
+        masks: ``[G][T_i]`` labels (the wire name is ``masks``): the token id at trained
+            positions, ``-100`` (the ignore index) at untrained ones; not a 0/1 mask.
         scores: ``[G]`` scalar rewards.
         advantages: ``[G][T_i]`` optional per-token advantages.
         ref_logprobs: ``[G][T_i]`` optional reference log-probs.
@@ -62,7 +63,8 @@ class ScoredDataGroup(TypedDict, total=False):
 class ScoredDataItem(TypedDict, total=False):
     """One scored rollout, returned by ``collect_trajectory`` (plus logprobs).
 
-    Keys: ``tokens [T]``, ``masks [T]``, ``scores`` (float), and optional ``advantages [T]``,
+    Keys: ``tokens [T]``, ``masks [T]`` (labels: the token id where trained, ``-100`` where
+    not), ``scores`` (float), and optional ``advantages [T]``,
     ``ref_logprobs [T]``, ``inference_logprobs [T]`` (1.0 at masked positions; carried into
     the group, unlike upstream), ``messages``, ``group_overrides``, ``overrides``, ``images``,
     ``distill_token_ids [T][K]``, ``distill_logprobs [T][K]``.

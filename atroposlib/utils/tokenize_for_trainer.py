@@ -1,4 +1,4 @@
-"""Turn a chat transcript into trainer inputs: token ids plus a label mask (-100 = not trained)."""
+"""Turn a chat transcript into trainer inputs: token ids plus their labels (``masks``, -100 = not trained)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def tokenize_for_trainer(
 
     Returns:
         ``{"tokens": [T], "masks": [T]}`` (+ ``"messages"``): ``tokens`` is the whole templated
-        chat; ``masks[t]`` is ``-100`` where not trained, else ``tokens[t]``.
+        chat; ``masks`` are its labels: ``masks[t]`` is ``tokens[t]`` where trained, ``-100``
+        (the ignore index) where not.
 
     Raises:
         ValueError: ``chat`` is empty.

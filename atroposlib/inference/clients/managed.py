@@ -6,7 +6,8 @@ template itself, generates from token ids through ``APIServer.tokens_and_logprob
 and keeps one :class:`SequenceNode` per sampled sequence:
 
 * ``tokens``        ``[T]`` prompt + completion token ids;
-* ``masked_tokens`` ``[T]`` ``-100`` at prompt positions, the token id at generated positions;
+* ``masked_tokens`` ``[T]`` labels: ``-100`` (the ignore index) at prompt positions, the token
+  id at generated positions;
 * ``logprobs``      ``[T]`` ``1.0`` at prompt positions, the sampler's log-prob elsewhere.
 
 Multi-turn: a new prompt whose text starts with an existing node's ``full_text`` *extends*
@@ -39,7 +40,8 @@ class SequenceNode:
     Attributes:
         full_text: the prompt text followed by the decoded completion (special tokens kept).
         tokens: ``[T]`` token ids.
-        masked_tokens: ``[T]`` ``-100`` where not trained (prompt), else the token id.
+        masked_tokens: ``[T]`` labels (a group's ``masks`` row): the token id where trained
+            (generated), ``-100`` (the ignore index) where not (prompt).
         logprobs: ``[T]`` ``1.0`` where masked, else the sampler's log-prob of the token.
         metadata: at least ``{"finish_reason": str}``.
     """
