@@ -12,6 +12,7 @@ from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Upstream name -> its home here (``"module"`` or ``"module:attribute"``).
 BASE_EXPORTS = {
+    "APIServer": "atroposlib.inference.clients.base",
     "AutoTokenizer": "transformers",
     "BaseModel": "pydantic",
     "Field": "pydantic",

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from atroposlib.envs.config import BaseEnvConfig, UnknownConfigFieldWarning
 from atroposlib.envs.constants import ENV_NAMESPACE, OPENAI_NAMESPACE
 from atroposlib.errors import ConfigError, RolloutError
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.inference.clients.manager import ServerManagerConfig
 from atroposlib.inference.clients.resolve import resolve_server_configs, validated
@@ -101,9 +101,9 @@ class EnvCommand:
 
     mode: str
     env_config: BaseEnvConfig
-    servers: list[APIServerConfig | APIServer] | ServerBaseline
+    servers: list[APIServerConfig | InferenceClient] | ServerBaseline
     manager: ServerManagerConfig
-    extra_servers: dict[str, list[APIServerConfig | APIServer]] = field(default_factory=dict)
+    extra_servers: dict[str, list[APIServerConfig | InferenceClient]] = field(default_factory=dict)
     wait_for_services: bool = False
 
 
@@ -244,7 +244,7 @@ def build_command(
 
 def _namespace_servers(
     env_cls: type[BaseEnv], mode: str, data: dict[str, Any], overrides: dict[str, dict[str, Any]]
-) -> dict[str, list[APIServerConfig | APIServer]]:
+) -> dict[str, list[APIServerConfig | InferenceClient]]:
     """Resolve the env's extra server namespaces (e.g. ``teacher``) into constructor kwargs.
 
     Each namespace merges YAML ``<prefix>:`` < ``--<prefix>.*`` flags over ``APIServerConfig``
@@ -253,7 +253,7 @@ def _namespace_servers(
     """
     if mode not in NAMESPACE_MODES:
         return {}
-    kwargs: dict[str, list[APIServerConfig | APIServer]] = {}
+    kwargs: dict[str, list[APIServerConfig | InferenceClient]] = {}
     for prefix, keyword in _server_namespaces(env_cls).items():
         if not data.get(prefix) and not overrides.get(prefix):
             continue
@@ -264,7 +264,7 @@ def _namespace_servers(
 
 def build_configs(
     env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
-) -> tuple[BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
+) -> tuple[BaseEnvConfig, list[APIServerConfig | InferenceClient] | ServerBaseline, ServerManagerConfig]:
     """``(env_config, server_configs, manager_config)`` of :func:`build_command`.
 
     Raises:
@@ -276,7 +276,7 @@ def build_configs(
 
 def build_namespace_servers(
     env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
-) -> dict[str, list[APIServerConfig | APIServer]]:
+) -> dict[str, list[APIServerConfig | InferenceClient]]:
     """The env's extra server namespaces (e.g. ``teacher``) as constructor kwargs.
 
     Each namespace merges YAML ``<prefix>:`` < ``--<prefix>.*`` flags over ``APIServerConfig``
@@ -367,7 +367,7 @@ def parse_command(env_cls: type[BaseEnv], argv: list[str] | None = None) -> EnvC
 
 def parse_args(
     env_cls: type[BaseEnv], argv: list[str] | None = None
-) -> tuple[str, BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
+) -> tuple[str, BaseEnvConfig, list[APIServerConfig | InferenceClient] | ServerBaseline, ServerManagerConfig]:
     """Parse ``argv`` into ``(mode, env_config, server_configs, manager_config)``.
 
     Raises:
@@ -382,9 +382,9 @@ def parse_args_with_namespaces(
 ) -> tuple[
     str,
     BaseEnvConfig,
-    list[APIServerConfig | APIServer] | ServerBaseline,
+    list[APIServerConfig | InferenceClient] | ServerBaseline,
     ServerManagerConfig,
-    dict[str, list[APIServerConfig | APIServer]],
+    dict[str, list[APIServerConfig | InferenceClient]],
 ]:
     """Like :func:`parse_args`, plus the extra server namespaces as constructor kwargs.
 

@@ -47,7 +47,7 @@ from atroposlib.envs.run_state import (
 )
 from atroposlib.envs.runners import get_runner
 from atroposlib.envs.wandb_logging import WandbLoggingMixin
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import (
     APIServerConfig,
     OpenaiConfig,
@@ -83,7 +83,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         * ``cleanup()``: runs after every item.
 
     Class attributes: ``name`` (used for wandb/registration names and default file names),
-    ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``APIServer`` =
+    ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``InferenceClient`` =
     choose by ``server_type``) and ``server_namespaces`` (extra CLI server namespaces, e.g.
     ``{"teacher": "teacher_server_configs"}`` gives ``--teacher.*`` flags whose configs reach
     the constructor as that keyword; see :mod:`atroposlib.env_runtime.commands`).
@@ -104,13 +104,13 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
     name: str | None = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
-    server_cls: type[APIServer] = APIServer
+    server_cls: type[InferenceClient] = InferenceClient
     server_namespaces: dict[str, str] = {}
 
     def __init__(
         self,
         config: BaseEnvConfig,
-        server_configs: list[APIServerConfig | APIServer] | APIServerConfig | ServerBaseline | APIServer,
+        server_configs: list[APIServerConfig | InferenceClient] | APIServerConfig | ServerBaseline | InferenceClient,
         slurm: bool = False,
         testing: bool = False,
     ):
@@ -118,7 +118,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
         Args:
             config: an instance of ``env_config_cls``.
-            server_configs: inference servers: configs and/or ready ``APIServer`` instances
+            server_configs: inference servers: configs and/or ready ``InferenceClient`` instances
                 (e.g. ``FakeServer``); a single config is honoured as given.
             slurm: derive inference URLs from SLURM variables.
             testing: use an in-process ``FakeServer`` instead of real inference.

@@ -90,7 +90,7 @@ async def check_env(
 
     Args:
         env_cls: the environment class.
-        server: an ``APIServer`` (typically ``FakeServer``) or a list of them; default a
+        server: an ``InferenceClient`` (typically ``FakeServer``) or a list of them; default a
             ``FakeServer()`` with a fixed reply.
         config_overrides: env config fields to change (e.g. ``{"tokenizer_name": dir}``).
         num_groups: how many valid groups to collect.

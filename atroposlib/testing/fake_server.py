@@ -1,6 +1,6 @@
 """An in-process fake inference backend (``FakeServer``) and an OpenAI-compatible ASGI app.
 
-``FakeServer`` is a real :class:`~atroposlib.inference.clients.base.APIServer`
+``FakeServer`` is a real :class:`~atroposlib.inference.clients.base.InferenceClient`
 whose "model" is a script: a list of response strings (cycled) or a callable. It supports
 ``n``, chat and text completions, and exact token ids with log-probs (so ``managed_server``
 works), prompt top-k log-probs shaped like vLLM's ``prompt_logprobs`` (so ``get_logprobs`` and
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig
 
 #: A scripted response: text, or (text, finish_reason).
@@ -96,7 +96,7 @@ def fake_prompt_logprobs(input_ids: list[int], top_k: int) -> list[dict[int, tup
     return out
 
 
-class FakeServer(APIServer):
+class FakeServer(InferenceClient):
     """Scripted in-process inference server (see module docstring).
 
     Example::
@@ -309,7 +309,7 @@ class FakeServer(APIServer):
         return list(input_ids), outputs, logprobs, reasons
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
-        """Prompt top-k log-probs (:func:`fake_prompt_logprobs`), parsed like ``VLLMServer``'s.
+        """Prompt top-k log-probs (:func:`fake_prompt_logprobs`), parsed like ``VLLMClient``'s.
 
         Returns:
             ``{"prompt_tokens": [P], "prompt_topk_token_ids": [P][<=k+1],
@@ -346,7 +346,7 @@ def fake_openai_app(server: FakeServer | None = None) -> Any:
     log-probs (needs ``FakeServer(tokenizer=...)``), so ``server_type="vllm"`` and managed mode
     work against it. With vLLM's ``prompt_logprobs: k`` the choice also carries
     ``prompt_logprobs`` (:func:`fake_prompt_logprobs`, in vLLM's JSON shape), so
-    ``VLLMServer.get_logprobs`` works against it.
+    ``VLLMClient.get_logprobs`` works against it.
 
     Args:
         server: the script to serve; default ``FakeServer()``.

@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.utils.lazy_exports import lazy_exports
 
@@ -112,7 +112,7 @@ def _wrap_completion(texts: list[str], model: str) -> Any:
     return create_completion(texts, len(texts), model=model)
 
 
-class ServerHarness(APIServer):
+class ServerHarness(InferenceClient):
     """Canned-response inference server (see module docstring).
 
     Example::

@@ -1,6 +1,6 @@
-"""The inference-backend contract: the adaptive semaphore and the ``APIServer`` ABC.
+"""The inference-backend contract: the adaptive semaphore and the ``InferenceClient`` ABC.
 
-One :class:`APIServer` exists per inference endpoint (vLLM, SGLang, OpenAI, TRL, or an
+One :class:`InferenceClient` exists per inference endpoint (vLLM, SGLang, OpenAI, TRL, or an
 in-process fake). The base class owns everything that is the same for every backend:
 
 * two adaptive semaphores (``sem`` for training, ``eval_sem`` for evaluation);
@@ -183,7 +183,7 @@ class _SplitMetrics:
         self.failures = 0
 
 
-class APIServer(ABC):
+class InferenceClient(ABC):
     """Abstract inference backend: one instance per endpoint.
 
     Public calls (all ``async``; keyword arguments are OpenAI request parameters plus
@@ -549,6 +549,9 @@ class APIServer(ABC):
         )
 
 
+#: Atropos 0.4's name for :class:`InferenceClient`.
+APIServer = InferenceClient
+
 # OpenAI response types and pydantic names Atropos 0.4's module imported; loaded on first access.
 __getattr__ = lazy_exports(__name__, {
     "ChatCompletion": "openai.types.chat.chat_completion",
@@ -561,6 +564,7 @@ __all__ = [
     "APIServer",
     "APIServerConfig",
     "AsyncSemWithAdaptiveWeight",
+    "InferenceClient",
     "InferenceError",
     "OpenaiConfig",
     "ReasoningConfig",

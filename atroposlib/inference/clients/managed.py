@@ -2,7 +2,7 @@
 
 Why: a trainer must see exactly the tokens the sampler produced, with aligned
 sampler log-probs; re-tokenising decoded text can differ. ``ManagedServer`` renders the chat
-template itself, generates from token ids through ``APIServer.tokens_and_logprobs_completion``
+template itself, generates from token ids through ``InferenceClient.tokens_and_logprobs_completion``
 and keeps one :class:`SequenceNode` per sampled sequence:
 
 * ``tokens``        ``[T]`` prompt + completion token ids;
@@ -118,7 +118,7 @@ def _fit(values: list[float], length: int) -> list[float]:
 
 
 class ManagedServer:
-    """Wraps one :class:`APIServer` and tracks every sampled sequence (see module docstring).
+    """Wraps one :class:`InferenceClient` and tracks every sampled sequence (see module docstring).
 
     Use through ``ServerManager.managed_server(tokenizer=...)``::
 
@@ -138,7 +138,7 @@ class ManagedServer:
         """Create a tracker.
 
         Args:
-            server: an ``APIServer`` implementing ``tokens_and_logprobs_completion``.
+            server: an ``InferenceClient`` implementing ``tokens_and_logprobs_completion``.
             tokenizer: the HF tokenizer of the served model (chat template + encode/decode);
                 default: ``server.tokenizer``.
             track_tree: keep every node keyed by ``full_text`` instead of replacing extended
