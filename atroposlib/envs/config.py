@@ -10,9 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from atroposlib.defaults import DEFAULT_API_URL
+from atroposlib.defaults import DEFAULT_API_URL, DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_URL
 from atroposlib.errors import AtroposWarning, ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
+from atroposlib.inference.clients.config import APIServerConfig
 
 
 class UnknownConfigFieldWarning(AtroposWarning):
@@ -237,6 +238,27 @@ class BaseEnvConfig(BaseModel):
             )
 
 
+
+#: The shared development vLLM (model ``smollm2``) that the defaults point at.
+DEFAULT_BASE_URL = DEFAULT_INFERENCE_URL
+
+
+def default_server(**overrides: Any) -> APIServerConfig:
+    """A stock-vLLM server config for the bundled model at :data:`DEFAULT_BASE_URL`.
+
+    ``server_type="vllm"`` because the envs use ``managed_server`` (exact tokens and
+    log-probs). Override on the command line: ``--openai.base_url``, ``--openai.model_name``.
+    """
+    values: dict[str, Any] = {
+        "model_name": DEFAULT_INFERENCE_MODEL,
+        "base_url": DEFAULT_BASE_URL,
+        "api_key": "x",
+        "server_type": "vllm",
+        "num_requests_for_eval": 64,
+    }
+    values.update(overrides)
+    return APIServerConfig(**values)
+
 def _caller_stacklevel() -> int:
     """The ``warnings.warn`` stacklevel of the first frame outside pydantic and this module."""
     import pydantic
@@ -248,4 +270,5 @@ def _caller_stacklevel() -> int:
     return level
 
 
-__all__ = ["BaseEnvConfig", "EvalHandlingEnum", "FrozenConfigError", "UnknownConfigFieldWarning"]
+__all__ = ["DEFAULT_BASE_URL", "BaseEnvConfig", "EvalHandlingEnum", "FrozenConfigError",
+           "UnknownConfigFieldWarning", "default_server"]

@@ -21,6 +21,7 @@ from atroposlib.utils.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from atroposlib.inference.clients.manager import ServerManager
+    from atroposlib.type_definitions import Message
 
 logger = logging.getLogger(__name__)
 
@@ -424,6 +425,61 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
     return await eval_env(ServerManager([config]))
 
 
+async def eval_samples(
+    env: Any,
+    items: Sequence[Any],
+    messages_fn: Callable[[Any], list[Message]],
+    score_fn: Callable[[Any, str, str], Any],
+    *,
+    max_tokens: int | Callable[[list[Message]], int],
+    temperature: float = 0.0,
+    answer_fn: Callable[[Any], Any] | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Sample one completion per evaluation item and score it (no logging).
+
+    Requests run concurrently, at most ``env.config.max_eval_workers`` at a time, on the
+    ``eval`` split of the server manager. An item whose request or scoring raises is logged
+    and counted, not scored 0.
+
+    Args:
+        env: the environment (its ``server`` and ``config.max_eval_workers`` are used).
+        items: evaluation items.
+        messages_fn: item -> chat messages.
+        score_fn: ``(item, completion_text, finish_reason) ->`` a :data:`ScoreResult`
+            (a score, or ``(score, details)``; may be a coroutine function).
+        max_tokens: completion budget, or a function of the item's messages returning it.
+        temperature: sampling temperature (0 = greedy).
+        answer_fn: item -> reference answer, stored in each sample as ``"answer"`` (for views).
+
+    Returns:
+        ``(samples in item order, failed item count)``; a sample is ``{"messages",
+        "response", "score", "finish_reason"}`` (+ ``"answer"``, + ``"details"`` when the
+        score came with details); ``response`` is the reply text.
+    """
+    from atroposlib.envs.scoring import resolve_score
+
+    async def one(item: Any) -> dict[str, Any]:
+        messages = messages_fn(item)
+        budget = max_tokens(messages) if callable(max_tokens) else max_tokens
+        completion = await env.server.chat_completion(
+            messages=messages, n=1, max_tokens=budget, temperature=temperature,
+            split="eval",
+        )
+        choice = completion.choices[0]
+        text = choice.message.content or ""
+        reason = str(choice.finish_reason)
+        score, details = await resolve_score(score_fn(item, text, reason))
+        sample = {"messages": messages + [{"role": "assistant", "content": text}], "response": text,
+                  "score": score, "finish_reason": reason}
+        if details:
+            sample["details"] = details
+        if answer_fn is not None:
+            sample["answer"] = answer_fn(item)
+        return sample
+
+    return await evaluate_items(items, one, int(env.config.max_eval_workers))
+
+
 # Names Atropos 0.4's envs.eval imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
 __getattr__ = lazy_exports(__name__, {
@@ -438,6 +494,7 @@ __all__ = [
     "EvalLogMixin",
     "eval_dir",
     "eval_runner",
+    "eval_samples",
     "evaluate_items",
     "evaluate_log",
     "mean_metrics",

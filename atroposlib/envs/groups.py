@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
-from atroposlib.api.models import IGNORE_INDEX, group_shape_error
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
 from atroposlib.errors import RolloutError
 from atroposlib.type_definitions import REFERENCE_KEY, Item, Message
 
@@ -309,6 +309,29 @@ def set_reference_answer(group: ScoredDataGroup, answer: Any) -> ScoredDataGroup
     return group
 
 
+def new_group(with_logprobs: bool = True) -> ScoredDataGroup:
+    """An empty group with the per-sequence lists the envs fill."""
+    group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
+    if with_logprobs:
+        group["inference_logprobs"] = []
+    return group
+
+
+def add_rollout(group: ScoredDataGroup, node: Any, score: float, messages: list[Message]) -> None:
+    """Append one managed-server sequence (tokens, masks, log-probs) with its score.
+
+    Log-probs at masked (prompt) positions are written as ``MASKED_LOGPROB`` (1.0), as the
+    API expects, whatever the server put there.
+    """
+    group["tokens"].append(list(node.tokens))
+    group["masks"].append(list(node.masked_tokens))
+    group["inference_logprobs"].append(
+        [lp if m != IGNORE_INDEX else MASKED_LOGPROB
+         for lp, m in zip(node.logprobs, node.masked_tokens, strict=True)])
+    group["scores"].append(float(score))
+    group["messages"].append(messages)
+
+
 __all__ = [
     "REFERENCE_KEY",
     "ITEM_LIST_FIELDS",
@@ -316,10 +339,12 @@ __all__ = [
     "ScoredDataGroup",
     "ScoredDataItem",
     "CheckedGroups",
+    "add_rollout",
     "aggregate_items",
     "check_groups",
     "completion_lengths",
     "gather_rollouts",
+    "new_group",
     "normalise_group",
     "reject_reason",
     "set_reference_answer",

@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.helpers import Episode, ReplyHandler, add_rollout, new_group, run_episode
+from atroposlib.envs.episodes import Episode, ReplyHandler, run_episode
+from atroposlib.envs.groups import add_rollout, new_group
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 from atroposlib.type_definitions import Item, Message
 
@@ -37,7 +38,7 @@ class MultiTurnEnv(SingleTurnEnv):
 
     A training group is ``group_size`` episodes of the same item, played concurrently; each
     episode's final ``managed_server`` sequence trains every assistant turn
-    (:func:`~atroposlib.envs.helpers.run_episode`). ``evaluate`` plays one episode per eval
+    (:func:`~atroposlib.envs.episodes.run_episode`). ``evaluate`` plays one episode per eval
     item at ``eval_temperature`` (:meth:`sample_eval_items`) and logs :meth:`eval_metrics` (``eval/accuracy`` = share of
     episodes scoring >= 1, ``eval/mean_score``, ``eval/stopped_fraction`` of the last turns,
     ``eval/num_items``, and :meth:`details_metrics` of the episodes' details).
@@ -63,7 +64,7 @@ class MultiTurnEnv(SingleTurnEnv):
     async def converse(
         self, messages: list[Message], on_reply: ReplyHandler, *, temperature: float, split: str
     ) -> Episode:
-        """Play a conversation from ``messages`` (:func:`~atroposlib.envs.helpers.run_episode`).
+        """Play a conversation from ``messages`` (:func:`~atroposlib.envs.episodes.run_episode`).
 
         Uses the config's ``max_turns``, ``max_tokens`` (per turn) and ``max_seq_len``
         (the context limit).

@@ -17,17 +17,11 @@ from pydantic import Field
 
 from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.groups import set_reference_answer
-from atroposlib.envs.helpers import (
-    ScoreResult,
-    add_rollout,
-    default_server,
-    eval_samples,
-    mean_details,
-    new_group,
-    resolve_score,
-)
+from atroposlib.envs.config import default_server
+from atroposlib.envs.eval import eval_samples
+from atroposlib.envs.groups import add_rollout, new_group, set_reference_answer
 from atroposlib.envs.prompt_filter import ZeroVarianceFilter
+from atroposlib.envs.scoring import ScoreResult, mean_details, resolve_score
 from atroposlib.type_definitions import Item, Message
 
 
@@ -90,7 +84,7 @@ class SingleTurnEnv(BaseEnv):
     #: Replies with fewer generated tokens are not scored, and their group is dropped
     #: (it would be short of ``group_size``); 0 = keep every reply.
     min_completion_tokens: int = 0
-    #: Overrides of :func:`~atroposlib.envs.helpers.default_server` in ``config_init``.
+    #: Overrides of :func:`~atroposlib.envs.config.default_server` in ``config_init``.
     server_defaults: Mapping[str, Any] = {}
     #: Overrides of the env config's defaults in ``config_init`` (e.g. ``{"max_turns": 6}``).
     config_defaults: Mapping[str, Any] = {}
@@ -206,7 +200,7 @@ class SingleTurnEnv(BaseEnv):
         """Metrics of the score details (``prefix`` is ``"train"`` or ``"eval"``).
 
         Default: the mean of each numeric detail as ``<prefix>/<name>``
-        (:func:`~atroposlib.envs.helpers.mean_details`).
+        (:func:`~atroposlib.envs.scoring.mean_details`).
         """
         return mean_details(details, prefix)
 
@@ -326,7 +320,7 @@ class SingleTurnEnv(BaseEnv):
         """One reply per eval item at ``eval_temperature``, scored.
 
         Returns:
-            ``(samples, failed item count)`` (:func:`~atroposlib.envs.helpers.eval_samples`).
+            ``(samples, failed item count)`` (:func:`~atroposlib.envs.eval.eval_samples`).
         """
         return await eval_samples(
             self, list(self.eval_items), self.prompt, self.reward_for,

@@ -192,7 +192,7 @@ async def test_a_failing_async_score_counts_the_eval_item_as_failed(add_env_cls,
 def test_a_score_of_the_wrong_type_says_what_came_back():
     import asyncio
 
-    from atroposlib.envs.helpers import resolve_score
+    from atroposlib.envs.scoring import resolve_score
 
     assert asyncio.run(resolve_score(1)) == (1.0, {})
     with pytest.raises(TypeError, match="number or \\(number, dict of details\\), got 'yes'"):
