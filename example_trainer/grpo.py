@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic_settings import CliApp, CliSettingsSource
 
     from atroposlib.errors import ConfigError
-    from atroposlib.utils.cli import ArgumentParser, validation_error_message
+    from atroposlib.utils.flags import ArgumentParser, validation_error_message
 
     source = CliSettingsSource(TrainerConfig, root_parser=ArgumentParser(prog="atropos-grpo"))
     try:

@@ -30,10 +30,10 @@ BASE_EXPORTS = {
     "resolve_openai_configs": "atroposlib.inference.clients.openai_client",
     "generate_html": "atroposlib.frontend.jsonl2html",
     "TypedDict": "typing_extensions",
-    "extract_namespace": "atroposlib.utils.cli",
-    "get_double_dash_flags": "atroposlib.utils.cli",
-    "get_prefixed_pydantic_model": "atroposlib.utils.cli",
-    "merge_dicts": "atroposlib.utils.cli",
+    "extract_namespace": "atroposlib.utils.flags",
+    "get_double_dash_flags": "atroposlib.utils.flags",
+    "get_prefixed_pydantic_model": "atroposlib.utils.flags",
+    "merge_dicts": "atroposlib.utils.flags",
 }
 
 #: What Atropos 0.4's ``vllm_server`` and ``sglang_server`` modules imported at module level.

@@ -41,6 +41,7 @@ MOVED: dict[str, str] = {
     _SH + "managed_server_proxy": "atroposlib.compat.managed_server_proxy",
     _SH + "proxy_client": "atroposlib.compat.proxy_client",
     "atroposlib.envs.reward_fns": "atroposlib.rewards",
+    "atroposlib.utils.cli": "atroposlib.utils.flags",
     **{f"atroposlib.envs.reward_fns.{m}": f"atroposlib.rewards.{m}" for m in _REWARDS},
 }
 

@@ -32,7 +32,7 @@ __all__ = sorted(_EXPORTS)
 # so that the env contract names none of them (they import it); each imports its runner
 # module on first call only.
 def _run_cli(env_cls: Any, argv: list[str] | None = None) -> None:
-    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.env_runtime.command_line import run_cli
 
     run_cli(env_cls, argv)
 

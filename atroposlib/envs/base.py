@@ -86,7 +86,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
     ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``InferenceClient`` =
     choose by ``server_type``) and ``server_namespaces`` (extra CLI server namespaces, e.g.
     ``{"teacher": "teacher_server_configs"}`` gives ``--teacher.*`` flags whose configs reach
-    the constructor as that keyword; see :mod:`atroposlib.env_runtime.commands`).
+    the constructor as that keyword; see :mod:`atroposlib.env_runtime.command_line`).
 
     Available inside hooks: ``self.config``, ``self.tokenizer`` (HF tokenizer of
     ``config.tokenizer_name``, loaded lazily), ``self.server`` (a ``ServerManager``; use

@@ -403,7 +403,7 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
     from atroposlib.defaults import DEFAULT_INFERENCE_URL
     from atroposlib.inference.clients.config import APIServerConfig
     from atroposlib.inference.clients.manager import ServerManager
-    from atroposlib.utils.cli import ArgumentParser
+    from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(description=f"Run the {type(eval_env).__name__} evaluation.")
     parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL,

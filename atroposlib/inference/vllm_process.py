@@ -481,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code: 0 after Ctrl-C, 143 after SIGTERM, 1 when vLLM failed or exited.
     """
     from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
-    from atroposlib.utils.cli import ArgumentParser
+    from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(
         prog="python -m atroposlib.inference.vllm_process",

@@ -246,7 +246,7 @@ def _env_arg_check(env: EnvSection) -> dict[str, Any]:
     import importlib.util
     import inspect
 
-    from atroposlib.env_runtime.commands import build_command, build_parser
+    from atroposlib.env_runtime.command_line import build_command, build_parser
     from atroposlib.envs.base import BaseEnv
 
     where = f"envs.{env.name}.args"

@@ -58,7 +58,7 @@ def test_code_execution_process_real_vllm(vllm_server, tmp_path):
     """`process` mode end to end: real vLLM writes code, the sandbox runs it, JSONL + HTML out."""
     import json
 
-    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.env_runtime.command_line import run_cli
     from atroposlib.environments.code_execution_env import CodeExecutionEnv
     from atroposlib.envs.checks import check_group
 

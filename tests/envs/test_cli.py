@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.api.models import ScoredData
-from atroposlib.env_runtime.commands import build_env, parse_args
+from atroposlib.env_runtime.command_line import build_env, parse_args
 from atroposlib.inference.clients.config import APIServerConfig
 from tests.envs.sample_envs import ChatLengthEnv
 
@@ -151,7 +151,7 @@ class CountedEnv(ChatLengthEnv):
 
 def test_run_cli_parses_the_command_line_once(tmp_path, monkeypatch):
     """config_init runs once, the YAML file is read once, argv is parsed once (it was 3, 2, 2)."""
-    from atroposlib.env_runtime import commands
+    from atroposlib.env_runtime import command_line as commands
 
     calls = {"yaml": 0, "parse": 0, "ran": None}
     real_load, real_parse = commands.load_yaml, commands.ArgumentParser.parse_known_args
@@ -190,7 +190,7 @@ def test_run_cli_parses_the_command_line_once(tmp_path, monkeypatch):
     (["serve", "--no-wait-for-services"], False), (["process", "--wait-for-services"], True),
 ])
 def test_wait_for_services_is_a_flag_like_its_neighbours(argv, wait):
-    from atroposlib.env_runtime.commands import parse_command
+    from atroposlib.env_runtime.command_line import parse_command
 
     assert parse_command(ChatLengthEnv, argv).wait_for_services is wait
 

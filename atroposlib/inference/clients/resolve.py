@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from atroposlib.errors import ConfigError
 from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
-from atroposlib.utils.cli import validation_error_message
+from atroposlib.utils.flags import validation_error_message
 
 __all__ = ["resolve_server_configs", "validated"]
 

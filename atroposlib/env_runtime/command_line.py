@@ -46,7 +46,7 @@ from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.inference.clients.manager import ServerManagerConfig
 from atroposlib.inference.clients.resolve import resolve_server_configs, validated
-from atroposlib.utils.cli import (
+from atroposlib.utils.flags import (
     ArgumentParser,
     add_model_options,
     collect_overrides,
