@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/bench_learning.py`
     sys.path.insert(0, str(ROOT))
 
 from atroposlib.utils.offline import OFFLINE_ENV  # noqa: E402
-from benchmarks.process_tree import Tree  # noqa: E402
+from benchmarks.process_tree import LIVE, Tree  # noqa: E402
 
 QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"
 QUICKSTART_LORA = ROOT / "configs" / "quickstart-cpu-lora.yaml"
@@ -104,9 +104,8 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None,
         env["args"] = {**env.get("args", {}), **(env_args or {})}
     cfg_path = run_dir / "launch.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
-    tree = Tree([sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)], run_dir / "bench.log")
-    _ACTIVE.append(tree)
-    try:
+    argv = [sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)]
+    with Tree(argv, run_dir / "bench.log") as tree:
         trainer_log = run_dir / "logs" / "trainer.log"
         deadline = time.monotonic() + STARTUP_ALLOWANCE
         while "[grpo] registered with" not in _read(trainer_log):
@@ -125,9 +124,6 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None,
                 if snapshot[0] is not None or not _read(run_dir / "metrics.jsonl").strip():
                     reached[frac] = snapshot
         code = tree.wait(budget + STARTUP_ALLOWANCE)
-    finally:
-        tree.stop()
-        _ACTIVE.remove(tree)
     if code != 0:
         raise RuntimeError(f"{name}: atropos-launch exited with {code}; see {run_dir}/logs")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -195,14 +191,9 @@ def run_trl(minutes: float, out: Path, lr: float = LR) -> dict[str, Any]:
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     budget = 60.0 * minutes
-    tree = Tree([sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(run_dir),
-                 "--minutes", str(minutes), "--trl-lr", str(lr)], run_dir / "bench.log")
-    _ACTIVE.append(tree)
-    try:
+    with Tree([sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(run_dir),
+               "--minutes", str(minutes), "--trl-lr", str(lr)], run_dir / "bench.log") as tree:
         code = tree.wait(budget + STARTUP_ALLOWANCE)
-    finally:
-        tree.stop()
-        _ACTIVE.remove(tree)
     if code != 0:
         raise RuntimeError(f"trl: the worker exited with {code}; see {run_dir}/bench.log")
     result = json.loads((run_dir / "result.json").read_text())
@@ -447,9 +438,6 @@ def report(results: dict[str, dict[str, Any]], json_out: Path, plot_out: Path) -
 
 
 # --------------------------------------------------------------------------- main
-_ACTIVE: list[Tree] = []
-
-
 def _on_signal(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -517,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[bench] interrupted: stopping the running contender", flush=True)
         return 130
     finally:
-        for tree in list(_ACTIVE):
+        for tree in list(LIVE):
             tree.stop()
     evaluate_all(results, args.eval_batch)
     report(results, args.json_out, plot_out)

@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class Tree:
-    """A child started in its own session; tracks its descendants and the tree's peak RSS."""
+    """A child started in its own session; tracks its descendants and the tree's peak RSS.
+
+    Use it as a context manager (the tree is stopped on exit); every tree started and not
+    stopped yet is in :data:`LIVE`, so a bench can stop them all when it is interrupted.
+    """
 
     def __init__(self, argv: list[str], log_path: Path, cwd: Path = ROOT):
         """Start ``argv`` (offline env vars set, output to ``log_path``) and a 0.5 s RSS poller."""
@@ -27,6 +31,7 @@ class Tree:
             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        LIVE.add(self)
         self.root = psutil.Process(self.proc.pid)
         self.known: dict[int, Any] = {self.proc.pid: self.root}
         self.peak_rss = 0
@@ -64,6 +69,7 @@ class Tree:
         """SIGTERM the child (our launcher then stops its parts), then SIGKILL every known pid."""
         import psutil
 
+        LIVE.discard(self)
         self._done.set()
         if self.proc.poll() is None:
             try:
@@ -95,6 +101,17 @@ class Tree:
         self._log.close()
 
 
+    def __enter__(self) -> Tree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+#: Trees started and not stopped yet.
+LIVE: set[Tree] = set()
+
+
 def _running(proc: Any) -> bool:
     import psutil
 
@@ -104,4 +121,4 @@ def _running(proc: Any) -> bool:
         return False
 
 
-__all__ = ["Tree"]
+__all__ = ["LIVE", "Tree"]

@@ -66,9 +66,7 @@ class BaseEnvConfig(BaseModel):
         default=100, description="Run evaluate() every this many trainer steps (serve mode)."
     )
     max_token_length: int = Field(
-        default=2048,
-        description="Longest sequence (prompt + completion) in tokens (read in code as "
-        "config.max_seq_len).",
+        default=2048, description="Longest sequence (prompt + completion), in tokens; max_seq_len."
     )
     eval_handling: EvalHandlingEnum = Field(
         default=EvalHandlingEnum.STOP_TRAIN,

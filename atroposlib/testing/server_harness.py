@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 
 def _messages_key(messages: Any) -> str:
@@ -249,10 +249,4 @@ class ServerHarness(InferenceClient):
 
 # Names Atropos 0.4's envs.server_handling.server_harness imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "ChatCompletionMessage": "openai.types.chat.chat_completion",
-    "Choice": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "CompletionChoice": "openai.types.completion",
-})
+__getattr__ = lazy_exports(__name__, OPENAI_RESPONSE_TYPES)

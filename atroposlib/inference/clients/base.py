@@ -47,7 +47,7 @@ from atroposlib.inference.clients.config import (  # noqa: F401 - re-exported (A
 from atroposlib.inference.clients.health import HealthGate
 from atroposlib.inference.clients.request_metrics import RequestMetrics
 from atroposlib.inference.clients.semaphore import AsyncSemWithAdaptiveWeight
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -291,12 +291,8 @@ class InferenceClient(HealthGate, RequestMetrics, ABC):
 APIServer = InferenceClient
 
 # OpenAI response types and pydantic names Atropos 0.4's module imported; loaded on first access.
-__getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "BaseModel": "pydantic",
-    "Field": "pydantic",
-})
+__getattr__ = lazy_exports(
+    __name__, {**OPENAI_RESPONSE_TYPES, "BaseModel": "pydantic", "Field": "pydantic"})
 
 __all__ = [
     "APIServer",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 from atroposlib.utils.tool_call_parser import parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -535,14 +535,6 @@ class ManagedServerAdapter:
 
 # Names Atropos 0.4's envs.server_handling.managed_server imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "APIServer": "atroposlib.inference.clients.base",
-    "BaseModel": "pydantic",
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "ChatCompletionMessage": "openai.types.chat.chat_completion",
-    "Choice": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "CompletionChoice": "openai.types.completion",
-})
+__getattr__ = lazy_exports(__name__, {**SERVER_MODULE_EXPORTS, "BaseModel": "pydantic"})
 
 __all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]

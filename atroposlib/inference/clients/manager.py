@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.inference.clients.base import InferenceClient, merge_choices
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -397,8 +397,7 @@ class ServerManager:
 # Names Atropos 0.4's envs.server_handling.server_manager imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
 __getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
+    **OPENAI_RESPONSE_TYPES,
     "DummyManagedServer": "atroposlib.inference.clients.managed",
     "ManagedServer": "atroposlib.inference.clients.managed",
     "APIServer": "atroposlib.inference.clients.base",

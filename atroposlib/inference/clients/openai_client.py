@@ -15,7 +15,7 @@ from typing import Any
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.base import InferenceClient, merge_choices
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -136,12 +136,6 @@ OpenAIServer = OpenAIClient
 
 # Names Atropos 0.4's envs.server_handling.openai_server imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "APIServer": "atroposlib.inference.clients.base",
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "NAMESPACE_SEP": "atroposlib.envs.constants",
-    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
-})
+__getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
 __all__ = ["OpenAIClient", "OpenAIServer", "resolve_openai_configs"]

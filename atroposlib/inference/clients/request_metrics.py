@@ -16,6 +16,11 @@ class _SplitMetrics:
         self.failures = 0
 
 
+def _recent(split: str, field: str, doc: str) -> property:
+    """A read-only attribute that is ``_metrics[split].<field>`` (a bounded ``deque``)."""
+    return property(lambda self: getattr(self._metrics[split], field), doc=doc)
+
+
 class RequestMetrics:
     """Timings, attempts and failures of recent requests (a mixin of ``InferenceClient``).
 
@@ -65,25 +70,9 @@ class RequestMetrics:
 
     # Upstream Atropos exposes the per-request metrics as these attributes; ours are bounded
     # to the last ``rolling_buffer_length`` requests.
-    @property
-    def request_timings(self) -> deque[float]:
-        """Seconds taken by recent train-split requests (oldest first)."""
-        return self._metrics["train"].timings
-
-    @property
-    def attempts_list(self) -> deque[int]:
-        """Attempts made by recent train-split requests."""
-        return self._metrics["train"].attempts
-
-    @property
-    def eval_request_timings(self) -> deque[float]:
-        """Seconds taken by recent eval-split requests (oldest first)."""
-        return self._metrics["eval"].timings
-
-    @property
-    def eval_attempts_list(self) -> deque[int]:
-        """Attempts made by recent eval-split requests."""
-        return self._metrics["eval"].attempts
-
+    request_timings = _recent("train", "timings", "Seconds of recent train-split requests.")
+    attempts_list = _recent("train", "attempts", "Attempts of recent train-split requests.")
+    eval_request_timings = _recent("eval", "timings", "Seconds of recent eval-split requests.")
+    eval_attempts_list = _recent("eval", "attempts", "Attempts of recent eval-split requests.")
 
 __all__ = ["RequestMetrics"]

@@ -14,12 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from atroposlib.compat.exports import SERVER_MODULE_EXPORTS
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.openai_client import OpenAIClient
 from atroposlib.inference.clients.vllm_client import root_url
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 

@@ -19,11 +19,10 @@ import logging
 import math
 from typing import Any
 
-from atroposlib.compat.exports import SERVER_MODULE_EXPORTS
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.openai_client import OpenAIClient
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
