@@ -29,6 +29,7 @@ from typing import Any
 
 from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig
+from atroposlib.inference.clients.responses import chat_completion_response, completion_response
 
 #: A scripted response: text, or (text, finish_reason).
 Response = str | tuple[str, str]
@@ -215,57 +216,22 @@ class FakeServer(InferenceClient):
     async def _check_health(self) -> bool:
         return self.healthy
 
-    async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
-        from openai.types.chat import ChatCompletion, ChatCompletionMessage
-        from openai.types.chat.chat_completion import Choice
-
-        messages = kwargs.get("messages") or []
-        request = FakeRequest(
-            kind="chat",
-            prompt="\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages),
-            messages=messages,
-            n=int(kwargs.get("n") or 1),
-            kwargs=kwargs,
-        )
+    async def _answer(self, kind: str, prompt: str, messages: Any, kwargs: dict[str, Any]) -> Any:
+        """Record a chat or text request and build its OpenAI-shaped reply."""
+        request = FakeRequest(kind=kind, prompt=prompt, messages=messages,
+                              n=int(kwargs.get("n") or 1), kwargs=kwargs)
         await self._enter(request)
-        choices = [
-            Choice(
-                index=i,
-                message=ChatCompletionMessage(role="assistant", content=text),
-                finish_reason=reason,
-            )
-            for i, (text, reason) in enumerate(self._choices(request, kwargs.get("max_tokens")))
-        ]
-        return ChatCompletion(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            choices=choices,
-            created=int(time.time()),
-            model=str(kwargs.get("model") or self.config.model_name),
-            object="chat.completion",
-        )
+        build = chat_completion_response if kind == "chat" else completion_response
+        return build(self._choices(request, kwargs.get("max_tokens")),
+                     str(kwargs.get("model") or self.config.model_name))
+
+    async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
+        messages = kwargs.get("messages") or []
+        prompt = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
+        return await self._answer("chat", prompt, messages, kwargs)
 
     async def _completion_wrapper(self, **kwargs: Any) -> Any:
-        from openai.types import Completion, CompletionChoice
-
-        request = FakeRequest(
-            kind="completion",
-            prompt=str(kwargs.get("prompt", "")),
-            messages=None,
-            n=int(kwargs.get("n") or 1),
-            kwargs=kwargs,
-        )
-        await self._enter(request)
-        choices = [
-            CompletionChoice(index=i, text=text, finish_reason=reason)
-            for i, (text, reason) in enumerate(self._choices(request, kwargs.get("max_tokens")))
-        ]
-        return Completion(
-            id=f"cmpl-{uuid.uuid4().hex}",
-            choices=choices,
-            created=int(time.time()),
-            model=str(kwargs.get("model") or self.config.model_name),
-            object="text_completion",
-        )
+        return await self._answer("completion", str(kwargs.get("prompt", "")), None, kwargs)
 
     async def _tokens_and_logprobs_completion_wrapper(
         self, **kwargs: Any

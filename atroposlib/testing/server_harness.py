@@ -19,12 +19,11 @@ attributes that tests may replace. For a scripted server that answers *any* prom
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from typing import Any, Literal
 
 from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig
+from atroposlib.inference.clients.responses import chat_completion_response, completion_response
 from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 
@@ -64,20 +63,7 @@ def create_chat_completion(resp: str | list[str], n: int = 1,
     Raises:
         ValueError: a list ``resp`` or ``finish_reason`` has fewer than ``n`` entries.
     """
-    from openai.types.chat import ChatCompletion, ChatCompletionMessage
-    from openai.types.chat.chat_completion import Choice
-
-    return ChatCompletion(
-        id=f"harness-{uuid.uuid4().hex[:12]}",
-        created=int(time.time()),
-        model=model,
-        object="chat.completion",
-        choices=[
-            Choice(index=i, finish_reason=reason,
-                   message=ChatCompletionMessage(role="assistant", content=text))
-            for i, (text, reason) in enumerate(_choice_rows(resp, n, finish_reason))
-        ],
-    )
+    return chat_completion_response(_choice_rows(resp, n, finish_reason), model)
 
 
 def create_completion(resp: str | list[str], n: int = 1,
@@ -91,17 +77,7 @@ def create_completion(resp: str | list[str], n: int = 1,
     Raises:
         ValueError: a list ``resp`` or ``finish_reason`` has fewer than ``n`` entries.
     """
-    from openai.types.completion import Completion
-    from openai.types.completion_choice import CompletionChoice
-
-    return Completion(
-        id=f"harness-{uuid.uuid4().hex[:12]}",
-        created=int(time.time()),
-        model=model,
-        object="text_completion",
-        choices=[CompletionChoice(index=i, finish_reason=reason, text=text)
-                 for i, (text, reason) in enumerate(_choice_rows(resp, n, finish_reason))],
-    )
+    return completion_response(_choice_rows(resp, n, finish_reason), model)
 
 
 def _wrap_chat(texts: list[str], model: str) -> Any:

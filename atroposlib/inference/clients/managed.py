@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+from atroposlib.inference.clients.responses import chat_completion_response, completion_response
 from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 from atroposlib.utils.tool_call_parser import parse_tool_calls
 
@@ -362,8 +361,7 @@ class ManagedServer:
             ValueError: ``messages`` missing or empty.
             NotImplementedError: the server cannot return token ids and log-probs.
         """
-        from openai.types.chat import ChatCompletion, ChatCompletionMessage
-        from openai.types.chat.chat_completion import Choice
+        from openai.types.chat import ChatCompletionMessage
 
         kwargs = dict(kwargs)
         messages = kwargs.pop("messages", None)
@@ -378,7 +376,7 @@ class ManagedServer:
         prompt = self._render_chat(messages, tools)
         nodes, texts = await self._generate(prompt, kwargs)
         choices = []
-        for i, (node, text) in enumerate(zip(nodes, texts, strict=True)):
+        for node, text in zip(nodes, texts, strict=True):
             message = ChatCompletionMessage.model_construct(role="assistant", content=text)
             finish_reason = node.metadata["finish_reason"]
             if parse:
@@ -391,19 +389,9 @@ class ManagedServer:
                     )
                     if finish_reason == "stop":
                         finish_reason = "tool_calls"
-            choices.append(
-                Choice.model_construct(
-                    index=i, message=message, finish_reason=finish_reason, logprobs=None
-                )
-            )
-        return ChatCompletion.model_construct(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            choices=choices,
-            created=int(time.time()),
-            model=str(kwargs.get("model") or self.server.config.model_name),
-            object="chat.completion",
-            usage=self.last_usage,
-        )
+            choices.append((message, finish_reason))
+        return chat_completion_response(
+            choices, str(kwargs.get("model") or self.server.config.model_name), self.last_usage)
 
     async def completion(self, **kwargs: Any) -> Any:
         """Text completion from exact token ids; returns an ``openai`` ``Completion``.
@@ -414,27 +402,15 @@ class ManagedServer:
         Raises:
             ValueError: ``prompt`` is not a string.
         """
-        from openai.types import Completion, CompletionChoice
-
         kwargs = dict(kwargs)
         prompt = kwargs.pop("prompt", None)
         if not isinstance(prompt, str):
             raise ValueError("completion needs `prompt` as a string")
         nodes, texts = await self._generate(prompt, kwargs)
-        choices = [
-            CompletionChoice.model_construct(
-                index=i, text=text, finish_reason=node.metadata["finish_reason"], logprobs=None
-            )
-            for i, (node, text) in enumerate(zip(nodes, texts, strict=True))
-        ]
-        return Completion.model_construct(
-            id=f"cmpl-{uuid.uuid4().hex}",
-            choices=choices,
-            created=int(time.time()),
-            model=str(kwargs.get("model") or self.server.config.model_name),
-            object="text_completion",
-            usage=self.last_usage,
-        )
+        choices = [(text, node.metadata["finish_reason"])
+                   for node, text in zip(nodes, texts, strict=True)]
+        return completion_response(
+            choices, str(kwargs.get("model") or self.server.config.model_name), self.last_usage)
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt log-probs for ``messages`` (rendered with the chat template) or ``prompt``."""
