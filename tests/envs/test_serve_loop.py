@@ -285,6 +285,16 @@ async def test_groups_carry_the_policy_version_their_rollout_started_with(tiny_t
     await trainer.aclose()
 
 
+
+def _paced(run_api, tiny_tokenizer, reply) -> tuple[ChatLengthEnv, ServeLoop]:
+    """A two-worker env whose fake inference answers ``reply``, in a loop that backs off after 10."""
+    config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=run_api.url,
+                           max_num_workers=2, total_steps=1000)
+    env = ChatLengthEnv(config, [FakeServer(reply)])
+    env.tokenizer = tiny_tokenizer
+    return env, ServeLoop(env, status_interval=0.2, reject_streak=10)
+
+
 async def test_rollouts_whose_groups_are_all_too_long_back_off_with_one_warning(
         run_api, tiny_tokenizer, tmp_path, caplog):
     """A trainer max_token_len below every sequence: spawning backs off instead of spinning."""
@@ -294,12 +304,7 @@ async def test_rollouts_whose_groups_are_all_too_long_back_off_with_one_warning(
         checkpoint_dir=str(tmp_path), save_checkpoint_interval=0, starting_step=0, num_steps=100,
     ))
     assert await client.get_batch() is None  # the trainer has started: envs may register
-    server = FakeServer(lambda request: "short" if request.index % 2 else "a longer reply")
-    config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=run_api.url,
-                           max_num_workers=2, total_steps=1000)
-    env = ChatLengthEnv(config, [server])
-    env.tokenizer = tiny_tokenizer
-    loop = ServeLoop(env, status_interval=0.2, reject_streak=10)
+    env, loop = _paced(run_api, tiny_tokenizer, lambda r: "short" if r.index % 2 else "a longer reply")
     serving = asyncio.create_task(loop.run())
     async with asyncio.timeout(30):
         while env.stats["groups_dropped_too_long"] < 10:
@@ -322,12 +327,7 @@ async def test_rollouts_whose_groups_are_all_too_long_back_off_with_one_warning(
 async def test_equal_score_drops_do_not_slow_spawning(run_api, tiny_tokenizer, tmp_path):
     """Groups dropped for identical scores are normal: no backoff however many in a row."""
     trainer = await _trainer(run_api.url, tmp_path)
-    server = FakeServer(lambda request: "same")  # every group scores the same
-    config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=run_api.url,
-                           max_num_workers=2, total_steps=1000)
-    env = ChatLengthEnv(config, [server])
-    env.tokenizer = tiny_tokenizer
-    loop = ServeLoop(env, status_interval=0.2, reject_streak=10)
+    env, loop = _paced(run_api, tiny_tokenizer, lambda request: "same")  # every group scores the same
     serving = asyncio.create_task(loop.run())
     async with asyncio.timeout(30):
         while env.stats["groups_dropped_same_scores"] < 60:
