@@ -8,7 +8,7 @@ first use, so importing this module (e.g. for the client) does not import FastAP
 
 from __future__ import annotations
 
-from atroposlib.proxy.client import ProxyManagedServer, create_proxy_session
+from atroposlib.inference.clients.proxy_session import ProxyManagedServer, create_proxy_session
 from atroposlib.proxy.errors import ProxyError, ProxyHTTPError
 from atroposlib.proxy.models import (
     DEFAULT_MAX_SESSIONS,

@@ -346,7 +346,7 @@ class ServerManager:
         from atroposlib.inference.clients.openai_client import OpenAIClient
 
         if self.proxy_url:
-            from atroposlib.proxy.client import create_proxy_session
+            from atroposlib.inference.clients.proxy_session import create_proxy_session
 
             parser = tool_parser if tool_parser is not None else self.tool_parser
             proxy = await create_proxy_session(
