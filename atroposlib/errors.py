@@ -22,7 +22,7 @@ The packages add their own branches (each module's docstring draws its part):
     ├── ConfigError
     │   ├── FrozenConfigError       envs.config: a config field assigned after the run started
     │   ├── UnknownEnvironmentError env_runtime.entry_points: no env of that name
-    │   ├── UnknownTrainerError     cli.trainers: no trainer of that name
+    │   ├── UnknownTrainerError     launch.trainers: no trainer of that name
     │   └── PreflightError          utils.preflight: a path or port is not usable
     ├── ApiRequestError             api.errors: a request run-api refuses (mapped to 4xx)
     ├── ProxyHTTPError              proxy.errors: what the proxy answers in OpenAI format

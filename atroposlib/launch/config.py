@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atroposlib.api.packing import batch_size_problem
-from atroposlib.cli.trainers import DEFAULT_TRAINER, load_trainer
 from atroposlib.errors import ConfigError
 from atroposlib.launch.commands import flags
+from atroposlib.launch.trainers import DEFAULT_TRAINER, load_trainer
 from atroposlib.utils.offline import OFFLINE_ENV
 from atroposlib.utils.yaml_file import load_yaml
 
@@ -92,7 +92,7 @@ def load_config(path: str | Path) -> LaunchConfig:
     """Read and validate a launch YAML file.
 
     The ``trainer:`` section is checked against the settings model of the trainer that
-    ``trainer_name`` names (see :mod:`atroposlib.cli.trainers`).
+    ``trainer_name`` names (see :mod:`atroposlib.launch.trainers`).
 
     Raises:
         ConfigError: the file is missing, not YAML, names no registered trainer, or fails
