@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from atroposlib.envs.checks import check_env
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.testing.fake_server import FakeServer
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from atroposlib.envs.checks import check_env
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer

@@ -1,4 +1,4 @@
-"""``check_env``: drive an environment against a fake server and assert the group contract."""
+"""``check_env``: drive an environment like a runner does, against a fake server, and assert the group contract."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
+from atroposlib.env_runtime.step import Skip, run_item
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv, ScoredDataGroup
@@ -105,7 +106,6 @@ async def check_env(
         AssertionError: an invariant is violated, ``collect_trajectories`` raised or returned
             the wrong shape, or no group was produced within ``max_items`` items.
     """
-    from atroposlib.env_runtime.step import Skip, run_item
     from atroposlib.testing.fake_server import FakeServer
 
     env_config, _ = env_cls.config_init()
