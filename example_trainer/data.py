@@ -181,7 +181,7 @@ class BatchStats:
     max_len: int = 0
 
 
-def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | None = None,
+def batch_to_sequences(groups: Sequence[dict[str, Any]],
                        scale_advantages: bool = True) -> tuple[list[TrainSequence], BatchStats]:
     """Compute advantages and shift every sequence of a ``/batch`` into a :class:`TrainSequence`.
 
@@ -192,9 +192,8 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
     shifted like the labels, so target j gets position j + 1.
 
     Args:
-        groups: the list returned by ``GET /batch`` (wire dicts).
-        max_token_len: if given, sequences longer than this are truncated to it (the API should
-            never send longer ones; truncation keeps the step alive).
+        groups: the list returned by ``GET /batch`` (wire dicts), checked by
+            :mod:`example_trainer.batch_checks` first (nothing is truncated here).
         scale_advantages: divide score advantages by the group's std (``scale`` of
             :func:`group_advantages`); env-sent per-token advantages are used as sent.
 
@@ -222,8 +221,6 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
         for i, (toks, mask) in enumerate(zip(tokens, masks, strict=True)):
             if len(toks) != len(mask):
                 raise ValueError(f"group {g} sequence {i}: tokens has {len(toks)} entries but masks has {len(mask)}")
-            if max_token_len is not None and len(toks) > max_token_len:
-                toks, mask = toks[:max_token_len], mask[:max_token_len]
             n = len(toks)
             zero = bool(i < len(overrides) and overrides[i] and overrides[i].get("set_advantage_to_zero"))
             if token_adv is not None and token_adv[i] is not None:

@@ -30,8 +30,8 @@ environments retry until it is up. Every run writes ``runs/<timestamp>/`` (or ``
 
 from __future__ import annotations
 
+import contextlib
 import math
-import signal
 import sys
 import time
 from pathlib import Path
@@ -95,7 +95,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     exception, named in ``error``), ``train_loop_seconds`` runs from registration to the end of
     the loop or the interruption, ``final_checkpoint`` is null unless ``checkpoints/final`` was
     written by this run, and ``last_checkpoint`` names the newest checkpoint this run wrote
-    (null: none).
+    (null: none); ``failed_part`` names what failed (``vllm``, ``run-api`` or ``trainer``;
+    null without an error or after Ctrl-C).
+
+    An exception (a dead vLLM found by the health watch, an error in a step, a second Ctrl-C)
+    first saves ``checkpoints/step_<k>`` for the last finished step ``k`` when no checkpoint
+    of it exists yet (single process only: see :func:`_save_on_exit`).
 
     Raises:
         ApiError: run-api unreachable or refusing the registration.
@@ -108,9 +113,19 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from atroposlib.api.models import Registration
     from example_trainer import checkpoint as ckpt_io
     from example_trainer import distributed, lora
+    from example_trainer.batch_checks import BatchGuard
     from example_trainer.data import batch_to_sequences, make_micro_batches
+    from example_trainer.health import HealthWatch
     from example_trainer.loss import grpo_loss, objective_options, token_logprobs
+    from example_trainer.metrics import TrainerMetrics
+    from example_trainer.replay import Replay, fetch_served_batches
     from example_trainer.report import NullRunLog, RunLog, run_eval_command, write_summary
+    from example_trainer.stopping import (
+        failed_part,
+        install_stop_handler,
+        save_on_exit,
+        stop_requested,
+    )
     from example_trainer.vllm_sync import VLLMSync, save_weights
 
     wall_start = time.perf_counter()
@@ -141,6 +156,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     # sharded: every rank loads on the CPU and FSDP moves its own shard to the device
     load_device = torch.device("cpu") if dist.enabled else device
     model, tokenizer = load_policy(config.model, load_device, dtype, config.attn_implementation)
+    vocab_size = model.get_input_embeddings().num_embeddings  # ids at or above it crash the forward
     if config.lora_r:
         model = lora.apply_lora(model, r=config.lora_r, alpha=config.lora_alpha,
                                 dropout=config.lora_dropout, target_modules=config.lora_target_modules,
@@ -171,7 +187,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             print(f"[grpo] resuming from {resume.path} after step {start_step}", flush=True)
 
     def save_checkpoint(name: str) -> None:
-        nonlocal last_checkpoint
+        nonlocal last_checkpoint, saved_step
 
         def write_weights(out: Path) -> None:
             if lora.is_lora(model):
@@ -181,17 +197,22 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             hf_model, weights = lora.export(model, full)  # LoRA: the adapter merged in
             save_weights(hf_model, tokenizer, out, True, state_dict=weights)
 
+        begin = time.perf_counter()
         full = dist.full_state_dict(model)  # sharded: every rank gathers, rank 0 writes
         ckpt_io.save_checkpoint(run_dir / "checkpoints" / name, step=steps_done, model=model,
                                 optimizer=optimizer, write_weights=write_weights,
                                 lora=lora.is_lora(model), is_main=dist.is_main)
-        last_checkpoint = run_dir / "checkpoints" / name
+        prom.checkpoint.observe(time.perf_counter() - begin)
+        last_checkpoint, saved_step = run_dir / "checkpoints" / name, steps_done
+        if dist.is_main:
+            ckpt_io.prune_checkpoints(run_dir, config.checkpoint_keep)
 
     def sync_vllm() -> dict[str, float]:
         # every rank takes part in gathering the weights; rank 0 writes and reloads them
         full = dist.full_state_dict(model)
-        metrics = vllm.sync(model, tokenizer, state_dict=full,
-                            background=config.weight_sync_overlap) if dist.is_main else {}
+        with watch.paused() if watch is not None else contextlib.nullcontext():  # restart: on purpose
+            metrics = vllm.sync(model, tokenizer, state_dict=full,
+                                background=config.weight_sync_overlap) if dist.is_main else {}
         dist.wait_for_main()
         return metrics
     reference = None  # frozen starting policy for the KL term, loaded on first need
@@ -211,16 +232,27 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     if resume is not None and dist.is_main:
         past = ckpt_io.read_history(run_dir, start_step)
         ckpt_io.append_resume_marker(run_dir, start_step)
+    prom = TrainerMetrics(config.metrics_port if dist.is_main else None, config.metrics_host)
     runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
                     config.model_dump(mode="json"), plot_every=config.plot_every,
                     tensorboard_dir=Path(config.tensorboard_dir or run_dir / "tensorboard")
-                    if config.tensorboard or config.tensorboard_dir else None
-                    ) if dist.is_main else NullRunLog()
+                    if config.tensorboard or config.tensorboard_dir else None,
+                    observers=[prom.observe]) if dist.is_main else NullRunLog()
     if resume is not None and dist.is_main:
         runlog.history = [r for r in past if "loss" in r]
         runlog.evals = [(r["step"], r["eval/accuracy"]) for r in past if "eval/accuracy" in r]
-    stop = _install_stop_handler()
-    steps_done = start_step
+    # every batch is checked against the model's vocabulary before the forward pass
+    guard = BatchGuard(vocab_size, config.max_token_len, whole_batch=dist.enabled, report=dist.is_main,
+                       on_drop=lambda reason: prom.groups_dropped.labels(reason).inc(),
+                       on_skip=prom.batches_skipped.inc)
+    stop = install_stop_handler()
+
+    def vllm_died(error: BaseException) -> None:  # from the health watch's thread
+        prom.vllm_up.set(0)
+        stop.fail(error)
+    watch = None  # the vLLM health watch (rank 0, once vLLM is up)
+    replay = Replay()  # resumed: the batches run-api served after the checkpoint, fetched again
+    steps_done = saved_step = start_step
     eval_before = eval_after = math.nan
     train_start: float | None = None  # set at registration
     train_seconds: float | None = None  # set when the loop ends (or, in `finally`, when interrupted)
@@ -230,10 +262,16 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     stopped = "completed"  # how the loop ended; an exception overrides it in `finally`
     failure: BaseException | None = None
     try:
+        if prom.port is not None:
+            print(f"[grpo] Prometheus metrics at http://{config.metrics_host}:{prom.port}/metrics",
+                  flush=True)
         if dist.is_main:
             print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
             vllm_seconds = vllm.start()
             print(f"[grpo] vLLM ready at {vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
+            if config.weight_sync != "none":  # a dead vLLM ends the run in seconds, not at a sync
+                prom.vllm_up.set(1)
+                watch = HealthWatch(vllm.health_problem, on_failure=vllm_died).start()
         if resume is not None or config.weight_sync == "lora":
             sync_vllm()  # serve the resumed policy (or the first adapter)
 
@@ -259,19 +297,24 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         # -------------------------------------------------------------- register with run-api
         client = AtroposClient(config.api_url, api_key=config.api_key) if dist.is_main else None
         if client is not None:
+            if resume is not None:  # before registering: an older run-api forgets them then
+                replay = fetch_served_batches(client, start_step, run_dir, config.batch_size)
+                prom.batches_replayed.inc(replay.replayed)
+                prom.batches_lost.inc(len(replay.lost))
             client.register(Registration(
                 wandb_group=config.wandb_group or "", wandb_project=config.wandb_project or "",
                 batch_size=config.batch_size, max_token_len=config.max_token_len,
                 checkpoint_dir=str(run_dir / "checkpoints"),
                 save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
-                starting_step=start_step, num_steps=config.training_steps,
-                max_staleness=config.max_staleness))
-            print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size}", flush=True)
+                starting_step=max(start_step, replay.server_step), num_steps=config.training_steps,
+                max_staleness=config.max_staleness, vocab_size=guard.vocab_size))
+            print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size} "
+                  f"max_token_len={config.max_token_len} vocab_size={guard.vocab_size}", flush=True)
 
         train_start = time.perf_counter()
         last_step_total = 0.0
         for step in range(start_step + 1, config.training_steps + 1):
-            if dist.from_main(stop.requested):  # rank 0 decides for every rank
+            if stop_requested(dist, stop):  # rank 0 decides for every rank
                 print("[grpo] stop requested: finishing early", flush=True)
                 stopped = "stop_requested"
                 break
@@ -287,14 +330,19 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 break
             # ---------------------------------------------------------- 1. one batch
             wait_start = time.perf_counter()
-            batch = _shared_batch(dist, client, config.batch_timeout, stop)
-            if batch is None:  # a stop was requested while waiting
+            batch = _shared_batch(dist, client, config.batch_timeout, stop, replay.batches.pop(step, None))
+            if batch is None:  # a stop was requested while waiting (or vLLM died: raised here)
+                stop_requested(dist, stop)
                 stopped = "stop_requested"
                 break
             wait_s = time.perf_counter() - wait_start
+            batch = guard.filter(step, batch)  # bad groups dropped with one error line each
+            if not batch:  # nothing left: the step counts, no update (never fetched again)
+                steps_done = step
+                runlog.log(step, {"skipped_groups": guard.last_step_dropped, "batch_wait_seconds": wait_s})
+                continue
             step_start = time.perf_counter()
-            sequences, stats = batch_to_sequences(batch, config.max_token_len,
-                                                  config.scale_advantages)
+            sequences, stats = batch_to_sequences(batch, config.scale_advantages)
             micro_batches = make_micro_batches(sequences, config.micro_batch_size, pad_id,
                                                config.pad_multiple, by_prefix=share_prefix)
             step_tokens = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in micro_batches)
@@ -340,7 +388,9 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             grad_norm = dist.scalar(torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            steps_done = step  # from here on a checkpoint holds this step's update
             compute_s = time.perf_counter() - step_start
+            stop_requested(dist, stop)  # vLLM died during the step: end before syncing to it
 
             # ---------------------------------------------------------- 4. sync vLLM
             sync_metrics: dict[str, float] = {}
@@ -348,7 +398,6 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 sync_metrics = sync_vllm()
 
             # ---------------------------------------------------------- 5. checkpoint
-            steps_done = step
             if config.checkpoint_interval and step % config.checkpoint_interval == 0:
                 save_checkpoint(f"step_{step}")
 
@@ -366,6 +415,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 "sampler_out_of_range": sums["sampler_out_of_range_tokens"] / max(sums["sampler_tokens"], 1.0),
                 "is_corrected_fraction": sums["is_corrected_tokens"] / max(sums["sampler_tokens"], 1.0),
                 "trained_tokens": sums["tokens"], "sequences": n, "groups": stats.num_groups,
+                "skipped_groups": guard.last_step_dropped,
                 **({"distill_kl": sums["distill_kl_sum"] / sums["distill_tokens"]}
                    if sums["distill_tokens"] else {}),
                 "max_len": stats.max_len,
@@ -390,9 +440,14 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             eval_after = evaluate(steps_done)
     except BaseException as exc:
         failure = exc
+        if steps_done > saved_step:  # keep what this run trained since its last checkpoint
+            save_on_exit(dist, save_checkpoint, steps_done, exc)
         raise
     finally:
         stop.restore()  # the caller's SIGINT/SIGTERM handlers again
+        if watch is not None:
+            watch.stop()
+        prom.close()
         if train_seconds is None:  # interrupted inside the loop (or before it began)
             train_seconds = 0.0 if train_start is None else time.perf_counter() - train_start
         if failure is not None:
@@ -413,11 +468,13 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             final_checkpoint=str(last_checkpoint) if last_checkpoint and last_checkpoint.name == "final" else None,
             last_checkpoint=str(last_checkpoint) if last_checkpoint else None,
             stopped=stopped, error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
+            failed_part=failed_part(failure),
             stop_signal=stop.signum if stopped == "stop_requested" else None,
             stopped_by_time_budget=out_of_time, eval_seconds=eval_seconds,
             weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
             mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
+            **guard.summary(), replayed_batches=replay.replayed, lost_batches=len(replay.lost),
         )
         runlog.close()
         if dist.is_main:
@@ -557,24 +614,6 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
 POLL_MAX_SECONDS = 0.25
 
 
-class _StopFlag:
-    """Whether a stop was requested; :meth:`restore` puts back the signal handlers it replaced."""
-
-    requested = False
-    #: the signal that requested the stop (None: none did)
-    signum: int | None = None
-
-    def __init__(self) -> None:
-        self.previous: dict[int, Any] = {}
-
-    def restore(self) -> None:
-        """Reinstall the SIGINT/SIGTERM handlers that were in place before (no-op if none)."""
-        for sig, handler in self.previous.items():
-            # None: the handler was not set from Python; the default is the closest
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        self.previous.clear()
-
-
 def _preflight(config: TrainerConfig) -> None:
     """Check run-api (``--api-url``), the model path and external ``--vllm-url`` servers in seconds.
 
@@ -595,35 +634,22 @@ def _preflight(config: TrainerConfig) -> None:
     ])
 
 
-def _install_stop_handler() -> _StopFlag:
-    """First SIGINT/SIGTERM: finish the current step, save, evaluate. Second: exit at once."""
-    flag = _StopFlag()
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag.requested:
-            raise KeyboardInterrupt
-        flag.requested, flag.signum = True, int(signum)
-        print(f"[grpo] got signal {signum}: stopping after this step (again to abort)", flush=True)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            flag.previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread (e.g. called from a test thread)
-            pass
-    return flag
-
-
-def _shared_batch(dist: Any, client: Any, timeout: float, stop: Any) -> list[dict[str, Any]] | None:
+def _shared_batch(dist: Any, client: Any, timeout: float, stop: Any,
+                  ready: list[dict[str, Any]] | None = None) -> list[dict[str, Any]] | None:
     """Rank 0 pulls one batch with :func:`wait_for_batch`; every rank returns it (None: stop).
+
+    ``ready`` (rank 0): the step's batch, already fetched again after a resume (``[]``: lost);
+    then nothing is pulled.
 
     Raises:
         TimeoutError, ApiError: on rank 0, as :func:`wait_for_batch`.
         RuntimeError: on the other ranks, when rank 0 got no batch (the message says why).
     """
     if not dist.enabled:
-        return wait_for_batch(client, timeout, stop)
+        return ready if ready is not None else wait_for_batch(client, timeout, stop)
     try:
-        batch = wait_for_batch(client, timeout, stop) if dist.is_main else None
+        batch = None if not dist.is_main else ready if ready is not None else wait_for_batch(
+            client, timeout, stop)
     except Exception as exc:
         dist.from_main(f"rank 0 got no batch: {type(exc).__name__}: {exc}")
         raise

@@ -120,6 +120,29 @@ class VLLMSync:
             return []
         return ["--enable-lora", "--max-lora-rank", str(self.config.lora_r), "--max-loras", "1"]
 
+    def health_problem(self) -> tuple[str, bool] | None:
+        """Why vLLM cannot serve right now, for :class:`~example_trainer.health.HealthWatch`.
+
+        Returns:
+            None while it is healthy; ``(why, True)`` when the launched vLLM exited (exit code
+            and log tail in ``why``); ``(why, False)`` when an external server did not answer
+            ``GET /health`` with 200 within 5 s (it may come back).
+        """
+        if self.process is not None:
+            died = self.process.death_report()
+            return (died, True) if died is not None else None
+        import httpx
+
+        for url in self._external_urls:
+            health = url.removesuffix("/v1") + "/health"
+            try:
+                status = httpx.get(health, timeout=5.0, trust_env=False).status_code
+            except httpx.HTTPError as exc:
+                return f"{health} did not answer ({type(exc).__name__}: {exc})", False
+            if status != 200:
+                return f"{health} answered {status}", False
+        return None
+
     def sync(self, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None = None,
              background: bool = False) -> dict[str, float]:
         """Push the current weights to vLLM according to ``weight_sync``.

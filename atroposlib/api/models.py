@@ -37,6 +37,11 @@ from pydantic import (
 MASKED_LOGPROB = 1.0
 #: Label value at positions excluded from the loss in ``masks``.
 IGNORE_INDEX = -100
+#: Largest absolute score run-api accepts. Rewards are small numbers (GRPO normalises them per
+#: group); a score past this bound is a broken reward function, and squared in a group's variance
+#: it overflows float32 (1e308 does even in float64), so it is refused with the reason
+#: ``score_out_of_bounds`` (see :mod:`atroposlib.api.checks`).
+MAX_ABS_SCORE = 1e6
 #: Largest size, step or count the API accepts (sizes, lengths, steps, env ids, weights).
 MAX_SIZE = 2**31
 #: Free-form JSON (messages, generation_params, overrides, images) may hold integers in this
@@ -85,7 +90,8 @@ class Registration(BaseModel):
     wandb_group: str = Field(description="W&B group shared by the trainer and the envs.")
     wandb_project: str = Field(description="W&B project shared by the trainer and the envs.")
     batch_size: Size = Field(description="Sequences per batch served by GET /batch.")
-    max_token_len: Size = Field(description="Longest sequence the trainer accepts, in tokens.")
+    max_token_len: Size = Field(
+        description="Longest sequence the trainer accepts, in tokens; run-api refuses longer ones.")
     checkpoint_dir: str = Field(description="Where the trainer saves checkpoints; echoed to envs.")
     save_checkpoint_interval: EchoedCount = Field(
         description="Trainer checkpoint interval, in steps (echoed to envs; -1 or 0: none).")
@@ -99,12 +105,26 @@ class Registration(BaseModel):
         description="Drop queued groups more than this many policy versions (trainer steps) older "
         "than the current step instead of serving them (null: use run-api's --max-staleness).",
     )
+    # atroposlib extension: Atropos 0.4 trainers omit it, and the vocabulary checks are skipped.
+    vocab_size: Size | None = Field(
+        default=None,
+        description="Size of the trainer's token vocabulary (the model's embedding rows): run-api "
+        "refuses groups with token ids or labels outside [0, vocab_size), the mark of an env "
+        "whose tokenizer differs from the trainer's (null: not checked).",
+    )
 
 
 class RegistrationResponse(BaseModel):
     """``POST /register`` response."""
 
     uuid: int = Field(description="A fresh 128-bit integer identifying this registration.")
+    # atroposlib extensions (Atropos 0.4 trainers read only uuid)
+    current_step: int | None = Field(
+        default=None, description="The server's step after this registration: starting_step, "
+        "or the server's own step when the trainer resumes at or before it.")
+    oldest_replayable_step: int | None = Field(
+        default=None, description="Oldest step whose batch GET /batch?step=N answers again "
+        "(null: none kept). A resuming trainer fetches steps starting_step+1..current_step.")
 
 
 class RegisterEnv(BaseModel):

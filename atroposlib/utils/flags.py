@@ -247,6 +247,18 @@ def unknown_flag_message(unknown: list[str], parser: argparse.ArgumentParser) ->
     return "\n".join(lines)
 
 
+def api_key_arg(value: str) -> str:
+    """Argparse ``type`` of an ``--api-key`` flag: a non-empty bearer token.
+
+    Raises:
+        argparse.ArgumentTypeError: the value is empty or blank (it would send no token).
+    """
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the token is empty: give the one run-api was started "
+                                         "with, or leave the flag out ($ATROPOS_API_KEY is used)")
+    return value
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``ArgumentDefaultsHelpFormatter`` without ``(default: None)``.
 
@@ -471,6 +483,7 @@ __all__ = [
     "SUGGEST_CUTOFF",
     "add_model_options",
     "adjust_model_defaults",
+    "api_key_arg",
     "closest_flag",
     "collect_overrides",
     "convert_value",

@@ -112,10 +112,12 @@ def test_tis_weights_each_token_by_the_truncated_trainer_over_sampler_ratio():
     assert out.metrics["sampler_logprob_diff_sum"] == pytest.approx(expected_diff, abs=1e-5)
 
 
-def test_mis_drops_tokens_outside_the_range_but_keeps_them_in_the_denominator():
+def test_mis_weights_kept_tokens_by_the_ratio_and_drops_the_rest_but_keeps_them_in_the_denominator():
     out, g = _run(loss_type="grpo", is_correction="mis", is_cap=1.5)
-    # seq 1 token 1 (ratio 1.6 > 1.5) is dropped: seq 1 mean = (0.5 + 0 + 0.5) / 3
-    _check(out, g, (-1.0 + 1 / 3) / 2, [[-1 / 4, -1 / 4, 0], [0.5 / 6, 0.0, 0.5 / 6]])
+    # w = rho inside [1/1.5, 1.5], else 0 (IcePop's token mask, arXiv:2510.18855)
+    # seq 0: rho = (1.25, 1), both kept and weighted: -1.25, -1 (mean -1.125)
+    # seq 1: rho = (1, 1.6, unknown -> 1): the 1.6 is dropped: (0.5 + 0 + 0.5) / 3
+    _check(out, g, (-1.125 + 1 / 3) / 2, [[-1.25 / 4, -1 / 4, 0], [0.5 / 6, 0.0, 0.5 / 6]])
     assert out.metrics["is_corrected_tokens"] == 1
 
 
