@@ -59,16 +59,16 @@ def _labels_match_prefix_form(tokens: list[int], labels: list[int]) -> int | Non
 
 
 def _row_problem(i: int, tokens: list[int], labels: list[int], vocab_size: int | None,
-                 max_seq_len: int | None) -> GroupProblem | None:
+                 max_token_len: int | None) -> GroupProblem | None:
     n = len(tokens)
     if n == 0:
         return GroupProblem("empty_sequence", f"tokens[{i}] is empty: every sequence needs at "
                             "least a prompt token and one trained token")
-    if max_seq_len is not None and n > max_seq_len:
+    if max_token_len is not None and n > max_token_len:
         return GroupProblem("too_long", f"tokens[{i}] has {n} tokens, more than the trainer's "
-                            f"max_token_len {max_seq_len}: it would be cut and trained on a "
+                            f"max_token_len {max_token_len}: it would be cut and trained on a "
                             "truncated sample. Lower the env's max_token_length to at most "
-                            f"{max_seq_len}, or raise the trainer's max_token_len")
+                            f"{max_token_len}, or raise the trainer's max_token_len")
     low, high = min(tokens), max(tokens)
     if low < 0 or (vocab_size is not None and high >= vocab_size):
         bad = low if low < 0 else high
@@ -106,7 +106,7 @@ def _row_problem(i: int, tokens: list[int], labels: list[int], vocab_size: int |
 
 def group_problem(tokens: Sequence[list[int]], masks: Sequence[list[int]],
                   scores: Sequence[float], *, vocab_size: int | None = None,
-                  max_seq_len: int | None = None) -> GroupProblem | None:
+                  max_token_len: int | None = None) -> GroupProblem | None:
     """Return why a group would poison training, or None when it is fit to train on.
 
     Args:
@@ -116,7 +116,7 @@ def group_problem(tokens: Sequence[list[int]], masks: Sequence[list[int]],
         scores: ``[G]`` rewards.
         vocab_size: the trainer's vocabulary size, or None when unknown (ids and labels are
             then only checked to be non-negative).
-        max_seq_len: the trainer's longest sequence, or None when unknown.
+        max_token_len: the trainer's longest sequence, or None when unknown.
 
     Returns:
         The first problem found, scores first and then sequence by sequence, or None.
@@ -128,7 +128,7 @@ def group_problem(tokens: Sequence[list[int]], masks: Sequence[list[int]],
                                 "reward function (GRPO normalises scores per group, so their "
                                 "scale does not matter)")
     for i, (row, labels) in enumerate(zip(tokens, masks, strict=True)):
-        problem = _row_problem(i, row, labels, vocab_size, max_seq_len)
+        problem = _row_problem(i, row, labels, vocab_size, max_token_len)
         if problem is not None:
             return problem
     return None
