@@ -33,10 +33,9 @@ from pydantic import (
     model_validator,
 )
 
-#: Placeholder log-probability at masked (prompt) positions of ``inference_logprobs``.
-MASKED_LOGPROB = 1.0
-#: Label value at positions excluded from the loss in ``masks``.
-IGNORE_INDEX = -100
+# the wire's label conventions, defined with the shared types below every package
+from atroposlib.type_definitions import IGNORE_INDEX, MASKED_LOGPROB  # noqa: F401 - re-exported
+
 #: Largest absolute score run-api accepts. Rewards are small numbers (GRPO normalises them per
 #: group); a score past this bound is a broken reward function, and squared in a group's variance
 #: it overflows float32 (1e308 does even in float64), so it is refused with the reason

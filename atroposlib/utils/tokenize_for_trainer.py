@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from atroposlib.api.models import IGNORE_INDEX
-from atroposlib.type_definitions import Message  # noqa: F401 - Atropos 0.4 import path
+from atroposlib.type_definitions import (
+    IGNORE_INDEX,
+    Message,  # noqa: F401 - Atropos 0.4 import path
+)
 from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Roles whose turns are trained on in ``train_on_all_assistant_turns`` mode.
