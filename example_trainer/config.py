@@ -216,6 +216,21 @@ class TrainerConfig(BaseSettings):
         "never update vLLM.")
     weight_sync_interval: int = Field(default=1, ge=1, description="Sync vLLM every N steps "
                                       "(and always after the last step).")
+    weight_sync_timeout: float = Field(default=120.0, gt=0, description="Seconds one weight "
+                                       "sync may take per atropos-inference-node (upload, "
+                                       "drain, load). A node that misses it is marked stale, "
+                                       "named in one warning and counted (sync/nodes_failed, "
+                                       "summary weight_sync_failures); training goes on and the "
+                                       "node is sent the current weights once it answers again.")
+    weight_transport: Literal["auto", "http", "nccl"] = Field(
+        default="auto", description="How weights reach atropos-inference-node nodes in "
+        "--vllm-url: auto = the node reads them from this run directory when it runs on this "
+        "host and sees it, else they are pushed over HTTP; http = always push; nccl = vLLM's "
+        "NCCL weight transfer (CUDA, nodes started with --weight-transfer nccl; never run in "
+        "this project's tests).")
+    vllm_api_key: str | None = Field(default=None, description="Bearer token of the inference "
+                                     "servers in --vllm-url (null: the ATROPOS_API_KEY "
+                                     "environment variable).")
     weight_sync_overlap: bool = Field(default=False, description="reload only: copy the weights "
                                       "and write + reload them in a background thread while the "
                                       "next step trains (vLLM's policy then lags the trainer by at "
@@ -270,6 +285,10 @@ class TrainerConfig(BaseSettings):
             raise ValueError(
                 "weight_sync=restart needs the trainer to own vLLM; drop --vllm-url or use "
                 "--weight-sync reload")
+        if self.weight_transport == "nccl" and (self.vllm_url is None or self.weight_sync != "reload"):
+            raise ValueError("weight_transport=nccl sends weights to atropos-inference-node nodes "
+                             "started with --weight-transfer nccl: set --vllm-url to them and "
+                             "--weight-sync reload")
         if self.weight_sync == "lora" and not self.lora_r:
             raise ValueError("weight_sync=lora needs a LoRA run; set --lora-r (e.g. 16) or use "
                              "--weight-sync reload")

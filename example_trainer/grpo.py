@@ -207,12 +207,12 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         if dist.is_main:
             ckpt_io.prune_checkpoints(run_dir, config.checkpoint_keep)
 
-    def sync_vllm() -> dict[str, float]:
+    def sync_vllm(version: int) -> dict[str, float]:
         # every rank takes part in gathering the weights; rank 0 writes and reloads them
         full = dist.full_state_dict(model)
         with watch.paused() if watch is not None else contextlib.nullcontext():  # restart: on purpose
-            metrics = vllm.sync(model, tokenizer, state_dict=full,
-                                background=config.weight_sync_overlap) if dist.is_main else {}
+            metrics = vllm.sync(model, tokenizer, state_dict=full, background=config.weight_sync_overlap,
+                                version=version) if dist.is_main else {}
         dist.wait_for_main()
         return metrics
     reference = None  # frozen starting policy for the KL term, loaded on first need
@@ -272,8 +272,10 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             if config.weight_sync != "none":  # a dead vLLM ends the run in seconds, not at a sync
                 prom.vllm_up.set(1)
                 watch = HealthWatch(vllm.health_problem, on_failure=vllm_died).start()
-        if resume is not None or config.weight_sync == "lora":
-            sync_vllm()  # serve the resumed policy (or the first adapter)
+        # inference nodes serve nothing until a trainer pushed weights (dist.from_main: every
+        # rank must take part in the gather)
+        if resume is not None or config.weight_sync == "lora" or dist.from_main(vllm.fleet is not None):
+            sync_vllm(start_step)  # serve the resumed policy (or the first adapter)
 
         def evaluate(step: int) -> float:
             nonlocal eval_seconds
@@ -395,7 +397,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             # ---------------------------------------------------------- 4. sync vLLM
             sync_metrics: dict[str, float] = {}
             if step % config.weight_sync_interval == 0 or step == config.training_steps:
-                sync_metrics = sync_vllm()
+                sync_metrics = sync_vllm(step)
 
             # ---------------------------------------------------------- 5. checkpoint
             if config.checkpoint_interval and step % config.checkpoint_interval == 0:
@@ -428,7 +430,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             # ---------------------------------------------------------- 7. periodic eval
             if config.eval_interval and step % config.eval_interval == 0 and step != config.training_steps:
                 if step % config.weight_sync_interval != 0:
-                    sync_vllm()
+                    sync_vllm(step)
                 evaluate(step)
         train_seconds = time.perf_counter() - train_start
 
@@ -436,7 +438,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
         save_checkpoint("final")
         if steps_done and config.eval_command and not dist.from_main(stop.requested):
             if steps_done % config.weight_sync_interval and steps_done != config.training_steps:
-                sync_vllm()
+                sync_vllm(steps_done)
             eval_after = evaluate(steps_done)
     except BaseException as exc:
         failure = exc
@@ -471,7 +473,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             failed_part=failed_part(failure),
             stop_signal=stop.signum if stopped == "stop_requested" else None,
             stopped_by_time_budget=out_of_time, eval_seconds=eval_seconds,
-            weight_sync=config.weight_sync, batch_size=config.batch_size, lr=config.lr,
+            weight_sync=config.weight_sync, **(vllm.summary() if dist.is_main else {}),
+            batch_size=config.batch_size, lr=config.lr,
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
             mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
             **guard.summary(), replayed_batches=replay.replayed, lost_batches=len(replay.lost),
@@ -620,7 +623,10 @@ def _preflight(config: TrainerConfig) -> None:
     Raises:
         PreflightError: one line per problem, each with its fix.
     """
+    import os
+
     from atroposlib.utils import preflight as pf
+    from atroposlib.utils.api_key import API_KEY_ENV
 
     # with weight_sync none the trainer never talks to vLLM, so its URL is not checked
     vllm_urls = [u.strip() for u in (config.vllm_url or "").split(",") if u.strip()]
@@ -629,7 +635,8 @@ def _preflight(config: TrainerConfig) -> None:
     pf.raise_on_problems([
         pf.check_model_path(config.model, "--model"),
         pf.check_run_api(config.api_url, "--api-url"),
-        *(pf.check_inference_server(url, None, "--vllm-url", "--served-model-name")
+        *(pf.check_inference_server(url, None, "--vllm-url", "--served-model-name",
+                                    api_key=config.vllm_api_key or os.environ.get(API_KEY_ENV))
           for url in vllm_urls),
     ])
 

@@ -11,9 +11,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from atroposlib.defaults import DEFAULT_API_HOST, DEFAULT_API_PORT
+from atroposlib.utils.api_key import API_KEY_ENV, resolve_api_key
 
-#: Environment variable holding the bearer token when ``--api-key`` is not given.
-API_KEY_ENV = "ATROPOS_API_KEY"
 #: Most batches kept for replay when ``--replay-batches`` is derived from the trainer's
 #: checkpoint interval (an explicit ``--replay-batches`` may exceed it).
 REPLAY_BATCHES_CAP = 64
@@ -188,22 +187,8 @@ class ApiSettings(BaseModel):
             ValueError: ``api_key_file`` cannot be read or holds only whitespace, or
                 ``$ATROPOS_API_KEY`` is set but empty (an empty token would turn auth off).
         """
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        if self.api_key_file is not None:
-            try:
-                key = self.api_key_file.read_text().strip()
-            except OSError as exc:
-                raise ValueError(f"--api-key-file {self.api_key_file}: {exc.strerror}") from None
-            if not key:
-                raise ValueError(f"--api-key-file {self.api_key_file} is empty; write the token "
-                                 "into it")
-            return key
-        key = os.environ.get(API_KEY_ENV)
-        if key is not None and not key.strip():
-            raise ValueError(f"${API_KEY_ENV} is set but empty: set it to the token, or unset it "
-                             "to run without authentication")
-        return key or None
+        secret = self.api_key.get_secret_value() if self.api_key is not None else None
+        return resolve_api_key(secret, self.api_key_file)
 
     def host_names(self) -> list[str]:
         """Names accepted in the ``Host`` header.

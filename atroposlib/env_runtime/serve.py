@@ -48,6 +48,7 @@ from atroposlib.env_runtime.sinks import OutboxSink, WandbSink, close_sinks, fin
 from atroposlib.env_runtime.step import Skip, run_item
 from atroposlib.envs.config import EvalHandlingEnum
 from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState
+from atroposlib.inference.policy_version import collect_served_versions
 
 if TYPE_CHECKING:
     from atroposlib.api.client import AsyncAtroposClient
@@ -135,8 +136,10 @@ class ServeLoop:
     # ------------------------------------------------------------------ workers
     async def _worker(self, item: Any) -> None:
         env = self.env
-        # this task's own context: its groups carry the step of the weights they started with
+        # this task's own context: its groups carry the version of the weights that served them
+        # (reported by inference nodes), else the trainer step when they started
         ROLLOUT_POLICY_VERSION.set(self.state.curr_step)
+        collect_served_versions()
         try:
             outcome = await run_item(env, item)
             if outcome.reason is Skip.INFERENCE:
@@ -278,7 +281,7 @@ class ServeLoop:
             "step %d: %d rollout group(s) in flight, %d unsent, backlog %d, API queue %s; %s",
             self.env.curr_step,
             len(self.workers),
-            self.outbox.qsize(),
+            self.outbox.queue.qsize(),
             len(self.backlog),
             self.status.get("queue_size", "?"),
             dict(self.env.stats),

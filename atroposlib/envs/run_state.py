@@ -20,8 +20,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from atroposlib.envs.groups import completion_lengths
+from atroposlib.inference.policy_version import oldest_served_version
 
-#: Trainer step when the current rollout started; set per rollout task by the serve loop.
+#: Trainer step when the current rollout started; set per rollout task by the serve loop. The
+#: fallback policy version of a group whose inference server reports none.
 ROLLOUT_POLICY_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "rollout_policy_version", default=None)
 
@@ -116,8 +118,11 @@ async def deliver(state: RunState, groups: list[Any], item: Any, send_to_api: bo
     """Write accepted ``groups`` to every sink of ``state``, then (``send_to_api``) its outbox.
 
     Each group queued for the API gets ``policy_version`` (unless it already has one): the
-    trainer step when its rollout started (:data:`ROLLOUT_POLICY_VERSION`), else
-    ``state.curr_step``.
+    oldest policy version the inference servers reported for this item's completions
+    (:func:`~atroposlib.inference.policy_version.oldest_served_version`: an
+    ``atropos-inference-node`` tags each answer with the version of the weights that produced
+    it, and a group is as stale as its stalest rollout); without such a report, the trainer
+    step when its rollout started (:data:`ROLLOUT_POLICY_VERSION`), else ``state.curr_step``.
 
     Raises:
         RuntimeError: ``send_to_api`` without an outbox (only the serve loop has one).
@@ -132,7 +137,9 @@ async def deliver(state: RunState, groups: list[Any], item: Any, send_to_api: bo
             "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
             "do_send_to_api=False outside `serve`"
         )
-    version = ROLLOUT_POLICY_VERSION.get()
+    version = oldest_served_version()
+    if version is None:
+        version = ROLLOUT_POLICY_VERSION.get()
     for group in groups:
         if group.get("policy_version") is None:
             group["policy_version"] = state.curr_step if version is None else version

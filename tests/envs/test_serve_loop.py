@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 
 import httpx
 import tenacity
@@ -337,3 +338,12 @@ async def test_equal_score_drops_do_not_slow_spawning(run_api, tiny_tokenizer, t
     assert env.stats["reject_backoffs"] == 0
     assert loop.pacer.inference_pause_until == 0.0
     await trainer.aclose()
+
+
+def test_the_progress_line_counts_unsent_groups(caplog):
+    """Logged every minute while serving; it read a queue method the outbox does not have."""
+    caplog.set_level(logging.INFO, logger="atroposlib.env_runtime.serve")
+    loop = ServeLoop(ChatLengthEnv(BaseEnvConfig(group_size=2, use_wandb=False), [FakeServer()]))
+    loop.outbox.queue.put_nowait({"scores": [1.0, 0.0]})
+    loop.log_progress(every=0.0)
+    assert "0 rollout group(s) in flight, 1 unsent" in caplog.text

@@ -47,6 +47,7 @@ from atroposlib.inference.clients.config import (  # noqa: F401 - re-exported (A
 from atroposlib.inference.clients.health import HealthGate
 from atroposlib.inference.clients.request_metrics import RequestMetrics
 from atroposlib.inference.clients.semaphore import AsyncSemWithAdaptiveWeight
+from atroposlib.inference.policy_version import record_served_version
 from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,21 @@ class InferenceClient(HealthGate, RequestMetrics, ABC):
         self._init_request_metrics(config.rolling_buffer_length)
         self._tokenizer: Any = None
         self.in_flight = 0
+        #: The policy version (trainer step) this server last reported serving (an
+        #: atropos-inference-node tags every completion with it); None: never reported.
+        self.policy_version: int | None = None
+
+    def note_policy_version(self, version: int, served: bool = True) -> None:
+        """Remember the policy version the server reported.
+
+        Args:
+            version: the version from a response header or a status probe.
+            served: a completion of the current rollout was served with it: also credit it to
+                the rollout (:func:`~atroposlib.inference.policy_version.record_served_version`).
+        """
+        self.policy_version = version
+        if served:
+            record_served_version(version)
 
     @property
     def tokenizer(self) -> Any:

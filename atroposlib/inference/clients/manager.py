@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +31,8 @@ from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between two health probes of a server routed around for serving an old policy version.
+LAGGING_PROBE_S = 1.0
 #: Ports used for a bare ServerBaseline outside SLURM (Atropos 0.4 convention).
 DEFAULT_LOCAL_PORTS = (9004, 9005, 9006, 9007)
 
@@ -168,6 +171,8 @@ class ServerManager:
         self.proxy_url = proxy_url or os.environ.get("ATROPOS_PROXY_URL")
         self.use_proxy = use_proxy
         self.tool_parser = tool_parser
+        self._lagging: dict[str, float] = {}  # server routed around -> time of its last probe
+        self._probes: set[asyncio.Task] = set()
         if testing:
             # The ``--testing`` mode of the env CLI (and Atropos 0.4's ``testing=True``): one
             # scripted server that answers any prompt. Code that wants a test double passes the
@@ -226,13 +231,52 @@ class ServerManager:
 
     # ------------------------------------------------------------------ routing
     def _pick(self, split: str = "train", servers: list[InferenceClient] | None = None) -> InferenceClient:
-        """Return the healthy server with the most free slots (index 0 if none is healthy)."""
+        """Return the healthy, current server with the most free slots.
+
+        Current: among servers that report a policy version (inference nodes), only those
+        serving the newest version any of them reported; a node that missed a weight sync is
+        routed around until it serves that version (:meth:`_current`). Falls back to every
+        healthy server, then to every server, rather than having none.
+        """
         servers = servers or self.servers
         healthy = [s for s in servers if s.server_healthy]
-        pool = healthy or servers
+        pool = self._current(healthy) or healthy or servers
         sem_of = (lambda s: s.sem) if split == "train" else (lambda s: s.eval_sem)
         # servers built outside InferenceClient (test doubles) may not count requests in flight
         return max(pool, key=lambda s: (sem_of(s).free_slots(), -getattr(s, "in_flight", 0)))
+
+    def _current(self, servers: list[InferenceClient]) -> list[InferenceClient]:
+        """The servers not behind the newest policy version reported among ``servers``.
+
+        A server lagging behind gets a health probe (which reads its version) at most every
+        :data:`LAGGING_PROBE_S` seconds while it is routed around, so it rejoins about as soon
+        as the trainer's weights reach it.
+        """
+        versions = [v for s in servers if (v := getattr(s, "policy_version", None)) is not None]
+        if not versions:
+            return servers
+        newest = max(versions)
+        current = []
+        for server in servers:
+            version = getattr(server, "policy_version", None)
+            if version is None or version >= newest:
+                current.append(server)
+                if self._lagging.pop(server.name, None) is not None:
+                    logger.info("inference server %s serves policy version %d again: routing to it",
+                                server.name, version)
+                continue
+            now = time.monotonic()
+            if server.name not in self._lagging:
+                logger.warning("inference server %s serves policy version %d while others serve "
+                               "%d: routing around it until it has the new weights", server.name,
+                               version, newest)
+                self._lagging[server.name] = 0.0
+            if now - self._lagging[server.name] > LAGGING_PROBE_S and hasattr(server, "check_health"):
+                self._lagging[server.name] = now
+                task = asyncio.get_running_loop().create_task(server.check_health())
+                self._probes.add(task)
+                task.add_done_callback(self._probes.discard)
+        return current
 
     async def _route(self, method: str, kwargs: dict[str, Any]) -> Any:
         split = kwargs.get("split", "train")

@@ -15,6 +15,7 @@ from typing import Any
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.base import InferenceClient, merge_choices
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
+from atroposlib.inference.policy_version import parse_policy_version
 from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
@@ -43,9 +44,17 @@ class OpenAIClient(InferenceClient):
 
         base_url = getattr(config, "base_url", None) or None
         api_key = getattr(config, "api_key", None) or "EMPTY"
+        # the response hook reads the policy version an inference node tags each answer with
         self.openai = openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, timeout=config.timeout, max_retries=0
+            api_key=api_key, base_url=base_url, timeout=config.timeout, max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._on_response]}),
         )
+
+    async def _on_response(self, response: Any) -> None:
+        """Note the ``X-Atropos-Policy-Version`` of a response (an httpx hook, run in the caller's task)."""
+        version = parse_policy_version(response.headers)
+        if version is not None:
+            self.note_policy_version(version)
 
     async def _check_health(self) -> bool:
         """``GET {base_url}/models``: cheap and free on every OpenAI-compatible server."""

@@ -116,10 +116,16 @@ class VLLMClient(OpenAIClient):
             )
         super().__init__(config, reasoning_config)
         self._http: Any = None  # httpx.AsyncClient for /health, created on first use
+        self._is_node: bool | None = None  # an atropos-inference-node? (None: not probed yet)
 
 
     async def _check_health(self) -> bool:
-        """``GET {root}/health`` (200 once the engine is ready), with the bearer key if set."""
+        """``GET {root}/health`` (200 once the engine is ready), with the bearer key if set.
+
+        On an ``atropos-inference-node`` also ``GET /atropos/status``: healthy only while it
+        serves weights (not while it awaits them after a restart, or after a failed update),
+        and its policy version is noted, so the manager can route around a node that lags.
+        """
         import httpx
 
         if self._http is None:
@@ -127,8 +133,23 @@ class VLLMClient(OpenAIClient):
                 {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
             )
             self._http = httpx.AsyncClient(headers=headers, timeout=10.0)
-        response = await self._http.get(f"{root_url(self.config.base_url)}/health")
-        return response.status_code == 200
+        root = root_url(self.config.base_url)
+        response = await self._http.get(f"{root}/health")
+        if response.status_code != 200 or self._is_node is False:
+            return response.status_code == 200
+        status = await self._http.get(f"{root}/atropos/status")
+        if status.status_code == 404:  # a plain vLLM
+            self._is_node = False
+            return True
+        if status.status_code != 200:
+            logger.warning("inference node %s answered /atropos/status with %d; check its API key "
+                           "(--openai.api_key)", self.name, status.status_code)
+            return False
+        self._is_node = True
+        body = status.json()
+        if body.get("policy_version") is not None:
+            self.note_policy_version(int(body["policy_version"]), served=False)
+        return body.get("state") in ("serving", "applying")
 
     async def aclose(self) -> None:
         """Stop health checks and close the HTTP clients."""
