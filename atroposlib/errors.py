@@ -28,6 +28,7 @@ The packages add their own branches (each module's docstring draws its part):
     ├── ProxyHTTPError              proxy.errors: what the proxy answers in OpenAI format
     ├── TeacherDistillationError    envs.teacher_distillation_env: a teacher answer is unusable
     ├── RolloutFormatError          tools.rollouts: a rollout cannot become SFT/DPO data
+    ├── PayloadError, UpdateFailed  inference.node: a weight update the node refuses or fails
     └── LaunchError                 launch.supervision: a part of the run failed to start or died
 
 Each class also keeps the built-in base that callers caught before (``ConfigError`` is a
