@@ -470,7 +470,7 @@ class VLLMProcess(WeightReload):
         return f"VLLMProcess({self.model!r}, port={self.port}, {state})"
 
 
-__all__ = ["VLLMProcess", "find_free_port", "parent_death_preexec", "vllm_is_cpu_build"]
+__all__ = ["VLLMProcess", "find_free_port", "parent_death_preexec", "run_foreground", "vllm_is_cpu_build"]
 
 
 class _Terminated(Exception):
@@ -529,21 +529,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_path=args.log,
         dev_mode=not args.no_dev_mode,
     )
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        vllm.start()
+    def announce() -> None:
         print(f"vLLM serving {args.served_model_name!r} at {vllm.base_url} (log {vllm.log_path})")
         print("Ctrl-C to stop", flush=True)
+
+    return run_foreground(vllm, announce)
+
+
+def run_foreground(vllm: VLLMProcess, announce: Any, timeout: float = 300, prefix: str = "") -> int:
+    """Start ``vllm``, call ``announce()``, and keep it in the foreground until it ends.
+
+    A command's main loop (``python -m atroposlib.inference.vllm_process``,
+    ``atropos-inference-node``). vLLM is stopped however this ends; a second SIGTERM does not
+    cut the stop short.
+
+    Args:
+        vllm: the server to run.
+        announce: called once the server is healthy (prints where it serves).
+        timeout: start-up timeout in seconds.
+        prefix: put before the lines this prints on stderr (e.g. the command's name).
+
+    Returns:
+        The exit code: 1 when vLLM failed to start or exited by itself (its log tail printed),
+        0 after Ctrl-C, 143 after SIGTERM.
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        vllm.start(timeout=timeout)
+        announce()
         while vllm.is_running():
             time.sleep(1)
-        print(f"vLLM exited; log tail:\n{vllm.log_tail()}", file=sys.stderr)
+        print(f"{prefix}vLLM exited; log tail:\n{vllm.log_tail()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
     except _Terminated:
         return 143
     except InferenceError as exc:
-        print(exc, file=sys.stderr)
+        print(f"{prefix}{exc}", file=sys.stderr)
         return 1
     finally:
         # a second SIGTERM must not cut the stop short: vLLM's group is signalled either way
@@ -552,7 +575,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             vllm.stop()
         finally:
             signal.signal(signal.SIGTERM, previous)
-
 
 if __name__ == "__main__":
     sys.exit(main())
