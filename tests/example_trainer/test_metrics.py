@@ -33,6 +33,11 @@ def test_a_scrape_parses_and_the_counters_move_over_a_real_run(tiny_model, run_a
                            vllm_url="http://127.0.0.1:9/v1", weight_sync="none", training_steps=3,
                            batch_size=8, micro_batch_size=8, batch_timeout=120, metrics_port=port,
                            torch_threads=1)
+    # The bad group goes in before the trainer registers its vocabulary size: run-api checks ids
+    # against it only from then on, so this one reaches the trainer's own check (as it would from
+    # an Atropos 0.4 run-api, which checks nothing).
+    with AtroposClient(run_api.url) as client:
+        client.post_scored_data(_poison("id 49159"))
     thread = threading.Thread(target=lambda: result.update(train(config)))
     thread.start()
     try:
@@ -48,7 +53,7 @@ def test_a_scrape_parses_and_the_counters_move_over_a_real_run(tiny_model, run_a
         assert ("atropos_trainer_steps_total", (("outcome", "trained"),)) not in before
         with AtroposClient(run_api.url) as client:
             # step 1: one group with an id outside the vocabulary (dropped) + a good one; step 2: good
-            for group in (_poison("id 49159"), _group(0), _group(1), _group(2)):
+            for group in (_group(0), _group(1), _group(2)):
                 client.post_scored_data(group)
             while (after := _scrape(port))[("atropos_trainer_step", ())] < 2:
                 assert thread.is_alive() and time.monotonic() < deadline
