@@ -11,8 +11,8 @@ sequence ``i``, ``K`` = top-k width of distillation arrays.
 Wire conventions (Atropos 0.4, kept verbatim):
 
 * ``tokens[i]`` is the full sequence, prompt plus completion.
-* ``masks[i]`` has the same length; ``-100`` at positions excluded from the loss, the token id
-  itself at trained positions (a label vector, not a 0/1 mask).
+* ``masks[i]`` has the same length and holds *labels*, not a 0/1 mask: the token id itself at
+  trained positions, ``-100`` (the ignore index, :data:`IGNORE_INDEX`) at untrained ones.
 * ``inference_logprobs[i]`` has the same length; ``1.0`` at masked positions (an impossible
   log-probability used as a placeholder) and the sampler's log-prob at generated positions.
 """
@@ -33,10 +33,9 @@ from pydantic import (
     model_validator,
 )
 
-#: Placeholder log-probability at masked (prompt) positions of ``inference_logprobs``.
-MASKED_LOGPROB = 1.0
-#: Label value at positions excluded from the loss in ``masks``.
-IGNORE_INDEX = -100
+# the wire's label conventions, defined with the shared types below every package
+from atroposlib.type_definitions import IGNORE_INDEX, MASKED_LOGPROB  # noqa: F401 - re-exported
+
 #: Largest absolute score run-api accepts. Rewards are small numbers (GRPO normalises them per
 #: group); a score past this bound is a broken reward function, and squared in a group's variance
 #: it overflows float32 (1e308 does even in float64), so it is refused with the reason
@@ -181,7 +180,8 @@ class ScoredData(BaseModel):
         json_schema_extra={"minItems": 1},
         description="[G][T_i] token ids, prompt + completion.")
     masks: list[list[Label]] = Field(
-        description="[G][T_i] labels: -100 = not trained, else token id.")
+        description="[G][T_i] labels (the wire name is masks): the token id at trained positions, "
+        "-100 (the ignore index) at untrained ones.")
     scores: list[Finite] = Field(description="[G] scalar reward per sequence.")
     advantages: list[list[Finite]] | None = Field(
         default=None, description="[G][T_i] optional per-token advantages (used when given)."

@@ -45,8 +45,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
-from atroposlib.envs.groups import reject_reason
-from atroposlib.errors import ConfigError
+from atroposlib.errors import AtroposError, ConfigError
 from atroposlib.inference.clients.base import APIServer
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.inference.clients.manager import ServerManager, server_class_for
@@ -74,7 +73,7 @@ class TeacherDistillationConfig(BaseEnvConfig):
     )
 
 
-class TeacherDistillationError(Exception):
+class TeacherDistillationError(AtroposError):
     """The teacher's answer cannot be aligned with a sequence (the group's fields are nulled)."""
 
 
@@ -506,16 +505,9 @@ class TeacherDistillationEnv(BaseEnv):
         """
         if self.teacher is not None and scored_data is not None:
             self.check_teacher_tokenizer()
-            groups = scored_data if isinstance(scored_data, list) else [scored_data]
-            todo = [
-                g for g in groups
-                if isinstance(g, dict)
-                and reject_reason(
-                    g, self.config.group_size, self.config.ensure_scores_are_not_same,
-                    self.max_token_len if abort_on_any_max_length_exceeded else -1,
-                ) is None
-            ]
-            await asyncio.gather(*(self._enrich_group(g) for g in todo))
+            # checked once (here, or already by the runner); super() does not check them again
+            scored_data = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
+            await asyncio.gather(*(self._enrich_group(g) for g in scored_data))
         return await super().handle_send_to_api(
             scored_data, item, do_send_to_api, abort_on_any_max_length_exceeded
         )

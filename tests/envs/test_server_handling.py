@@ -247,9 +247,9 @@ async def test_vllm_backend_managed_mode_over_http_against_the_fake_app(tiny_tok
 
 
 async def test_a_hanging_health_probe_counts_as_unhealthy(monkeypatch):
-    from atroposlib.inference.clients import base as server_baseline
+    from atroposlib.inference.clients import health
 
-    monkeypatch.setattr(server_baseline, "HEALTH_PROBE_TIMEOUT", 0.2)
+    monkeypatch.setattr(health, "HEALTH_PROBE_TIMEOUT", 0.2)
 
     class Hanging(FakeServer):
         async def _check_health(self):

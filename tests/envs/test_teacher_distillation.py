@@ -13,7 +13,7 @@ from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.factory import build_app
 from atroposlib.api.models import Registration
 from atroposlib.api.settings import ApiSettings
-from atroposlib.env_runtime.commands import parse_args, parse_args_with_namespaces
+from atroposlib.env_runtime.command_line import parse_args, parse_args_with_namespaces
 from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.teacher_distillation_env import (
     TeacherDistillationConfig,

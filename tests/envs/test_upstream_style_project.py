@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from atroposlib.env_runtime.commands import parse_args_with_namespaces
+from atroposlib.env_runtime.checks import check_env
+from atroposlib.env_runtime.command_line import parse_args_with_namespaces
 from atroposlib.envs.base import BaseEnv
-from atroposlib.envs.checks import check_env
 from atroposlib.envs.teacher_distillation_env import TeacherDistillationConfig
 from atroposlib.testing.fake_server import FakeOpenAIServer, FakeRequest, FakeServer
 

@@ -1,4 +1,4 @@
-"""``TrlVllmServer``: the ``APIServer`` backend for ``trl vllm-serve``.
+"""``TrlVllmClient``: the ``InferenceClient`` backend for ``trl vllm-serve``.
 
 TRL's server has one generation route, ``POST {root}/generate/``, taking text prompts and
 returning ``completion_ids``. Chat requests are rendered with the tokenizer's chat template here;
@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - depends on the install; httpx does the
     aiohttp = None
 
 from atroposlib.errors import InferenceError
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.vllm_client import root_url
 from atroposlib.utils.lazy_exports import lazy_exports
@@ -43,7 +43,7 @@ TRL_DEFAULTS: dict[str, Any] = {
 }
 
 
-class TrlVllmServer(APIServer):
+class TrlVllmClient(InferenceClient):
     """Backend for ``trl vllm-serve`` (``server_type="trl"``); no token log-probs."""
 
     def __init__(
@@ -204,9 +204,13 @@ class TrlVllmServer(APIServer):
         )
 
 
+#: Atropos 0.4's name for :class:`TrlVllmClient`.
+TrlVllmServer = TrlVllmClient
+
 # Names Atropos 0.4's envs.server_handling.trl_vllm_server imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
 __getattr__ = lazy_exports(__name__, {
+    "APIServer": "atroposlib.inference.clients.base",
     "AutoTokenizer": "transformers",
     "ChatCompletion": "openai.types.chat.chat_completion",
     "ChatCompletionMessage": "openai.types.chat.chat_completion",
@@ -215,4 +219,4 @@ __getattr__ = lazy_exports(__name__, {
     "CompletionChoice": "openai.types.completion",
 })
 
-__all__ = ["TRL_DEFAULTS", "TrlVllmServer"]
+__all__ = ["TRL_DEFAULTS", "TrlVllmClient", "TrlVllmServer"]
