@@ -45,7 +45,7 @@ def step_seconds(model, tokenizer, optimizer, batch: int, seq_len: int) -> float
         begin = time.perf_counter()
         for mb in make_micro_batches(seqs, batch, 0, 16):
             logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs, num_sequences=batch).loss.backward()
+            grpo_loss(logits, mb.labels, mb.advantages, mb.sampler_logprobs, num_sequences=batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - begin)

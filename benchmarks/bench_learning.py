@@ -45,9 +45,7 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +55,7 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/bench_learning.py`
     sys.path.insert(0, str(ROOT))
 
 from atroposlib.utils.offline import OFFLINE_ENV  # noqa: E402
+from benchmarks.process_tree import LIVE, Tree  # noqa: E402
 
 QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"
 QUICKSTART_LORA = ROOT / "configs" / "quickstart-cpu-lora.yaml"
@@ -66,97 +65,6 @@ POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # wall points, as fractions of the budget
 DIFFICULTY, GROUP_SIZE, MAX_TOKENS, BATCH_SIZE, TRAIN_LAYERS, LR = 2, 8, 24, 16, 10, 3e-5
 #: seconds a contender may take beyond its budget (model load, vLLM start, final save)
 STARTUP_ALLOWANCE = 900.0
-
-
-# --------------------------------------------------------------------------- processes
-class Tree:
-    """A child started in its own session; tracks its descendants and the tree's peak RSS."""
-
-    def __init__(self, argv: list[str], log_path: Path, cwd: Path = ROOT):
-        """Start ``argv`` (offline env vars set, output to ``log_path``) and a 0.5 s RSS poller."""
-        import psutil
-
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115
-        env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        self.root = psutil.Process(self.proc.pid)
-        self.known: dict[int, Any] = {self.proc.pid: self.root}
-        self.peak_rss = 0
-        self._done = threading.Event()
-        self._poller = threading.Thread(target=self._poll, daemon=True, name="rss")
-        self._poller.start()
-
-    def _poll(self) -> None:
-        import psutil
-
-        while not self._done.is_set():
-            total = 0
-            try:
-                for child in self.root.children(recursive=True):
-                    self.known.setdefault(child.pid, child)
-            except psutil.Error:
-                pass
-            for pid, proc in list(self.known.items()):
-                try:
-                    total += proc.memory_info().rss
-                except psutil.Error:
-                    self.known.pop(pid, None)
-            self.peak_rss = max(self.peak_rss, total)
-            self._done.wait(0.5)
-
-    def wait(self, timeout: float) -> int:
-        """Exit code; on timeout the tree is stopped and TimeoutError raised."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired as exc:
-            self.stop()
-            raise TimeoutError(f"{self.proc.args[:4]} ran past {timeout:.0f}s; see {self.log_path}") from exc
-
-    def stop(self, grace: float = 40.0) -> None:
-        """SIGTERM the child (our launcher then stops its parts), then SIGKILL every known pid."""
-        import psutil
-
-        self._done.set()
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        alive = [p for pid, p in self.known.items() if pid != self.proc.pid and _running(p)]
-        for proc in alive:
-            try:
-                proc.terminate()
-            except psutil.Error:
-                pass
-        _, still = psutil.wait_procs(alive, timeout=10)
-        for proc in still:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
-        self._log.close()
-
-
-def _running(proc: Any) -> bool:
-    import psutil
-
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 # --------------------------------------------------------------------------- our loop
@@ -176,11 +84,13 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None,
     """
     import yaml
 
+    from atroposlib.utils.yaml_file import load_yaml
+
     loss = name.removeprefix("ours-").removesuffix("-tis").removesuffix("-lora")
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "points").mkdir(parents=True)
-    config = yaml.safe_load((QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART).read_text())
+    config = load_yaml(QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART)
     budget = 60.0 * minutes
     config["trainer"].update(training_steps=100_000, max_train_seconds=budget, loss_type=loss,
                              is_correction="tis" if name.endswith("-tis") else "none",
@@ -194,9 +104,8 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None,
         env["args"] = {**env.get("args", {}), **(env_args or {})}
     cfg_path = run_dir / "launch.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
-    tree = Tree([sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)], run_dir / "bench.log")
-    _ACTIVE.append(tree)
-    try:
+    argv = [sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)]
+    with Tree(argv, run_dir / "bench.log") as tree:
         trainer_log = run_dir / "logs" / "trainer.log"
         deadline = time.monotonic() + STARTUP_ALLOWANCE
         while "[grpo] registered with" not in _read(trainer_log):
@@ -215,9 +124,6 @@ def run_ours(name: str, minutes: float, out: Path, lr: float | None = None,
                 if snapshot[0] is not None or not _read(run_dir / "metrics.jsonl").strip():
                     reached[frac] = snapshot
         code = tree.wait(budget + STARTUP_ALLOWANCE)
-    finally:
-        tree.stop()
-        _ACTIVE.remove(tree)
     if code != 0:
         raise RuntimeError(f"{name}: atropos-launch exited with {code}; see {run_dir}/logs")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -285,14 +191,9 @@ def run_trl(minutes: float, out: Path, lr: float = LR) -> dict[str, Any]:
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     budget = 60.0 * minutes
-    tree = Tree([sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(run_dir),
-                 "--minutes", str(minutes), "--trl-lr", str(lr)], run_dir / "bench.log")
-    _ACTIVE.append(tree)
-    try:
+    with Tree([sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(run_dir),
+               "--minutes", str(minutes), "--trl-lr", str(lr)], run_dir / "bench.log") as tree:
         code = tree.wait(budget + STARTUP_ALLOWANCE)
-    finally:
-        tree.stop()
-        _ACTIVE.remove(tree)
     if code != 0:
         raise RuntimeError(f"trl: the worker exited with {code}; see {run_dir}/bench.log")
     result = json.loads((run_dir / "result.json").read_text())
@@ -537,9 +438,6 @@ def report(results: dict[str, dict[str, Any]], json_out: Path, plot_out: Path) -
 
 
 # --------------------------------------------------------------------------- main
-_ACTIVE: list[Tree] = []
-
-
 def _on_signal(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -607,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[bench] interrupted: stopping the running contender", flush=True)
         return 130
     finally:
-        for tree in list(_ACTIVE):
+        for tree in list(LIVE):
             tree.stop()
     evaluate_all(results, args.eval_batch)
     report(results, args.json_out, plot_out)

@@ -65,7 +65,7 @@ def trainer_tokens_per_second(model, tokenizer, batch: int, seq_len: int) -> flo
         begin = time.perf_counter()
         for mb in mbs:
             logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs, num_sequences=batch).loss.backward()
+            grpo_loss(logits, mb.labels, mb.advantages, mb.sampler_logprobs, num_sequences=batch).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - begin)

@@ -10,7 +10,7 @@ reason               what is wrong
 ``shape``            rows or per-token arrays (masks, advantages, log-probs, teacher arrays) whose
                      lengths disagree with ``tokens``
 ``empty``            an empty sequence, or one of a single token (nothing to predict)
-``too_long``         more than ``max_token_len`` tokens (never truncated: a cut completion would be
+``too_long``         more than ``max_seq_len`` tokens (never truncated: a cut completion would be
                      trained with the reward of the whole one)
 ``token_range``      a token id outside ``[0, vocab_size)``
 ``label_range``      a label (``masks``) outside ``[0, vocab_size)`` that is not ``IGNORE_INDEX``
@@ -90,13 +90,13 @@ class BadGroup:
                 f"{self.detail}. Likely cause: {LIKELY_CAUSE[self.reason]}")
 
 
-def check_group(group: dict[str, Any], vocab_size: int, max_token_len: int) -> tuple[str, str] | None:
+def check_group(group: dict[str, Any], vocab_size: int, max_seq_len: int) -> tuple[str, str] | None:
     """The first problem of one wire group, or None when it can be trained on.
 
     Args:
         group: a group as ``GET /batch`` serves it.
         vocab_size: rows of the model's input embedding (token ids must be below it).
-        max_token_len: longest sequence accepted, in tokens.
+        max_seq_len: longest sequence accepted, in tokens.
 
     Returns:
         ``(reason, detail)`` (``reason`` one of :data:`REASONS`) or None.
@@ -111,7 +111,7 @@ def check_group(group: dict[str, Any], vocab_size: int, max_token_len: int) -> t
         if rows is not None and len(rows) != len(tokens):
             return "shape", f"{name} has {len(rows)} rows for {len(tokens)} sequences"
     for i, (toks, labels) in enumerate(zip(tokens, masks, strict=True)):
-        problem = _check_sequence(group, i, toks, labels, vocab_size, max_token_len)
+        problem = _check_sequence(group, i, toks, labels, vocab_size, max_seq_len)
         if problem is not None:
             return problem
     for i, score in enumerate(scores):
@@ -121,7 +121,7 @@ def check_group(group: dict[str, Any], vocab_size: int, max_token_len: int) -> t
 
 
 def _check_sequence(group: dict[str, Any], i: int, toks: list[int], labels: list[int],
-                    vocab_size: int, max_token_len: int) -> tuple[str, str] | None:
+                    vocab_size: int, max_seq_len: int) -> tuple[str, str] | None:
     """The first problem of sequence ``i`` of ``group`` (see :func:`check_group`)."""
     n = len(toks)
     if len(labels) != n:
@@ -133,8 +133,8 @@ def _check_sequence(group: dict[str, Any], i: int, toks: list[int], labels: list
             return "shape", f"sequence {i} has {n} tokens but {len(rows[i])} {name}"
     if n < 2:
         return "empty", f"sequence {i} has {n} token{'s' if n != 1 else ''}, nothing to predict"
-    if n > max_token_len:
-        return "too_long", f"sequence {i} has {n} tokens, more than --max-token-len {max_token_len}"
+    if n > max_seq_len:
+        return "too_long", f"sequence {i} has {n} tokens, more than --max-token-len {max_seq_len}"
     low, high = min(toks), max(toks)
     if low < 0 or high >= vocab_size:
         j, bad = next((j, t) for j, t in enumerate(toks) if not 0 <= t < vocab_size)
@@ -176,7 +176,7 @@ class BatchGuard:
 
     Args:
         vocab_size: rows of the model's input embedding.
-        max_token_len: the trainer's ``--max-token-len``.
+        max_seq_len: the trainer's ``--max-token-len``.
         whole_batch: drop the whole batch when one group is bad (FSDP: every rank must run
             the same micro-batches).
         report: print the error lines (False on the FSDP ranks other than 0, which check the
@@ -190,7 +190,7 @@ class BatchGuard:
         last_step_dropped: groups dropped from the last checked batch.
     """
 
-    def __init__(self, vocab_size: int, max_token_len: int, whole_batch: bool = False,
+    def __init__(self, vocab_size: int, max_seq_len: int, whole_batch: bool = False,
                  report: bool = True, on_drop: Callable[[str], Any] | None = None,
                  on_skip: Callable[[], Any] | None = None):
         """Set the limits; nothing is checked until :meth:`filter`."""
@@ -198,7 +198,7 @@ class BatchGuard:
         self.on_drop = on_drop
         self.on_skip = on_skip
         self.vocab_size = vocab_size
-        self.max_token_len = max_token_len
+        self.max_seq_len = max_seq_len
         self.whole_batch = whole_batch
         self.groups_by_reason: Counter[str] = Counter()
         self.batches_skipped = 0
@@ -213,7 +213,7 @@ class BatchGuard:
         """
         bad = []
         for index, group in enumerate(batch):
-            problem = check_group(group, self.vocab_size, self.max_token_len)
+            problem = check_group(group, self.vocab_size, self.max_seq_len)
             if problem is not None:
                 bad.append(BadGroup(index, len(batch), group.get("env_id"), *problem))
         for item in bad:

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic_settings import CliApp, CliSettingsSource
 
     from atroposlib.errors import ConfigError
-    from atroposlib.utils.cli import ArgumentParser, validation_error_message
+    from atroposlib.utils.flags import ArgumentParser, validation_error_message
 
     source = CliSettingsSource(TrainerConfig, root_parser=ArgumentParser(prog="atropos-grpo"))
     try:
@@ -370,7 +370,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                         model_ref = token_logprobs(ref_logits, mb.labels, mb.temperatures)
                     ref_lp = model_ref if ref_lp is None else torch.where(
                         torch.isnan(ref_lp), model_ref, ref_lp)
-                out = grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs,
+                out = grpo_loss(logits, mb.labels, mb.advantages, mb.sampler_logprobs,
                                 num_sequences=stats.num_sequences, num_tokens=step_tokens,
                                 temperature=mb.temperatures, ref_logprobs=ref_lp,
                                 kl_coef=config.kl_coef, distill_token_ids=mb.distill_token_ids,

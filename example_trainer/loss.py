@@ -417,7 +417,7 @@ def grpo_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
     advantages: torch.Tensor,
-    old_logprobs: torch.Tensor | None,
+    sampler_logprobs: torch.Tensor | None,
     *,
     num_sequences: int,
     clip_eps: float = 0.2,
@@ -441,8 +441,9 @@ def grpo_loss(
         logits: ``[B, T, V]`` model output for the padded inputs.
         labels: ``[B, T]`` target ids, ``-100`` where not trained (prompt, padding).
         advantages: ``[B, T]`` per-token advantages (a sequence's scalar advantage repeated).
-        old_logprobs: ``[B, T]`` sampler log-probs of ``labels``; ``nan`` where unknown (the
-            ratio is then 1 for that token). None: unknown everywhere (on-policy REINFORCE).
+        sampler_logprobs: ``[B, T]`` sampler (behaviour policy) log-probs of ``labels``, the
+            wire's ``inference_logprobs``; ``nan`` where unknown (the ratio is then 1 for that
+            token). None: unknown everywhere (on-policy REINFORCE).
         num_sequences: sequences in the whole optimiser step (all micro-batches); the sum of
             per-sequence losses is divided by it, so gradient accumulation gives the exact mean.
         clip_eps: PPO clip range (both sides unless ``clip_eps_low`` / ``clip_eps_high`` given).
@@ -500,12 +501,12 @@ def grpo_loss(
     logits = scaled_logits(logits, temperature)  # once, for the policy and the distill terms
     logprobs = token_logprobs(logits, labels)
     detached = logprobs.detach()
-    if old_logprobs is None:
+    if sampler_logprobs is None:
         sampler = detached
         known = torch.zeros_like(mask, dtype=torch.bool)
     else:
-        known = torch.isfinite(old_logprobs) & mask.bool()
-        sampler = torch.where(known, old_logprobs.to(detached), detached)
+        known = torch.isfinite(sampler_logprobs) & mask.bool()
+        sampler = torch.where(known, sampler_logprobs.to(detached), detached)
     is_weight, corrected, out_of_range = sampler_correction(detached, sampler, known, is_correction, is_cap)
     # The ratio's denominator: the sampler (today's default) or, with a correction, the trainer's
     # own pre-update log-probs, which equal `detached` since every batch gets one optimiser step.

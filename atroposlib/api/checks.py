@@ -11,6 +11,12 @@ groups that would crash the trainer or train it on garbage:
   first position is never a target, since targets are shifted by one);
 * a score that is not finite or whose magnitude passes :data:`MAX_ABS_SCORE`.
 
+The label checks (a label that is not the token, a sequence with no trained token) hold for
+trainers that read ``masks`` as labels, as this package's does: a trainer says so by
+registering ``vocab_size``. An Atropos 0.4 trainer (which omits it) gets Atropos 0.4's
+acceptance of any mask values (its own tests send 0/1 masks), as it gets no vocabulary check;
+before any trainer registers, they apply.
+
 Pure functions on plain lists, so a trainer can run the same check on a batch it fetched.
 """
 
@@ -59,7 +65,7 @@ def _labels_match_prefix_form(tokens: list[int], labels: list[int]) -> int | Non
 
 
 def _row_problem(i: int, tokens: list[int], labels: list[int], vocab_size: int | None,
-                 max_token_len: int | None) -> GroupProblem | None:
+                 max_token_len: int | None, check_labels: bool = True) -> GroupProblem | None:
     n = len(tokens)
     if n == 0:
         return GroupProblem("empty_sequence", f"tokens[{i}] is empty: every sequence needs at "
@@ -74,6 +80,8 @@ def _row_problem(i: int, tokens: list[int], labels: list[int], vocab_size: int |
         bad = low if low < 0 else high
         return GroupProblem("vocab", f"tokens[{i}][{tokens.index(bad)}] is {bad}, outside "
                             f"the trainer's vocabulary [0, {vocab_size}): {TOKENIZER_HINT}")
+    if not check_labels:
+        return None
     ignored = _labels_match_prefix_form(tokens, labels)
     if ignored is not None:
         trained = n >= 2 and ignored < n
@@ -106,7 +114,7 @@ def _row_problem(i: int, tokens: list[int], labels: list[int], vocab_size: int |
 
 def group_problem(tokens: Sequence[list[int]], masks: Sequence[list[int]],
                   scores: Sequence[float], *, vocab_size: int | None = None,
-                  max_token_len: int | None = None) -> GroupProblem | None:
+                  max_token_len: int | None = None, check_labels: bool = True) -> GroupProblem | None:
     """Return why a group would poison training, or None when it is fit to train on.
 
     Args:
@@ -117,6 +125,9 @@ def group_problem(tokens: Sequence[list[int]], masks: Sequence[list[int]],
         vocab_size: the trainer's vocabulary size, or None when unknown (ids and labels are
             then only checked to be non-negative).
         max_token_len: the trainer's longest sequence, or None when unknown.
+        check_labels: check the labels (``label_range``, ``label_mismatch``,
+            ``no_trained_token``); False for a trainer that registered no ``vocab_size``
+            (see the module docstring).
 
     Returns:
         The first problem found, scores first and then sequence by sequence, or None.
@@ -128,7 +139,7 @@ def group_problem(tokens: Sequence[list[int]], masks: Sequence[list[int]],
                                 "reward function (GRPO normalises scores per group, so their "
                                 "scale does not matter)")
     for i, (row, labels) in enumerate(zip(tokens, masks, strict=True)):
-        problem = _row_problem(i, row, labels, vocab_size, max_token_len)
+        problem = _row_problem(i, row, labels, vocab_size, max_token_len, check_labels)
         if problem is not None:
             return problem
     return None

@@ -42,7 +42,7 @@ class EnvRecord:
         registered_id: the env_id (index in the registry).
         desired_name: the name the env asked for.
         real_name: unique name ``<desired>_<k>`` (its W&B run name).
-        max_context_len: the env's max token length.
+        max_seq_len: the env's longest sequence in tokens (it registers it as max_token_length).
         weight: sampling weight (feeds ``env_weight``).
         group_size: sequences per group it sends.
         min_batch_allocation: minimum fraction of each batch reserved for it, or None.
@@ -54,7 +54,7 @@ class EnvRecord:
     registered_id: int
     desired_name: str
     real_name: str
-    max_context_len: int
+    max_seq_len: int
     weight: float
     group_size: int
     min_batch_allocation: float | None

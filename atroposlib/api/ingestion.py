@@ -103,7 +103,8 @@ class Ingestion:
         problem = group_problem(
             group.tokens, group.masks, group.scores,
             vocab_size=reg.vocab_size if reg is not None else None,
-            max_token_len=reg.max_token_len if reg is not None else None)
+            max_token_len=reg.max_token_len if reg is not None else None,
+            check_labels=reg is None or reg.vocab_size is not None)
         if problem is not None:
             raise InvalidGroupError(problem.message, reason=problem.reason)
         return target

@@ -81,7 +81,7 @@ class Registry:
         k = sum(1 for e in self.core.envs if e.desired_name == req.desired_name)
         env = EnvRecord(
             registered_id=len(self.core.envs), desired_name=req.desired_name,
-            real_name=f"{req.desired_name}_{k}", max_context_len=req.max_token_length,
+            real_name=f"{req.desired_name}_{k}", max_seq_len=req.max_token_length,
             weight=req.weight, group_size=req.group_size,
             min_batch_allocation=req.min_batch_allocation,
         )

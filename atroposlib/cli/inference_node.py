@@ -14,24 +14,14 @@ then runs with ``--vllm-url http://THIS_HOST:9100/v1`` (see ``docs/inference-nod
 from __future__ import annotations
 
 import shutil
-import signal
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 #: What vLLM loads to become a node.
 MIDDLEWARE = "atroposlib.inference.node.middleware.NodeMiddleware"
-
-
-class _Terminated(Exception):
-    """Raised in the main thread by the SIGTERM handler, so the cleanup runs."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise _Terminated
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -54,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pydantic_settings import CliApp, CliSettingsSource
 
     from atroposlib.inference.node.settings import SETTINGS_ENV, NodeSettings
-    from atroposlib.utils.cli import ArgumentParser, validation_error_message
+    from atroposlib.utils.flags import ArgumentParser, validation_error_message
 
     ours, vllm_args = split_argv(sys.argv[1:] if argv is None else argv)
     parser = ArgumentParser(prog="atropos-inference-node",
@@ -97,8 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(settings: Any, vllm_args: list[str], env: dict[str, str], auth: bool) -> int:
     """Start vLLM with the node middleware and keep it in the foreground until a signal."""
-    from atroposlib.errors import InferenceError
-    from atroposlib.inference.vllm_process import VLLMProcess
+    from atroposlib.inference.vllm_process import VLLMProcess, run_foreground
 
     extra = ["--middleware", MIDDLEWARE]
     if settings.weight_transfer == "nccl":
@@ -108,9 +97,8 @@ def _serve(settings: Any, vllm_args: list[str], env: dict[str, str], auth: bool)
                        max_model_len=settings.max_model_len, extra_args=[*extra, *vllm_args],
                        env=env, log_path=settings.log, dev_mode=False)
     local = settings.host in ("127.0.0.1", "localhost", "::1")
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        vllm.start(timeout=settings.start_timeout_s)
+
+    def announce() -> None:
         first = ("serving the starting model as policy version 0" if settings.serve_base else
                  "completions answer 503 until a trainer pushes weights (--serve-base to serve "
                  "the starting model at once)")
@@ -121,23 +109,8 @@ def _serve(settings: Any, vllm_args: list[str], env: dict[str, str], auth: bool)
             print(f"atropos-inference-node: WARNING: listening on {settings.host} without an API "
                   "key: anyone who can reach this port can replace the weights; set "
                   "$ATROPOS_API_KEY or --api-key-file", file=sys.stderr, flush=True)
-        while vllm.is_running():
-            time.sleep(1)
-        print(f"atropos-inference-node: vLLM exited; log tail:\n{vllm.log_tail()}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    except _Terminated:
-        return 143
-    except InferenceError as exc:
-        print(f"atropos-inference-node: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop
-        try:
-            vllm.stop()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+
+    return run_foreground(vllm, announce, settings.start_timeout_s, "atropos-inference-node: ")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser, HelpFormatter, api_key_arg
+from atroposlib.utils.flags import DEFAULT_API_URL, ArgumentParser, HelpFormatter, api_key_arg
 
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: view-run does not register"
 _ALL = "all envs"

@@ -353,5 +353,10 @@ class ServeLoop:
         logger.info("serve stopped; stats: %s", dict(env.stats))
 
 
+async def serve(env: BaseEnv) -> None:
+    """Serve mode's runner (``BaseEnv.env_manager``): ``await ServeLoop(env).run()``."""
+    await ServeLoop(env).run()
+
+
 __all__ = ["OUTBOX_MAX_GROUPS", "SERVE_STOP_EVENT", "ServeLoop", "inflight_cap", "offpolicy_room",
-           "spawn_backoff"]
+           "serve", "spawn_backoff"]

@@ -3,9 +3,10 @@
 A runner (serve loop, process or evaluate runner in :mod:`atroposlib.env_runtime`) creates one
 ``RunState``, binds it to the env with ``env.bind_run_state(state)`` and is the only writer of
 its fields afterwards: the env's id at the API, the trainer step, the last ``/status-env`` answer,
-the trainer's limits (``batch_size``, ``max_token_len``, ``total_steps``) and the counters. The
+the trainer's limits (``batch_size``, ``max_seq_len``, ``total_steps``) and the counters. The
 env reads it through ``env.run_state`` (a read-only view) or through its Atropos-compatible
-read-only attributes (``env.curr_step``, ``env.max_token_len``, ``env.env_id`` ...).
+read-only attributes (``env.curr_step``, ``env.max_token_len`` = ``max_seq_len``, ``env.env_id``
+...).
 
 ``stats``, ``completion_lengths`` and ``task_durations`` are containers: the env's own
 bookkeeping (counting dropped groups, recording lengths) updates their contents.
@@ -36,7 +37,8 @@ class RunState:
         curr_step: trainer step the runner last saw.
         status: the last ``/status-env`` answer (empty until one is read).
         stats: counters of sent, dropped and failed groups (``Counter[str]``).
-        max_token_len: trainer's longest sequence in tokens (-1 = unknown).
+        max_seq_len: the trainer's longest sequence (prompt + completion) in tokens, -1 =
+            unknown (the trainer registers it as ``max_token_len``).
         batch_size: trainer's batch size in sequences (-1 = unknown).
         total_steps: steps to run (-1 = take from the trainer; <= 0 in process mode = until
             ``get_next_item`` runs dry).
@@ -56,7 +58,7 @@ class RunState:
     curr_step: int = 0
     status: dict[str, Any] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
-    max_token_len: int = -1
+    max_seq_len: int = -1
     batch_size: int = -1
     total_steps: int = -1
     wandb_prepend: str | None = None

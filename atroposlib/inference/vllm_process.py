@@ -39,6 +39,7 @@ from typing import IO, Any
 
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.errors import InferenceError, InferenceUnavailableError
+from atroposlib.inference.vllm_weights import WeightReload
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ def vllm_is_cpu_build() -> bool:
         return True
 
 
-class VLLMProcess:
+class VLLMProcess(WeightReload):
     """One stock vLLM OpenAI-compatible server running as a child process group.
 
     Use as a context manager (``start()`` on enter, ``stop()`` on exit) or call the methods
@@ -456,65 +457,6 @@ class VLLMProcess:
         self.start(timeout)
         return time.perf_counter() - begin
 
-    # ------------------------------------------------------------------ weights
-    def _post(self, client: Any, path: str, payload: dict | None = None) -> Any:
-        response = client.post(f"{self.root_url}{path}", json=payload)
-        if response.status_code == 404 and not self.dev_mode:
-            raise InferenceError(
-                f"POST {path} is not available: start VLLMProcess(dev_mode=True) "
-                "(VLLM_SERVER_DEV_MODE=1) to hot-reload weights"
-            )
-        if response.status_code != 200:
-            raise InferenceError(
-                f"POST {self.root_url}{path} answered {response.status_code}: "
-                f"{response.text[:2000]}"
-            )
-        return response
-
-    def reload_weights(self, weights_dir: str | Path) -> float:
-        """Load new weights into the running server without restarting it.
-
-        Sends ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path":
-        DIR}}`` (every worker reloads the safetensors in ``DIR``), then ``POST
-        /reset_prefix_cache`` so no KV computed with the old weights is reused. The model
-        architecture and shapes must be unchanged.
-
-        Args:
-            weights_dir: directory holding ``model.safetensors`` (e.g. a ``save_pretrained``
-                checkpoint of the same architecture).
-
-        Returns:
-            Seconds taken (about 0.3-1.2 s for SmolLM2-135M on CPU).
-
-        Raises:
-            FileNotFoundError: ``weights_dir`` has no ``*.safetensors`` file.
-            RuntimeError: the server was never started (or was stopped).
-            InferenceError: the server died (exit code and log tail in the message), refused or
-                failed (message includes its answer).
-        """
-        import httpx
-
-        weights_dir = Path(weights_dir).resolve()
-        if not any(weights_dir.glob("*.safetensors")):
-            raise FileNotFoundError(
-                f"{weights_dir} holds no *.safetensors file; save the policy with "
-                "model.save_pretrained(dir) (safetensors) before reloading"
-            )
-        died = self.death_report()
-        if died is not None:
-            raise InferenceError(f"cannot reload weights: {died}")
-        if not self.is_running():
-            raise RuntimeError("vLLM is not running; call start() first")
-        begin = time.perf_counter()
-        with httpx.Client(timeout=600.0, trust_env=False) as client:
-            self._post(
-                client,
-                "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
-            )
-            self._post(client, "/reset_prefix_cache")
-        return time.perf_counter() - begin
-
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> VLLMProcess:
         self.start()
@@ -528,7 +470,7 @@ class VLLMProcess:
         return f"VLLMProcess({self.model!r}, port={self.port}, {state})"
 
 
-__all__ = ["VLLMProcess", "find_free_port", "parent_death_preexec", "vllm_is_cpu_build"]
+__all__ = ["VLLMProcess", "find_free_port", "parent_death_preexec", "run_foreground", "vllm_is_cpu_build"]
 
 
 class _Terminated(Exception):
@@ -550,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code: 0 after Ctrl-C, 143 after SIGTERM, 1 when vLLM failed or exited.
     """
     from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
-    from atroposlib.utils.cli import ArgumentParser
+    from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(
         prog="python -m atroposlib.inference.vllm_process",
@@ -587,21 +529,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_path=args.log,
         dev_mode=not args.no_dev_mode,
     )
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        vllm.start()
+    def announce() -> None:
         print(f"vLLM serving {args.served_model_name!r} at {vllm.base_url} (log {vllm.log_path})")
         print("Ctrl-C to stop", flush=True)
+
+    return run_foreground(vllm, announce)
+
+
+def run_foreground(vllm: VLLMProcess, announce: Any, timeout: float = 300, prefix: str = "") -> int:
+    """Start ``vllm``, call ``announce()``, and keep it in the foreground until it ends.
+
+    A command's main loop (``python -m atroposlib.inference.vllm_process``,
+    ``atropos-inference-node``). vLLM is stopped however this ends; a second SIGTERM does not
+    cut the stop short.
+
+    Args:
+        vllm: the server to run.
+        announce: called once the server is healthy (prints where it serves).
+        timeout: start-up timeout in seconds.
+        prefix: put before the lines this prints on stderr (e.g. the command's name).
+
+    Returns:
+        The exit code: 1 when vLLM failed to start or exited by itself (its log tail printed),
+        0 after Ctrl-C, 143 after SIGTERM.
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        vllm.start(timeout=timeout)
+        announce()
         while vllm.is_running():
             time.sleep(1)
-        print(f"vLLM exited; log tail:\n{vllm.log_tail()}", file=sys.stderr)
+        print(f"{prefix}vLLM exited; log tail:\n{vllm.log_tail()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
     except _Terminated:
         return 143
     except InferenceError as exc:
-        print(exc, file=sys.stderr)
+        print(f"{prefix}{exc}", file=sys.stderr)
         return 1
     finally:
         # a second SIGTERM must not cut the stop short: vLLM's group is signalled either way
@@ -610,7 +575,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             vllm.stop()
         finally:
             signal.signal(signal.SIGTERM, previous)
-
 
 if __name__ == "__main__":
     sys.exit(main())

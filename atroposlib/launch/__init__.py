@@ -6,7 +6,8 @@
 - :mod:`atroposlib.launch.orchestration`: the order of a run;
 - :mod:`atroposlib.launch.ray_cluster` (``--ray``, needs ``atroposlib[ray]``): each part as a Ray
   actor placed by its section's ``placement``; :mod:`atroposlib.launch.part_host` is what that
-  actor runs on its node.
+  actor runs on its node;
+- :mod:`atroposlib.launch.trainers`: trainers by name (the ``atroposlib.trainers`` entry points).
 
 The console script is :mod:`atroposlib.cli.launch`.
 """

@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from atroposlib.api.settings import API_KEY_ENV
-from atroposlib.cli.trainers import load_trainer
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.launch.commands import flags, trainer_command, trainer_flags
 from atroposlib.launch.config import LaunchConfig
 from atroposlib.launch.supervision import Backend, LaunchError, LocalBackend, PartHandle, Site
+from atroposlib.launch.trainers import load_trainer
 from atroposlib.utils.offline import OFFLINE_ENV
 
 #: What comes back from the trainer's node to ``run_dir`` on the launching host.

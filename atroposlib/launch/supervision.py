@@ -19,11 +19,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+from atroposlib.errors import AtroposError
 from atroposlib.launch.commands import free_port
 
 if TYPE_CHECKING:
     from atroposlib.launch.config import Placement
-
 
 class Part:
     """One child process: own process group, output to a log file and the prefixed console."""
@@ -130,7 +130,7 @@ class Part:
         return self.proc.returncode
 
 
-class LaunchError(RuntimeError):
+class LaunchError(AtroposError, RuntimeError):
     """A part failed to come up or died early (the message has its log tail).
 
     Attributes:

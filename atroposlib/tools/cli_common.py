@@ -15,7 +15,7 @@ from atroposlib.tools.collect import CollectStats, collect, dpo_builder, sft_bui
 from atroposlib.tools.formats import JsonlOutput, LayoutResolver, OutputFormat, read_existing_layout
 from atroposlib.tools.observe import GroupObserver
 from atroposlib.tools.rollouts import TokenDecoder
-from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser, HelpFormatter, api_key_arg
+from atroposlib.utils.flags import DEFAULT_API_URL, ArgumentParser, HelpFormatter, api_key_arg
 
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: this tool does not register as the trainer"
 

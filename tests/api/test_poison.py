@@ -177,6 +177,30 @@ def test_an_atropos_0_4_trainer_without_vocab_size_still_works(run_api: RunApi) 
     assert len(httpx.get(run_api.url + "/batch").json()["batch"]) == 1
 
 
+def test_an_atropos_0_4_trainer_gets_any_mask_values_as_there(run_api: RunApi) -> None:
+    """No vocab_size registered: masks are not judged as labels (Atropos 0.4's own tests send
+    0/1 masks); empty sequences and out-of-bounds scores are still refused."""
+    assert post(run_api, "/register", {**REGISTRATION, "batch_size": 2}).status_code == 200
+    zero_one = {"tokens": [[820, 821, 822]], "masks": [[1, 1, 1]], "scores": [0.5]}
+    untrained = {"tokens": [[5, 6]], "masks": [[-100, -100]], "scores": [0.5]}
+    for group in (zero_one, untrained):
+        assert post(run_api, "/scored_data", group).status_code == 200, group
+    assert [g["masks"] for g in httpx.get(run_api.url + "/batch").json()["batch"]] == [
+        [[1, 1, 1]], [[-100, -100]]]
+    empty = {"tokens": [[]], "masks": [[]], "scores": [0.5]}
+    assert "empty" in post(run_api, "/scored_data", empty).text
+    huge = {**zero_one, "scores": [MAX_ABS_SCORE * 2]}
+    assert post(run_api, "/scored_data", huge).status_code == 422
+
+
+def test_a_trainer_that_registers_vocab_size_gets_the_label_checks(run_api: RunApi) -> None:
+    assert post(run_api, "/register", {**REGISTRATION, "batch_size": 2,
+                                       "vocab_size": VOCAB}).status_code == 200
+    response = post(run_api, "/scored_data",
+                    {"tokens": [[820, 821, 822]], "masks": [[1, 1, 1]], "scores": [0.5]})
+    assert response.status_code == 422 and "the label must be the token id" in response.text
+
+
 def test_group_problem_is_a_pure_function_the_trainer_can_reuse() -> None:
     assert group_problem([[1, 2, 3]], [[-100, 2, 3]], [0.5], vocab_size=4) is None
     assert group_problem([[1, 2, 3]], [[-100, 2, 3]], [0.5], vocab_size=3).reason == "vocab"

@@ -11,17 +11,13 @@ label's probability is exactly ``p`` and ``dL/dlogp = dL/dlogit_label / (1 - p)`
 
 import json
 import math
-import threading
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from atroposlib.api.client import AtroposClient
 from example_trainer.config import TrainerConfig
 from example_trainer.data import batch_to_sequences, group_advantages
-from example_trainer.grpo import train
 from example_trainer.loss import grpo_loss, objective_options
 from tests.example_trainer import test_grpo_loop as loop
 
@@ -221,18 +217,8 @@ def test_loop_trains_with_dapo_and_tis_and_logs_the_mismatch(tiny_model, run_api
         vllm_url="http://127.0.0.1:9/v1", weight_sync="none", training_steps=1, batch_size=8,
         micro_batch_size=3, lr=1e-3, batch_timeout=60, loss_type="dapo", clip_eps_high=0.28,
         is_correction="tis", is_cap=2.0)
-    result = {}
-    thread = threading.Thread(target=lambda: result.update(train(config)))
-    thread.start()
-    with AtroposClient(run_api.url) as client:
-        deadline = time.monotonic() + 120
-        while client.info()["batch_size"] != 8:
-            assert time.monotonic() < deadline and thread.is_alive(), "trainer did not register"
-            time.sleep(0.2)
-        for seed in range(2):
-            client.post_scored_data(loop._group(seed))
-        thread.join(300)
-    assert not thread.is_alive() and result["steps"] == 1
+    result, _ = loop.train_on(config, run_api.url, [loop._group(seed) for seed in range(2)])
+    assert result["steps"] == 1
     [step] = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(x)]
     # the env claims log-prob -0.5 per token; the random tiny model gives about log(1/49k), so

@@ -142,6 +142,20 @@ def test_a_slow_node_is_marked_stale_with_one_warning_and_training_does_not_wait
     assert servers[0].state.version == 2
 
 
+def _restart_node(tmp_path, model_dir, port: int) -> FakeServer:
+    """A fresh node (no weights) on the port a stopped one used."""
+    node = FakeServer(tmp_path / "node0-again", model_dir=model_dir)
+    node.thread = AppThread(node.app, port=port)
+    return node
+
+
+def _wait_for_version(node: FakeServer, version: int, timeout: float = 30) -> None:
+    """Wait until ``node`` serves ``version`` (the trainer re-sends it), at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while node.state.version != version and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def test_a_node_that_restarts_refuses_completions_until_it_is_sent_the_current_weights(tmp_path, tiny_model, capsys):
     model, model_dir = tiny_model
     first = start_nodes(tmp_path, model_dir, 1)[0]
@@ -151,13 +165,10 @@ def test_a_node_that_restarts_refuses_completions_until_it_is_sent_the_current_w
         sync.sync(model, None, version=1)
         first.thread.stop()  # the node dies
         down = sync.sync(model, None, version=2)
-        restarted = FakeServer(tmp_path / "node0-again", model_dir=model_dir)
-        restarted.thread = AppThread(restarted.app, port=port)
+        restarted = _restart_node(tmp_path, model_dir, port)
         refused = httpx.post(f"{restarted.thread.url}/v1/completions", json={},
                              headers={"Authorization": f"Bearer {KEY}"})
-        deadline = time.monotonic() + 30
-        while restarted.state.version != 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for_version(restarted, 2)
         summary = sync.summary()
         sync.stop()
     finally:
@@ -200,11 +211,8 @@ def test_a_node_that_restarts_between_two_syncs_is_re_sent_the_weights_without_w
     try:
         sync.sync(model, None, version=4)
         first.thread.stop()
-        restarted = FakeServer(tmp_path / "node0-again", model_dir=model_dir)
-        restarted.thread = AppThread(restarted.app, port=first.thread.port)
-        deadline = time.monotonic() + 30
-        while restarted.state.version != 4 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        restarted = _restart_node(tmp_path, model_dir, first.thread.port)
+        _wait_for_version(restarted, 4)
         summary = sync.summary()
         sync.stop()
     finally:

@@ -1,4 +1,4 @@
-"""``VLLMServer``: the ``APIServer`` backend for STOCK vLLM's OpenAI-compatible server.
+"""``VLLMClient``: the ``InferenceClient`` backend for STOCK vLLM's OpenAI-compatible server.
 
 Unlike Atropos 0.4, no custom vLLM server with a ``/generate`` route is needed: stock
 ``vllm serve`` (or :class:`~atroposlib.inference.vllm_process.VLLMProcess`) gives everything
@@ -19,11 +19,10 @@ import logging
 import math
 from typing import Any
 
-from atroposlib.compat.exports import SERVER_MODULE_EXPORTS
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.inference.clients.openai_client import OpenAIServer
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.inference.clients.openai_client import OpenAIClient
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +86,11 @@ def _finite(logprob: Any) -> float:
     return value if math.isfinite(value) else -9999.0
 
 
-class VLLMServer(OpenAIServer):
+class VLLMClient(OpenAIClient):
     """Backend for a stock vLLM OpenAI-compatible server (``server_type="vllm"``).
 
     Adds exact token ids + sampler log-probs (``tokens_and_logprobs_completion``), prompt
-    log-probs (``get_logprobs``) and a ``/health`` probe to :class:`OpenAIServer`.
+    log-probs (``get_logprobs``) and a ``/health`` probe to :class:`OpenAIClient`.
     """
 
     def __init__(
@@ -213,7 +212,7 @@ class VLLMServer(OpenAIServer):
     async def _tokens_and_logprobs_completion_wrapper(
         self, **kwargs: Any
     ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
-        """Generate from exact token ids; see ``APIServer.tokens_and_logprobs_completion``.
+        """Generate from exact token ids; see ``InferenceClient.tokens_and_logprobs_completion``.
 
         Returns:
             ``(prompt_tokens [P], output_tokens [n][T_k], output_logprobs [n][T_k],
@@ -295,8 +294,11 @@ class VLLMServer(OpenAIServer):
 # Atropos 0.4 also exposed the server-config resolver from this module.
 from atroposlib.inference.clients.openai_client import resolve_openai_configs  # noqa: E402
 
+#: Atropos 0.4's name for :class:`VLLMClient`.
+VLLMServer = VLLMClient
+
 # Names Atropos 0.4's envs.server_handling.vllm_server imported at module level (third-party types and
 # sibling classes), resolved from their homes on first access: importing this module stays cheap.
 __getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
-__all__ = ["VLLMServer", "parse_token_id", "resolve_openai_configs", "root_url"]
+__all__ = ["VLLMClient", "VLLMServer", "parse_token_id", "resolve_openai_configs", "root_url"]

@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from atroposlib.errors import AtroposError
 from atroposlib.inference.node.models import ADAPTER_CONFIG_KEY
 
 #: Largest safetensors header read (bytes); the format itself caps it at 100 MB.
@@ -22,7 +23,7 @@ MAX_HEADER_BYTES = 100 * 2**20
 NAMES_SHOWN = 5
 
 
-class PayloadError(ValueError):
+class PayloadError(AtroposError, ValueError):
     """The payload is not a usable update; ``status_code`` is the HTTP answer (400, 409, 422)."""
 
     def __init__(self, detail: str, status_code: int = 422):

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from atroposlib.errors import AtroposError
 from atroposlib.inference.node.models import LastUpdate, NodeStatus, ServingState, WeightsSource
 from atroposlib.inference.node.settings import NodeSettings
 
@@ -32,7 +33,7 @@ logger = logging.getLogger("atroposlib.inference.node")
 ABORT_GRACE_S = 30.0
 
 
-class UpdateFailed(Exception):
+class UpdateFailed(AtroposError):
     """vLLM failed to apply an update (HTTP 500); ``detail`` says what the node serves now."""
 
     def __init__(self, detail: str):
