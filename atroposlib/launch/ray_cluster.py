@@ -35,7 +35,8 @@ try:
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(f"atropos-launch --ray needs Ray ({exc}): pip install 'atroposlib[ray]'") from exc
+    raise ModuleNotFoundError(f"atropos-launch --ray needs Ray ({exc}): pip install 'atroposlib[ray]'",
+                              name="ray") from exc
 
 #: Bytes of a file fetched per actor call when copying run files back.
 CHUNK_BYTES = 32 * 1024 * 1024
