@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -27,7 +27,6 @@ from atroposlib.utils.prometheus import (
 )
 
 if TYPE_CHECKING:
-    from atroposlib.api.core import EnvRecord, StateCore
     from atroposlib.api.models import ScoredData
 
 #: HTTP methods that get their own label value (anything else is counted as "other").
@@ -41,7 +40,7 @@ def _name(name: str) -> str:
 class _QueueCollector(Collector):
     """Gauges read from the state when scraped (nothing to keep in step with the queue)."""
 
-    def __init__(self, core: StateCore):
+    def __init__(self, core: Any):  # an atroposlib.api.core.StateCore (which owns this)
         self.core = core
 
     def collect(self) -> Iterator[Metric]:
@@ -75,7 +74,7 @@ class ApiMetrics:
         registry: the app's own :class:`~prometheus_client.CollectorRegistry`.
     """
 
-    def __init__(self, core: StateCore):
+    def __init__(self, core: Any):  # an atroposlib.api.core.StateCore (which owns this)
         """Create the counters and register the state's gauges (read from ``core`` at scrape)."""
         self.registry = CollectorRegistry()
         self.accepted = Counter(_name("groups_accepted"), "Scored groups accepted (queued or "
@@ -101,7 +100,7 @@ class ApiMetrics:
                                  registry=self.registry)
         self.registry.register(_QueueCollector(core))
 
-    def count_accepted(self, groups: Iterable[ScoredData], envs: list[EnvRecord]) -> None:
+    def count_accepted(self, groups: Iterable[ScoredData], envs: list[Any]) -> None:  # core.EnvRecord rows
         """Count accepted groups by the name of their env (``none`` without an env_id)."""
         for g in groups:
             self.accepted.labels(envs[g.env_id].real_name if g.env_id is not None else "none").inc()
