@@ -110,6 +110,7 @@ class ServeLoop:
         self.status: dict[str, Any] = {}
         self.last_progress_log = time.monotonic()
         self.finished = False
+        self.metrics: Any = None  # the --env.metrics_port endpoint while serving
 
     @property
     def client(self) -> AsyncAtroposClient:
@@ -299,6 +300,11 @@ class ServeLoop:
                 return
             await self.setup_wandb()
             await session.read_info()
+            if self.config.metrics_port is not None:
+                from atroposlib.env_runtime.metrics import serve_loop_metrics
+
+                self.metrics = serve_loop_metrics(self, self.config.metrics_port, self.config.metrics_host)
+                logger.info("Prometheus metrics at %s", self.metrics.url)
             self.outbox.start()
             while not self.stop_event.is_set():
                 if time.monotonic() - session.last_status_at >= self.status_interval:
@@ -347,6 +353,8 @@ class ServeLoop:
             await env.wandb_log({})
         except Exception:  # noqa: BLE001
             logger.exception("final wandb_log failed")
+        if self.metrics is not None:
+            self.metrics.close()
         await close_sinks(self.state.sinks)
         await env.server.aclose()
         await self.client.aclose()

@@ -144,6 +144,17 @@ class BaseEnvConfig(BaseModel):
         le=1,
         description="Minimum fraction of every batch reserved for this env (null = none).",
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve mode: expose Prometheus metrics (rollouts in flight, groups sent and "
+        "dropped by reason) at http://<metrics_host>:PORT/metrics; 0 picks a free port; unset: off.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Interface for metrics_port (the endpoint has no authentication).",
+    )
     worker_timeout: float = Field(
         default=600,
         description="Seconds before a rollout group is cancelled (its item is re-queued); "

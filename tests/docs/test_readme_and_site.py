@@ -37,3 +37,18 @@ def test_readme_sections_the_site_includes_are_marked():
     assert included, "the site includes README sections (install, quickstart, test)"
     for name in included:
         assert f"<!-- --8<-- [start:{name}] -->" in text and f"<!-- --8<-- [end:{name}] -->" in text
+
+
+def test_the_grafana_dashboard_uses_only_documented_metrics():
+    import json
+    import re
+
+    docs = REPO / "docs"
+    dashboard = json.loads((docs / "grafana" / "atropos.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    used = {re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs for n in re.findall(r"atropos_\w+", e)}
+    documented = set(re.findall(r"`(atropos_\w+)`", (docs / "metrics.md").read_text()
+                                + (docs / "metrics-trainer.md").read_text()))
+    assert {part for n in used for part in ("api", "trainer", "env", "inference")
+            if n.startswith(f"atropos_{part}_")} == {"api", "trainer", "env", "inference"}
+    assert used <= documented, used - documented

@@ -20,6 +20,7 @@ import logging
 import shutil
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -72,6 +73,9 @@ class NodeState:
         self.last_update: LastUpdate | None = LastUpdate(version=0, source="base") if base else None
         self.last_error: str | None = None
         self.in_flight = 0
+        #: updates by outcome (``applied`` / ``failed``) and bytes received, for GET /atropos/metrics
+        self.updates: Counter[str] = Counter()
+        self.bytes_received = 0
         self._owned: dict[str, Path] = {}  # kind -> pushed directory now served (node-owned)
         self._base_shapes: dict[str, tuple[int, ...]] | None | Literal[False] = False  # False: unread
         self._open: asyncio.Event | None = None  # set while the gate lets completions through
@@ -194,12 +198,16 @@ class NodeState:
                 await self.engine.reset_prefix_cache()
                 await self.engine.set_weight_version(version)
             except Exception as exc:  # noqa: BLE001 - any engine failure: roll back, report
+                self.updates["failed"] += 1
                 detail = await self._roll_back(previous_state, kind, exc)
                 raise UpdateFailed(detail) from exc
             finally:
                 await self._resume()
             if self.state == "failed":  # loaded, but vLLM did not resume
+                self.updates["failed"] += 1
                 raise UpdateFailed(self.last_error or "vLLM did not resume")
+            self.updates["applied"] += 1
+            self.bytes_received += nbytes
             update = LastUpdate(version=version, source=source, kind=kind, tensors=tensors,
                                 bytes=nbytes, receive_seconds=receive_s, drain_seconds=drain_s,
                                 apply_seconds=time.perf_counter() - begin)

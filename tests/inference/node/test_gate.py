@@ -241,3 +241,26 @@ async def test_an_adapter_push_is_loaded_in_place_only_where_vllm_runs_with_lora
     assert (load["name"], load["inplace"], load["config"]) == ("p-lora", True, '{"r": 2, "lora_alpha": 4}')
     assert served.headers[POLICY_VERSION_HEADER] == "3"
     assert missing.status_code == 422 and ADAPTER_CONFIG_KEY in missing.json()["detail"]
+
+
+async def test_metrics_follow_the_version_and_count_updates_by_outcome(fake_node):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def parse(text: str) -> dict[tuple[str, tuple], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    async with client(fake_node) as http:
+        assert (await http.get("/atropos/metrics")).status_code == 401  # behind the key
+        before = parse((await http.get("/atropos/metrics", headers=AUTH)).text)
+        await push(http, layer1(1.0), 1)
+        fake_node.engine.fail_reload = 1
+        await push(http, layer1(2.0), 2)
+        after = parse((await http.get("/atropos/metrics", headers=AUTH)).text)
+    assert before[("atropos_inference_policy_version", ())] == -1
+    assert before[("atropos_inference_state", (("state", "awaiting_weights"),))] == 1
+    assert after[("atropos_inference_policy_version", ())] == 1
+    assert after[("atropos_inference_state", (("state", "serving"),))] == 1
+    assert after[("atropos_inference_weight_updates_total", (("outcome", "applied"),))] == 1
+    assert after[("atropos_inference_weight_updates_total", (("outcome", "failed"),))] == 1
+    assert after[("atropos_inference_weight_bytes_received_total", ())] > 0

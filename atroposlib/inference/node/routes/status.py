@@ -1,11 +1,11 @@
-"""``GET /atropos/status`` (what the node serves, where it runs) and ``POST /atropos/probe``."""
+"""``GET /atropos/status`` (what the node serves, where it runs), ``GET /atropos/metrics`` and ``POST /atropos/probe``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from anyio import to_thread
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Response
 
 from atroposlib.inference.node.deps import StateDep
 from atroposlib.inference.node.models import PROBE_PREFIX, NodeStatus, PathProbe, PathProbeResult
@@ -17,6 +17,18 @@ router = APIRouter(prefix="/atropos", tags=["status"])
 async def status(state: StateDep) -> NodeStatus:
     """The policy version served, the node's state, its host and vLLM's dtype."""
     return state.status()
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(state: StateDep) -> Response:
+    """Prometheus metrics of the node (``atropos_inference_*``): policy version, state, updates.
+
+    vLLM's own engine metrics stay at vLLM's ``GET /metrics``.
+    """
+    from atroposlib.inference.node.metrics import render_node_metrics
+    from atroposlib.utils.prometheus import CONTENT_TYPE
+
+    return Response(render_node_metrics(state), media_type=CONTENT_TYPE)
 
 
 def _read_probe(path: Path, content: str) -> PathProbeResult:

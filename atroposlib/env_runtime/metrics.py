@@ -1,0 +1,84 @@
+"""Serve mode's Prometheus metrics (``--env.metrics_port``): rollouts in flight, groups sent and dropped.
+
+Read live from the :class:`~atroposlib.env_runtime.serve.ServeLoop` at each scrape (a custom
+collector: nothing is counted twice), from the env's ``stats`` counters that the serve loop and
+:func:`~atroposlib.env_runtime.step.run_item` keep. Names follow
+:mod:`atroposlib.utils.prometheus` (``atropos_env_*``); ``docs/metrics.md`` lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from atroposlib.env_runtime.step import Skip
+from atroposlib.utils.prometheus import MetricsServer, metric_name, serve_metrics
+
+#: ``env.stats`` keys of groups dropped on the way to run-api -> the ``reason`` label.
+_DROPPED = {
+    **{f"groups_dropped_{r.value}": r.value for r in Skip if r is not Skip.INFERENCE},
+    "groups_rejected_by_api": "rejected_by_api",
+    "groups_unsendable": "unsendable",
+    "groups_unsent_at_shutdown": "unsent_at_shutdown",
+}
+
+
+def _name(name: str) -> str:
+    return metric_name("env", name)
+
+
+class ServeLoopCollector(Collector):
+    """Yields one serve loop's metrics at scrape time."""
+
+    def __init__(self, loop: Any):
+        """``loop``: the :class:`~atroposlib.env_runtime.serve.ServeLoop` to read."""
+        self.loop = loop
+
+    def collect(self) -> Iterator[Metric]:
+        """The metrics, read from the loop and the env's counters now."""
+        loop = self.loop
+        stats = loop.env.stats
+        outbox = loop.outbox
+        yield GaugeMetricFamily(_name("rollouts_in_flight"), "Rollouts (one group each) running now.",
+                                value=len(loop.workers))
+        yield GaugeMetricFamily(_name("unsent_groups"), "Finished groups waiting in the local outbox.",
+                                value=outbox.queue.qsize() + (outbox.sending is not None))
+        yield GaugeMetricFamily(_name("backlog_items"), "Items re-queued for another rollout.",
+                                value=len(loop.backlog))
+        yield GaugeMetricFamily(_name("trainer_step"), "The trainer step run-api last reported.",
+                                value=loop.state.curr_step)
+        yield GaugeMetricFamily(_name("paused"), "1 while new rollouts wait (inference outage, "
+                                "failing rollouts, config drops).", value=float(loop.pacer.paused()))
+        yield CounterMetricFamily(_name("groups_sent"), "Groups run-api accepted.",
+                                  value=stats["groups_sent"])
+        dropped = CounterMetricFamily(_name("groups_dropped"), "Groups that never reached run-api, "
+                                      "by reason.", labels=["reason"])
+        for key, reason in _DROPPED.items():
+            dropped.add_metric([reason], stats[key])
+        yield dropped
+        yield CounterMetricFamily(_name("rollouts_failed_inference"), "Rollouts whose inference "
+                                  "failed (their items are retried).",
+                                  value=stats["rollouts_failed_inference"])
+        yield CounterMetricFamily(_name("rollouts_timed_out"), "Rollouts cancelled after "
+                                  "worker_timeout (their items are retried).",
+                                  value=stats["rollouts_timed_out"])
+        yield CounterMetricFamily(_name("send_retries"), "Retried posts to run-api.",
+                                  value=stats["send_retries"])
+
+
+def serve_loop_metrics(loop: Any, port: int, host: str) -> MetricsServer:
+    """Serve ``loop``'s metrics at ``http://host:port/metrics`` (its own registry).
+
+    Raises:
+        OSError: the port is taken.
+    """
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(ServeLoopCollector(loop))
+    return serve_metrics(port, host, registry)
+
+
+__all__ = ["ServeLoopCollector", "serve_loop_metrics"]
