@@ -334,9 +334,19 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         Raises:
             RuntimeError: ``do_send_to_api`` outside the serve loop (there is no outbox).
         """
-        accepted = self._accept_groups(scored_data, abort_on_any_max_length_exceeded, item)
+        checked = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
+        await self.prepare_checked_groups(checked)
+        accepted = self._accept_groups(checked, abort_on_any_max_length_exceeded, item)
         await deliver(self._run_state, accepted, item, do_send_to_api)
         return accepted
+
+    async def prepare_checked_groups(self, groups: CheckedGroups) -> None:
+        """Hook: change, in place, the groups that passed the check before they are recorded.
+
+        Called by :meth:`handle_send_to_api` with only the groups the check kept (so dropped
+        groups cost no extra work), before they are normalised, recorded and sent. The default
+        does nothing; ``TeacherDistillationEnv`` adds the teacher's log-probs here.
+        """
 
     async def process_manager(self, show_progress: bool = True) -> Path | None:
         """Process mode: write ``config.total_steps`` groups to JSONL + HTML without an API.

@@ -45,12 +45,12 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.groups import CheckedGroups
 from atroposlib.errors import AtroposError, ConfigError
 from atroposlib.inference.clients.base import APIServer
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.inference.clients.manager import ServerManager, server_class_for
 from atroposlib.inference.clients.openai_client import resolve_openai_configs
-from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)
 
@@ -488,29 +488,18 @@ class TeacherDistillationEnv(BaseEnv):
         group["distill_logprobs"] = lps
         self.stats["teacher_groups_enriched"] += 1
 
-    async def handle_send_to_api(
-        self,
-        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
-        item: Item = None,
-        do_send_to_api: bool = True,
-        abort_on_any_max_length_exceeded: bool = True,
-    ) -> list[ScoredDataGroup]:
-        """Add teacher log-probs to the groups that will be accepted, then send/save as usual.
+    async def prepare_checked_groups(self, groups: CheckedGroups) -> None:
+        """Add teacher log-probs to the groups that passed the check (see ``BaseEnv``).
 
-        Groups that validation will drop are not sent to the teacher. See
-        ``BaseEnv.handle_send_to_api`` for the arguments and return value.
+        Groups that the check dropped are not sent to the teacher; without a teacher this
+        does nothing.
 
         Raises:
             ConfigError: the teacher tokenizer differs from the student's.
         """
-        if self.teacher is not None and scored_data is not None:
+        if self.teacher is not None:
             self.check_teacher_tokenizer()
-            # checked once (here, or already by the runner); super() does not check them again
-            scored_data = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
-            await asyncio.gather(*(self._enrich_group(g) for g in scored_data))
-        return await super().handle_send_to_api(
-            scored_data, item, do_send_to_api, abort_on_any_max_length_exceeded
-        )
+            await asyncio.gather(*(self._enrich_group(g) for g in groups))
 
     # ------------------------------------------------------------------ lifecycle
     async def env_manager(self) -> None:
