@@ -39,9 +39,9 @@ def _config(server_type: str, **kw) -> APIServerConfig:
 def test_server_types_resolve_to_these_classes():
     assert server_class_for("sglang") is SGLangServer
     assert server_class_for("trl") is TrlVllmServer
-    with pytest.raises(ValueError, match="base_url"):
+    with pytest.raises(ValueError, match="server_type 'sglang' needs base_url, e.g. --openai.base_url"):
         SGLangServer(APIServerConfig(server_type="sglang", base_url=""))
-    with pytest.raises(ValueError, match="base_url"):
+    with pytest.raises(ValueError, match="server_type 'trl' needs base_url, the `trl vllm-serve`"):
         TrlVllmServer(APIServerConfig(server_type="trl", base_url=None))
 
 

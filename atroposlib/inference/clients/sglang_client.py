@@ -17,7 +17,7 @@ from typing import Any
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.openai_client import OpenAIClient
-from atroposlib.inference.clients.vllm_client import root_url
+from atroposlib.inference.clients.vllm_client import bearer_headers, require_base_url, root_url
 from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
@@ -57,17 +57,12 @@ class SGLangClient(OpenAIClient):
         Raises:
             ValueError: no ``base_url`` (SGLang is always self-hosted).
         """
-        if not getattr(config, "base_url", None):
-            raise ValueError(
-                "server_type 'sglang' needs base_url, e.g. --openai.base_url "
-                "http://127.0.0.1:30000/v1"
-            )
+        base_url = require_base_url(config, "sglang", "e.g. --openai.base_url http://127.0.0.1:30000/v1")
         super().__init__(config, reasoning_config)
         import httpx
 
-        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self.http = httpx.AsyncClient(
-            base_url=root_url(config.base_url), headers=headers, timeout=config.timeout
+            base_url=root_url(base_url), headers=bearer_headers(config.api_key), timeout=config.timeout
         )
 
 

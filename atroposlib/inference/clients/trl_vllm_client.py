@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - depends on the install; httpx does the
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.inference.clients.vllm_client import root_url
+from atroposlib.inference.clients.vllm_client import require_base_url, root_url
 from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Sampling defaults sent to TRL (its request model requires them all).
@@ -62,13 +62,11 @@ class TrlVllmClient(InferenceClient):
         Raises:
             ValueError: no ``base_url``.
         """
-        if not getattr(config, "base_url", None):
-            raise ValueError(
-                "server_type 'trl' needs base_url, the `trl vllm-serve` address, e.g. "
-                "--openai.base_url http://127.0.0.1:8000"
-            )
+        base_url = require_base_url(
+            config, "trl", "the `trl vllm-serve` address, e.g. --openai.base_url http://127.0.0.1:8000"
+        )
         super().__init__(config, reasoning_config)
-        self.root_url = root_url(config.base_url)
+        self.root_url = root_url(base_url)
         #: The aiohttp session (made on the first request, inside the running event loop).
         self.session: Any = None
         #: The httpx client, used when aiohttp is not installed (tests may set their own).

@@ -61,6 +61,28 @@ def root_url(base_url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+def require_base_url(config: APIServerConfig | ServerBaseline, server_type: str, hint: str) -> str:
+    """Return ``config.base_url`` of a self-hosted backend (vLLM, SGLang, TRL), which must have one.
+
+    Args:
+        config: the endpoint settings.
+        server_type: the backend's ``server_type``, named in the error.
+        hint: what to pass instead, appended to the error (an example address).
+
+    Raises:
+        ValueError: ``config`` has no (or an empty) ``base_url``.
+    """
+    base_url = getattr(config, "base_url", None)
+    if not base_url:
+        raise ValueError(f"server_type '{server_type}' needs base_url, {hint}")
+    return base_url
+
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """``{"Authorization": "Bearer <api_key>"}``, or no headers without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def parse_token_id(token: str) -> int:
     """Parse vLLM's ``return_tokens_as_token_ids`` token string ``"token_id:123"`` -> ``123``.
 
@@ -109,11 +131,10 @@ class VLLMClient(OpenAIClient):
         Raises:
             ValueError: no ``base_url`` (vLLM is always self-hosted).
         """
-        if not getattr(config, "base_url", None):
-            raise ValueError(
-                "server_type 'vllm' needs base_url, e.g. --openai.base_url "
-                "http://127.0.0.1:9001/v1 (the vLLM server's OpenAI address)"
-            )
+        require_base_url(
+            config, "vllm",
+            "e.g. --openai.base_url http://127.0.0.1:9001/v1 (the vLLM server's OpenAI address)",
+        )
         super().__init__(config, reasoning_config)
         self._http: Any = None  # httpx.AsyncClient for /health, created on first use
         self._is_node: bool | None = None  # an atropos-inference-node? (None: not probed yet)
@@ -129,10 +150,7 @@ class VLLMClient(OpenAIClient):
         import httpx
 
         if self._http is None:
-            headers = (
-                {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-            )
-            self._http = httpx.AsyncClient(headers=headers, timeout=10.0)
+            self._http = httpx.AsyncClient(headers=bearer_headers(self.config.api_key), timeout=10.0)
         root = root_url(self.config.base_url)
         response = await self._http.get(f"{root}/health")
         if response.status_code != 200 or self._is_node is False:
@@ -301,4 +319,7 @@ VLLMServer = VLLMClient
 # sibling classes), resolved from their homes on first access: importing this module stays cheap.
 __getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
-__all__ = ["VLLMClient", "VLLMServer", "parse_token_id", "resolve_openai_configs", "root_url"]
+__all__ = [
+    "VLLMClient", "VLLMServer", "bearer_headers", "parse_token_id", "require_base_url",
+    "resolve_openai_configs", "root_url",
+]
