@@ -71,6 +71,14 @@ def _encode_body(payload: Any) -> tuple[bytes, dict[str, str]]:
     return body, headers
 
 
+def _with_body(payload: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    """The httpx ``request`` keywords ``kw`` plus ``payload`` (if not None) as the encoded body."""
+    if payload is None:
+        return kw
+    body, headers = _encode_body(payload)
+    return {**kw, "content": body, "headers": {**kw.get("headers", {}), **headers}}
+
+
 def _check(response: httpx.Response) -> Any:
     """Return the decoded JSON of a 2xx response, or raise the matching ApiError."""
     if response.status_code == 429:
@@ -201,6 +209,11 @@ class _ClientBase:
                         registration.starting_step + 1, first - 1, first)
             self.last_step = first - 1
 
+    def _http_kwargs(self) -> dict[str, Any]:
+        """Keywords for the ``httpx.Client``/``httpx.AsyncClient`` of this client."""
+        return {"base_url": self.base_url, "headers": self._headers, "timeout": self.timeout,
+                "transport": self._transport}
+
     def _retry_kwargs(self) -> dict[str, Any]:
         return {
             "stop": self._stop,
@@ -215,8 +228,7 @@ class AtroposClient(_ClientBase):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self.timeout,
-                                  transport=self._transport)  # type: ignore[arg-type]
+        self._http = httpx.Client(**self._http_kwargs())
 
     def close(self) -> None:
         """Close the underlying connection pool."""
@@ -235,9 +247,7 @@ class AtroposClient(_ClientBase):
             ApiRejectedError: the server answered 4xx (not retried, except 429).
             ApiUnavailableError: connection errors or 5xx persisted past the retries.
         """
-        if payload is not None:
-            body, headers = _encode_body(payload)
-            kw = {**kw, "content": body, "headers": {**kw.get("headers", {}), **headers}}
+        kw = _with_body(payload, kw)
         for attempt in Retrying(**self._retry_kwargs()):
             with attempt:
                 return _check(self._send(method, path, **kw))
@@ -362,10 +372,7 @@ class AsyncAtroposClient(_ClientBase):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self._headers, timeout=self.timeout,
-            transport=self._transport,  # type: ignore[arg-type]
-        )
+        self._http = httpx.AsyncClient(**self._http_kwargs())
 
     async def aclose(self) -> None:
         """Close the underlying connection pool."""
@@ -398,9 +405,7 @@ class AsyncAtroposClient(_ClientBase):
             ApiRejectedError: the server answered 4xx (not retried, except 429).
             ApiUnavailableError: connection errors or 5xx persisted past the retries.
         """
-        if payload is not None:
-            body, headers = _encode_body(payload)
-            kw = {**kw, "content": body, "headers": {**kw.get("headers", {}), **headers}}
+        kw = _with_body(payload, kw)
         async for attempt in self._retrying(on_retry):
             with attempt:
                 return _check(await self._send(method, path, **kw))
