@@ -7,10 +7,11 @@
         ├── UnknownEnvError        404: env_id was never registered (or the API was reset)
         ├── InvalidGroupError      422: a scored group cannot be queued as sent
         ├── PayloadTooLargeError   413: a group larger than the queue itself
-        ├── QueueFullError         429: the queue is at its limit; retry after ``retry_after`` s
         ├── IdempotencyKeyError    422: an Idempotency-Key too long, or reused for another body
         ├── StepConflictError      409: GET /batch?step=N for a batch that cannot be served
-        └── InsufficientStorageError 507: the --db disk is full; retry after ``retry_after`` s
+        └── RetryLaterError        refusals that carry Retry-After (``retry_after`` s)
+            ├── QueueFullError     429: the queue is at its limit
+            └── InsufficientStorageError 507: the --db disk is full
 
 ``reason`` is a short machine-readable name of the refusal (the ``reason`` label of the
 ``atropos_api_groups_refused_total`` metric).
@@ -56,15 +57,20 @@ class PayloadTooLargeError(ApiRequestError):
     reason = "too_large"
 
 
-class QueueFullError(ApiRequestError):
-    """The queue is full (429); the answer carries ``Retry-After``."""
+class RetryLaterError(ApiRequestError):
+    """A refusal that passes once the server has room again; the answer carries ``Retry-After``."""
+
+    def __init__(self, detail: str, retry_after: int):
+        """Refuse with ``detail``; tell the client to retry after ``retry_after`` seconds."""
+        super().__init__(detail, {"Retry-After": str(retry_after)})
+        self.retry_after = retry_after
+
+
+class QueueFullError(RetryLaterError):
+    """The queue is full (429)."""
 
     status_code = 429
     reason = "queue_full"
-
-    def __init__(self, detail: str, retry_after: int):
-        super().__init__(detail, {"Retry-After": str(retry_after)})
-        self.retry_after = retry_after
 
 
 class IdempotencyKeyError(ApiRequestError):
@@ -81,12 +87,8 @@ class StepConflictError(ApiRequestError):
     reason = "step_conflict"
 
 
-class InsufficientStorageError(ApiRequestError):
-    """The store could not write (disk full); nothing was changed (507, with ``Retry-After``)."""
+class InsufficientStorageError(RetryLaterError):
+    """The store could not write (disk full); nothing was changed (507)."""
 
     status_code = 507
     reason = "storage_full"
-
-    def __init__(self, detail: str, retry_after: int):
-        super().__init__(detail, {"Retry-After": str(retry_after)})
-        self.retry_after = retry_after
