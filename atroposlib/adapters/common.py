@@ -1,4 +1,4 @@
-"""Shared pieces of the ecosystem adapters: a tracked OpenAI endpoint for foreign rollout code.
+"""Shared pieces of the ecosystem adapters: a tracked OpenAI endpoint, the env class per spec.
 
 Environments from other ecosystems (verifiers, OpenEnv agents, ...) sample through an
 OpenAI-compatible client of their own. :class:`TrackedEndpoint` gives that client an
@@ -7,7 +7,8 @@ endpoint backed by the env's own inference servers: the ManagedServer proxy
 env's event loop, with one proxy *session* per rollout. Every call made through a session's
 ``base_url`` is generated from exact token ids, so afterwards the session's tracked
 sequences hold the sampled token ids, the sampler's log-probs and a mask that trains only
-the model's tokens, across every turn (:func:`rollout_sequences`).
+the model's tokens, across every turn (:func:`rollout_sequences`). :func:`spec_env_class`
+builds the env class bound to one foreign environment.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from atroposlib.api.models import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
+
+EnvT = TypeVar("EnvT")
 
 
 @dataclass
@@ -180,6 +183,18 @@ async def tracked_sessions(endpoint: TrackedEndpoint, count: int) -> AsyncIterat
                 await session.aclose()
 
 
+def spec_env_class(base: type[EnvT], spec: str, name: str, doc: str, **attrs: Any) -> type[EnvT]:
+    """A subclass of the adapter env ``base`` bound to one foreign environment ``spec``.
+
+    The class is called ``Base[spec]``, lives in ``base``'s module, has the env ``name`` (its
+    ``--env`` name), the docstring ``doc`` and the class attributes ``attrs`` (what the adapter
+    needs to find the environment again, e.g. its id).
+    """
+    return type(f"{base.__name__}[{spec}]", (base,), {
+        "name": name, **attrs, "__module__": base.__module__, "__doc__": doc,
+    })
+
+
 def model_name_of(server_manager: Any) -> str:
     """The model name the env's first inference server serves (``"model"`` when unknown)."""
     for server in getattr(server_manager, "servers", []):
@@ -194,5 +209,6 @@ __all__ = [
     "TrackedEndpoint",
     "model_name_of",
     "rollout_sequences",
+    "spec_env_class",
     "tracked_sessions",
 ]

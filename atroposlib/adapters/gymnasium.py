@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
+from atroposlib.adapters.common import spec_env_class
 from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
 from atroposlib.errors import ConfigError
 
@@ -237,12 +238,8 @@ def gym_env_class(gym_id: str) -> type[GymEnv]:
         raise ConfigError(f"gym:{gym_id}: its action space is {kind}; the text adapter plays "
                           "Discrete or Text action spaces")
     short = re.sub(r"[^a-z0-9]+", "_", gym_id.lower()).strip("_")
-    return type(f"GymEnv[{gym_id}]", (GymEnv,), {
-        "name": f"gym-{short}",
-        "gym_id": gym_id,
-        "__module__": __name__,
-        "__doc__": f"The Gymnasium environment {gym_id} played in text.",
-    })
+    return spec_env_class(GymEnv, gym_id, f"gym-{short}",
+                          f"The Gymnasium environment {gym_id} played in text.", gym_id=gym_id)
 
 
 __all__ = ["GymEnv", "GymEnvConfig", "GymTextConfig", "GymTextEnv", "gym_env_class"]

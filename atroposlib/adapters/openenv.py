@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import Field
 
+from atroposlib.adapters.common import spec_env_class
 from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
 from atroposlib.errors import ConfigError
 
@@ -274,12 +275,8 @@ def openenv_env_class(spec: str) -> type[OpenEnvEnv]:
     short = spec.split("://", 1)[-1].split(":", 1)[0].rsplit(".", 1)[-1] or "env"
     if spec.endswith(":app") and short in ("app", "server"):
         short = spec.split(":", 1)[0].split(".")[-2] if spec.count(".") else short
-    return type(f"OpenEnvEnv[{spec}]", (OpenEnvEnv,), {
-        "name": f"openenv-{short}",
-        "openenv_spec": spec,
-        "__module__": __name__,
-        "__doc__": f"The OpenEnv environment {spec!r} run by Atropos.",
-    })
+    return spec_env_class(OpenEnvEnv, spec, f"openenv-{short}",
+                          f"The OpenEnv environment {spec!r} run by Atropos.", openenv_spec=spec)
 
 
 __all__ = ["LocalServer", "OpenEnvConfig", "OpenEnvEnv", "openenv_env_class", "parse_action"]

@@ -42,6 +42,7 @@ from atroposlib.adapters.common import (
     TrackedEndpoint,
     model_name_of,
     rollout_sequences,
+    spec_env_class,
     tracked_sessions,
 )
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
@@ -472,14 +473,9 @@ def verifiers_env_class(spec: str) -> type[VerifiersEnv]:
     short = re.split(r"[/.:]", spec.split("@", 1)[0])[-1]
     config_cls = create_model(f"VerifiersEnvConfig_{abs(hash(spec)):x}",
                               __base__=VerifiersEnvConfig, **knobs)
-    return type(f"VerifiersEnv[{spec}]", (VerifiersEnv,), {
-        "name": f"verifiers-{short}",
-        "env_config_cls": config_cls,
-        "taskset_id": taskset_id,
-        "knob_names": tuple(knobs),
-        "__module__": __name__,
-        "__doc__": f"The verifiers environment {spec!r} run by Atropos.",
-    })
+    return spec_env_class(VerifiersEnv, spec, f"verifiers-{short}",
+                          f"The verifiers environment {spec!r} run by Atropos.",
+                          env_config_cls=config_cls, taskset_id=taskset_id, knob_names=tuple(knobs))
 
 
 __all__ = ["VerifiersEnv", "VerifiersEnvConfig", "knob_fields", "resolve_spec",
