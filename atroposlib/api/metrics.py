@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atroposlib.api.store import GroupMeta
 from atroposlib.utils.prometheus import (
     DURATION_BUCKETS_S,
     STALENESS_BUCKETS_STEPS,
+    LiveCollector,
     metric_name,
     render,
 )
@@ -37,14 +37,13 @@ def _name(name: str) -> str:
     return metric_name("api", name)
 
 
-class _QueueCollector(Collector):
-    """Gauges read from the state when scraped (nothing to keep in step with the queue)."""
+class _QueueCollector(LiveCollector):
+    """Gauges read from the state when scraped (``source``: the ``StateCore`` that owns this)."""
 
-    def __init__(self, core: Any):  # an atroposlib.api.core.StateCore (which owns this)
-        self.core = core
+    part = "api"
 
     def collect(self) -> Iterator[Metric]:
-        core = self.core
+        core = self.source
         now = time.monotonic()
         yield GaugeMetricFamily(_name("queue_groups"), "Groups queued for the trainer (full "
                                 "groups, not yet served).", value=len(core.queue))

@@ -11,12 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from atroposlib.env_runtime.step import Skip
-from atroposlib.utils.prometheus import MetricsServer, metric_name, serve_metrics
+from atroposlib.utils.prometheus import LiveCollector, MetricsServer, serve_metrics
 
 #: ``env.stats`` keys of groups dropped on the way to run-api -> the ``reason`` label.
 _DROPPED = {
@@ -27,20 +25,15 @@ _DROPPED = {
 }
 
 
-def _name(name: str) -> str:
-    return metric_name("env", name)
+class ServeLoopCollector(LiveCollector):
+    """Yields one serve loop's metrics (``source``: the :class:`~atroposlib.env_runtime.serve.ServeLoop`)."""
 
-
-class ServeLoopCollector(Collector):
-    """Yields one serve loop's metrics at scrape time."""
-
-    def __init__(self, loop: Any):
-        """``loop``: the :class:`~atroposlib.env_runtime.serve.ServeLoop` to read."""
-        self.loop = loop
+    part = "env"
 
     def collect(self) -> Iterator[Metric]:
         """The metrics, read from the loop and the env's counters now."""
-        loop = self.loop
+        loop = self.source
+        _name = self.name
         stats = loop.env.stats
         outbox = loop.outbox
         yield GaugeMetricFamily(_name("rollouts_in_flight"), "Rollouts (one group each) running now.",
@@ -76,9 +69,7 @@ def serve_loop_metrics(loop: Any, port: int, host: str) -> MetricsServer:
     Raises:
         OSError: the port is taken.
     """
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(ServeLoopCollector(loop))
-    return serve_metrics(port, host, registry)
+    return serve_metrics(port, host, ServeLoopCollector(loop).registry())
 
 
 __all__ = ["ServeLoopCollector", "serve_loop_metrics"]

@@ -27,16 +27,20 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client import start_http_server as _start_http_server
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from atroposlib.defaults import DEFAULT_METRICS_HOST
 
 __all__ = ["CONTENT_TYPE", "DURATION_BUCKETS_S", "PARTS", "PREFIX", "STALENESS_BUCKETS_STEPS",
-           "MetricsServer", "metric_name", "render", "serve_metrics"]
+           "LiveCollector", "MetricsServer", "metric_name", "render", "serve_metrics"]
 
 #: Prefix of every metric name.
 PREFIX = "atropos_"
@@ -71,6 +75,35 @@ def metric_name(part: str, name: str) -> str:
         raise ValueError(f"metric name {name!r}: use lower-case snake case without '_total' "
                          "(prometheus_client adds it to counters)")
     return f"{PREFIX}{part}_{name}"
+
+
+class LiveCollector(Collector):
+    """A collector that reads one live object at each scrape, so nothing is counted twice.
+
+    Subclasses set ``part`` (one of :data:`PARTS`) and write :meth:`collect`, which reads
+    ``self.source`` and names each metric with :meth:`name`.
+    """
+
+    #: The exporting process (the second word of every metric name).
+    part: str = ""
+
+    def __init__(self, source: Any):
+        """``source``: the object to read at each scrape (a serve loop, a node's state, ...)."""
+        self.source = source
+
+    def name(self, name: str) -> str:
+        """The full name ``atropos_<part>_<name>`` (see :func:`metric_name`)."""
+        return metric_name(self.part, name)
+
+    def collect(self) -> Iterator[Metric]:
+        """The metrics, read from ``self.source`` now (subclasses write it)."""
+        raise NotImplementedError
+
+    def registry(self) -> CollectorRegistry:
+        """A registry of its own holding only this collector."""
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(self)
+        return registry
 
 
 def render(registry: CollectorRegistry = REGISTRY) -> bytes:

@@ -9,28 +9,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, get_args
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from atroposlib.inference.node.models import ServingState
-from atroposlib.utils.prometheus import metric_name, render
+from atroposlib.utils.prometheus import LiveCollector, render
 
 
-def _name(name: str) -> str:
-    return metric_name("inference", name)
+class NodeCollector(LiveCollector):
+    """Yields one node's metrics (``source``: its :class:`~atroposlib.inference.node.state.NodeState`)."""
 
-
-class NodeCollector(Collector):
-    """Yields one node's metrics from its :class:`~atroposlib.inference.node.state.NodeState`."""
-
-    def __init__(self, state: Any):
-        """``state``: the node's ``NodeState``."""
-        self.state = state
+    part = "inference"
 
     def collect(self) -> Iterator[Metric]:
         """The metrics now."""
-        state = self.state
+        state = self.source
+        _name = self.name
         yield GaugeMetricFamily(_name("policy_version"), "Policy version (trainer step) served; -1: "
                                 "none yet.", value=-1 if state.version is None else state.version)
         serving = GaugeMetricFamily(_name("state"), "1 for the node's current state.", labels=["state"])
@@ -58,9 +51,7 @@ class NodeCollector(Collector):
 
 def render_node_metrics(state: Any) -> bytes:
     """The node's metrics in the Prometheus text format."""
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(NodeCollector(state))
-    return render(registry)
+    return render(NodeCollector(state).registry())
 
 
 __all__ = ["NodeCollector", "render_node_metrics"]
