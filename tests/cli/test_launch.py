@@ -1,5 +1,6 @@
 """atropos-launch: config validation, flag rendering, fail-fast and clean shutdown with real processes."""
 
+import contextlib
 import json
 import os
 import signal
@@ -112,15 +113,46 @@ def _descendants_alive(pids):
     return alive
 
 
+def _one_env_run(tmp_path, name: str, source: str, **settings) -> Path:
+    """Write the env script ``source`` and a launch config of it with a trainer but no vLLM."""
+    script = tmp_path / f"{name}_env.py"
+    script.write_text(source)
+    return _write(tmp_path, {"run_dir": str(tmp_path / "run"), **settings,
+                             "trainer": {"vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
+                                         "training_steps": 2, "batch_size": 4, "micro_batch_size": 4},
+                             "envs": [{"name": name, "script": str(script)}]})
+
+
+@contextlib.contextmanager
+def _launched_idle_run(tmp_path):
+    """Run ``atropos-launch`` with one idle env; yield the process once the env is up.
+
+    The launcher's process group is killed afterwards if it still runs.
+    """
+    config = _one_env_run(tmp_path, "idle", "import time\nprint('idle env up', flush=True)\n"
+                          "while True:\n    time.sleep(1)\n", stop_timeout=10)
+    proc = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.launch", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:
+            lines.append(line)
+            if "idle env up" in line or time.monotonic() > deadline:
+                break
+        assert any("idle env up" in line for line in lines), "".join(lines)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @needs_model
 def test_env_that_dies_fails_fast_with_its_log_and_stops_everything(tmp_path, capsys):
-    crash = tmp_path / "crash_env.py"
-    crash.write_text("import sys\nprint('env says: cannot load my dataset', flush=True)\nsys.exit(3)\n")
-    data = {"run_dir": str(tmp_path / "run"),
-            "trainer": {"vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
-                        "training_steps": 2, "batch_size": 4, "micro_batch_size": 4},
-            "envs": [{"name": "crashy", "script": str(crash)}]}
-    launcher = Launcher(load_config(_write(tmp_path, data)))
+    config = _one_env_run(tmp_path, "crashy",
+                          "import sys\nprint('env says: cannot load my dataset', flush=True)\nsys.exit(3)\n")
+    launcher = Launcher(load_config(config))
     begin = time.monotonic()
     code = launcher.run()
     out = capsys.readouterr().out
@@ -140,30 +172,11 @@ def test_env_that_dies_fails_fast_with_its_log_and_stops_everything(tmp_path, ca
 
 @needs_model
 def test_run_api_that_dies_stops_the_run_and_the_summary_names_it(tmp_path):
-    idle = tmp_path / "idle_env.py"
-    idle.write_text("import time\nprint('idle env up', flush=True)\nwhile True:\n    time.sleep(1)\n")
-    data = {"run_dir": str(tmp_path / "run"), "stop_timeout": 10,
-            "trainer": {"vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
-                        "training_steps": 2, "batch_size": 4, "micro_batch_size": 4},
-            "envs": [{"name": "idle", "script": str(idle)}]}
-    proc = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.launch", str(_write(tmp_path, data))],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-    lines = []
-    try:
-        deadline = time.monotonic() + 180
-        for line in proc.stdout:
-            lines.append(line)
-            if "idle env up" in line or time.monotonic() > deadline:
-                break
-        assert any("idle env up" in line for line in lines), "".join(lines)
+    with _launched_idle_run(tmp_path) as proc:
         api = next(c for c in psutil.Process(proc.pid).children()
                    if "atroposlib.cli.run_api" in c.cmdline())
         os.killpg(api.pid, signal.SIGKILL)
         rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, rest
     assert "api exited early with code -9" in rest
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -197,31 +210,11 @@ def test_record_failure_keeps_the_trainers_own_error(tmp_path):
 
 @needs_model
 def test_sigint_stops_every_part(tmp_path):
-    idle = tmp_path / "idle_env.py"
-    idle.write_text("import time\nprint('idle env up', flush=True)\nwhile True:\n    time.sleep(1)\n")
-    data = {"run_dir": str(tmp_path / "run"), "stop_timeout": 10,
-            "trainer": {"vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
-                        "training_steps": 2, "batch_size": 4, "micro_batch_size": 4},
-            "envs": [{"name": "idle", "script": str(idle)}]}
-    cfg = _write(tmp_path, data)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.launch", str(cfg)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    lines = []
-    try:
-        deadline = time.monotonic() + 180
-        for line in proc.stdout:
-            lines.append(line)
-            if "idle env up" in line or time.monotonic() > deadline:
-                break
-        assert any("idle env up" in line for line in lines), "".join(lines)
+    with _launched_idle_run(tmp_path) as proc:
         children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         assert len(children) >= 3
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, rest
     assert "interrupted: stopping every part" in rest
     time.sleep(0.5)
