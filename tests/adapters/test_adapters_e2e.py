@@ -105,6 +105,18 @@ def check_tokens(group, tokenizer, vllm, max_tokens):
     return replies
 
 
+def served_rollouts(name, vllm, tokenizer, tmp_path, max_tokens, *extra):
+    """Serve ``name`` (``--env.max_tokens max_tokens``) and check every group's tokens.
+
+    Yields ``(tokens, turns, score)`` per rollout of the first batch, ``turns`` being the
+    decoded model turns (see :func:`check_tokens`).
+    """
+    batch = serve_one_batch(name, vllm, tmp_path, "--env.max_tokens", str(max_tokens), *extra)
+    for group in batch:
+        replies = check_tokens(group, tokenizer, vllm, max_tokens)
+        yield from zip(group["tokens"], replies, group["scores"], strict=True)
+
+
 @pytest.fixture(scope="module")
 def tokenizer(bundled_model_dir):
     from transformers import AutoTokenizer
@@ -115,79 +127,69 @@ def tokenizer(bundled_model_dir):
 def test_verifiers_single_turn_served_into_run_api(vllm_server, tokenizer, tmp_path):
     from tests.adapters.vf_reverse.taskset import ReverseData, ReverseTask
 
-    batch = serve_one_batch("verifiers:tests.adapters.vf_reverse", vllm_server, tmp_path,
-                            "--env.max_tokens", "24")
-    for group in batch:
-        replies = check_tokens(group, tokenizer, vllm_server, 24)
-        for tokens, turns, score in zip(group["tokens"], replies, group["scores"], strict=True):
-            assert len(turns) == 1  # single-turn
-            word = re.search(r"Reverse: (\w+)", tokenizer.decode(tokens)).group(1)
-            task = ReverseTask(ReverseData(idx=0, prompt=f"Reverse: {word}", answer=word[::-1]))
-            expected = asyncio.run(task.similarity(SimpleNamespace(last_reply=turns[0])))
-            assert score == pytest.approx(expected)
+    for tokens, turns, score in served_rollouts("verifiers:tests.adapters.vf_reverse", vllm_server,
+                                                tokenizer, tmp_path, 24):
+        assert len(turns) == 1  # single-turn
+        word = re.search(r"Reverse: (\w+)", tokenizer.decode(tokens)).group(1)
+        task = ReverseTask(ReverseData(idx=0, prompt=f"Reverse: {word}", answer=word[::-1]))
+        expected = asyncio.run(task.similarity(SimpleNamespace(last_reply=turns[0])))
+        assert score == pytest.approx(expected)
 
 
 def test_verifiers_multi_turn_served_into_run_api(vllm_server, tokenizer, tmp_path):
     from tests.adapters.vf_echo_chat.taskset import EchoData, EchoTask
 
-    batch = serve_one_batch("verifiers:tests.adapters.vf_echo_chat", vllm_server, tmp_path,
-                            "--env.max_tokens", "12")
-    for group in batch:
-        replies = check_tokens(group, tokenizer, vllm_server, 12)
-        for tokens, turns, score in zip(group["tokens"], replies, group["scores"], strict=True):
-            words = re.findall(r"single word: (\w+)", tokenizer.decode(tokens))
-            assert len(turns) == len(words) >= 2  # one trained span per user turn
-            task = EchoTask(EchoData(idx=0, prompt=None, info={"words": words}))
-            trace = SimpleNamespace(assistant_messages=[SimpleNamespace(content=t) for t in turns])
-            assert score == pytest.approx(asyncio.run(task.echoed(trace)))
+    for tokens, turns, score in served_rollouts("verifiers:tests.adapters.vf_echo_chat", vllm_server,
+                                                tokenizer, tmp_path, 12):
+        words = re.findall(r"single word: (\w+)", tokenizer.decode(tokens))
+        assert len(turns) == len(words) >= 2  # one trained span per user turn
+        task = EchoTask(EchoData(idx=0, prompt=None, info={"words": words}))
+        trace = SimpleNamespace(assistant_messages=[SimpleNamespace(content=t) for t in turns])
+        assert score == pytest.approx(asyncio.run(task.echoed(trace)))
 
 
 def test_openenv_server_served_into_run_api(vllm_server, tokenizer, tmp_path):
     pytest.importorskip("openenv")
     from tests.adapters.openenv_word.server import WordAction, WordEnvironment
 
-    batch = serve_one_batch("openenv:tests.adapters.openenv_word.server:app", vllm_server,
-                            tmp_path, "--env.max_tokens", "12", "--env.max_turns", "3")
-    for group in batch:
-        replies = check_tokens(group, tokenizer, vllm_server, 12)
-        for tokens, turns, score in zip(group["tokens"], replies, group["scores"], strict=True):
-            env = WordEnvironment()  # the server's own rewards, replayed on the decoded replies
-            seed = {"apple": 0, "river": 1, "stone": 2, "cloud": 3}[
-                re.search(r"Say the word (\w+)", tokenizer.decode(tokens)).group(1)]
-            env.reset(seed=seed)
-            total = 0.0
-            for reply in turns:
-                obs = env.step(WordAction(message=reply.strip()))
-                total += obs.reward
-                if obs.done:
-                    break
-            assert score == pytest.approx(total)
+    for tokens, turns, score in served_rollouts("openenv:tests.adapters.openenv_word.server:app",
+                                                vllm_server, tokenizer, tmp_path, 12,
+                                                "--env.max_turns", "3"):
+        env = WordEnvironment()  # the server's own rewards, replayed on the decoded replies
+        seed = {"apple": 0, "river": 1, "stone": 2, "cloud": 3}[
+            re.search(r"Say the word (\w+)", tokenizer.decode(tokens)).group(1)]
+        env.reset(seed=seed)
+        total = 0.0
+        for reply in turns:
+            obs = env.step(WordAction(message=reply.strip()))
+            total += obs.reward
+            if obs.done:
+                break
+        assert score == pytest.approx(total)
 
 
 def test_gymnasium_env_by_id_served_into_run_api(vllm_server, tokenizer, tmp_path):
     import gymnasium
 
     names = ["left", "down", "right", "up"]
-    batch = serve_one_batch("gym:FrozenLake-v1", vllm_server, tmp_path, "--env.max_tokens", "8",
-                            "--env.max_turns", "3", "--env.gym_kwargs", '{"is_slippery": false}',
-                            "--env.action_names", json.dumps(names),
-                            "--env.invalid_action_penalty", "-0.1")
-    for group in batch:
-        replies = check_tokens(group, tokenizer, vllm_server, 8)
-        for turns, score in zip(replies, group["scores"], strict=True):
-            game = gymnasium.make("FrozenLake-v1", is_slippery=False)
-            game.reset(seed=0)
-            total = 0.0
-            for reply in turns:
-                found = re.findall(r"\b(left|down|right|up)\b", reply.lower())
-                if not found:
-                    total -= 0.1
-                    continue
-                _, reward, terminated, truncated, _ = game.step(names.index(found[-1]))
-                total += reward
-                if terminated or truncated:
-                    break
-            assert score == pytest.approx(total)
+    rollouts = served_rollouts("gym:FrozenLake-v1", vllm_server, tokenizer, tmp_path, 8,
+                               "--env.max_turns", "3", "--env.gym_kwargs", '{"is_slippery": false}',
+                               "--env.action_names", json.dumps(names),
+                               "--env.invalid_action_penalty", "-0.1")
+    for _, turns, score in rollouts:
+        game = gymnasium.make("FrozenLake-v1", is_slippery=False)
+        game.reset(seed=0)
+        total = 0.0
+        for reply in turns:
+            found = re.findall(r"\b(left|down|right|up)\b", reply.lower())
+            if not found:
+                total -= 0.1
+                continue
+            _, reward, terminated, truncated, _ = game.step(names.index(found[-1]))
+            total += reward
+            if terminated or truncated:
+                break
+        assert score == pytest.approx(total)
 
 
 @pytest.mark.timeout(1200)
