@@ -174,6 +174,20 @@ async def test_env_registration_numbers_are_bounded(any_client, field, value) ->
     assert (await any_client.get("/status-env", params={"env_id": first + 1})).status_code == 404
 
 
+def fail_encoding_at(monkeypatch, n: int) -> None:
+    """Make the ``n``-th group the API encodes for storage raise ``RuntimeError("disk full")``."""
+    calls = 0
+
+    def failing_encode(group):
+        nonlocal calls
+        calls += 1
+        if calls == n:
+            raise RuntimeError("disk full")
+        return encode_group(group)
+
+    monkeypatch.setattr("atroposlib.api.ingestion.encode_group", failing_encode)
+
+
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
 def test_scored_data_list_is_all_or_none_when_storing_fails(tmp_path, monkeypatch, store) -> None:
     """A failure while storing the 3rd group of a list leaves no trace of the first two."""
@@ -185,16 +199,7 @@ def test_scored_data_list_is_all_or_none_when_storing_fails(tmp_path, monkeypatc
     state.ingest([ScoredData(**make_group(2, env_id=env, seed=0))])
     before = (state.status(), state.latest_example(), state.observe(0, 100),
               state.store.load().partials)
-    calls = 0
-
-    def failing_encode(group):
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            raise RuntimeError("disk full")
-        return encode_group(group)
-
-    monkeypatch.setattr("atroposlib.api.ingestion.encode_group", failing_encode)
+    fail_encoding_at(monkeypatch, 3)
     groups = [ScoredData(**make_group(n, env_id=env, seed=10 + n)) for n in (2, 1, 2)]
     with pytest.raises(RuntimeError, match="disk full"):
         state.ingest(groups)
@@ -212,16 +217,7 @@ def test_scored_data_list_is_all_or_none_when_storing_fails(tmp_path, monkeypatc
 
 async def test_scored_data_list_500_stores_nothing_over_http(any_client, monkeypatch) -> None:
     await register(any_client, batch_size=2)
-    calls = 0
-
-    def failing_encode(group):
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            raise RuntimeError("disk full")
-        return encode_group(group)
-
-    monkeypatch.setattr("atroposlib.api.ingestion.encode_group", failing_encode)
+    fail_encoding_at(monkeypatch, 2)
     response = await any_client.post("/scored_data_list",
                                      json=[make_group(2, seed=0), make_group(2, seed=1)])
     assert response.status_code == 500

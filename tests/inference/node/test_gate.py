@@ -27,6 +27,16 @@ async def complete(http: httpx.AsyncClient) -> httpx.Response:
     return await http.post("/v1/completions", json={"prompt": [1, 2]}, headers=AUTH)
 
 
+async def serve_v1_and_hold_a_completion(server: FakeServer, http: httpx.AsyncClient) -> asyncio.Task:
+    """Push version 1, then start a completion the stand-in engine holds; return its task once it runs."""
+    await push(http, layer1(1.0), 1)
+    server.hold.clear()
+    task = asyncio.create_task(complete(http))
+    while server.started < 1:
+        await asyncio.sleep(0.01)
+    return task
+
+
 async def push(http: httpx.AsyncClient, tensors, version: int, **kw) -> httpx.Response:
     body, headers = push_body(tensors)
     headers.update(kw.pop("headers", {}))
@@ -125,11 +135,7 @@ async def test_a_body_cut_short_is_refused_even_with_a_matching_digest(fake_node
 
 async def test_an_update_waits_for_completions_in_flight_and_holds_new_ones(fake_node):
     async with client(fake_node) as http:
-        await push(http, layer1(1.0), 1)
-        fake_node.hold.clear()
-        old = asyncio.create_task(complete(http))
-        while fake_node.started < 1:
-            await asyncio.sleep(0.01)
+        old = await serve_v1_and_hold_a_completion(fake_node, http)
         update = asyncio.create_task(push(http, layer1(2.0), 2))
         await asyncio.sleep(0.2)
         assert fake_node.engine.calls.count("reload") == 1  # still draining: v2 not loaded
@@ -156,11 +162,7 @@ async def test_completions_still_running_after_the_drain_timeout_are_aborted(tmp
 
     server.engine.pause_generation = pause
     async with client(server) as http:
-        await push(http, layer1(1.0), 1)
-        server.hold.clear()
-        stuck = asyncio.create_task(complete(http))
-        while server.started < 1:
-            await asyncio.sleep(0.01)
+        stuck = await serve_v1_and_hold_a_completion(server, http)
         applied = await push(http, layer1(2.0), 2)
         await stuck
     assert applied.status_code == 200
