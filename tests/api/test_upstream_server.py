@@ -88,28 +88,12 @@ def test_our_env_serves_batches_into_upstream_run_api(upstream_api, tmp_path):
     # with the env id sent as ?env_id=N, upstream answered 422 and the trainer got no batch.
     from atroposlib.testing.fake_server import FakeOpenAIServer
     from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
-    from tests.envs.test_serve import (
-        _check_batch,
-        _pull_batches,
-        _register_trainer,
-        _start_env,
-        _stop,
-    )
+    from tests.envs.test_serve import _serve_and_pull
 
     tokenizer_dir = tmp_path / "tokenizer"
     make_tiny_tokenizer(tokenizer_dir)
-    log = tmp_path / "env.log"
     with FakeOpenAIServer() as inference:
-        trainer = _register_trainer(upstream_api, tmp_path)
-        proc = _start_env(upstream_api, inference.base_url, tokenizer_dir, log)
-        try:
-            batches = _pull_batches(trainer, 2, timeout=120)
-        finally:
-            output = _stop(proc, log)
-    assert len(batches) == 2, output[-3000:]
-    for batch in batches:
-        assert sum(len(g["tokens"]) for g in batch) == 8
-        _check_batch(batch)
+        _serve_and_pull(upstream_api, inference.base_url, tokenizer_dir, tmp_path, 2, timeout=120)
 
 
 # ------------------------------------------------------------------ when building upstream's venv may skip

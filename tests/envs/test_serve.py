@@ -70,21 +70,31 @@ def _check_batch(batch: list, group_size: int = 4) -> None:
             assert masks[0] == -100 and masks[-1] == tokens[-1]
 
 
+def _serve_and_pull(api_url, inference_url, tokenizer_dir, tmp_path, n, timeout):
+    """Serve the test env into ``api_url``; pull and check ``n`` batches as a trainer; stop the env.
+
+    Returns ``(proc, output)``: the stopped env process and its log.
+    """
+    log = tmp_path / "env.log"
+    trainer = _register_trainer(api_url, tmp_path)
+    proc = _start_env(api_url, inference_url, tokenizer_dir, log)
+    try:
+        batches = _pull_batches(trainer, n, timeout=timeout)
+    finally:
+        output = _stop(proc, log)
+    assert len(batches) == n, output[-3000:]
+    for batch in batches:
+        assert sum(len(g["tokens"]) for g in batch) == 8
+        _check_batch(batch)
+    return proc, output
+
+
 def test_serve_feeds_the_trainer_and_disconnects_on_sigint(tiny_tokenizer_dir, tmp_path):
     api = start_run_api()
-    log = tmp_path / "env.log"
     try:
         with FakeOpenAIServer() as inference:
-            trainer = _register_trainer(api.url, tmp_path)
-            proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
-            try:
-                batches = _pull_batches(trainer, 3, timeout=240)
-            finally:
-                output = _stop(proc, log)
-            assert len(batches) == 3, output[-3000:]
-            for batch in batches:
-                assert sum(len(g["tokens"]) for g in batch) == 8
-                _check_batch(batch)
+            proc, output = _serve_and_pull(api.url, inference.base_url, tiny_tokenizer_dir,
+                                           tmp_path, 3, timeout=240)
             assert proc.returncode == 0, output[-3000:]
             assert "disconnected env_id=0" in output
             # Health checks are GET /models, never completions: every chat request made a group.
