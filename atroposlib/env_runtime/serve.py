@@ -278,7 +278,7 @@ class ServeLoop:
             "step %d: %d rollout group(s) in flight, %d unsent, backlog %d, API queue %s; %s",
             self.env.curr_step,
             len(self.workers),
-            self.outbox.qsize(),
+            self.outbox.queue.qsize(),
             len(self.backlog),
             self.status.get("queue_size", "?"),
             dict(self.env.stats),

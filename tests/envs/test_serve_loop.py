@@ -337,3 +337,16 @@ async def test_equal_score_drops_do_not_slow_spawning(run_api, tiny_tokenizer, t
     assert env.stats["reject_backoffs"] == 0
     assert loop.pacer.inference_pause_until == 0.0
     await trainer.aclose()
+
+
+async def test_progress_line_logs_the_counters(tiny_tokenizer, caplog):
+    """log_progress (once a minute while serving) prints the counters instead of raising."""
+    import logging
+
+    env = CountingEnv(BaseEnvConfig(group_size=4, use_wandb=False), [FakeServer()])
+    env.tokenizer = tiny_tokenizer
+    loop = ServeLoop(env, status_interval=0.2)
+    env.stats["groups_accepted"] += 3
+    with caplog.at_level(logging.INFO, logger="atroposlib.env_runtime.serve"):
+        loop.log_progress(every=0.0)
+    assert "0 unsent" in caplog.text and "'groups_accepted': 3" in caplog.text
