@@ -67,7 +67,7 @@ class Tree:
     def _part(self, pid: int, proc: Any) -> str:
         import psutil
 
-        if pid not in self.parts:
+        if self.parts.get(pid, "other") == "other":  # a spawned child renames itself later
             try:
                 self.parts[pid] = part_of(" ".join(proc.cmdline()) or proc.name())
             except psutil.Error:
