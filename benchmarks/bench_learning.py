@@ -99,8 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="TRL's knobs for `trl`: lr=FLOAT,bf16=0|1,level=token|sequence")
     parser.add_argument("--trl-best-from", type=Path, default=None,
                         help="take `trl`'s setting from this --trl-sweep JSON (its best)")
-    parser.add_argument("--trl-sweep", action="store_true",
-                        help="also run TRL with each of its 8 sweep settings; record the best")
+    parser.add_argument("--trl-sweep", nargs="?", const="all", default=None,
+                        help="also run TRL with each of its 8 sweep settings (or only these: "
+                             "'lr=..,bf16=..,level=..;...'); record the best in the JSON")
+    parser.add_argument("--eval-size", type=int, default=None,
+                        help="held-out problems the evaluator scores (default 200; fewer for a "
+                             "quick check)")
     parser.add_argument("--ours-lr", type=float, default=None,
                         help="our contenders' learning rate (default: their quickstart config's)")
     parser.add_argument("--ours-env-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -149,8 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     # a pass: (label, how to run it) in order
     plan: list[tuple[str, Any]] = [(setting.name if n == "trl" else n, setting if n == "trl" else n)
                                    for n in names]
+    sweep: tuple[TrlSetting, ...] = ()
     if args.trl_sweep:
-        plan += [(s.name, s) for s in SWEEP if s.name not in {label for label, _ in plan}]
+        try:
+            sweep = SWEEP if args.trl_sweep == "all" else tuple(
+                TrlSetting.parse(part) for part in args.trl_sweep.split(";") if part.strip())
+        except ValueError as exc:
+            parser.error(f"--trl-sweep: {exc}")
+        plan += [(s.name, s) for s in sweep if s.name not in {label for label, _ in plan}]
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
     from atroposlib.inference.bundled import is_prepared, prepare_bundled_model
@@ -167,17 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.learning.evaluate import EVAL_SIZE, evaluate_all
     from benchmarks.learning.report import best_trl, report, summarise
 
-    evaluate_all(runs, args.task_difficulty, args.eval_batch)
+    eval_size = evaluate_all(runs, args.task_difficulty, args.eval_batch, args.eval_size or EVAL_SIZE)
     task = {"model": "SmolLM2-135M-Instruct (bundled)", "env": "arithmetic",
             "difficulty": args.task_difficulty, "max_tokens": 24, "group_size": 8,
-            "batch_size": 16, "trainable_layers": 10, "eval_problems": EVAL_SIZE,
+            "batch_size": 16, "trainable_layers": 10, "eval_problems": eval_size,
             "minutes": args.minutes, "pairs": args.pairs, "alternate": args.alternate,
             "order": [label for label, _ in plan]}
     extra: dict[str, Any] = {}
     if args.trl_sweep:
-        rows = {s.name: summarise([r for r in runs if r["label"] == s.name]) for s in SWEEP}
+        rows = {s.name: summarise([r for r in runs if r["label"] == s.name]) for s in sweep}
         label, row = best_trl(rows)
-        extra["trl_sweep"] = {"settings": [s.__dict__ for s in SWEEP],
+        extra["trl_sweep"] = {"settings": [s.__dict__ for s in sweep],
                               "best": {"label": label, "setting": row["trl_setting"],
                                        "final_accuracy": list(row["accuracy"].values())[-1]}}
         print(f"[bench] TRL's best setting: {label}", flush=True)

@@ -122,7 +122,8 @@ async def _load(base_url: str, model: str, requests: int, concurrency: int) -> i
     return tokens
 
 
-def run_variant(name: str, requests: int, concurrency: int, log_dir: Path) -> dict[str, Any]:
+def run_variant(name: str, requests: int, concurrency: int, log_dir: Path,
+                env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> dict[str, Any]:
     """Start vLLM as ``name`` sizes it, load it, reload weights once; return the measurements."""
     from atroposlib.inference.bundled import prepare_bundled_model
     from atroposlib.inference.sizing import size_for_training
@@ -130,13 +131,14 @@ def run_variant(name: str, requests: int, concurrency: int, log_dir: Path) -> di
 
     model = prepare_bundled_model()
     kwargs: dict[str, Any] = {"worker_in_engine": name == "sized-inproc"}
+    kwargs["env"] = dict(env or {})
     if name == "default":
-        kwargs["env"] = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+        kwargs["env"]["VLLM_CPU_KVCACHE_SPACE"] = "2"
     else:
         sizing = size_for_training(model, "bfloat16", batch_size=16, max_token_len=256,
                                    max_model_len=512, block_size=DEFAULT_CPU_BLOCK_SIZE)
         kwargs.update(kv_cache_bytes=sizing.kv_cache_bytes, max_num_seqs=sizing.max_num_seqs)
-    vllm = VLLMProcess(model, dtype="bfloat16", max_model_len=512,
+    vllm = VLLMProcess(model, dtype="bfloat16", max_model_len=512, extra_args=extra_args or [],
                        log_path=log_dir / f"vllm-{name}.log", **kwargs)
     begin = time.perf_counter()
     vllm.start(timeout=600)
@@ -159,7 +161,8 @@ def run_variant(name: str, requests: int, concurrency: int, log_dir: Path) -> di
             "cpu_ms_per_token": round(1000 * cpu / tokens, 2), "reload_seconds": round(reload_s, 2),
             "peak_rss_gib": round(sampler.total_peak / gib, 3),
             "peak_rss_gib_by_process": {k: round(v / gib, 3) for k, v in sorted(sampler.peaks.items())},
-            "kv_cache_bytes": kwargs.get("kv_cache_bytes"), "max_num_seqs": kwargs.get("max_num_seqs")}
+            "kv_cache_bytes": kwargs.get("kv_cache_bytes"), "max_num_seqs": kwargs.get("max_num_seqs"),
+            "env": env or {}, "extra_args": extra_args or []}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="passes (every other reversed)")
     parser.add_argument("--requests", type=int, default=48, help="chat requests (n=8) per variant")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="an environment variable for every variant's server (repeatable)")
+    parser.add_argument("--extra-arg", action="append", default=[], metavar="FLAG[=VALUE]",
+                        help="a `vllm serve` flag for every variant (repeatable)")
     parser.add_argument("--json-out", type=Path, default=Path("runs/bench_vllm_memory.json"))
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -179,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for i in range(args.repeats):
         for name in (variants[::-1] if i % 2 else variants):
-            result = run_variant(name, args.requests, args.concurrency, args.json_out.parent)
+            result = run_variant(name, args.requests, args.concurrency, args.json_out.parent,
+                                 dict(a.split("=", 1) for a in args.env), args.extra_arg)
             print(json.dumps(result), flush=True)
             results.append(result)
     args.json_out.write_text(json.dumps(results, indent=2))

@@ -18,35 +18,46 @@ from typing import Any
 
 
 def compact_frozen_linears(model: Any, dtype: Any) -> int:
-    """Store the weights of frozen ``nn.Linear`` modules in ``dtype``, in place.
+    """Store the weights of frozen ``nn.Linear`` modules in ``dtype``, and own every weight.
 
     Exact only when every forward runs under ``torch.autocast(..., dtype=dtype)``: autocast
     casts a Linear's fp32 weight to ``dtype`` (round to nearest) on each call, the same value
     ``Tensor.to(dtype)`` gives once. A weight shared with a module that autocast does not
     cast (a tied LM head shares the input embeddings, whose lookup would then return
-    ``dtype`` and change the residual stream) is left as it is, and so are biases (added in
-    the output's dtype either way, but kept at full precision for code that reads them).
+    ``dtype`` and change the residual stream) is left in its dtype, and so are biases.
+
+    transformers loads safetensors weights as views of the memory-mapped file: a weight it
+    reads stays resident as file pages for as long as any tensor maps the file. Every other
+    parameter is therefore copied too (same dtype and values), so that once nothing maps the
+    file its pages leave the process: without that the fp32 frozen weights read for the cast
+    would stay resident beside their bf16 copies.
 
     Args:
         model: the policy (``torch.nn.Module``), after freezing.
         dtype: the autocast dtype (``torch.bfloat16``).
 
     Returns:
-        Bytes freed.
+        Bytes the frozen Linear weights take less.
     """
     import torch
 
     shared = {id(m.weight) for m in model.modules()
               if not isinstance(m, torch.nn.Linear) and isinstance(getattr(m, "weight", None), torch.Tensor)}
     freed = 0
+    compacted: set[int] = set()
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if (not isinstance(module, torch.nn.Linear) or weight is None or weight.requires_grad
                 or weight.dtype == dtype or not weight.is_floating_point() or id(weight) in shared):
             continue
         before = weight.numel() * weight.element_size()
-        module.weight = torch.nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+        module.weight = torch.nn.Parameter(weight.detach().to(dtype, copy=True), requires_grad=False)
+        compacted.add(id(module.weight))
         freed += before - module.weight.numel() * module.weight.element_size()
+    with torch.no_grad():
+        for param in model.parameters():  # each shared (tied) parameter once
+            if id(param) not in compacted:
+                param.data = param.data.clone()
     return freed
 
 

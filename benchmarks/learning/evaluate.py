@@ -12,7 +12,8 @@ from benchmarks.learning.trl_side import MAX_TOKENS, eos_token_ids
 EVAL_SIZE = 200
 
 
-def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int) -> float:
+def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int,
+                 eval_size: int = EVAL_SIZE) -> int:
     """Score every kept policy of ``runs`` with ONE evaluator; fill each run's ``curve``.
 
     A policy is the bundled model with a point's tensors loaded over it: a point is None (the
@@ -21,7 +22,8 @@ def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int) -
     (TRL: its trainable tensors). Tensors are loaded in fp32 whatever dtype they were saved in.
 
     Returns:
-        The bundled model's accuracy.
+        The number of held-out problems scored (``eval_size``, or fewer when the split is
+        smaller).
 
     Raises:
         RuntimeError: a point holds a tensor the model lacks.
@@ -39,7 +41,7 @@ def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int) -
     from atroposlib.inference.bundled import bundled_model_dir
 
     base_dir = str(bundled_model_dir())
-    env_cfg = ArithmeticEnvConfig(difficulty=difficulty, eval_size=EVAL_SIZE)
+    env_cfg = ArithmeticEnvConfig(difficulty=difficulty, eval_size=eval_size)
     problems = heldout_problems(difficulty, env_cfg.heldout_fraction, env_cfg.eval_size,
                                 env_cfg.eval_seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir, padding_side="left")
@@ -90,4 +92,5 @@ def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int) -
             curve.append({"minute": frac * budget_min, "accuracy": acc})
             print(f"[bench] {run['label']} at {frac * budget_min:.2f} min: {acc:.3f}", flush=True)
         run["curve"] = curve
-    return base
+        run["accuracy_base"] = base
+    return len(problems)

@@ -104,7 +104,7 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
     return {"points": points, "steps": len(history),
             "sequences": sum(h.get("sequences", 0) for h in history),
             "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss,
-            "peak_rss_by_part": dict(tree.peak_rss_by_part), "lr": config["trainer"]["lr"],
+            "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss, "lr": config["trainer"]["lr"],
             "env_args": env_args, "groups": env_group_counts(run_dir / "logs")}
 
 

@@ -41,10 +41,15 @@ class Tree:
     vllm-engine, vllm-worker, env, run-api, launcher, trl ...), the peak of that part's sum
     (``peak_rss_by_part``). A part's peak and the total's need not fall in the same sample,
     so the parts' peaks may add up to more than the total's.
+
+    RSS counts a shared page (a library that several processes map, such as libtorch) once in
+    every process; every ``pss_every``-th sample also reads the proportional set size (PSS:
+    each shared page split between the processes that map it), and ``peak_pss`` is the peak
+    of the tree's total PSS: the memory the tree really needs.
     """
 
     def __init__(self, argv: list[str], log_path: Path, cwd: Path = ROOT, interval: float = 0.5,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, pss_every: int = 4):
         """Start ``argv`` (offline env vars set, output to ``log_path``) and the RSS poller."""
         import psutil
 
@@ -59,7 +64,10 @@ class Tree:
         self.parts: dict[int, str] = {}
         self.peak_rss = 0
         self.peak_rss_by_part: dict[str, int] = {}
+        self.peak_pss = 0
         self.interval = interval
+        self.pss_every = pss_every
+        self._samples = 0
         self._done = threading.Event()
         self._poller = threading.Thread(target=self._poll, daemon=True, name="rss")
         self._poller.start()
@@ -84,15 +92,21 @@ class Tree:
         except psutil.Error:
             pass
         now: dict[str, int] = {}
+        pss = 0
+        with_pss = self._samples % self.pss_every == 0
+        self._samples += 1
         for pid, proc in list(self.known.items()):
             try:
                 rss = proc.memory_info().rss
+                if with_pss:
+                    pss += proc.memory_full_info().pss
             except psutil.Error:
                 self.known.pop(pid, None)
                 continue
             part = self._part(pid, proc)
             now[part] = now.get(part, 0) + rss
         self.peak_rss = max(self.peak_rss, sum(now.values()))
+        self.peak_pss = max(self.peak_pss, pss)
         for part, rss in now.items():
             self.peak_rss_by_part[part] = max(self.peak_rss_by_part.get(part, 0), rss)
         return now

@@ -29,6 +29,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "samples_per_second": spread([r["sequences"] / r["train_seconds"] if r["train_seconds"] else 0.0
                                       for r in runs]),
         "peak_rss_gib": spread([r["peak_rss_bytes"] / GiB for r in runs]),
+        "peak_pss_gib": spread([r.get("peak_pss_bytes", 0) / GiB for r in runs]),
         "peak_rss_gib_by_part": {p: spread([r.get("peak_rss_by_part", {}).get(p, 0) / GiB for r in runs])
                                  for p in parts},
         "lr": runs[0].get("lr"), "env_args": runs[0].get("env_args", {}),
@@ -70,7 +71,7 @@ def print_table(table: dict[str, Any]) -> None:
         print(f"{label} (x{row['runs']}): {acc}\n"
               f"    steps {row['steps']['mean']:.0f} [{row['steps']['min']:.0f}-{row['steps']['max']:.0f}]"
               f"  samples/s {row['samples_per_second']['mean']:.2f}"
-              f"  peak RSS {row['peak_rss_gib']['max']:.2f} GiB ({parts})"
+              f"  peak RSS {row['peak_rss_gib']['max']:.2f} GiB ({parts}), PSS {row['peak_pss_gib']['max']:.2f}"
               + (f"  dropped as same scores {dropped['mean']:.0%}" if dropped else ""), flush=True)
 
 
