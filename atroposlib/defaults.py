@@ -25,10 +25,15 @@ DEFAULT_INFERENCE_URL = "http://127.0.0.1:9100/v1"
 #: Model name that development server serves the bundled model under.
 DEFAULT_INFERENCE_MODEL = "smollm2"
 
+#: Interface a process's own Prometheus metrics endpoint binds by default (local only; see
+#: :func:`atroposlib.utils.prometheus.serve_metrics`).
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
 __all__ = [
     "DEFAULT_API_HOST",
     "DEFAULT_API_PORT",
     "DEFAULT_API_URL",
     "DEFAULT_INFERENCE_MODEL",
     "DEFAULT_INFERENCE_URL",
+    "DEFAULT_METRICS_HOST",
 ]

@@ -10,8 +10,31 @@
     │   │   └── ApiBackpressureError  429: the queue is full; retry after ``retry_after`` s
     │   └── ApiNotRegisteredError   /batch before a trainer called /register
     ├── InferenceError              an inference server (vLLM, SGLang, OpenAI) failed
-    │   └── InferenceUnavailableError  no healthy server within the timeout
+    │   ├── InferenceUnavailableError  no healthy server within the timeout
+    │   └── ProxyError              the ManagedServer proxy refused or failed a request
     └── RolloutError                a rollout or reward function failed (the group is dropped)
+
+The packages add their own branches (each module's docstring draws its part):
+
+::
+
+    AtroposError
+    ├── ConfigError
+    │   ├── FrozenConfigError       envs.config: a config field assigned after the run started
+    │   ├── UnknownEnvironmentError env_runtime.entry_points: no env of that name
+    │   ├── UnknownTrainerError     launch.trainers: no trainer of that name
+    │   └── PreflightError          utils.preflight: a path or port is not usable
+    ├── ApiRequestError             api.errors: a request run-api refuses (mapped to 4xx)
+    ├── ProxyHTTPError              proxy.errors: what the proxy answers in OpenAI format
+    ├── TeacherDistillationError    envs.teacher_distillation_env: a teacher answer is unusable
+    ├── RolloutFormatError          tools.rollouts: a rollout cannot become SFT/DPO data
+    ├── PayloadError, UpdateFailed  inference.node: a weight update the node refuses or fails
+    └── LaunchError                 launch.supervision: a part of the run failed to start or died
+
+Each class also keeps the built-in base that callers caught before (``ConfigError`` is a
+``ValueError``, ``FrozenConfigError`` an ``AttributeError``, ``RolloutFormatError`` a
+``ValueError``, ``LaunchError`` a ``RuntimeError``). Warnings derive from
+:class:`AtroposWarning` (a ``UserWarning``).
 """
 
 from __future__ import annotations
@@ -67,5 +90,26 @@ class InferenceUnavailableError(InferenceError):
     """No healthy inference server became available within the timeout."""
 
 
+class ProxyError(InferenceError):
+    """The proxy refused or failed a request (raised on the client side).
+
+    Attributes:
+        status_code: HTTP status of the answer.
+        type: OpenAI error type from the body (e.g. ``not_found_error``).
+        code: error code from the body (e.g. ``session_expired``).
+    """
+
+    def __init__(self, status_code: int, message: str, type: str | None = None,  # noqa: A002
+                 code: str | None = None):
+        super().__init__(f"proxy answered {status_code}: {message}")
+        self.status_code = status_code
+        self.type = type
+        self.code = code
+
+
 class RolloutError(AtroposError):
     """A rollout or reward computation failed; the group is dropped and counted, never scored 0."""
+
+
+class AtroposWarning(UserWarning):
+    """Base class of every warning atroposlib issues (``-W error::...AtroposWarning`` names them all)."""

@@ -23,6 +23,12 @@ class Message(TypedDict):
     reward: NotRequired[float | None]
 
 
+#: The label of a position excluded from the loss, in a group's ``masks`` (its labels): the
+#: ignore index of ``torch.nn.CrossEntropyLoss``.
+IGNORE_INDEX = -100
+#: Placeholder log-probability at masked (prompt) positions of ``inference_logprobs``.
+MASKED_LOGPROB = 1.0
+
 #: Key of a group's reference answer, inside ``group_overrides`` (or at the group's top level);
 #: the rollout views (process HTML, view-run) show it beside the group.
 REFERENCE_KEY = "reference_answer"
@@ -120,7 +126,9 @@ __all__ = [
     "EvaluationSample",
     "GameHistory",
     "GameStep",
+    "IGNORE_INDEX",
     "Item",
+    "MASKED_LOGPROB",
     "Message",
     "Observation",
     "REFERENCE_KEY",

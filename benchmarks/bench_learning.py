@@ -62,8 +62,8 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/bench_learning.py`
 
 from atroposlib.utils.offline import OFFLINE_ENV  # noqa: E402
 from benchmarks.learning.ours import OURS  # noqa: E402
-from benchmarks.learning.procs import ACTIVE  # noqa: E402
 from benchmarks.learning.trl_side import SWEEP, TrlSetting  # noqa: E402
+from benchmarks.process_tree import LIVE  # noqa: E402
 
 CONTENDERS = (*OURS, "trl")
 
@@ -228,7 +228,7 @@ def run_passes(plan: list[tuple[str, Any]], args: argparse.Namespace, work: Path
         print("[bench] interrupted: stopping the running contender", flush=True)
         return None
     finally:
-        for tree in list(ACTIVE):
+        for tree in list(LIVE):
             tree.stop()
     return runs
 

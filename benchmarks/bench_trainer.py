@@ -75,7 +75,7 @@ def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0
     for mb in micro_batches:
         keep, mb = mb.trained_tail() if tail else (0, mb)
         logits = policy_logits(model, mb, keep, autocast, shared_prefix)
-        (grpo_loss(logits, mb.labels, mb.advantages, mb.old_logprobs, num_sequences=n).loss * scale).backward()
+        (grpo_loss(logits, mb.labels, mb.advantages, mb.sampler_logprobs, num_sequences=n).loss * scale).backward()
     torch.nn.utils.clip_grad_norm_(list(model.parameters()) if params is None else params, 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

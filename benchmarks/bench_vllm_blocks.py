@@ -27,7 +27,7 @@ import httpx
 
 from atroposlib.inference.bundled import prepare_bundled_model
 from atroposlib.inference.vllm_process import VLLMProcess
-from atroposlib.utils.cli import ArgumentParser
+from atroposlib.utils.flags import ArgumentParser
 
 SHAPES = {"short": 24, "long": 128}
 

@@ -2,11 +2,14 @@
 
 Usage::
 
-    python benchmarks/compat_env_files.py DIR [--json OUT.json] [--timeout 60]
+    python benchmarks/compat_env_files.py DIR [--project-root ROOT] [--json OUT.json] [--timeout 60]
 
 Every ``*.py`` under DIR (skipping ``__init__.py`` and ``test_*.py``) is imported in its own
 forked child process, from a temporary working directory outside any repository, with the file's
-own directory on ``sys.path`` (as ``python path/to/env.py`` would have it). For each class defined in
+own directory on ``sys.path`` (as ``python path/to/env.py`` would have it) and, with
+``--project-root``, that directory appended to ``sys.path`` after site-packages (as an editable
+install of a checkout adds its root), so the project's own ``environments`` package imports
+(``from environments.community.x import ...``). For each class defined in
 the file that subclasses ``atroposlib.envs.base.BaseEnv``, ``cls.config_init()`` is called and
 its result checked to be a pair ``(env_config, server_configs)``. Which ``atroposlib`` is
 measured is whichever the interpreter imports: set ``PYTHONPATH`` to a checkout to measure it.
@@ -43,7 +46,7 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
-def _probe_in_child(path: Path, out: Path) -> None:
+def _probe_in_child(path: Path, out: Path, project_root: Path | None = None) -> None:
     """Child body: import ``path`` as a module, call ``config_init`` on its BaseEnv subclasses."""
     import atroposlib
     from atroposlib.envs.base import BaseEnv
@@ -51,6 +54,8 @@ def _probe_in_child(path: Path, out: Path) -> None:
     rec: dict = {"file": str(path), "atroposlib": atroposlib.__file__, "import_ok": False,
                  "import_error": None, "envs": []}
     sys.path.insert(0, str(path.parent))
+    if project_root is not None:
+        sys.path.append(str(project_root))
     try:
         spec = importlib.util.spec_from_file_location("env_under_test", path)
         mod = importlib.util.module_from_spec(spec)
@@ -61,7 +66,7 @@ def _probe_in_child(path: Path, out: Path) -> None:
         rec["import_error"] = _error(exc)
         rec["import_trace"] = traceback.format_exc()[-1500:]
     if rec["import_ok"]:
-        for name, cls in vars(mod).items():
+        for name, cls in list(vars(mod).items()):  # config_init may add module globals
             if not (inspect.isclass(cls) and issubclass(cls, BaseEnv) and cls is not BaseEnv
                     and cls.__module__ == mod.__name__):
                 continue
@@ -80,15 +85,18 @@ def _probe_in_child(path: Path, out: Path) -> None:
     out.write_text(json.dumps(rec))
 
 
-def env_files(root: Path) -> list[Path]:
-    """Python files under ``root`` that may hold an env: not ``__init__.py``, not ``test_*.py``."""
+def env_files(root: Path, every_file: bool = False) -> list[Path]:
+    """Python files under ``root`` that may hold an env: not ``__init__.py``, not ``test_*.py``.
+
+    With ``every_file``, all ``*.py`` files (``__init__.py`` and ``test_*.py`` too).
+    """
     return sorted(
         p for p in root.rglob("*.py")
-        if p.name != "__init__.py" and not p.name.startswith("test_")
+        if every_file or (p.name != "__init__.py" and not p.name.startswith("test_"))
     )
 
 
-def probe(path: Path, timeout: float) -> dict:
+def probe(path: Path, timeout: float, project_root: Path | None = None) -> dict:
     """Import ``path`` in a forked child (cwd: an empty temp dir); return its record.
 
     The parent has already imported ``atroposlib.envs.base``, so each child starts from the
@@ -101,7 +109,7 @@ def probe(path: Path, timeout: float) -> dict:
         old = os.getcwd()
         os.chdir(cwd)
         try:
-            child = ctx.Process(target=_probe_in_child, args=(path, out))
+            child = ctx.Process(target=_probe_in_child, args=(path, out, project_root))
             child.start()
             child.join(timeout)
             if child.is_alive():
@@ -122,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("root", type=Path, help="directory of env files")
     parser.add_argument("--json", type=Path, help="write per-file records here")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per file")
+    parser.add_argument("--every-file", action="store_true",
+                        help="also import __init__.py and test_*.py files")
+    parser.add_argument("--project-root", type=Path,
+                        help="appended to sys.path (a checkout whose environments/ files import "
+                        "each other as environments.<...>)")
     args = parser.parse_args(argv)
 
     import atroposlib.envs.base  # noqa: F401  (warm the package once; children are forked)
@@ -133,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     records = []
-    for path in env_files(args.root.resolve()):
-        rec = probe(path, args.timeout)
+    for path in env_files(args.root.resolve(), args.every_file):
+        rec = probe(path, args.timeout, args.project_root)
         rec["file"] = str(path.relative_to(args.root.resolve()))
         records.append(rec)
         envs = " ".join(
@@ -147,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     totals = {
         "files": len(records),
         "import_ok": sum(r["import_ok"] for r in records),
+        "files_with_env": sum(bool(r["envs"]) for r in records),
         "env_classes": sum(len(r["envs"]) for r in records),
         "config_init_ok": sum(e["config_init_ok"] for r in records for e in r["envs"]),
+        "files_config_init_ok": sum(
+            bool(r["envs"]) and all(e["config_init_ok"] for e in r["envs"]) for r in records),
         "atroposlib": next((r.get("atroposlib") for r in records if r.get("atroposlib")), None),
     }
     print(json.dumps(totals))

@@ -158,6 +158,32 @@ def save_checkpoint(out_dir: Path, *, step: int, model: Any, optimizer: Any,
     return out_dir
 
 
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete ``step_<k>`` checkpoints of ``run_dir``.
+
+    ``final``, hidden (unfinished) directories and anything else are never touched.
+
+    Args:
+        run_dir: a run directory (holding ``checkpoints/``).
+        keep: how many step checkpoints to keep (0: keep all, delete nothing).
+
+    Returns:
+        The deleted directories.
+    """
+    root = Path(run_dir) / "checkpoints"
+    if keep <= 0 or not root.is_dir():
+        return []
+    steps = []
+    for path in root.iterdir():
+        name = path.name
+        if name.startswith("step_") and name[5:].isdigit() and (path / META_FILE).is_file():
+            steps.append((int(name[5:]), path))
+    doomed = [path for _, path in sorted(steps)[:-keep]]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
 def load_full_weights(model: Any, ckpt: Checkpoint) -> None:
     """Load a checkpoint's full weights (``model.safetensors``) into ``model``.
 

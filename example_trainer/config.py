@@ -92,8 +92,9 @@ class TrainerConfig(BaseSettings):
 
     # ---------------------------------------------------------------- trajectory API
     api_url: str = Field(default=DEFAULT_API_URL, description="run-api base URL.")
-    api_key: str | None = Field(default=None, description="Bearer token for run-api "
-                                "(null: the ATROPOS_API_KEY environment variable).")
+    api_key: str | None = Field(default=None, min_length=1, description="Bearer token for "
+                                "run-api (null: the ATROPOS_API_KEY environment variable; an "
+                                "empty token is refused).")
     batch_timeout: float = Field(default=900.0, gt=0, description="Seconds to wait for one "
                                  "batch before failing with a hint (are the envs running?).")
     wandb_project: str | None = Field(default=None, description="W&B project (also sent to "
@@ -113,6 +114,13 @@ class TrainerConfig(BaseSettings):
                                       "run-api drops groups whose policy_version is more than "
                                       "this many steps behind the current step (overrides "
                                       "run-api --max-staleness). null: run-api's setting.")
+
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Serve "
+                                     "Prometheus metrics at http://<metrics_host>:PORT/metrics "
+                                     "(0: a free port, printed at start; null: off). Names in "
+                                     "docs/metrics-trainer.md.")
+    metrics_host: str = Field(default="127.0.0.1", description="Interface the metrics endpoint "
+                              "binds (0.0.0.0 lets a scraper on another machine in).")
 
     # ---------------------------------------------------------------- optimisation
     training_steps: int = Field(default=20, ge=1, description="Optimizer steps; each consumes "
@@ -156,9 +164,9 @@ class TrainerConfig(BaseSettings):
         "advantages sent by the env are used as sent.")
     is_correction: Literal["none", "tis", "mis"] = Field(
         default="none", description="Sampler/trainer mismatch correction with rho = pi_old / "
-        "pi_sampler per token: tis weights the policy loss by min(rho, is_cap); mis drops tokens "
-        "with rho outside [1/is_cap, is_cap]; none: the PPO ratio is taken against the sampler's "
-        "log-probs instead.")
+        "pi_sampler per token: tis weights the policy loss by min(rho, is_cap); mis weights it "
+        "by rho inside [1/is_cap, is_cap] and drops tokens outside (IcePop's token mask, "
+        "arXiv:2510.18855); none: the PPO ratio is taken against the sampler's log-probs instead.")
     is_cap: float = Field(default=2.0, gt=1, description="C of --is-correction (tis cap, mis "
                           "range [1/C, C]); also the range of the logged sampler_out_of_range.")
     kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty coefficient (0 = off). "
@@ -170,8 +178,19 @@ class TrainerConfig(BaseSettings):
                                 "TeacherDistillationEnv) to the student on trained tokens.")
 
     # ---------------------------------------------------------------- checkpoints
-    checkpoint_interval: int = Field(default=0, ge=0, description="Save a checkpoint every N "
-                                     "steps (0: only the final one).")
+    checkpoint_interval: int = Field(
+        default=10, ge=0, description="Save checkpoints/step_<k> every N steps (0: only the "
+        "final one and one on exit). Default 10: a save costs about 0.08 of a step (measured "
+        "with benchmarks/bench_checkpoint.py on SmolLM2-135M: 1.5 s against an 18 s step with "
+        "the top 10 layers trained, 3.4 s against 42 s for the full model, 0.2 s for a LoRA "
+        "adapter), so saving every 10 steps costs under 1% of the run and a crash loses at most "
+        "10 steps. The trainer also saves on any exit it can handle (an error in a step, Ctrl-C, "
+        "SIGTERM, a dead vLLM).")
+    checkpoint_keep: int = Field(
+        default=2, ge=0, description="Keep the newest N step_<k> checkpoints and delete older "
+        "ones once a newer one is complete (checkpoints/final is always kept); 0 keeps all. A "
+        "full checkpoint holds the weights and the optimizer state: about 1.5 GiB for "
+        "SmolLM2-135M.")
 
     # ---------------------------------------------------------------- vLLM
     vllm_url: str | None = Field(default=None, description="Use this already-running vLLM "
@@ -205,6 +224,21 @@ class TrainerConfig(BaseSettings):
         "never update vLLM.")
     weight_sync_interval: int = Field(default=1, ge=1, description="Sync vLLM every N steps "
                                       "(and always after the last step).")
+    weight_sync_timeout: float = Field(default=120.0, gt=0, description="Seconds one weight "
+                                       "sync may take per atropos-inference-node (upload, "
+                                       "drain, load). A node that misses it is marked stale, "
+                                       "named in one warning and counted (sync/nodes_failed, "
+                                       "summary weight_sync_failures); training goes on and the "
+                                       "node is sent the current weights once it answers again.")
+    weight_transport: Literal["auto", "http", "nccl"] = Field(
+        default="auto", description="How weights reach atropos-inference-node nodes in "
+        "--vllm-url: auto = the node reads them from this run directory when it runs on this "
+        "host and sees it, else they are pushed over HTTP; http = always push; nccl = vLLM's "
+        "NCCL weight transfer (CUDA, nodes started with --weight-transfer nccl; never run in "
+        "this project's tests).")
+    vllm_api_key: str | None = Field(default=None, description="Bearer token of the inference "
+                                     "servers in --vllm-url (null: the ATROPOS_API_KEY "
+                                     "environment variable).")
     weight_sync_overlap: bool = Field(default=False, description="reload only: copy the weights "
                                       "and write + reload them in a background thread while the "
                                       "next step trains (vLLM's policy then lags the trainer by at "
@@ -259,6 +293,10 @@ class TrainerConfig(BaseSettings):
             raise ValueError(
                 "weight_sync=restart needs the trainer to own vLLM; drop --vllm-url or use "
                 "--weight-sync reload")
+        if self.weight_transport == "nccl" and (self.vllm_url is None or self.weight_sync != "reload"):
+            raise ValueError("weight_transport=nccl sends weights to atropos-inference-node nodes "
+                             "started with --weight-transfer nccl: set --vllm-url to them and "
+                             "--weight-sync reload")
         if self.weight_sync == "lora" and not self.lora_r:
             raise ValueError("weight_sync=lora needs a LoRA run; set --lora-r (e.g. 16) or use "
                              "--weight-sync reload")

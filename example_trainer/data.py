@@ -81,7 +81,8 @@ class TrainSequence:
         input_ids: model input ids.
         labels: target ids, -100 where not trained.
         advantages: per-target advantage.
-        old_logprobs: sampler log-prob per target, ``nan`` where unknown.
+        sampler_logprobs: the sampler's (behaviour policy's) log-prob per target, ``nan``
+            where unknown (the wire's ``inference_logprobs``, shifted).
         ref_logprobs: reference log-prob per target, or None.
         temperature: sampling temperature.
         score: the sequence's reward (for logging).
@@ -93,7 +94,7 @@ class TrainSequence:
     input_ids: list[int]
     labels: list[int]
     advantages: list[float]
-    old_logprobs: list[float]
+    sampler_logprobs: list[float]
     ref_logprobs: list[float] | None
     temperature: float
     score: float
@@ -110,7 +111,7 @@ class MicroBatch:
         attention_mask: ``[B, T]`` long, 1 on real tokens.
         labels: ``[B, T]`` long, -100 on prompt and padding.
         advantages: ``[B, T]`` float32.
-        old_logprobs: ``[B, T]`` float32, ``nan`` where the sampler log-prob is unknown.
+        sampler_logprobs: ``[B, T]`` float32, ``nan`` where the sampler log-prob is unknown.
         ref_logprobs: ``[B, T]`` float32 (``nan`` where unknown) or None when no sequence
             carried them.
         temperatures: ``[B]`` float32.
@@ -123,7 +124,7 @@ class MicroBatch:
     attention_mask: torch.Tensor
     labels: torch.Tensor
     advantages: torch.Tensor
-    old_logprobs: torch.Tensor
+    sampler_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None
     temperatures: torch.Tensor
     distill_token_ids: torch.Tensor | None = None
@@ -180,7 +181,7 @@ class BatchStats:
     max_len: int = 0
 
 
-def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | None = None,
+def batch_to_sequences(groups: Sequence[dict[str, Any]],
                        scale_advantages: bool = True) -> tuple[list[TrainSequence], BatchStats]:
     """Compute advantages and shift every sequence of a ``/batch`` into a :class:`TrainSequence`.
 
@@ -191,9 +192,8 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
     shifted like the labels, so target j gets position j + 1.
 
     Args:
-        groups: the list returned by ``GET /batch`` (wire dicts).
-        max_token_len: if given, sequences longer than this are truncated to it (the API should
-            never send longer ones; truncation keeps the step alive).
+        groups: the list returned by ``GET /batch`` (wire dicts), checked by
+            :mod:`example_trainer.batch_checks` first (nothing is truncated here).
         scale_advantages: divide score advantages by the group's std (``scale`` of
             :func:`group_advantages`); env-sent per-token advantages are used as sent.
 
@@ -214,15 +214,13 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
             )
         seq_adv = group_advantages(scores, scale=scale_advantages)
         token_adv = group.get("advantages")
-        inf_lps = group.get("inference_logprobs")
+        sampler_lps = group.get("inference_logprobs")
         ref_lps = group.get("ref_logprobs")
         overrides = group.get("overrides") or []
         d_ids, d_lps = group.get("distill_token_ids"), group.get("distill_logprobs")
         for i, (toks, mask) in enumerate(zip(tokens, masks, strict=True)):
             if len(toks) != len(mask):
                 raise ValueError(f"group {g} sequence {i}: tokens has {len(toks)} entries but masks has {len(mask)}")
-            if max_token_len is not None and len(toks) > max_token_len:
-                toks, mask = toks[:max_token_len], mask[:max_token_len]
             n = len(toks)
             zero = bool(i < len(overrides) and overrides[i] and overrides[i].get("set_advantage_to_zero"))
             if token_adv is not None and token_adv[i] is not None:
@@ -231,8 +229,8 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
                 adv = [seq_adv[i]] * (n - 1)
             if zero:
                 adv = [0.0] * (n - 1)
-            if inf_lps is not None and inf_lps[i] is not None:
-                old = [float(v) for v in inf_lps[i][1:n]]
+            if sampler_lps is not None and sampler_lps[i] is not None:
+                old = [float(v) for v in sampler_lps[i][1:n]]
                 # 1.0 is the wire placeholder for "no sampler log-prob here".
                 old = [v if v <= 0.0 else math.nan for v in old]
                 stats.has_inference_logprobs += 1
@@ -248,7 +246,7 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]], max_token_len: int | No
                     input_ids=list(toks[:-1]),
                     labels=list(mask[1:]),
                     advantages=adv,
-                    old_logprobs=old,
+                    sampler_logprobs=old,
                     ref_logprobs=ref,
                     temperature=sequence_temperature(group, i),
                     score=float(scores[i]),
@@ -307,7 +305,7 @@ def collate(sequences: Sequence[TrainSequence], pad_token_id: int = 0, pad_multi
         attention[b, :n] = 1
         labels[b, :n] = torch.tensor(s.labels, dtype=torch.long)
         adv[b, :n] = torch.tensor(s.advantages, dtype=torch.float32)
-        old[b, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        old[b, :n] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
         if ref is not None and s.ref_logprobs is not None:
             ref[b, :n] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
     temps = torch.tensor([s.temperature for s in sequences], dtype=torch.float32)

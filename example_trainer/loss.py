@@ -344,9 +344,18 @@ def sampler_correction(
       Secretly Brings You Off-Policy RL Training", https://fengyao.notion.site/off-policy-rl):
       ``w_t = min(rho_t, C)``; TRL calls it ``vllm_importance_sampling_correction`` with
       ``vllm_importance_sampling_cap``, verl "rollout correction" (token-level IS);
-    - ``mis`` (masked importance sampling): ``w_t = 1`` if ``1/C <= rho_t <= C`` else 0, i.e.
-      the token is dropped from the gradient. Like TRL's masking mode the dropped token still
-      counts in the loss denominators, so the step's loss does not depend on the micro-batching;
+    - ``mis`` (token-level masked importance sampling): ``w_t = rho_t`` if ``1/C <= rho_t <= C``
+      else 0: a token whose mismatch is within the range is weighted by its importance ratio,
+      as in ``tis``, and one outside it is dropped from the gradient instead of capped. This is
+      IcePop's token-level discrepancy mask (Ling Team 2025, "Every Step Evolves: Scaling
+      Reinforcement Learning for Trillion-Scale Thinking Model", arXiv:2510.18855: the ratio
+      ``pi_train / pi_infer`` multiplies the policy-gradient term inside the band ``[alpha,
+      beta]``, here ``[1/C, C]``, and zeroes it outside) and the token-level "MIS" estimator of
+      Liu, Li et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
+      Training-Inference Mismatch" (https://richardli.xyz/rl-collapse: ``rho * 1[rho in
+      range]``). TRL's ``vllm_importance_sampling_mode="token_mask"`` is the same with an upper
+      bound only. The dropped token still counts in the loss denominators, so the step's loss
+      does not depend on the micro-batching;
     - ``none``: ``w_t = 1``.
 
     Tokens without a sampler log-prob get ``w_t = 1``.
@@ -379,7 +388,7 @@ def sampler_correction(
     if mode == "tis":
         return rho.clamp(max=cap), known & (rho > cap), out_of_range
     if mode == "mis":
-        return (~out_of_range).to(rho), out_of_range, out_of_range
+        return torch.where(out_of_range, torch.zeros_like(rho), rho), out_of_range, out_of_range
     return torch.ones_like(rho), torch.zeros_like(known), out_of_range
 
 
@@ -408,7 +417,7 @@ def grpo_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
     advantages: torch.Tensor,
-    old_logprobs: torch.Tensor | None,
+    sampler_logprobs: torch.Tensor | None,
     *,
     num_sequences: int,
     clip_eps: float = 0.2,
@@ -432,8 +441,9 @@ def grpo_loss(
         logits: ``[B, T, V]`` model output for the padded inputs.
         labels: ``[B, T]`` target ids, ``-100`` where not trained (prompt, padding).
         advantages: ``[B, T]`` per-token advantages (a sequence's scalar advantage repeated).
-        old_logprobs: ``[B, T]`` sampler log-probs of ``labels``; ``nan`` where unknown (the
-            ratio is then 1 for that token). None: unknown everywhere (on-policy REINFORCE).
+        sampler_logprobs: ``[B, T]`` sampler (behaviour policy) log-probs of ``labels``, the
+            wire's ``inference_logprobs``; ``nan`` where unknown (the ratio is then 1 for that
+            token). None: unknown everywhere (on-policy REINFORCE).
         num_sequences: sequences in the whole optimiser step (all micro-batches); the sum of
             per-sequence losses is divided by it, so gradient accumulation gives the exact mean.
         clip_eps: PPO clip range (both sides unless ``clip_eps_low`` / ``clip_eps_high`` given).
@@ -491,12 +501,12 @@ def grpo_loss(
     logits = scaled_logits(logits, temperature)  # once, for the policy and the distill terms
     logprobs = token_logprobs(logits, labels)
     detached = logprobs.detach()
-    if old_logprobs is None:
+    if sampler_logprobs is None:
         sampler = detached
         known = torch.zeros_like(mask, dtype=torch.bool)
     else:
-        known = torch.isfinite(old_logprobs) & mask.bool()
-        sampler = torch.where(known, old_logprobs.to(detached), detached)
+        known = torch.isfinite(sampler_logprobs) & mask.bool()
+        sampler = torch.where(known, sampler_logprobs.to(detached), detached)
     is_weight, corrected, out_of_range = sampler_correction(detached, sampler, known, is_correction, is_cap)
     # The ratio's denominator: the sampler (today's default) or, with a correction, the trainer's
     # own pre-update log-probs, which equal `detached` since every batch gets one optimiser step.

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,14 +85,18 @@ class RunLog:
 
     def __init__(self, run_dir: Path, use_wandb: bool = False, wandb_project: str | None = None,
                  wandb_group: str | None = None, config: dict[str, Any] | None = None,
-                 plot_every: int = 0, tensorboard_dir: Path | None = None):
+                 plot_every: int = 0, tensorboard_dir: Path | None = None,
+                 observers: list[Callable[[int, dict[str, Any]], None]] | None = None):
         """Open ``<run_dir>/metrics.jsonl`` (and a wandb run when ``use_wandb``).
 
         ``plot_every`` > 0 redraws ``<run_dir>/plot.png`` every that many trainer steps while
         training runs (0: only when :meth:`plot` is called). ``tensorboard_dir`` set: every
         numeric metric is also written there as a TensorBoard scalar (tag = metric key,
         global step = trainer step) through ``torch.utils.tensorboard.SummaryWriter``.
+        ``observers`` are called with ``(step, metrics)`` for every record (e.g. the
+        Prometheus metrics, :meth:`~example_trainer.metrics.TrainerMetrics.observe`).
         """
+        self.observers = list(observers or [])
         self.run_dir = run_dir
         self.plot_every = plot_every
         self.history: list[dict[str, Any]] = []
@@ -117,6 +122,8 @@ class RunLog:
         self._file.flush()
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
+        for observer in self.observers:
+            observer(step, metrics)
         if self._tensorboard is not None:
             for key, value in metrics.items():
                 if isinstance(value, int | float) and not isinstance(value, bool):

@@ -56,7 +56,9 @@ class VLLMSync:
     server started with ``VLLM_SERVER_DEV_MODE=1``; ``lora`` needs ``--enable-lora
     --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. A comma-separated list
     updates every server (e.g. one per Slurm inference node), reading the weights or adapter
-    from a filesystem they share with the trainer. Otherwise
+    from a filesystem they share with the trainer. URLs of ``atropos-inference-node`` nodes
+    need no shared filesystem: :class:`~example_trainer.weight_push.NodeFleet` sends them the
+    weights (over HTTP, or as a local file when a node shares this host and directory). Otherwise
     :class:`~atroposlib.inference.vllm_process.VLLMProcess` launches it with the policy.
     """
 
@@ -74,6 +76,7 @@ class VLLMSync:
         # several comma-separated URLs (e.g. one vLLM per Slurm inference node) all get reloaded
         self._external_urls = [u.strip().rstrip("/") for u in (config.vllm_url or "").split(",") if u.strip()]
         self._external_url = self._external_urls[0] if self._external_urls else None
+        self.fleet: Any = None  # atropos-inference-node nodes among the URLs (NodeFleet)
         self._pending: Any = None  # the background sync in flight (concurrent.futures.Future)
         # whether vLLM holds the trainer's frozen weights: true when the trainer launches it on
         # the starting model (not when resuming: the checkpoint may differ), else after a full sync
@@ -96,9 +99,13 @@ class VLLMSync:
             InferenceError: vLLM did not become healthy (the message has its log tail).
         """
         if self._external_url:
-            if self.config.weight_sync != "none":
-                return self._wait_external()
-            return 0.0
+            if self.config.weight_sync == "none":
+                return 0.0
+            seconds = self._wait_external()
+            from example_trainer.weight_push import connect_nodes
+
+            self.fleet = connect_nodes(self.config, self._external_urls, self.weights_dir)
+            return seconds
         from atroposlib.inference.vllm_process import VLLMProcess
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,8 +134,36 @@ class VLLMSync:
             return []
         return ["--enable-lora", "--max-lora-rank", str(self.config.lora_r), "--max-loras", "1"]
 
+    def health_problem(self) -> tuple[str, bool] | None:
+        """Why vLLM cannot serve right now, for :class:`~example_trainer.health.HealthWatch`.
+
+        Returns:
+            None while it is healthy; ``(why, True)`` when the launched vLLM exited (exit code
+            and log tail in ``why``); ``(why, False)`` when an external server did not answer
+            ``GET /health`` with 200 within 5 s (it may come back). Never a problem for
+            ``atropos-inference-node`` nodes: the fleet marks them stale instead.
+        """
+        if self.process is not None:
+            died = self.process.death_report()
+            return (died, True) if died is not None else None
+        if self.fleet is not None:
+            # Inference nodes: a down node is marked stale and re-synced by the fleet's own
+            # watcher; training goes on (it never ends the run).
+            return None
+        import httpx
+
+        for url in self._external_urls:
+            health = url.removesuffix("/v1") + "/health"
+            try:
+                status = httpx.get(health, timeout=5.0, trust_env=False).status_code
+            except httpx.HTTPError as exc:
+                return f"{health} did not answer ({type(exc).__name__}: {exc})", False
+            if status != 200:
+                return f"{health} answered {status}", False
+        return None
+
     def sync(self, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None = None,
-             background: bool = False) -> dict[str, float]:
+             background: bool = False, version: int = 0) -> dict[str, float]:
         """Push the current weights to vLLM according to ``weight_sync``.
 
         Args:
@@ -141,6 +176,8 @@ class VLLMSync:
                 one is in flight and vLLM's policy lags the trainer by at most one sync. Call
                 :meth:`wait` before anything that needs vLLM on the newest weights (an
                 evaluation, the end of training). Ignored (synchronous) in other modes.
+            version: the policy version (trainer step) of these weights; inference nodes tag
+                the completions they serve with it.
 
         Returns:
             ``{"sync/save_seconds", "sync/update_seconds"}`` (zeros for ``none``); in the
@@ -154,6 +191,8 @@ class VLLMSync:
         mode = self.config.weight_sync
         if mode == "none":
             return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
+        if self.fleet is not None:
+            return self._sync_nodes(model, state_dict, background, version)
         if mode == "lora":
             return self._load_adapter(model, state_dict)
         from example_trainer.lora import export, is_lora
@@ -210,6 +249,28 @@ class VLLMSync:
         update_s = (self.process.reload_weights(self.weights_dir) if self.process is not None
                     else self._reload_external())
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+
+    def _sync_nodes(self, model: Any, state_dict: dict[str, Any] | None, background: bool,
+                    version: int) -> dict[str, float]:
+        """Send the weights to the inference nodes (in the background: the next sync waits)."""
+        begin = time.perf_counter()
+        previous = self.wait() if background else {}
+        waited = time.perf_counter() - begin
+        job = self.fleet.prepare(model, state_dict, weights_dir=self.weights_dir,
+                                 lora_name=self.model_name if self.config.weight_sync == "lora" else None,
+                                 copy=background)
+        if not background:
+            return self.fleet.push(version=version, **job)
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="vllm-sync")
+        self._pending = self._executor.submit(self.fleet.push, version=version, **job)
+        return {"sync/update_seconds": 0.0, **previous, "sync/wait_seconds": waited}
+
+    def summary(self) -> dict[str, Any]:
+        """Weight-sync fields for the run summary (inference nodes only; ``{}`` otherwise)."""
+        return self.fleet.summary() if self.fleet is not None else {}
 
     def wait(self) -> dict[str, float]:
         """Wait for the background sync in flight, if any; return its metrics (``{}`` if none).
@@ -306,6 +367,8 @@ class VLLMSync:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self.fleet is not None:
+            self.fleet.close()
         if self.process is not None:
             self.process.stop()
 

@@ -148,7 +148,7 @@ class TrackedEndpoint:
         """
         if self.url is None or self._http is None:
             raise RuntimeError("TrackedEndpoint.session() needs `async with TrackedEndpoint(...)`")
-        from atroposlib.proxy.client import create_proxy_session
+        from atroposlib.inference.clients.proxy_session import create_proxy_session
 
         return await create_proxy_session(self.url, tool_parser=self.tool_parser,
                                           client=self._http)

@@ -47,6 +47,7 @@ from atroposlib.adapters.common import (
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.errors import ConfigError, RolloutError
 from atroposlib.type_definitions import Item
+from atroposlib.utils.flags import merge_dicts
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +83,6 @@ class VerifiersEnvConfig(BaseEnvConfig):
         description="local: run verifiers' harness programs with this Python when their "
         "dependencies are installed (no uv, no package index); uv: let verifiers provision them.",
     )
-
-
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
@@ -289,9 +280,7 @@ class VerifiersEnv(BaseEnv):
                 data[role] = role_defaults
         values = self.config.model_dump()
         knobs = {k: values[k] for k in self.knob_names if values.get(k) is not None}
-        data = _deep_merge(data, _nest(knobs))
-        data = _deep_merge(data, self.config.vf_config)
-        data = _deep_merge(data, extra or {})
+        data = merge_dicts(data, _nest(knobs), self.config.vf_config, extra or {})
         try:
             return vf.resolve_env_config(data)
         except (ValidationError, ValueError, TypeError) as exc:

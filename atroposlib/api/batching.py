@@ -22,6 +22,8 @@ from atroposlib.api.store import GroupMeta
 
 log = logging.getLogger("atroposlib.api")
 
+#: Header of a 409 answer to ``GET /batch?step=N``: the oldest step that can be answered again.
+OLDEST_STEP_HEADER = "X-Atropos-Oldest-Step"
 NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.",
                   "batch": []}
 
@@ -58,7 +60,7 @@ class Batching:
             return orjson.dumps(NOT_REGISTERED), {}
         if not self.core.started:
             self.core.started = True
-            with self.core.store.transaction():
+            with self.core.transaction("recording the trainer's first poll"):
                 self.core.store.set_meta("started", True)
             log.info("trainer polled /batch: envs may now register")
         self._drop_stale()
@@ -79,25 +81,26 @@ class Batching:
         chosen = [metas[i] for i in picked]
         body = self._batch_body([g.id for g in chosen])
         step = self.core.step + 1
-        self.core.last_batch = (step, [g.id for g in chosen])
+        ids = [g.id for g in chosen]
+        self.core.batches[step] = ids
+        forgotten = list(self.core.batches)[:-self.core.replay_batches]
+        for old in forgotten:
+            del self.core.batches[old]
         for g in chosen:
             self.core.unindex_queued(g)
             g.served_step = step
             self.core.served.append(g)
             self.core.served_tokens += g.n_tokens
         pruned = self._prune_served()
-        try:
-            with self.core.store.transaction():
-                self.core.store.mark_served([g.id for g in chosen], step)
-                self.core.store.set_meta("step", step)
-                self.core.store.set_meta("last_batch", {"step": step, "ids": [g.id for g in chosen]})
-                self.core.store.delete_groups(g.id for g in pruned)
-        except Exception:
-            log.exception("recording a served batch failed; reloading state from the store")
-            self.core.load()
-            raise
+        with self.core.transaction("recording a served batch"):
+            self.core.store.mark_served(ids, step)
+            self.core.store.set_meta("step", step)
+            self.core.store.put_batch(step, ids)
+            self.core.store.delete_batches(forgotten)
+            self.core.store.delete_groups(g.id for g in pruned)
         self.core.step = step
         self.core.changed()
+        self.core.metrics.served(step, chosen)
         info = {"step": step, "groups": len(chosen), "sequences": reg.batch_size,
                 "tokens": sum(g.n_tokens for g in chosen)}
         log.info("batch served: step=%d groups=%d sequences=%d tokens=%d queued_groups=%d",
@@ -121,15 +124,11 @@ class Batching:
             self.core.unindex_queued(g)
             del self.core.groups[g.id]
             self.core.stale_dropped[orjson.dumps(g.env_id).decode()] += 1
-        try:
-            with self.core.store.transaction():
-                self.core.store.delete_groups(g.id for g in stale)
-                self.core.store.set_meta("stale_dropped", dict(self.core.stale_dropped))
-        except Exception:
-            log.exception("dropping stale groups failed; reloading state from the store")
-            self.core.load()
-            raise
+        with self.core.transaction("dropping stale groups"):
+            self.core.store.delete_groups(g.id for g in stale)
+            self.core.store.set_meta("stale_dropped", dict(self.core.stale_dropped))
         self.core.changed()
+        self.core.metrics.dropped_stale.inc(len(stale))
         log.info("dropped %d stale groups (policy_version more than %d steps behind step %d): %s",
                  len(stale), limit, self.core.step, dict(Counter(g.env_id for g in stale)))
 
@@ -140,13 +139,15 @@ class Batching:
     def batch_for_step(self, step: int) -> tuple[bytes | None, dict[str, Any]]:
         """``GET /batch?step=N``: the batch of step N, served once and then fetchable again.
 
-        Steps count served batches: ``/register`` sets the step to its ``starting_step`` and
-        each served batch is numbered one more than the step before it. So with N = the next
-        step, a new batch is served exactly as by a plain ``GET /batch``; with N = the step of
-        the last served batch, that same batch is answered again (same groups, same order)
-        until the next batch is served. A trainer that lost a ``/batch`` reply (connection
-        error, server crash) retries with the step it expected and gets its batch whether or
-        not the server had served it. With ``--db`` this survives restarts.
+        Steps count served batches: the first ``/register`` sets the step to its
+        ``starting_step`` and each served batch is numbered one more than the step before it.
+        With N = the next step, a new batch is served exactly as by a plain ``GET /batch``; with
+        N = the step of one of the last :attr:`StateCore.replay_batches` served batches, that
+        same batch is answered again (same groups, same order). A trainer that lost a
+        ``/batch`` reply (connection error, server crash) retries with the step it expected and
+        gets its batch whether or not the server had served it; a trainer that restarted from
+        the checkpoint of step C fetches steps C+1, C+2, ... and gets the batches it had not
+        trained on before new ones. With ``--db`` this survives restarts.
 
         Args:
             step: the step the caller expects the batch to have.
@@ -155,34 +156,41 @@ class Batching:
             As :meth:`next_batch`; ``info["replayed"]`` is True for a batch answered again.
 
         Raises:
-            StepConflictError: N is neither the next step nor the last served one (an older
-                batch, or a step the server has not reached).
+            StepConflictError: N is ahead of the next step, or an older step whose batch is no
+                longer kept (the message and the ``X-Atropos-Oldest-Step`` header name the
+                oldest step that is).
         """
-        if self.core.registration is None:
+        core = self.core
+        if core.registration is None:
             return orjson.dumps(NOT_REGISTERED), {}
-        if step == self.core.step + 1:
+        if step == core.step + 1:
             return self.next_batch()
-        if self.core.last_batch is not None and step == self.core.step == self.core.last_batch[0]:
-            ids = self.core.last_batch[1]
-            log.warning("batch of step %d served again (the trainer lost the first reply)", step)
+        ids = core.batches.get(step)
+        if ids is not None:
+            log.info("batch of step %d served again (a lost reply, or a trainer that restarted "
+                     "from a checkpoint)", step)
+            core.metrics.batches.labels("true").inc()
             return self._batch_body(ids), {
                 "step": step, "groups": len(ids), "replayed": True,
-                "sequences": sum(self.core.groups[i].n_seqs for i in ids),
-                "tokens": sum(self.core.groups[i].n_tokens for i in ids)}
-        if step > self.core.step:
+                "sequences": sum(core.groups[i].n_seqs for i in ids),
+                "tokens": sum(core.groups[i].n_tokens for i in ids)}
+        if step > core.step:
             raise StepConflictError(
-                f"step {step} is ahead of the server: it is at step {self.core.step}, so the next batch "
-                f"is step {self.core.step + 1}. Did the trainer register with another starting_step, "
+                f"step {step} is ahead of the server: it is at step {core.step}, so the next batch "
+                f"is step {core.step + 1}. Did the trainer register with another starting_step, "
                 "or was the API reset or restarted without --db?"
             )
-        if self.core.last_batch is not None and self.core.last_batch[0] == self.core.step:
-            why = (f"the server is at step {self.core.step} and only the last served batch (step "
-                   f"{self.core.step}) can be fetched again")
-        else:
-            why = f"no batch was served as step {step} since the trainer registered"
+        oldest = core.oldest_replayable_step
+        if oldest is not None:
+            raise StepConflictError(
+                f"the batch of step {step} is no longer kept: run-api keeps the last "
+                f"{core.replay_batches} served batches (--replay-batches), steps {oldest}.."
+                f"{core.step}; the oldest step it can answer again is {oldest}. "
+                f"GET /batch?step={core.step + 1} serves the next batch.",
+                headers={OLDEST_STEP_HEADER: str(oldest)})
         raise StepConflictError(
-            f"the batch of step {step} cannot be served: {why}. GET /batch?step={self.core.step + 1} "
-            "serves the next batch."
+            f"the batch of step {step} cannot be served: no batch served since the trainer "
+            f"registered is kept. GET /batch?step={core.step + 1} serves the next batch."
         )
 
     def _why_no_batch(self, batch_size: int, metas: list[GroupMeta], needs: dict[int, int]) -> str:
@@ -205,12 +213,12 @@ class Batching:
     def _prune_served(self) -> list[GroupMeta]:
         """Drop the oldest served groups past the observe retention window.
 
-        Never drops the latest example, nor the groups of the last batch (which
+        Never drops the latest example, nor the groups of the kept batches (which
         ``GET /batch?step=N`` may serve again).
         """
         s = self.core.settings
-        # keep /latest_example and a repeat of the last batch (GET /batch?step=N) answerable
-        keep = {self.core.latest_id, *(self.core.last_batch[1] if self.core.last_batch else ())}
+        # keep /latest_example and the kept batches (GET /batch?step=N) answerable
+        keep = {self.core.latest_id, *(i for ids in self.core.batches.values() for i in ids)}
         pruned = []
         kept = []
         while self.core.served and (len(self.core.served) > s.observe_retention_groups

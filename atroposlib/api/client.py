@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -45,6 +46,8 @@ from atroposlib.errors import (
     ApiRejectedError,
     ApiUnavailableError,
 )
+
+log = logging.getLogger("atroposlib.api.client")
 
 #: Bodies at least this large (bytes) are gzipped when that makes them smaller (as upstream).
 GZIP_MIN_BYTES = 1024
@@ -129,13 +132,20 @@ class _ClientBase:
         Args:
             base_url: root URL of ``run-api`` (no trailing path).
             api_key: bearer token; defaults to the ``ATROPOS_API_KEY`` environment variable.
+                An empty string is refused (ValueError): it would send no token at all.
             timeout: per-request timeout in seconds.
             max_attempts: attempts per call for transient failures (1 = no retry).
             max_retry_seconds: give up retrying after this many seconds in total.
             transport: an httpx transport (sync client: ``httpx.BaseTransport``, async client:
                 ``httpx.AsyncBaseTransport``), e.g. ``httpx.ASGITransport(app)`` in tests.
+
+        Raises:
+            ValueError: ``api_key`` is an empty string.
         """
         self.base_url = base_url.rstrip("/")
+        if api_key is not None and not api_key.strip():
+            raise ValueError("api_key is empty: give the token run-api was started with, or None "
+                             "(then $ATROPOS_API_KEY, if set)")
         key = api_key if api_key is not None else os.environ.get("ATROPOS_API_KEY")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.timeout = timeout
@@ -144,14 +154,20 @@ class _ClientBase:
         #: Step of the last batch received (or the registered starting_step); None: unknown.
         self.last_step: int | None = None
         self._batch_unanswered = False
+        #: The server's step at registration: batches up to it are re-fetched by step
+        self._replay_until: int | None = None
 
     def _batch_params(self, attempt: int) -> dict[str, int]:
         """Query of one ``GET /batch`` attempt: ``?step=N`` once a reply may have been lost.
 
         The first attempt is a plain ``GET /batch`` (as any Atropos client), unless an earlier
-        call ended without an answer; retries ask for the step expected after ``last_step``.
+        call ended without an answer, or the client is re-fetching the batches served before a
+        resume (see :meth:`_note_registration`); retries ask for the step after ``last_step``.
         """
-        if self.last_step is None or (attempt == 1 and not self._batch_unanswered):
+        if self.last_step is None:
+            return {}
+        replaying = self._replay_until is not None and self.last_step < self._replay_until
+        if attempt == 1 and not self._batch_unanswered and not replaying:
             return {}
         return {"step": self.last_step + 1}
 
@@ -163,9 +179,27 @@ class _ClientBase:
             self.last_step = int(response.headers[STEP_HEADER])
         return batch
 
-    def _note_registration(self, registration: Registration) -> None:
+    def _note_registration(self, registration: Registration, answer: dict[str, Any]) -> None:
+        """Expect the batch after ``starting_step`` next; on a resume, re-fetch the served ones.
+
+        When the server's ``current_step`` is past ``starting_step`` (a trainer restarted from
+        a checkpoint), the next calls ask ``GET /batch?step=N`` for N = starting_step + 1 ..
+        current_step: the batches served before the restart that the checkpoint does not hold.
+        Steps the server no longer keeps are skipped with a warning (their groups never reach
+        the weights). A server without these answer keys (Atropos 0.4) changes nothing.
+        """
         self.last_step = registration.starting_step
         self._batch_unanswered = False
+        current, oldest = answer.get("current_step"), answer.get("oldest_replayable_step")
+        self._replay_until = current if isinstance(current, int) else None
+        if self._replay_until is None or current <= registration.starting_step:
+            return
+        first = oldest if isinstance(oldest, int) else current + 1
+        if first > registration.starting_step + 1:
+            log.warning("run-api no longer keeps the batches of steps %d..%d (its --replay-batches "
+                        "window): their groups will not reach the weights; continuing from step %d",
+                        registration.starting_step + 1, first - 1, first)
+            self.last_step = first - 1
 
     def _retry_kwargs(self) -> dict[str, Any]:
         return {
@@ -218,11 +252,14 @@ class AtroposClient(_ClientBase):
     def register(self, registration: Registration) -> int:
         """``POST /register``; returns the registration uuid (an int).
 
-        The next batch this client expects is then ``starting_step + 1`` (see :meth:`get_batch`).
+        The next batch this client expects is then ``starting_step + 1`` (see :meth:`get_batch`):
+        after a trainer restarts from the checkpoint of step C, its next calls get the batches
+        of steps C+1 .. (the server's step) again, the ones the checkpoint does not hold, and
+        then new ones.
         """
-        uuid_ = self.request("POST", "/register", registration.model_dump())["uuid"]
-        self._note_registration(registration)
-        return uuid_
+        answer = self.request("POST", "/register", registration.model_dump())
+        self._note_registration(registration, answer)
+        return answer["uuid"]
 
     def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
         """``POST /register-env``; ``status`` is "success" or "wait for trainer to start"."""
@@ -385,9 +422,9 @@ class AsyncAtroposClient(_ClientBase):
 
     async def register(self, registration: Registration) -> int:
         """``POST /register``; returns the registration uuid (an int); see :meth:`get_batch`."""
-        uuid_ = (await self.request("POST", "/register", registration.model_dump()))["uuid"]
-        self._note_registration(registration)
-        return uuid_
+        answer = await self.request("POST", "/register", registration.model_dump())
+        self._note_registration(registration, answer)
+        return answer["uuid"]
 
     async def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
         """``POST /register-env``; ``status`` is "success" or "wait for trainer to start"."""

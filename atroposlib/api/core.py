@@ -9,22 +9,29 @@ store (at start-up, after ``/reset_data`` and after a failed transaction).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from atroposlib.api.errors import UnknownEnvError
+from atroposlib.api.errors import InsufficientStorageError, UnknownEnvError
+from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.models import Registration
-from atroposlib.api.settings import ApiSettings
+from atroposlib.api.settings import REPLAY_BATCHES_CAP, ApiSettings
 from atroposlib.api.store import (
     GroupMeta,
     IdempotentReply,
     MemoryStore,
     PartialMeta,
     SqliteStore,
+    StoreFullError,
     open_store,
 )
+
+log = logging.getLogger("atroposlib.api")
 
 
 @dataclass(slots=True)
@@ -35,7 +42,7 @@ class EnvRecord:
         registered_id: the env_id (index in the registry).
         desired_name: the name the env asked for.
         real_name: unique name ``<desired>_<k>`` (its W&B run name).
-        max_context_len: the env's max token length.
+        max_seq_len: the env's longest sequence in tokens (it registers it as max_token_length).
         weight: sampling weight (feeds ``env_weight``).
         group_size: sequences per group it sends.
         min_batch_allocation: minimum fraction of each batch reserved for it, or None.
@@ -47,7 +54,7 @@ class EnvRecord:
     registered_id: int
     desired_name: str
     real_name: str
-    max_context_len: int
+    max_seq_len: int
     weight: float
     group_size: int
     min_batch_allocation: float | None
@@ -70,6 +77,8 @@ class StateCore:
         self.settings = settings
         self.store = store or open_store(self.settings.db, self.settings.db_synchronous)
         self.load()
+        #: the app's Prometheus metrics (GET /metrics)
+        self.metrics = ApiMetrics(self)
 
     def load(self) -> None:
         """(Re)build the in-memory index from the store."""
@@ -108,16 +117,48 @@ class StateCore:
         self.latest_id: int | None = max(self.groups) if self.groups else None
         #: groups dropped as too stale, per env id as a string ("null": no env id)
         self.stale_dropped: Counter[str] = Counter(meta.get("stale_dropped", {}))
-        last = meta.get("last_batch")
-        #: (step, group ids in batch order) of the last served batch, while it can be served again
-        self.last_batch: tuple[int, list[int]] | None = (
-            (int(last["step"]), list(last["ids"])) if last else None)
+        #: group ids in batch order of the served batches GET /batch?step=N can answer again,
+        #: by step, oldest first (see :attr:`replay_batches`)
+        self.batches: OrderedDict[int, list[int]] = OrderedDict(snap.batches)
+        last = meta.get("last_batch")  # written by stores of schema 2: their one kept batch
+        if last and not self.batches:
+            self.batches[int(last["step"])] = list(last["ids"])
         self.replies: OrderedDict[str, IdempotentReply] = OrderedDict(
             (r.key, r) for r in snap.replies)
         self.next_reply_seq = max((r.seq for r in snap.replies), default=0) + 1
         self.version = 0
         self.no_batch_key: tuple | None = None
         self.no_batch_reason = ""
+
+    @contextlib.contextmanager
+    def transaction(self, what: str) -> Iterator[None]:
+        """One store transaction; on failure the in-memory index is rebuilt from the store.
+
+        Code inside may change the index before or while it writes: whatever fails, the
+        index goes back to what the store holds (the transaction was rolled back).
+
+        Args:
+            what: what the block does, for the log and the error (e.g. "storing scored data").
+
+        Raises:
+            InsufficientStorageError: the ``--db`` disk is full (507 with ``Retry-After``);
+                nothing was changed, and the same request succeeds once space is freed.
+        """
+        try:
+            with self.store.transaction():
+                yield
+        except StoreFullError as exc:
+            log.error("%s failed, nothing was changed: %s", what, exc)
+            self.load()
+            raise InsufficientStorageError(
+                f"{what} failed: the disk of --db is full ({exc.__cause__ or exc}). Nothing was "
+                f"stored or changed; free space on it and retry (after "
+                f"{self.settings.retry_after_s} s). Data already accepted is safe.",
+                self.settings.retry_after_s) from None
+        except Exception:
+            log.exception("%s failed; reloading state from the store", what)
+            self.load()
+            raise
 
     def index_queued(self, g: GroupMeta) -> None:
         """Add a stored group to the queue's index."""
@@ -151,6 +192,26 @@ class StateCore:
         if reg is not None and reg.max_staleness is not None:
             return reg.max_staleness
         return self.settings.max_staleness
+
+    @property
+    def replay_batches(self) -> int:
+        """How many of the last served batches ``GET /batch?step=N`` can answer again.
+
+        ``--replay-batches`` when given; else the trainer's ``save_checkpoint_interval + 2``
+        (the steps after its last checkpoint, the one it was training and one fetched ahead),
+        at most :data:`~atroposlib.api.settings.REPLAY_BATCHES_CAP`; else 1 (the last batch).
+        """
+        if self.settings.replay_batches is not None:
+            return self.settings.replay_batches
+        reg = self.registration
+        if reg is not None and reg.save_checkpoint_interval > 0:
+            return min(reg.save_checkpoint_interval + 2, REPLAY_BATCHES_CAP)
+        return 1
+
+    @property
+    def oldest_replayable_step(self) -> int | None:
+        """The oldest step whose batch can be answered again, or None when none is kept."""
+        return next(iter(self.batches), None)
 
     def env(self, env_id: int) -> EnvRecord:
         """Return the registered env ``env_id``.

@@ -21,9 +21,10 @@ from starlette.routing import Route
 
 from atroposlib import __version__
 from atroposlib.api.errors import ApiRequestError
+from atroposlib.api.metrics import RequestTimer
 from atroposlib.api.middleware import HostGuard, RequestGuard, SelectiveGZip
 from atroposlib.api.models import EnvIdentifier, ScoredData
-from atroposlib.api.routes import batch, data, observe, register, status
+from atroposlib.api.routes import batch, data, metrics, observe, register, status
 from atroposlib.api.routes._common import document_guard_errors
 from atroposlib.api.settings import ApiSettings
 from atroposlib.api.state import ApiState
@@ -36,6 +37,7 @@ Trajectory queue between RL environments and a trainer (Atropos 0.4 wire format)
 * The trainer `POST /register`s once, then polls `GET /batch` for exactly `batch_size`
   sequences at a time.
 * Side tools read groups without consuming them with `GET /observe`.
+* Monitoring scrapes Prometheus metrics from `GET /metrics`.
 
 With `--api-key`, send `Authorization: Bearer <key>` on every endpoint but `GET /`.
 """
@@ -116,7 +118,7 @@ def build_app(settings: ApiSettings | None = None, state: ApiState | None = None
     app = FastAPI(title="AtroposLib API", version=__version__, description=DESCRIPTION,
                   lifespan=lifespan)
     app.state.api = api_state
-    for module in (status, register, data, batch, observe):
+    for module in (status, register, data, batch, observe, metrics):
         app.include_router(module.router)
     app.add_exception_handler(ApiRequestError, _api_error)
     app.add_exception_handler(405, _method_not_allowed)
@@ -130,5 +132,8 @@ def build_app(settings: ApiSettings | None = None, state: ApiState | None = None
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_credentials=False, allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(HostGuard, allowed_hosts=settings.host_names())
+    # outermost: times every answer, the guards' refusals included
+    app.add_middleware(RequestTimer, latency=api_state.metrics.latency,
+                       routes=[r.path for r in app.routes if isinstance(r, Route)])
     app.openapi = lambda: _openapi(app, api_key is not None)  # type: ignore[method-assign]
     return app

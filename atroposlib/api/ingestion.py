@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from atroposlib.api.checks import group_problem
 from atroposlib.api.codec import encode_group, group_python
 from atroposlib.api.core import StateCore
 from atroposlib.api.errors import (
@@ -86,22 +87,51 @@ class Ingestion:
         if reg is not None and n > reg.batch_size:
             raise InvalidGroupError(
                 f"group has {n} sequences but the trainer's batch_size is {reg.batch_size}: it "
-                "could never be served; send groups of at most batch_size sequences"
-            )
+                "could never be served; send groups of at most batch_size sequences",
+                reason="group_size")
         target = self._target_size(group)
         if target is not None and reg is not None and target > reg.batch_size:
             raise InvalidGroupError(
                 f"env {group.env_id}'s group_size {target} is larger than the trainer's batch_size "
                 f"{reg.batch_size}: full groups could never be served; use a group_size (or "
-                "group_overrides.group_size) of at most batch_size"
-            )
+                "group_overrides.group_size) of at most batch_size", reason="group_size")
         if target is not None and n > target:
             raise InvalidGroupError(
                 f"group has {n} sequences but env {group.env_id} registered group_size={target}: "
                 "send at most group_size sequences, or set group_overrides.group_size to the "
-                "real size of this group"
-            )
+                "real size of this group", reason="group_size")
+        problem = group_problem(
+            group.tokens, group.masks, group.scores,
+            vocab_size=reg.vocab_size if reg is not None else None,
+            max_token_len=reg.max_token_len if reg is not None else None,
+            check_labels=reg is None or reg.vocab_size is not None)
+        if problem is not None:
+            raise InvalidGroupError(problem.message, reason=problem.reason)
         return target
+
+    def _who(self, group: ScoredData, index: int, count: int) -> str:
+        """Name a group of a request and its env, for refusals: ``group 2 of 3 (env 0 'gsm8k_0')``."""
+        where = f"group {index} of {count} in this request" if count > 1 else "the group"
+        if group.env_id is None:
+            return f"{where} (no env_id)"
+        env = self.core.envs[group.env_id]
+        return f"{where} (env {group.env_id} {env.real_name!r})"
+
+    def check_all(self, groups: list[ScoredData]) -> list[int | None]:
+        """Validate every group of a request; return their target group sizes.
+
+        Raises:
+            UnknownEnvError, InvalidGroupError: as :meth:`ingest`; an invalid group's message
+                starts with the group and its env (``group 2 of 3 (env 0 'gsm8k_0'): ...``).
+        """
+        targets = []
+        for i, group in enumerate(groups):
+            try:
+                targets.append(self._check(group))
+            except InvalidGroupError as exc:
+                raise InvalidGroupError(f"{self._who(group, i, len(groups))}: {exc.detail}",
+                                        reason=exc.reason) from None
+        return targets
 
     def ingest(
         self,
@@ -121,11 +151,13 @@ class Ingestion:
 
         Raises:
             UnknownEnvError: a group names an unregistered env_id (nothing is queued).
-            InvalidGroupError: a group is larger than its env's group_size or the batch size.
+            InvalidGroupError: a group is larger than its env's group_size or the batch size, or
+                fails a poison check (see :mod:`atroposlib.api.checks`).
             PayloadTooLargeError: the groups alone exceed ``max_queued_tokens``.
             QueueFullError: accepting them would pass the queue limits (nothing is queued).
+            InsufficientStorageError: the ``--db`` disk is full (nothing is queued).
         """
-        targets = [self._check(g) for g in groups]
+        targets = self.check_all(groups)
         sizes = [sum(len(r) for r in g.tokens) for g in groups]
         self._check_room(len(groups), sum(sizes))
         now = time.time()
@@ -134,24 +166,19 @@ class Ingestion:
             if g.env_id is not None:
                 self.core.envs[g.env_id].last_seen = mono
         results = []
-        try:
-            with self.core.store.transaction():
-                for group, target, n_tokens in zip(groups, targets, sizes, strict=True):
-                    blob = encode_group(group)
-                    if target is None or len(group.tokens) == target:
-                        self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob,
-                                      group.policy_version)
-                        results.append({"status": "received"})
-                    else:
-                        results.append(self._buffer(group, target, n_tokens, now, blob))
-                self.core.store.set_meta("next_id", self.core.next_id)
-                self.core.store.set_meta("next_partial_id", self.core.next_partial_id)
-                if remember is not None:
-                    remember(results)
-        except Exception:
-            log.exception("storing scored data failed; reloading state from the store")
-            self.core.load()
-            raise
+        with self.core.transaction("storing scored data"):
+            for group, target, n_tokens in zip(groups, targets, sizes, strict=True):
+                blob = encode_group(group)
+                if target is None or len(group.tokens) == target:
+                    self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob,
+                                  group.policy_version)
+                    results.append({"status": "received"})
+                else:
+                    results.append(self._buffer(group, target, n_tokens, now, blob))
+            self.core.store.set_meta("next_id", self.core.next_id)
+            self.core.store.set_meta("next_partial_id", self.core.next_partial_id)
+            if remember is not None:
+                remember(results)
         self.core.changed()
         return results
 

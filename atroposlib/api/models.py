@@ -11,8 +11,8 @@ sequence ``i``, ``K`` = top-k width of distillation arrays.
 Wire conventions (Atropos 0.4, kept verbatim):
 
 * ``tokens[i]`` is the full sequence, prompt plus completion.
-* ``masks[i]`` has the same length; ``-100`` at positions excluded from the loss, the token id
-  itself at trained positions (a label vector, not a 0/1 mask).
+* ``masks[i]`` has the same length and holds *labels*, not a 0/1 mask: the token id itself at
+  trained positions, ``-100`` (the ignore index, :data:`IGNORE_INDEX`) at untrained ones.
 * ``inference_logprobs[i]`` has the same length; ``1.0`` at masked positions (an impossible
   log-probability used as a placeholder) and the sampler's log-prob at generated positions.
 """
@@ -33,10 +33,14 @@ from pydantic import (
     model_validator,
 )
 
-#: Placeholder log-probability at masked (prompt) positions of ``inference_logprobs``.
-MASKED_LOGPROB = 1.0
-#: Label value at positions excluded from the loss in ``masks``.
-IGNORE_INDEX = -100
+# the wire's label conventions, defined with the shared types below every package
+from atroposlib.type_definitions import IGNORE_INDEX, MASKED_LOGPROB  # noqa: F401 - re-exported
+
+#: Largest absolute score run-api accepts. Rewards are small numbers (GRPO normalises them per
+#: group); a score past this bound is a broken reward function, and squared in a group's variance
+#: it overflows float32 (1e308 does even in float64), so it is refused with the reason
+#: ``score_out_of_bounds`` (see :mod:`atroposlib.api.checks`).
+MAX_ABS_SCORE = 1e6
 #: Largest size, step or count the API accepts (sizes, lengths, steps, env ids, weights).
 MAX_SIZE = 2**31
 #: Free-form JSON (messages, generation_params, overrides, images) may hold integers in this
@@ -85,7 +89,8 @@ class Registration(BaseModel):
     wandb_group: str = Field(description="W&B group shared by the trainer and the envs.")
     wandb_project: str = Field(description="W&B project shared by the trainer and the envs.")
     batch_size: Size = Field(description="Sequences per batch served by GET /batch.")
-    max_token_len: Size = Field(description="Longest sequence the trainer accepts, in tokens.")
+    max_token_len: Size = Field(
+        description="Longest sequence the trainer accepts, in tokens; run-api refuses longer ones.")
     checkpoint_dir: str = Field(description="Where the trainer saves checkpoints; echoed to envs.")
     save_checkpoint_interval: EchoedCount = Field(
         description="Trainer checkpoint interval, in steps (echoed to envs; -1 or 0: none).")
@@ -99,12 +104,26 @@ class Registration(BaseModel):
         description="Drop queued groups more than this many policy versions (trainer steps) older "
         "than the current step instead of serving them (null: use run-api's --max-staleness).",
     )
+    # atroposlib extension: Atropos 0.4 trainers omit it, and the vocabulary checks are skipped.
+    vocab_size: Size | None = Field(
+        default=None,
+        description="Size of the trainer's token vocabulary (the model's embedding rows): run-api "
+        "refuses groups with token ids or labels outside [0, vocab_size), the mark of an env "
+        "whose tokenizer differs from the trainer's (null: not checked).",
+    )
 
 
 class RegistrationResponse(BaseModel):
     """``POST /register`` response."""
 
     uuid: int = Field(description="A fresh 128-bit integer identifying this registration.")
+    # atroposlib extensions (Atropos 0.4 trainers read only uuid)
+    current_step: int | None = Field(
+        default=None, description="The server's step after this registration: starting_step, "
+        "or the server's own step when the trainer resumes at or before it.")
+    oldest_replayable_step: int | None = Field(
+        default=None, description="Oldest step whose batch GET /batch?step=N answers again "
+        "(null: none kept). A resuming trainer fetches steps starting_step+1..current_step.")
 
 
 class RegisterEnv(BaseModel):
@@ -148,7 +167,10 @@ class ScoredData(BaseModel):
 
     Unknown top-level keys are ignored (Atropos tolerance). Messages pass through verbatim; each
     message must have ``role`` and ``content``. Rows must agree: ``len(tokens) == len(masks) ==
-    len(scores)`` and every per-token field has ``T_i`` entries in row ``i``.
+    len(scores)`` and every per-token field has ``T_i`` entries in row ``i``, except that an
+    ``advantages`` row may be longer (Atropos 0.4 accepted that, e.g. from an env that dropped a
+    cut-off final token after computing advantages): its entries past ``T_i`` belong to no
+    token and are cut off here.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -158,7 +180,8 @@ class ScoredData(BaseModel):
         json_schema_extra={"minItems": 1},
         description="[G][T_i] token ids, prompt + completion.")
     masks: list[list[Label]] = Field(
-        description="[G][T_i] labels: -100 = not trained, else token id.")
+        description="[G][T_i] labels (the wire name is masks): the token id at trained positions, "
+        "-100 (the ignore index) at untrained ones.")
     scores: list[Finite] = Field(description="[G] scalar reward per sequence.")
     advantages: list[list[Finite]] | None = Field(
         default=None, description="[G][T_i] optional per-token advantages (used when given)."
@@ -223,6 +246,12 @@ class ScoredData(BaseModel):
         problem = group_shape_error({name: getattr(self, name) for name in _SHAPE_FIELDS})
         if problem:
             raise ValueError(problem)
+        if self.advantages is not None and any(
+            len(row) > len(seq) for row, seq in zip(self.advantages, self.tokens, strict=True)
+        ):
+            self.advantages = [
+                row[: len(seq)] for row, seq in zip(self.advantages, self.tokens, strict=True)
+            ]
         return self
 
 
@@ -293,7 +322,9 @@ def group_shape_error(group: dict[str, Any]) -> str | None:
         if len(rows) != n:
             return f"{name} has {len(rows)} rows but tokens has {n}; send one row per sequence"
         for i in range(n):
-            if len(rows[i]) != len(tokens[i]):
+            if len(rows[i]) != len(tokens[i]) and not (
+                name == "advantages" and len(rows[i]) > len(tokens[i])  # cut by ScoredData
+            ):
                 return (
                     f"{name}[{i}] has {len(rows[i])} entries but tokens[{i}] has "
                     f"{len(tokens[i])}; per-token fields must match the sequence length"

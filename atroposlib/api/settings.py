@@ -11,9 +11,11 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from atroposlib.defaults import DEFAULT_API_HOST, DEFAULT_API_PORT
+from atroposlib.utils.api_key import API_KEY_ENV, resolve_api_key
 
-#: Environment variable holding the bearer token when ``--api-key`` is not given.
-API_KEY_ENV = "ATROPOS_API_KEY"
+#: Most batches kept for replay when ``--replay-batches`` is derived from the trainer's
+#: checkpoint interval (an explicit ``--replay-batches`` may exceed it).
+REPLAY_BATCHES_CAP = 64
 #: Environment variable used to hand settings to a ``--reload`` worker process (JSON).
 SETTINGS_ENV = "ATROPOS_API_SETTINGS"
 
@@ -72,7 +74,8 @@ class ApiSettings(BaseModel):
         "(about 16 bytes of memory per token without --db).",
     )
     retry_after_s: int = Field(
-        default=1, ge=0, description="Retry-After (seconds) sent with 429 answers."
+        default=1, ge=0, description="Retry-After (seconds) sent with 429 answers (queue full) "
+        "and 507 answers (the --db disk is full)."
     )
     max_body_bytes: int = Field(
         default=256 * 2**20, gt=0,
@@ -90,8 +93,8 @@ class ApiSettings(BaseModel):
     )
     observe_retention_groups: int = Field(
         default=1000, ge=0,
-        description="GET /observe keeps this many recently served groups readable (queued groups "
-        "are always readable).",
+        description="GET /observe keeps this many recently served groups readable (queued groups, "
+        "and the groups of the batches kept for --replay-batches, are always readable).",
     )
     observe_retention_tokens: int = Field(
         default=4_000_000, ge=0,
@@ -103,6 +106,14 @@ class ApiSettings(BaseModel):
         "that generated them) is more than this many steps behind the current step, instead of "
         "serving them; counted per env in /status. Groups without a policy_version are never "
         "dropped. A trainer's /register max_staleness overrides it. Default: no limit.",
+    )
+    replay_batches: int | None = Field(
+        default=None, ge=1,
+        description="GET /batch?step=N answers again any of the last this many served batches "
+        "(with --db, across restarts too), so a trainer that restarts from a checkpoint re-fetches "
+        "the batches it had not trained on. Default: the trainer's save_checkpoint_interval + 2 "
+        f"(capped at {REPLAY_BATCHES_CAP}), or 1 when it registers no interval. Their groups stay "
+        "stored (in memory without --db) until they leave this window.",
     )
     idempotency_keys: int = Field(
         default=100_000, gt=0,
@@ -158,7 +169,12 @@ class ApiSettings(BaseModel):
 
     @model_validator(mode="after")
     def _one_key_source(self) -> ApiSettings:
-        if self.api_key is not None and self.api_key.get_secret_value() and self.api_key_file:
+        if self.api_key is not None and not self.api_key.get_secret_value().strip():
+            # an empty token would quietly turn authentication off
+            raise ValueError("--api-key is empty: give a token (better: $ATROPOS_API_KEY or "
+                             "--api-key-file, which keep it out of the process list), or leave "
+                             "the flag out to run without authentication")
+        if self.api_key is not None and self.api_key_file:
             raise ValueError("give --api-key or --api-key-file, not both")
         return self
 
@@ -168,20 +184,11 @@ class ApiSettings(BaseModel):
         Order: ``api_key``, else ``api_key_file``'s content, else ``$ATROPOS_API_KEY``, else None.
 
         Raises:
-            ValueError: ``api_key_file`` cannot be read or holds only whitespace.
+            ValueError: ``api_key_file`` cannot be read or holds only whitespace, or
+                ``$ATROPOS_API_KEY`` is set but empty (an empty token would turn auth off).
         """
-        if self.api_key is not None and self.api_key.get_secret_value():
-            return self.api_key.get_secret_value()
-        if self.api_key_file is not None:
-            try:
-                key = self.api_key_file.read_text().strip()
-            except OSError as exc:
-                raise ValueError(f"--api-key-file {self.api_key_file}: {exc.strerror}") from None
-            if not key:
-                raise ValueError(f"--api-key-file {self.api_key_file} is empty; write the token "
-                                 "into it")
-            return key
-        return os.environ.get(API_KEY_ENV) or None
+        secret = self.api_key.get_secret_value() if self.api_key is not None else None
+        return resolve_api_key(secret, self.api_key_file)
 
     def host_names(self) -> list[str]:
         """Names accepted in the ``Host`` header.

@@ -21,6 +21,7 @@ from typing import Any
 from atroposlib.api.batching import Batching
 from atroposlib.api.core import EnvRecord, StateCore
 from atroposlib.api.ingestion import Ingestion
+from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.models import RegisterEnv, Registration, ScoredData
 from atroposlib.api.registry import Registry
 from atroposlib.api.settings import ApiSettings
@@ -91,6 +92,11 @@ class ApiState:
         return self.core.buffered_groups
 
     @property
+    def metrics(self) -> ApiMetrics:
+        """The app's Prometheus metrics (``GET /metrics``)."""
+        return self.core.metrics
+
+    @property
     def max_staleness(self) -> int | None:
         """Staleness limit in force: the trainer's registered ``max_staleness``, else the flag's."""
         return self.core.max_staleness
@@ -100,7 +106,7 @@ class ApiState:
         self.core.close()
 
     # ------------------------------------------------------------------ registration
-    def register(self, reg: Registration) -> int:
+    def register(self, reg: Registration) -> dict[str, Any]:
         """``POST /register``: see :meth:`Registry.register`."""
         return self.registry.register(reg)
 

@@ -13,12 +13,15 @@ too, at the cost of one fsync per accepted POST. Every mutating request is one t
 commits before the response is sent, so a 200 means "stored". Serving a batch marks its groups
 served in the same transaction that advances the step, so after a restart nothing is served twice.
 The answers to recent POSTs that carried an ``Idempotency-Key`` are stored in the transaction
-that stores their groups, so a retried POST is answered from the store, not stored again.
+that stores their groups, so a retried POST is answered from the store, not stored again. The
+last served batches (their group ids in batch order, by step) are stored with the step, so
+``GET /batch?step=N`` can answer them again after a restart.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -27,8 +30,22 @@ from typing import Any
 
 import orjson
 
+from atroposlib.errors import AtroposError
+
 __all__ = ["GroupMeta", "IdempotentReply", "MemoryStore", "PartialMeta", "Snapshot", "SqliteStore",
-           "open_store"]
+           "StoreFullError", "open_store"]
+
+
+class StoreFullError(AtroposError):
+    """The store could not write (its disk is full, or refused a write); nothing was changed."""
+
+
+def _is_full(exc: BaseException) -> bool:
+    """True for a failed write: SQLite's SQLITE_FULL or SQLITE_IOERR*, or an OS ``ENOSPC``."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 
 @dataclass(slots=True)
@@ -97,6 +114,8 @@ class Snapshot:
     groups: list[GroupMeta] = field(default_factory=list)
     partials: list[PartialMeta] = field(default_factory=list)
     replies: list[IdempotentReply] = field(default_factory=list)
+    #: (step, group ids in batch order) of the served batches kept for replay, oldest first
+    batches: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 class MemoryStore:
@@ -115,6 +134,7 @@ class MemoryStore:
         self._partials: dict[int, tuple[PartialMeta, bytes]] = {}
         self._undo: list[Callable[[], None]] | None = None
         self._replies: dict[str, IdempotentReply] = {}
+        self._batches: dict[int, list[int]] = {}
 
     def load(self) -> Snapshot:
         """Return the current contents (metadata only, copies: the caller may change them)."""
@@ -124,6 +144,7 @@ class MemoryStore:
             [replace(m) for m, _ in self._groups.values()],
             [replace(m) for m, _ in self._partials.values()],
             sorted(self._replies.values(), key=lambda r: r.seq),
+            [(step, list(ids)) for step, ids in sorted(self._batches.items())],
         )
 
     @contextlib.contextmanager
@@ -200,6 +221,17 @@ class MemoryStore:
             self._remember(self._partials, i)
             self._partials.pop(i, None)
 
+    def put_batch(self, step: int, ids: list[int]) -> None:
+        """Keep the group ids (in batch order) of the batch served as ``step``."""
+        self._remember(self._batches, step)
+        self._batches[step] = list(ids)
+
+    def delete_batches(self, steps: Iterable[int]) -> None:
+        """Forget kept batches (past the replay window, or after a renumbering)."""
+        for step in steps:
+            self._remember(self._batches, step)
+            self._batches.pop(step, None)
+
     def put_reply(self, reply: IdempotentReply) -> None:
         """Remember the answer to an idempotent POST."""
         self._remember(self._replies, reply.key)
@@ -214,7 +246,8 @@ class MemoryStore:
     def reset(self) -> None:
         """Drop everything (``/reset_data``)."""
         if self._undo is not None:
-            tables = (self._meta, self._envs, self._groups, self._partials, self._replies)
+            tables = (self._meta, self._envs, self._groups, self._partials, self._replies,
+                      self._batches)
             saved = [(t, dict(t)) for t in tables]
             self._undo.append(lambda: [t.update(old) for t, old in saved])
         self._meta.clear()
@@ -222,6 +255,7 @@ class MemoryStore:
         self._groups.clear()
         self._partials.clear()
         self._replies.clear()
+        self._batches.clear()
 
     def close(self) -> None:
         """Nothing to release."""
@@ -242,9 +276,12 @@ CREATE TABLE IF NOT EXISTS partials (
 -- answers to POSTs that carried an Idempotency-Key (bounded: the oldest are deleted)
 CREATE TABLE IF NOT EXISTS replies (
     key TEXT PRIMARY KEY, seq INTEGER NOT NULL, fingerprint TEXT NOT NULL, reply BLOB NOT NULL);
+-- served batches kept for GET /batch?step=N: group ids in batch order (JSON), by step
+CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, ids BLOB NOT NULL);
 """
-#: 2 added the policy_version columns (a version-1 file gets them on open).
-_SCHEMA_VERSION = 2
+#: 2 added the policy_version columns (a version-1 file gets them on open); 3 the batches
+#: table (a version-2 file's last batch, kept in meta, is read as the one kept batch).
+_SCHEMA_VERSION = 3
 
 
 def _chunks(ids: Iterable[int], size: int = 500) -> Iterator[list[int]]:
@@ -329,11 +366,18 @@ class SqliteStore:
                 IdempotentReply(*row)
                 for row in db.execute("SELECT key, seq, fingerprint, reply FROM replies ORDER BY seq")
             ],
+            [(step, orjson.loads(ids))
+             for step, ids in db.execute("SELECT step, ids FROM batches ORDER BY step")],
         )
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """Run the block as one transaction (nested blocks join the outer one)."""
+        """Run the block as one transaction (nested blocks join the outer one).
+
+        Raises:
+            StoreFullError: a write or the commit failed for lack of space (or an I/O error);
+                the transaction was rolled back, so the file holds what it held before.
+        """
         if self._depth:
             self._depth += 1
             try:
@@ -341,16 +385,20 @@ class SqliteStore:
             finally:
                 self._depth -= 1
             return
-        self._db.execute("BEGIN IMMEDIATE")
         self._depth = 1
         try:
+            self._db.execute("BEGIN IMMEDIATE")
             yield
-        except BaseException:
-            self._depth = 0
-            self._db.execute("ROLLBACK")
+            self._db.execute("COMMIT")
+        except BaseException as exc:
+            if self._db.in_transaction:  # a failed COMMIT may leave it open
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            if _is_full(exc):
+                raise StoreFullError(f"cannot write {self.path}: {exc}") from exc
             raise
-        self._depth = 0
-        self._db.execute("COMMIT")
+        finally:
+            self._depth = 0
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store a small JSON-able value (registration, step, ...)."""
@@ -421,6 +469,14 @@ class SqliteStore:
         for chunk in _chunks(ids):
             self._db.execute(f"DELETE FROM partials WHERE id IN ({','.join('?' * len(chunk))})", chunk)
 
+    def put_batch(self, step: int, ids: list[int]) -> None:
+        """Keep the group ids (in batch order) of the batch served as ``step``."""
+        self._db.execute("INSERT OR REPLACE INTO batches VALUES (?, ?)", (step, orjson.dumps(ids)))
+
+    def delete_batches(self, steps: Iterable[int]) -> None:
+        """Forget kept batches (past the replay window, or after a renumbering)."""
+        self._db.executemany("DELETE FROM batches WHERE step = ?", [(s,) for s in steps])
+
     def put_reply(self, reply: IdempotentReply) -> None:
         """Remember the answer to an idempotent POST."""
         self._db.execute("INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?)",
@@ -432,7 +488,7 @@ class SqliteStore:
 
     def reset(self) -> None:
         """Drop everything (``/reset_data``)."""
-        for table in ("meta", "envs", "groups", "group_blobs", "partials", "replies"):
+        for table in ("meta", "envs", "groups", "group_blobs", "partials", "replies", "batches"):
             self._db.execute(f"DELETE FROM {table}")
 
     def close(self) -> None:

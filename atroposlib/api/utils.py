@@ -11,10 +11,13 @@ Where results differ from Atropos 0.4 (because upstream wedged or reordered):
   order: e.g. sizes ``[1, 1, 1, 1, 1, 3]`` with batch 4 gave None forever; here ``[0, 1, 2, 3]``);
 * groups inside a batch keep queue (FIFO) order (upstream could emit a later group first);
 * in minimum-allocation mode, groups without ``env_id`` are batched like any other (upstream
-  dropped them), and an env's minimum is met by any of its groups: upstream also required them
-  to complete "packs" of the largest group size in the queue, so e.g. one group of 2 from an env
-  with a minimum next to groups of 8 gave None forever (its ``test_heterogeneous_envs``); here
-  that batch is served. All of upstream's other utils tests pass unchanged (32 of 33).
+  dropped them).
+
+As in Atropos 0.4, an env with a minimum must have queued at least one complete "pack" (groups
+of one size from that env adding up to the largest group size in the queue) before the
+minimum-allocation helper forms a batch: e.g. one group of 2 from such an env next to groups of
+8 gives None until three more of its groups of 2 arrive. The server does not use these helpers
+and does not wait for packs (it batches with :func:`~atroposlib.api.packing.pack_with_minimums`).
 """
 
 from __future__ import annotations
@@ -79,6 +82,19 @@ def grab_exact_from_heterogeneous_queue(
     return [queue[i] for i in picked], [g for i, g in enumerate(queue) if i not in taken]
 
 
+def _has_complete_pack(sizes: Sequence[int], env_ids: Sequence[Any], env: Any) -> bool:
+    """Whether ``env`` queued groups of one size ``s`` adding up to the largest group size.
+
+    That is ``largest % s == 0`` and at least ``largest // s`` of its groups have size ``s``.
+    """
+    largest = max(sizes, default=0)
+    counts: dict[int, int] = {}
+    for size, owner in zip(sizes, env_ids, strict=True):
+        if owner == env and size > 0:
+            counts[size] = counts.get(size, 0) + 1
+    return any(largest % s == 0 and n >= largest // s for s, n in counts.items())
+
+
 def grab_batch_with_minimum_allocations(
     queue: list[Any], batch_size: int, env_configs: Sequence[Any]
 ) -> tuple[list[Any] | None, list[Any]]:
@@ -97,7 +113,8 @@ def grab_batch_with_minimum_allocations(
 
     Returns:
         ``(batch, new_queue)`` as :func:`grab_exact_from_heterogeneous_queue`; ``(None, queue)``
-        when no batch satisfies every minimum (e.g. an env with a minimum has nothing queued).
+        when no batch satisfies every minimum, or an env with a minimum has no complete pack
+        queued (see the module docstring; e.g. it has nothing queued).
     """
     if not queue:
         return None, queue
@@ -116,6 +133,9 @@ def grab_batch_with_minimum_allocations(
         if env in minimums:
             smallest[env] = min(smallest.get(env, size), size)
     needs = allocation_needs(batch_size, minimums, smallest)
+    wanting = [e for e, fraction in minimums.items() if int(batch_size * fraction) > 0]
+    if not all(_has_complete_pack(sizes, env_ids, env) for env in wanting):
+        return None, queue
     picked = pack_with_minimums(sizes, env_ids, batch_size, needs)
     if not picked:
         return None, queue

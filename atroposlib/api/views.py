@@ -52,9 +52,9 @@ class Views:
         now = time.monotonic()
         env.last_seen = now
         active = [e for e in self.core.envs if self.core.is_active(e, now)]
-        total = sum(e.max_context_len * max(0.0, e.weight) for e in active)
+        total = sum(e.max_seq_len * max(0.0, e.weight) for e in active)
         if total > 0:
-            env_weight = max(MIN_ENV_WEIGHT, env.max_context_len * env.weight / total)
+            env_weight = max(MIN_ENV_WEIGHT, env.max_seq_len * env.weight / total)
         else:
             env_weight = 1.0 / max(1, len(active))
         minimum_sum = sum(e.min_batch_allocation for e in active if e.min_batch_allocation is not None)

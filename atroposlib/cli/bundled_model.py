@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from atroposlib.utils.cli import ArgumentParser
+from atroposlib.utils.flags import ArgumentParser
 
 
 def main(argv: list[str] | None = None) -> int:

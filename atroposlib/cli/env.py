@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from atroposlib.utils.cli import ArgumentParser
+from atroposlib.utils.flags import ArgumentParser
 
 _EPILOG = """\
 examples:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     if not args.rest:
         parser.error(f"{args.name}: give a mode: serve, process or evaluate (then its flags)")
-    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.env_runtime.command_line import run_cli
 
     # The env command line names itself after argv[0] in usage and errors.
     saved, sys.argv = sys.argv, [f"atropos-env {args.name}", *args.rest]

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from tenacity import retry, retry_if_result, wait_fixed
 
-from atroposlib.utils.cli import ArgumentParser
+from atroposlib.utils.flags import ArgumentParser
 
 #: GPUs per node assumed by Atropos 0.4's script; ``gpus // tp`` servers are probed.
 DEFAULT_GPUS = 8

@@ -28,7 +28,7 @@ __all__ = ["ApiSection", "EnvSection", "LaunchConfig", "LaunchError", "Launcher"
 
 def main(argv: list[str] | None = None) -> int:
     """Console script ``atropos-launch CONFIG.yaml [--run-dir DIR]``."""
-    from atroposlib.utils.cli import ArgumentParser
+    from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(
         prog="atropos-launch",

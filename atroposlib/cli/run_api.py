@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from atroposlib.api.settings import SETTINGS_ENV, ApiSettings
-from atroposlib.utils.cli import ArgumentParser, HelpFormatter
+from atroposlib.utils.flags import ArgumentParser, HelpFormatter
 
 
 def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:

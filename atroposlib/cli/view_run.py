@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser, HelpFormatter
+from atroposlib.utils.flags import DEFAULT_API_URL, ArgumentParser, HelpFormatter, api_key_arg
 
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: view-run does not register"
 _ALL = "all envs"
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--api-url", default=DEFAULT_API_URL, help="base URL of run-api")
-    parser.add_argument("--api-key", default=None,
+    parser.add_argument("--api-key", default=None, type=api_key_arg,
                         help="bearer token of run-api (not given: $ATROPOS_API_KEY)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface the page listens on (the page has no login: keep it local)")

@@ -8,10 +8,11 @@ of these names is asked for. ``envs/base.py`` uses :data:`base_getattr` as its m
 
 from __future__ import annotations
 
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 #: Upstream name -> its home here (``"module"`` or ``"module:attribute"``).
 BASE_EXPORTS = {
+    "APIServer": "atroposlib.inference.clients.base",
     "AutoTokenizer": "transformers",
     "BaseModel": "pydantic",
     "Field": "pydantic",
@@ -29,21 +30,12 @@ BASE_EXPORTS = {
     "resolve_openai_configs": "atroposlib.inference.clients.openai_client",
     "generate_html": "atroposlib.frontend.jsonl2html",
     "TypedDict": "typing_extensions",
-    "extract_namespace": "atroposlib.utils.cli",
-    "get_double_dash_flags": "atroposlib.utils.cli",
-    "get_prefixed_pydantic_model": "atroposlib.utils.cli",
-    "merge_dicts": "atroposlib.utils.cli",
+    "extract_namespace": "atroposlib.utils.flags",
+    "get_double_dash_flags": "atroposlib.utils.flags",
+    "get_prefixed_pydantic_model": "atroposlib.utils.flags",
+    "merge_dicts": "atroposlib.utils.flags",
 }
 
-#: What Atropos 0.4's ``vllm_server`` and ``sglang_server`` modules imported at module level.
-SERVER_MODULE_EXPORTS = {
-    "APIServer": "atroposlib.inference.clients.base",
-    "AutoTokenizer": "transformers",
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "NAMESPACE_SEP": "atroposlib.envs.constants",
-    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
-}
 
 base_getattr = lazy_exports("atroposlib.envs.base", BASE_EXPORTS)
 """The ``__getattr__`` of :mod:`atroposlib.envs.base` (PEP 562)."""

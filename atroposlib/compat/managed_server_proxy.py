@@ -8,8 +8,7 @@ first use, so importing this module (e.g. for the client) does not import FastAP
 
 from __future__ import annotations
 
-from atroposlib.proxy.cli import build_parser, main
-from atroposlib.proxy.client import ProxyManagedServer, create_proxy_session
+from atroposlib.inference.clients.proxy_session import ProxyManagedServer, create_proxy_session
 from atroposlib.proxy.errors import ProxyError, ProxyHTTPError
 from atroposlib.proxy.models import (
     DEFAULT_MAX_SESSIONS,
@@ -25,6 +24,7 @@ from atroposlib.proxy.models import (
     SessionInfo,
     check_chat_message,
 )
+from atroposlib.proxy.run_proxy import build_parser, main
 from atroposlib.proxy.state import ProxyState, Session
 from atroposlib.utils.lazy_exports import lazy_exports
 

@@ -41,6 +41,7 @@ MOVED: dict[str, str] = {
     _SH + "managed_server_proxy": "atroposlib.compat.managed_server_proxy",
     _SH + "proxy_client": "atroposlib.compat.proxy_client",
     "atroposlib.envs.reward_fns": "atroposlib.rewards",
+    "atroposlib.utils.cli": "atroposlib.utils.flags",
     **{f"atroposlib.envs.reward_fns.{m}": f"atroposlib.rewards.{m}" for m in _REWARDS},
 }
 
@@ -93,11 +94,14 @@ def stub_text(old: str) -> str:
             "atroposlib.compat.paths).\"\"\"\n\n")
     if old in PACKAGES:
         return head + "from atroposlib.compat.paths import reexport\n\nreexport(__name__, globals())\n"
-    body = "from atroposlib.compat.paths import alias\n\n"
     if old in RUNNABLE:
-        return head + body + (f'_module = alias("{old}")\nif __name__ == "__main__":\n'
-                              "    raise SystemExit(_module.main())\n")
-    return head + body + "alias(__name__)\n"
+        return head + "from atroposlib.compat.paths import alias\n\n" + (
+            f'_module = alias("{old}")\nif __name__ == "__main__":\n'
+            "    raise SystemExit(_module.main())\n")
+    # The stub imports its new module itself (no compat import): a stub in a low layer
+    # (``atroposlib.utils.cli``) then points only at its neighbour, never up to compat.
+    return head + (f"import sys\n\nimport {new}  # noqa: F401 - the code of this path\n\n"
+                   f'sys.modules[__name__] = sys.modules["{new}"]\n')
 
 
 def main(argv: list[str] | None = None) -> int:

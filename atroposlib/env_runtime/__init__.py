@@ -5,6 +5,7 @@ it owns the run state (:class:`~atroposlib.envs.run_state.RunState`) and the out
 never writes the env's attributes or config.
 """
 
+from atroposlib.env_runtime.checks import check_env, check_group
 from atroposlib.env_runtime.process import run_evaluate, run_process, start_run
 from atroposlib.env_runtime.serve import (
     OUTBOX_MAX_GROUPS,
@@ -16,6 +17,8 @@ from atroposlib.env_runtime.sinks import JsonlSink, OutboxSink, Sink, WandbSink,
 from atroposlib.env_runtime.step import Outcome, Skip, run_item
 
 __all__ = [
+    "check_env",
+    "check_group",
     "OUTBOX_MAX_GROUPS",
     "SERVE_STOP_EVENT",
     "JsonlSink",

@@ -71,7 +71,7 @@ class ApiSession:
         env = self.env
         desired = self.config.wandb_name or env.name or type(env).__name__
         payload = RegisterEnv(
-            max_token_length=self.config.max_token_length,
+            max_token_length=self.config.max_seq_len,
             desired_name=desired,
             weight=self.config.inference_weight,
             group_size=self.config.group_size,
@@ -143,7 +143,7 @@ class ApiSession:
                 )
             self.state.batch_size = batch_size
         if int(info.get("max_token_len", -1)) != -1:
-            self.state.max_token_len = int(info["max_token_len"])
+            self.state.max_seq_len = int(info["max_token_len"])
         if self.state.batch_size == -1:
             logger.warning("batch size unknown (trainer did not report it); off-policy limit off")
 

@@ -125,7 +125,7 @@ class RolloutPacer:
 
         Args:
             env: the env (its ``config`` and ``stats``).
-            state: its :class:`~atroposlib.envs.run_state.RunState` (``max_token_len``).
+            state: its :class:`~atroposlib.envs.run_state.RunState` (``max_seq_len``).
             inference_backoff_max: the longest pause (s) after an inference outage.
             reject_streak: config drops in a row after which spawning backs off.
         """
@@ -201,8 +201,8 @@ class RolloutPacer:
         main = self.reject_reasons.most_common(1)[0][0]
         if main is Skip.TOO_LONG:
             return head + (
-                f"Sequences reach the trainer's max_token_len ({self.state.max_token_len}) while "
-                f"the env generates up to max_token_length={self.config.max_token_length}: raise "
+                f"Sequences reach the trainer's max_token_len ({self.state.max_seq_len}) while "
+                f"the env generates up to max_token_length={self.config.max_seq_len}: raise "
                 "the trainer's max_token_len, or lower the env's --env.max_token_length (and the "
                 "max_tokens it asks the server for)."
             )

@@ -49,6 +49,7 @@ from atroposlib.env_runtime.sinks import OutboxSink, WandbSink, close_sinks, fin
 from atroposlib.env_runtime.step import Skip, run_item
 from atroposlib.envs.config import EvalHandlingEnum
 from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState
+from atroposlib.inference.policy_version import collect_served_versions
 
 if TYPE_CHECKING:
     from atroposlib.api.client import AsyncAtroposClient
@@ -137,8 +138,10 @@ class ServeLoop:
     # ------------------------------------------------------------------ workers
     async def _worker(self, item: Any) -> None:
         env = self.env
-        # this task's own context: its groups carry the step of the weights they started with
+        # this task's own context: its groups carry the version of the weights that served them
+        # (reported by inference nodes), else the trainer step when they started
         ROLLOUT_POLICY_VERSION.set(self.state.curr_step)
+        collect_served_versions()
         try:
             outcome = await run_item(env, item)
             if outcome.reason is Skip.INFERENCE:
@@ -355,5 +358,10 @@ class ServeLoop:
         logger.info("serve stopped; stats: %s", dict(env.stats))
 
 
+async def serve(env: BaseEnv) -> None:
+    """Serve mode's runner (``BaseEnv.env_manager``): ``await ServeLoop(env).run()``."""
+    await ServeLoop(env).run()
+
+
 __all__ = ["OUTBOX_MAX_GROUPS", "SERVE_STOP_EVENT", "ServeLoop", "inflight_cap", "offpolicy_room",
-           "spawn_backoff"]
+           "serve", "spawn_backoff"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from atroposlib.envs.groups import reject_reason
+from atroposlib.envs.groups import check_groups
 from atroposlib.errors import InferenceError, RolloutError
 from atroposlib.inference.clients.base import is_transient_error
 
@@ -34,7 +34,7 @@ class Skip(StrEnum):
     INVALID = "invalid"  #: a group lacks tokens/masks/scores or has ragged rows
     WRONG_SIZE = "wrong_size"  #: a group does not have group_size sequences
     SAME_SCORES = "same_scores"  #: all scores equal (no learning signal)
-    TOO_LONG = "too_long"  #: a sequence reaches the trainer's max_token_len
+    TOO_LONG = "too_long"  #: a sequence reaches the trainer's max_seq_len
 
 
 @dataclass
@@ -42,8 +42,10 @@ class Outcome:
     """What ``run_item`` made of one item.
 
     Attributes:
-        groups: usable groups, after ``postprocess_histories`` (and the checks unless
-            ``validate=False``); empty when there is none.
+        groups: usable groups, after ``postprocess_histories`` and the checks (unless
+            ``validate=False``); a checked list is a
+            :class:`~atroposlib.envs.groups.CheckedGroups`, which ``handle_send_to_api`` does
+            not check again. Empty when there is none.
         backlog: items the env asked to roll out later.
         reason: None when ``groups`` is non-empty, else why not (:class:`Skip`).
         error: the exception behind ``Skip.ERROR`` / ``Skip.INFERENCE``.
@@ -78,9 +80,9 @@ async def run_item(
 
     Calls ``env.collect_trajectories(item)`` then ``env.postprocess_histories``. An exception
     is classified: ``InferenceError`` or a transient network/server error -> ``Skip.INFERENCE``,
-    anything else -> ``Skip.ERROR``; both are logged. Each group is checked with
-    :func:`atroposlib.envs.groups.reject_reason` (against ``config.group_size``,
-    ``ensure_scores_are_not_same`` and, when ``check_length``, the trainer's ``max_token_len``).
+    anything else -> ``Skip.ERROR``; both are logged. Each group is checked, once on the whole
+    serve path, with :func:`atroposlib.envs.groups.check_groups` (against ``config.group_size``,
+    ``ensure_scores_are_not_same`` and, when ``check_length``, the trainer's ``max_seq_len``).
     Every skip is counted in ``env.stats`` (``groups_dropped_<reason>``,
     ``rollouts_failed_inference``); the rollout duration goes to ``task_durations``.
 
@@ -88,7 +90,7 @@ async def run_item(
         env: the environment.
         item: the item from ``get_next_item`` (or the backlog).
         validate: run the group checks (``check_env`` runs its own stricter ones instead).
-        check_length: drop groups with a sequence of ``>= max_token_len`` tokens.
+        check_length: drop groups with a sequence of ``>= max_seq_len`` tokens (the trainer's).
 
     Raises:
         asyncio.CancelledError: the task was cancelled (e.g. a worker timeout).
@@ -132,20 +134,12 @@ async def run_item(
     if not validate:
         outcome.groups = candidates
         return outcome
-    max_len = env.run_state.max_token_len if check_length else -1
-    for group in candidates:
-        problem = (
-            reject_reason(group, env.config.group_size, env.config.ensure_scores_are_not_same, max_len)
-            if isinstance(group, dict)
-            else ("invalid", f"groups must be ScoredDataGroup dicts, got {type(group).__name__}")
-        )
-        if problem is None:
-            outcome.groups.append(group)
-            continue
-        reason = Skip(problem[0])
-        outcome.dropped.append((reason, problem[1]))
-        env.stats[_stat_key(reason)] += 1
-        (logger.debug if reason is Skip.SAME_SCORES else logger.warning)("dropping group: %s", problem[1])
+    checked = check_groups(
+        candidates, env.config.group_size, env.config.ensure_scores_are_not_same,
+        env.run_state.max_seq_len if check_length else -1, env.stats,
+    )
+    outcome.groups = checked
+    outcome.dropped = [(Skip(key), message) for key, message in checked.dropped]
     if not outcome.groups:
         outcome.reason = outcome.dropped[0][0]
     return outcome

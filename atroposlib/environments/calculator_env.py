@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import extract_answer_tag, extract_tool_calls
 from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
+from atroposlib.envs.scoring import extract_answer_tag, extract_tool_calls
 
 SYSTEM_PROMPT = (
     "You solve arithmetic problems exactly. You have a calculator tool:\n"

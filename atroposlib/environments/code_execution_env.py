@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import load_rows, maybe_json
+from atroposlib.envs.data import load_rows, maybe_json
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 from atroposlib.utils.sandbox import (
     NONE_RISK,

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import load_rows
+from atroposlib.envs.data import load_rows
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 from atroposlib.rewards import registry
 

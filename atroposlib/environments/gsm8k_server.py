@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from atroposlib.envs.base import ScoredDataGroup
-from atroposlib.envs.helpers import load_rows
+from atroposlib.envs.data import load_rows
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 from atroposlib.errors import ConfigError, RolloutError
 
@@ -141,37 +141,37 @@ def score_answer(completion: str, gold_parsed: list[Any], answer_format: str = "
     return bool(answer) and bool(verify(answer, gold_parsed, **verify_kw))
 
 
-def length_penalised(scores: list[float], lengths: list[int], max_token_length: int) -> list[float]:
+def length_penalised(scores: list[float], lengths: list[int], max_seq_len: int) -> list[float]:
     """Atropos 0.4's GSM8K length penalty, applied only when every score is 1.0.
 
-    With ``threshold = 0.5 * max_token_length``, a sequence of ``L`` tokens keeps 1.0 when
-    ``L <= threshold`` and gets ``1 - min(1, (L - threshold) / (max_token_length - threshold))``
+    With ``threshold = 0.5 * max_seq_len``, a sequence of ``L`` tokens keeps 1.0 when
+    ``L <= threshold`` and gets ``1 - min(1, (L - threshold) / (max_seq_len - threshold))``
     otherwise, so among all-correct groups shorter answers are preferred.
 
     Args:
         scores: ``[G]`` scores in {-1.0, 1.0}.
         lengths: ``[G]`` full sequence lengths (prompt + completion) in tokens.
-        max_token_length: the env's ``max_token_length`` (> 0).
+        max_seq_len: the env's ``max_seq_len`` (> 0).
 
     Returns:
         ``[G]`` new scores (the input when not all are 1.0).
 
     Raises:
-        ValueError: ``max_token_length`` <= 0 or the lists differ in length.
+        ValueError: ``max_seq_len`` <= 0 or the lists differ in length.
     """
-    if max_token_length <= 0:
+    if max_seq_len <= 0:
         raise ValueError(
-            f"max_token_length must be > 0 for the length penalty, got {max_token_length}"
+            f"max_token_length must be > 0 for the length penalty, got {max_seq_len}"
         )
     if len(scores) != len(lengths):
         raise ValueError(f"{len(scores)} scores but {len(lengths)} lengths")
     if not scores or any(s != 1.0 for s in scores):
         return list(scores)
-    threshold = 0.5 * max_token_length
+    threshold = 0.5 * max_seq_len
     return [
         1.0
         if length <= threshold
-        else 1.0 - min(1.0, (length - threshold) / (max_token_length - threshold))
+        else 1.0 - min(1.0, (length - threshold) / (max_seq_len - threshold))
         for length in lengths
     ]
 
@@ -258,7 +258,7 @@ class GSM8kEnv(SingleTurnEnv):
 
     def prompt(self, item: dict[str, str]) -> list[dict[str, str]]:
         """The system prompt (if any; ``{max_tokens}`` = the wanted budget) and the question."""
-        wanted = self.config.max_tokens or self.config.max_token_length
+        wanted = self.config.max_tokens or self.config.max_seq_len
         msgs = []
         if self.config.system_prompt:
             msgs.append(
@@ -274,16 +274,16 @@ class GSM8kEnv(SingleTurnEnv):
         Raises:
             ValueError: the prompt alone fills ``max_token_length``.
         """
-        wanted = self.config.max_tokens or self.config.max_token_length
+        wanted = self.config.max_tokens or self.config.max_seq_len
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
         prompt_len = len(self.tokenizer.encode(text, add_special_tokens=False))
-        room = self.config.max_token_length - prompt_len
+        room = self.config.max_seq_len - prompt_len
         if room < 1:
             raise ValueError(
                 f"the prompt is {prompt_len} tokens, which fills max_token_length "
-                f"({self.config.max_token_length}); raise --env.max_token_length"
+                f"({self.config.max_seq_len}); raise --env.max_token_length"
             )
         return min(wanted, room)
 
@@ -302,7 +302,7 @@ class GSM8kEnv(SingleTurnEnv):
     def finish_group(self, item: dict[str, str], group: ScoredDataGroup) -> ScoredDataGroup:
         """Apply :func:`length_penalised` (all-correct groups prefer shorter answers)."""
         group["scores"] = length_penalised(
-            group["scores"], [len(t) for t in group["tokens"]], self.config.max_token_length
+            group["scores"], [len(t) for t in group["tokens"]], self.config.max_seq_len
         )
         return group
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import load_rows
+from atroposlib.envs.data import load_rows
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 from atroposlib.errors import RolloutError
 

@@ -7,7 +7,8 @@ import re
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import extract_answer_tag, make_word
+from atroposlib.envs.data import make_word
+from atroposlib.envs.scoring import extract_answer_tag
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 SYSTEM_PROMPT = (

@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import extract_answer_tag, load_rows, maybe_json
+from atroposlib.envs.data import load_rows, maybe_json
+from atroposlib.envs.scoring import extract_answer_tag
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 LETTERS = "ABCDEFGHIJ"

@@ -10,7 +10,8 @@ from typing import Any
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import extract_answer_tag, new_group
+from atroposlib.envs.groups import new_group
+from atroposlib.envs.scoring import extract_answer_tag
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 

@@ -5,7 +5,8 @@ import random
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import extract_answer_tag, make_word
+from atroposlib.envs.data import make_word
+from atroposlib.envs.scoring import extract_answer_tag
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 SYSTEM_PROMPT = "You reverse text exactly, character by character (the last character first). Put only the reversed text inside <answer></answer>."

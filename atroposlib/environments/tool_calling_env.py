@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import Field
 
-from atroposlib.envs.helpers import extract_tool_calls, load_rows, maybe_json
+from atroposlib.envs.data import load_rows, maybe_json
+from atroposlib.envs.scoring import extract_tool_calls
 from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
 
 SYSTEM_TEMPLATE = (

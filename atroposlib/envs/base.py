@@ -30,12 +30,13 @@ from atroposlib.envs.checkpoints import CheckpointMixin
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
 from atroposlib.envs.eval import EvalLogMixin
 from atroposlib.envs.groups import (
+    CheckedGroups,
     ScoredDataGroup,
     ScoredDataItem,
     aggregate_items,
+    check_groups,
     gather_rollouts,
     normalise_group,
-    valid_groups,
 )
 from atroposlib.envs.run_state import (
     ROLLOUT_POLICY_VERSION,
@@ -47,7 +48,7 @@ from atroposlib.envs.run_state import (
 )
 from atroposlib.envs.runners import get_runner
 from atroposlib.envs.wandb_logging import WandbLoggingMixin
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import (
     APIServerConfig,
     OpenaiConfig,
@@ -84,17 +85,18 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         * ``item_id(item)``: the item's identity for ``--env.difficulty_filter``.
 
     Class attributes: ``name`` (used for wandb/registration names and default file names),
-    ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``APIServer`` =
+    ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``InferenceClient`` =
     choose by ``server_type``) and ``server_namespaces`` (extra CLI server namespaces, e.g.
     ``{"teacher": "teacher_server_configs"}`` gives ``--teacher.*`` flags whose configs reach
-    the constructor as that keyword; see :mod:`atroposlib.env_runtime.commands`).
+    the constructor as that keyword; see :mod:`atroposlib.env_runtime.command_line`).
 
     Available inside hooks: ``self.config``, ``self.tokenizer`` (HF tokenizer of
     ``config.tokenizer_name``, loaded lazily), ``self.server`` (a ``ServerManager``; use
     ``self.server.chat_completion(...)`` or ``self.server.managed_server(tokenizer=...)``),
     ``self.run_state`` (read-only view of the runner's :class:`RunState`: ``curr_step``,
     ``env_id``, ``status``, trainer limits, ``stats``), also readable as the Atropos attributes
-    ``self.curr_step``, ``self.max_token_len``, ``self.env_id``, ``self.stats`` ... The config
+    ``self.curr_step``, ``self.max_token_len`` (the trainer's ``max_seq_len``), ``self.env_id``,
+    ``self.stats`` ... The config
     is read-only once a runner starts (assigning a field raises ``FrozenConfigError``).
 
     Returning None, raising inside ``collect_trajectories``/``collect_trajectory``, or (while
@@ -104,13 +106,13 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
     name: str | None = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
-    server_cls: type[APIServer] = APIServer
+    server_cls: type[InferenceClient] = InferenceClient
     server_namespaces: dict[str, str] = {}
 
     def __init__(
         self,
         config: BaseEnvConfig,
-        server_configs: list[APIServerConfig | APIServer] | APIServerConfig | ServerBaseline | APIServer,
+        server_configs: list[APIServerConfig | InferenceClient] | APIServerConfig | ServerBaseline | InferenceClient,
         slurm: bool = False,
         testing: bool = False,
     ):
@@ -118,7 +120,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
         Args:
             config: an instance of ``env_config_cls``.
-            server_configs: inference servers: configs and/or ready ``APIServer`` instances
+            server_configs: inference servers: configs and/or ready ``InferenceClient`` instances
                 (e.g. ``FakeServer``); a single config is honoured as given.
             slurm: derive inference URLs from SLURM variables.
             testing: use an in-process ``FakeServer`` instead of real inference.
@@ -133,11 +135,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
             )
         self.config = config
         self.server_configs = server_configs
-        self.reasoning_config = ReasoningConfig(
-            enabled=config.thinking_mode,
-            effort=config.reasoning_effort,
-            max_tokens=config.max_reasoning_tokens,
-        )
+        self.reasoning_config = ReasoningConfig.from_env_config(config)
         self.server = ServerManager(
             server_configs,
             server_class=self.server_cls,
@@ -157,7 +155,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
     # ------------------------------------------------------------------ construction helpers
     curr_step = state_property("curr_step")
-    max_token_len = state_property("max_token_len")
+    max_token_len = state_property("max_seq_len")  # Atropos 0.4's name
     env_id = state_property("env_id")
     status_dict = state_property("status")
     wandb_prepend = state_property("wandb_prepend")
@@ -296,22 +294,34 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         return json.dumps(item, sort_keys=True, default=str)
 
     # ------------------------------------------------------------------ group validation & sinks
+    def _check_groups(
+        self,
+        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
+        abort_on_any_max_length_exceeded: bool = True,
+    ) -> CheckedGroups:
+        """The usable groups of ``scored_data``; drops are logged and counted in ``stats``.
+
+        The one scored-group check (:func:`~atroposlib.envs.groups.check_groups`): groups the
+        runner already checked (a ``CheckedGroups``, as ``run_item`` hands them on) are not
+        checked again. ``abort_on_any_max_length_exceeded`` drops groups with a sequence of
+        ``>= max_seq_len`` tokens (the trainer's, once the API told us).
+        """
+        return check_groups(
+            scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
+            self._run_state.max_seq_len if abort_on_any_max_length_exceeded else -1, self.stats,
+        )
+
     def _accept_groups(
         self,
         scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
         abort_on_any_max_length_exceeded: bool = True,
         item: Item = None,
     ) -> list[ScoredDataGroup]:
-        """Drop (log + count) invalid groups; normalise and record the rest (lengths, counters).
+        """Check the groups (unless checked already); normalise and record the usable ones.
 
-        ``abort_on_any_max_length_exceeded`` drops groups with a sequence of
-        ``>= max_token_len`` tokens (once the API told us ``max_token_len``). Returns the
-        accepted groups, with every optional key present (None when absent).
+        Returns the accepted groups, with every optional key present (None when absent).
         """
-        accepted = valid_groups(
-            scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
-            self.max_token_len if abort_on_any_max_length_exceeded else -1, self.stats,
-        )
+        accepted = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
         for group in accepted:
             normalise_group(group, self.config.include_messages, self._decode)
             self._run_state.record_accepted(group)
@@ -324,8 +334,10 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,
     ) -> list[ScoredDataGroup]:
-        """Validate and record groups; write them to the run's sinks and the API outbox.
+        """Check and record groups; write them to the run's sinks and the API outbox.
 
+        Groups that come from a runner were checked there (``run_item``) and are not checked
+        again; groups an env passes itself are checked here.
         Accepted groups go to every sink of the run (JSONL, W&B) and, with ``do_send_to_api``
         (serve mode), to the outbox the serve loop drains, so a finished group is never lost
         to an API outage. Each sent group gets ``policy_version``: the trainer step when its

@@ -10,12 +10,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from atroposlib.defaults import DEFAULT_API_URL
-from atroposlib.errors import ConfigError
+from atroposlib.defaults import DEFAULT_API_URL, DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_URL
+from atroposlib.errors import AtroposWarning, ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
+from atroposlib.inference.clients.config import APIServerConfig
 
 
-class UnknownConfigFieldWarning(UserWarning):
+class UnknownConfigFieldWarning(AtroposWarning):
     """An env config was given keyword fields its class does not declare.
 
     Raised (as a warning) when Python code builds a config with extra keywords, e.g.
@@ -65,7 +66,7 @@ class BaseEnvConfig(BaseModel):
         default=100, description="Run evaluate() every this many trainer steps (serve mode)."
     )
     max_token_length: int = Field(
-        default=2048, description="Longest sequence (prompt + completion) in tokens."
+        default=2048, description="Longest sequence (prompt + completion), in tokens; max_seq_len."
     )
     eval_handling: EvalHandlingEnum = Field(
         default=EvalHandlingEnum.STOP_TRAIN,
@@ -187,6 +188,15 @@ class BaseEnvConfig(BaseModel):
 
     _frozen: bool = PrivateAttr(default=False)
 
+    @property
+    def max_seq_len(self) -> int:
+        """The env's longest sequence (prompt + completion) in tokens: ``max_token_length``.
+
+        ``max_seq_len`` is the library's one name for a sequence-length limit; the config key
+        and flag keep Atropos 0.4's spelling (``max_token_length``, ``--env.max_token_length``).
+        """
+        return self.max_token_length
+
     def freeze(self) -> None:
         """Make the config read-only; runners call this when they start.
 
@@ -206,7 +216,7 @@ class BaseEnvConfig(BaseModel):
             raise FrozenConfigError(
                 f"cannot set {type(self).__name__}.{name}: the env config is read-only once a "
                 "runner has started. Set it before (in config_init, the env's __init__ or with "
-                f"--env.{name}); trainer-given values (batch_size, max_token_len, total_steps) "
+                f"--env.{name}); trainer-given values (batch_size, max_seq_len, total_steps) "
                 "are in env.run_state"
             )
         super().__setattr__(name, value)
@@ -247,6 +257,27 @@ class BaseEnvConfig(BaseModel):
             )
 
 
+
+#: The shared development vLLM (model ``smollm2``) that the defaults point at.
+DEFAULT_BASE_URL = DEFAULT_INFERENCE_URL
+
+
+def default_server(**overrides: Any) -> APIServerConfig:
+    """A stock-vLLM server config for the bundled model at :data:`DEFAULT_BASE_URL`.
+
+    ``server_type="vllm"`` because the envs use ``managed_server`` (exact tokens and
+    log-probs). Override on the command line: ``--openai.base_url``, ``--openai.model_name``.
+    """
+    values: dict[str, Any] = {
+        "model_name": DEFAULT_INFERENCE_MODEL,
+        "base_url": DEFAULT_BASE_URL,
+        "api_key": "x",
+        "server_type": "vllm",
+        "num_requests_for_eval": 64,
+    }
+    values.update(overrides)
+    return APIServerConfig(**values)
+
 def _caller_stacklevel() -> int:
     """The ``warnings.warn`` stacklevel of the first frame outside pydantic and this module."""
     import pydantic
@@ -258,4 +289,5 @@ def _caller_stacklevel() -> int:
     return level
 
 
-__all__ = ["BaseEnvConfig", "EvalHandlingEnum", "FrozenConfigError", "UnknownConfigFieldWarning"]
+__all__ = ["DEFAULT_BASE_URL", "BaseEnvConfig", "EvalHandlingEnum", "FrozenConfigError",
+           "UnknownConfigFieldWarning", "default_server"]

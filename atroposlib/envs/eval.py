@@ -21,6 +21,7 @@ from atroposlib.utils.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from atroposlib.inference.clients.manager import ServerManager
+    from atroposlib.type_definitions import Message
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +261,7 @@ class EvalLogMixin:
     """``BaseEnv``'s ``evaluate_log``: an env's evaluation files, in one directory per run.
 
     Reads what ``BaseEnv`` sets: ``name``, ``config`` (``data_dir_to_save_evals``,
-    ``max_token_length``), ``server`` (the first server's ``config.model_name``) and
+    ``max_seq_len``), ``server`` (the first server's ``config.model_name``) and
     ``_run_state.eval_mode``. Sets ``_eval_metrics_path`` (the last ``metrics.json`` written,
     which the evaluate runner returns) and ``_eval_dir`` (chosen once per env).
     """
@@ -303,7 +304,7 @@ class EvalLogMixin:
             end_time=end_time,
             generation_parameters={
                 **(generation_parameters or {}),
-                "max_new_tokens": self.config.max_token_length,
+                "max_new_tokens": self.config.max_seq_len,
             },
             samples=samples,
             verbose=verbose,
@@ -402,7 +403,7 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
     from atroposlib.defaults import DEFAULT_INFERENCE_URL
     from atroposlib.inference.clients.config import APIServerConfig
     from atroposlib.inference.clients.manager import ServerManager
-    from atroposlib.utils.cli import ArgumentParser
+    from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(description=f"Run the {type(eval_env).__name__} evaluation.")
     parser.add_argument("--base-url", default=DEFAULT_INFERENCE_URL,
@@ -424,6 +425,61 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
     return await eval_env(ServerManager([config]))
 
 
+async def eval_samples(
+    env: Any,
+    items: Sequence[Any],
+    messages_fn: Callable[[Any], list[Message]],
+    score_fn: Callable[[Any, str, str], Any],
+    *,
+    max_tokens: int | Callable[[list[Message]], int],
+    temperature: float = 0.0,
+    answer_fn: Callable[[Any], Any] | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Sample one completion per evaluation item and score it (no logging).
+
+    Requests run concurrently, at most ``env.config.max_eval_workers`` at a time, on the
+    ``eval`` split of the server manager. An item whose request or scoring raises is logged
+    and counted, not scored 0.
+
+    Args:
+        env: the environment (its ``server`` and ``config.max_eval_workers`` are used).
+        items: evaluation items.
+        messages_fn: item -> chat messages.
+        score_fn: ``(item, completion_text, finish_reason) ->`` a :data:`ScoreResult`
+            (a score, or ``(score, details)``; may be a coroutine function).
+        max_tokens: completion budget, or a function of the item's messages returning it.
+        temperature: sampling temperature (0 = greedy).
+        answer_fn: item -> reference answer, stored in each sample as ``"answer"`` (for views).
+
+    Returns:
+        ``(samples in item order, failed item count)``; a sample is ``{"messages",
+        "response", "score", "finish_reason"}`` (+ ``"answer"``, + ``"details"`` when the
+        score came with details); ``response`` is the reply text.
+    """
+    from atroposlib.envs.scoring import resolve_score
+
+    async def one(item: Any) -> dict[str, Any]:
+        messages = messages_fn(item)
+        budget = max_tokens(messages) if callable(max_tokens) else max_tokens
+        completion = await env.server.chat_completion(
+            messages=messages, n=1, max_tokens=budget, temperature=temperature,
+            split="eval",
+        )
+        choice = completion.choices[0]
+        text = choice.message.content or ""
+        reason = str(choice.finish_reason)
+        score, details = await resolve_score(score_fn(item, text, reason))
+        sample = {"messages": messages + [{"role": "assistant", "content": text}], "response": text,
+                  "score": score, "finish_reason": reason}
+        if details:
+            sample["details"] = details
+        if answer_fn is not None:
+            sample["answer"] = answer_fn(item)
+        return sample
+
+    return await evaluate_items(items, one, int(env.config.max_eval_workers))
+
+
 # Names Atropos 0.4's envs.eval imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
 __getattr__ = lazy_exports(__name__, {
@@ -438,6 +494,7 @@ __all__ = [
     "EvalLogMixin",
     "eval_dir",
     "eval_runner",
+    "eval_samples",
     "evaluate_items",
     "evaluate_log",
     "mean_metrics",

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
-from atroposlib.api.models import IGNORE_INDEX, group_shape_error
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
 from atroposlib.errors import RolloutError
 from atroposlib.type_definitions import REFERENCE_KEY, Item, Message
 
@@ -26,7 +26,8 @@ class ScoredDataGroup(TypedDict, total=False):
 
     Keys:
         tokens: ``[G][T_i]`` prompt + completion token ids.
-        masks: ``[G][T_i]`` ``-100`` at untrained positions, else the token id.
+        masks: ``[G][T_i]`` labels (the wire name is ``masks``): the token id at trained
+            positions, ``-100`` (the ignore index) at untrained ones; not a 0/1 mask.
         scores: ``[G]`` scalar rewards.
         advantages: ``[G][T_i]`` optional per-token advantages.
         ref_logprobs: ``[G][T_i]`` optional reference log-probs.
@@ -62,7 +63,8 @@ class ScoredDataGroup(TypedDict, total=False):
 class ScoredDataItem(TypedDict, total=False):
     """One scored rollout, returned by ``collect_trajectory`` (plus logprobs).
 
-    Keys: ``tokens [T]``, ``masks [T]``, ``scores`` (float), and optional ``advantages [T]``,
+    Keys: ``tokens [T]``, ``masks [T]`` (labels: the token id where trained, ``-100`` where
+    not), ``scores`` (float), and optional ``advantages [T]``,
     ``ref_logprobs [T]``, ``inference_logprobs [T]`` (1.0 at masked positions; carried into
     the group, unlike upstream), ``messages``, ``group_overrides``, ``overrides``, ``images``,
     ``distill_token_ids [T][K]``, ``distill_logprobs [T][K]``.
@@ -170,15 +172,15 @@ def reject_reason(
     group: ScoredDataGroup,
     group_size: int,
     ensure_scores_are_not_same: bool,
-    max_token_len: int = -1,
+    max_seq_len: int = -1,
 ) -> tuple[str, str] | None:
     """Why a group must be dropped, as ``(counter_key, message)``; None when it is usable.
 
     Keys: ``invalid`` (missing tokens/masks/scores or ragged rows), ``wrong_size`` (not
     ``group_size`` sequences, or ``group_overrides["group_size"]``), ``same_scores`` (all
     ``G > 1`` scores equal while ``ensure_scores_are_not_same``: no learning signal),
-    ``too_long`` (a sequence of ``>= max_token_len`` tokens; only checked when
-    ``max_token_len > 0``).
+    ``too_long`` (a sequence of ``>= max_seq_len`` tokens, the trainer's limit; only checked
+    when ``max_seq_len > 0``).
     """
     for key in ("tokens", "masks", "scores"):
         if key not in group or group[key] is None:
@@ -196,50 +198,72 @@ def reject_reason(
     scores = group["scores"]
     if ensure_scores_are_not_same and len(scores) > 1 and len(set(scores)) <= 1:
         return "same_scores", "all scores are identical (no learning signal)"
-    if max_token_len > 0:
+    if max_seq_len > 0:
         longest = max(len(t) for t in group["tokens"])
-        if longest >= max_token_len:
-            return "too_long", f"a sequence has {longest} tokens >= max_token_len {max_token_len}"
+        if longest >= max_seq_len:
+            return "too_long", f"a sequence has {longest} tokens >= the trainer's max_token_len {max_seq_len}"
     return None
 
 
-def valid_groups(
+class CheckedGroups(list):
+    """Groups that passed :func:`check_groups`: a list that remembers it was checked.
+
+    The runners check each group once (in ``run_item``) and hand the result on;
+    :func:`check_groups` returns such a list as it is, so ``handle_send_to_api`` (and any
+    override that passes the list on) does not check the same groups again.
+
+    Attributes:
+        dropped: ``(reason, message)`` for each group the check dropped (reason as in
+            :func:`reject_reason`).
+    """
+
+    def __init__(self, groups: Sequence[ScoredDataGroup] = (), dropped: Sequence[tuple[str, str]] = ()):
+        """Hold ``groups`` (usable) and ``dropped`` (why the others were dropped)."""
+        super().__init__(groups)
+        self.dropped: list[tuple[str, str]] = list(dropped)
+
+
+def check_groups(
     scored_data: ScoredDataGroup | Sequence[ScoredDataGroup | None] | None,
     group_size: int,
     ensure_scores_are_not_same: bool,
-    max_token_len: int,
+    max_seq_len: int,
     stats: Any,
-) -> list[ScoredDataGroup]:
-    """The usable groups of ``scored_data``; each dropped one is logged and counted.
+) -> CheckedGroups:
+    """The one scored-group check of the env side: the usable groups of ``scored_data``.
+
+    Each group is checked with :func:`reject_reason`; each dropped one is logged and counted.
+    ``scored_data`` that is already a :class:`CheckedGroups` is returned unchanged (checked
+    once, not again). The API checks the shape again on its side.
 
     Args:
         scored_data: one group, a list of groups (None entries are skipped), or None.
         group_size: expected sequences per group (unless ``group_overrides`` says otherwise).
         ensure_scores_are_not_same: drop groups whose scores are all equal.
-        max_token_len: drop groups with a sequence this long or longer (-1 = no limit).
+        max_seq_len: drop groups with a sequence this long or longer (-1 = no limit).
         stats: counter (``Counter[str]``) that gets ``groups_dropped_<reason>`` += 1 per drop
             (``invalid`` also for non-dict entries).
     """
-    if scored_data is None:
-        return []
-    groups = scored_data if isinstance(scored_data, list) else [scored_data]
-    usable = []
+    if isinstance(scored_data, CheckedGroups):
+        return scored_data
+    groups = [] if scored_data is None else scored_data if isinstance(scored_data, list) else [scored_data]
+    checked = CheckedGroups()
     for group in groups:
         if group is None:
             continue
-        if not isinstance(group, dict):
-            stats["groups_dropped_invalid"] += 1
-            logger.warning("dropping a %s: groups must be ScoredDataGroup dicts", type(group))
+        problem = (
+            reject_reason(group, group_size, ensure_scores_are_not_same, max_seq_len)
+            if isinstance(group, dict)
+            else ("invalid", f"groups must be ScoredDataGroup dicts, got {type(group).__name__}")
+        )
+        if problem is None:
+            checked.append(group)
             continue
-        reason = reject_reason(group, group_size, ensure_scores_are_not_same, max_token_len)
-        if reason is not None:
-            key, message = reason
-            stats[f"groups_dropped_{key}"] += 1
-            log = logger.debug if key == "same_scores" else logger.warning
-            log("dropping group: %s", message)
-            continue
-        usable.append(group)
-    return usable
+        key, message = problem
+        checked.dropped.append(problem)
+        stats[f"groups_dropped_{key}"] += 1
+        (logger.debug if key == "same_scores" else logger.warning)("dropping group: %s", message)
+    return checked
 
 
 def normalise_group(
@@ -285,17 +309,43 @@ def set_reference_answer(group: ScoredDataGroup, answer: Any) -> ScoredDataGroup
     return group
 
 
+def new_group(with_logprobs: bool = True) -> ScoredDataGroup:
+    """An empty group with the per-sequence lists the envs fill."""
+    group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
+    if with_logprobs:
+        group["inference_logprobs"] = []
+    return group
+
+
+def add_rollout(group: ScoredDataGroup, node: Any, score: float, messages: list[Message]) -> None:
+    """Append one managed-server sequence (tokens, masks, log-probs) with its score.
+
+    Log-probs at masked (prompt) positions are written as ``MASKED_LOGPROB`` (1.0), as the
+    API expects, whatever the server put there.
+    """
+    group["tokens"].append(list(node.tokens))
+    group["masks"].append(list(node.masked_tokens))
+    group["inference_logprobs"].append(
+        [lp if m != IGNORE_INDEX else MASKED_LOGPROB
+         for lp, m in zip(node.logprobs, node.masked_tokens, strict=True)])
+    group["scores"].append(float(score))
+    group["messages"].append(messages)
+
+
 __all__ = [
     "REFERENCE_KEY",
     "ITEM_LIST_FIELDS",
     "OPTIONAL_GROUP_KEYS",
     "ScoredDataGroup",
     "ScoredDataItem",
+    "CheckedGroups",
+    "add_rollout",
     "aggregate_items",
+    "check_groups",
     "completion_lengths",
     "gather_rollouts",
+    "new_group",
     "normalise_group",
     "reject_reason",
     "set_reference_answer",
-    "valid_groups",
 ]

@@ -3,9 +3,10 @@
 A runner (serve loop, process or evaluate runner in :mod:`atroposlib.env_runtime`) creates one
 ``RunState``, binds it to the env with ``env.bind_run_state(state)`` and is the only writer of
 its fields afterwards: the env's id at the API, the trainer step, the last ``/status-env`` answer,
-the trainer's limits (``batch_size``, ``max_token_len``, ``total_steps``) and the counters. The
+the trainer's limits (``batch_size``, ``max_seq_len``, ``total_steps``) and the counters. The
 env reads it through ``env.run_state`` (a read-only view) or through its Atropos-compatible
-read-only attributes (``env.curr_step``, ``env.max_token_len``, ``env.env_id`` ...).
+read-only attributes (``env.curr_step``, ``env.max_token_len`` = ``max_seq_len``, ``env.env_id``
+...).
 
 ``stats``, ``completion_lengths`` and ``task_durations`` are containers: the env's own
 bookkeeping (counting dropped groups, recording lengths) updates their contents.
@@ -19,8 +20,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from atroposlib.envs.groups import completion_lengths
+from atroposlib.inference.policy_version import oldest_served_version
 
-#: Trainer step when the current rollout started; set per rollout task by the serve loop.
+#: Trainer step when the current rollout started; set per rollout task by the serve loop. The
+#: fallback policy version of a group whose inference server reports none.
 ROLLOUT_POLICY_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "rollout_policy_version", default=None)
 
@@ -34,7 +37,8 @@ class RunState:
         curr_step: trainer step the runner last saw.
         status: the last ``/status-env`` answer (empty until one is read).
         stats: counters of sent, dropped and failed groups (``Counter[str]``).
-        max_token_len: trainer's longest sequence in tokens (-1 = unknown).
+        max_seq_len: the trainer's longest sequence (prompt + completion) in tokens, -1 =
+            unknown (the trainer registers it as ``max_token_len``).
         batch_size: trainer's batch size in sequences (-1 = unknown).
         total_steps: steps to run (-1 = take from the trainer; <= 0 in process mode = until
             ``get_next_item`` runs dry).
@@ -54,7 +58,7 @@ class RunState:
     curr_step: int = 0
     status: dict[str, Any] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
-    max_token_len: int = -1
+    max_seq_len: int = -1
     batch_size: int = -1
     total_steps: int = -1
     wandb_prepend: str | None = None
@@ -114,8 +118,11 @@ async def deliver(state: RunState, groups: list[Any], item: Any, send_to_api: bo
     """Write accepted ``groups`` to every sink of ``state``, then (``send_to_api``) its outbox.
 
     Each group queued for the API gets ``policy_version`` (unless it already has one): the
-    trainer step when its rollout started (:data:`ROLLOUT_POLICY_VERSION`), else
-    ``state.curr_step``.
+    oldest policy version the inference servers reported for this item's completions
+    (:func:`~atroposlib.inference.policy_version.oldest_served_version`: an
+    ``atropos-inference-node`` tags each answer with the version of the weights that produced
+    it, and a group is as stale as its stalest rollout); without such a report, the trainer
+    step when its rollout started (:data:`ROLLOUT_POLICY_VERSION`), else ``state.curr_step``.
 
     Raises:
         RuntimeError: ``send_to_api`` without an outbox (only the serve loop has one).
@@ -130,7 +137,9 @@ async def deliver(state: RunState, groups: list[Any], item: Any, send_to_api: bo
             "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
             "do_send_to_api=False outside `serve`"
         )
-    version = ROLLOUT_POLICY_VERSION.get()
+    version = oldest_served_version()
+    if version is None:
+        version = ROLLOUT_POLICY_VERSION.get()
     for group in groups:
         if group.get("policy_version") is None:
             group["policy_version"] = state.curr_step if version is None else version

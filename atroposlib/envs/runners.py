@@ -1,11 +1,11 @@
 """Registry of runners: what ``BaseEnv``'s entry points hand an env (or env class) to.
 
-The env contract (``atroposlib.envs.base``) must not import the code that drives it (the
-serve loop, the process/evaluate runners, the CLI), which all import the contract. So the
-contract looks its runners up here by mode, and the ``atroposlib.envs`` package fills this
-registry when it is first imported (always before ``base``, as its parent package), with
-functions that import the runner on first call. A program may register its own runner for
-a mode, e.g. to drive envs differently in tests.
+The env contract (``atroposlib.envs.base``) does not import the code that drives it (the
+serve loop, the process/evaluate runners, the CLI in :mod:`atroposlib.env_runtime`), which all
+import the contract. So the contract looks its runner up here by mode. The standard runners
+are named, like entry points, by ``"module:function"`` in :data:`DEFAULT_RUNNERS` and imported
+on first use. A program may register its own runner for a mode, e.g. to drive envs
+differently in tests.
 
 Modes and call signatures:
     * ``"cli"``: ``runner(env_cls, argv)`` runs the command line (``BaseEnv.cli``).
@@ -17,8 +17,17 @@ Modes and call signatures:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
+
+#: The standard runner of each mode, as ``"module:function"`` (imported on first use).
+DEFAULT_RUNNERS = {
+    "cli": "atroposlib.env_runtime.command_line:run_cli",
+    "serve": "atroposlib.env_runtime.serve:serve",
+    "process": "atroposlib.env_runtime.process:run_process",
+    "evaluate": "atroposlib.env_runtime.process:run_evaluate",
+}
 
 _RUNNERS: dict[str, Callable[..., Any]] = {}
 
@@ -29,21 +38,20 @@ def register_runner(mode: str, runner: Callable[..., Any]) -> None:
 
 
 def get_runner(mode: str) -> Callable[..., Any]:
-    """The runner registered for ``mode``.
+    """The runner registered for ``mode``, else the standard one (imported now).
 
     Raises:
-        LookupError: none is registered (the ``atroposlib.envs`` package registers the
-            standard ones on import, so this means the registry was cleared or the mode is
-            misspelled).
+        LookupError: ``mode`` has neither a registered nor a standard runner.
     """
-    try:
-        return _RUNNERS[mode]
-    except KeyError:
-        raise LookupError(
-            f"no env runner registered for mode {mode!r} (registered: {sorted(_RUNNERS)}); "
-            "import atroposlib.envs, which registers the standard runners, or call "
-            "atroposlib.envs.runners.register_runner"
-        ) from None
+    if mode not in _RUNNERS:
+        if mode not in DEFAULT_RUNNERS:
+            raise LookupError(
+                f"no env runner for mode {mode!r} (modes: {sorted({*_RUNNERS, *DEFAULT_RUNNERS})}); "
+                "register one with atroposlib.envs.runners.register_runner"
+            )
+        module, _, name = DEFAULT_RUNNERS[mode].partition(":")
+        _RUNNERS[mode] = getattr(importlib.import_module(module), name)
+    return _RUNNERS[mode]
 
 
-__all__ = ["get_runner", "register_runner"]
+__all__ = ["DEFAULT_RUNNERS", "get_runner", "register_runner"]

@@ -23,7 +23,7 @@ The teacher is queried with ``get_logprobs(input_ids=seq, top_k=..., max_tokens=
 match the sequence (length, missing actual token, too few candidates), nulls BOTH fields of
 that group, logs why and counts it in ``stats["teacher_groups_failed"]``: never silently wrong
 data. ``group_overrides["teacher_top_k"]`` overrides ``K`` for one group,
-``group_overrides["skip_teacher_top_k"]`` skips the fetch (the group keeps what it has).
+``group_overrides["skip_teacher_top_k"]`` skips the fetch (both fields are then None).
 
 Teacher and student must share a tokenizer (the ids are compared position by position); a
 mismatch raises :class:`~atroposlib.errors.ConfigError` before any rollout.
@@ -45,11 +45,10 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
-from atroposlib.envs.groups import reject_reason
-from atroposlib.errors import ConfigError
+from atroposlib.errors import AtroposError, ConfigError
 from atroposlib.inference.clients.base import APIServer
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
-from atroposlib.inference.clients.manager import ServerManager
+from atroposlib.inference.clients.manager import ServerManager, server_class_for
 from atroposlib.inference.clients.openai_client import resolve_openai_configs
 from atroposlib.type_definitions import Item
 
@@ -74,7 +73,7 @@ class TeacherDistillationConfig(BaseEnvConfig):
     )
 
 
-class TeacherDistillationError(Exception):
+class TeacherDistillationError(AtroposError):
     """The teacher's answer cannot be aligned with a sequence (the group's fields are nulled)."""
 
 
@@ -171,6 +170,60 @@ def align_teacher_logprobs(
     return out_ids, out_lps
 
 
+def resolve_teacher_server_configs(
+    default_teacher_server_configs: Any,
+    yaml_config: dict[str, Any] | None,
+    cli_passed_flags: dict[str, Any] | None,
+) -> Any:
+    """Resolve the ``teacher`` namespace like ``openai`` (Atropos 0.4's helper).
+
+    Defaults < YAML ``teacher:`` < ``--teacher.*`` flags; the env command line does this itself.
+
+    Returns:
+        None when no default, YAML key or flag names a teacher; else the resolved configs.
+    """
+    yaml_teacher = (yaml_config or {}).get("teacher")
+    flags = {
+        key.split(".", 1)[1]: value
+        for key, value in (cli_passed_flags or {}).items()
+        if key.startswith("teacher.")
+    }
+    if default_teacher_server_configs is None and not yaml_teacher and not flags:
+        return None
+    merged: dict[str, Any] = {}
+    if isinstance(default_teacher_server_configs, ServerBaseline):
+        merged.update(default_teacher_server_configs.model_dump())
+    if isinstance(yaml_teacher, dict):
+        merged.update(yaml_teacher)
+    merged.update(flags)
+    return resolve_openai_configs(
+        default_server_configs=(
+            default_teacher_server_configs
+            if default_teacher_server_configs is not None
+            else ServerBaseline()
+        ),
+        openai_config_dict=merged,
+        yaml_config={"openai": yaml_teacher} if yaml_teacher is not None else {},
+        cli_passed_flags={f"openai.{key}": value for key, value in flags.items()},
+        logger=logger,
+    )
+
+
+def _check_can_score_prompts(source: APIServerConfig | APIServer) -> None:
+    """Raise ``ConfigError`` when the teacher backend ``source`` cannot return prompt log-probs.
+
+    ``source`` is a teacher's settings (its ``server_type`` names the backend) or a ready server.
+    """
+    config = source.config if isinstance(source, APIServer) else source
+    server_class = type(source) if isinstance(source, APIServer) else server_class_for(config.server_type)
+    if server_class._get_logprobs_wrapper is APIServer._get_logprobs_wrapper:
+        raise ConfigError(
+            f"teacher server {getattr(config, 'base_url', None) or config.model_name!r} (server_type "
+            f"{config.server_type!r}) cannot return prompt log-probs; serve the teacher with "
+            "vLLM and pass --teacher.server_type vllm"
+        )
+
+
 class TeacherDistillationEnv(BaseEnv):
     """``BaseEnv`` whose groups carry teacher top-k log-probs (see the module docstring).
 
@@ -202,8 +255,10 @@ class TeacherDistillationEnv(BaseEnv):
                 or ready ``APIServer`` instances); load-balanced like the student's.
 
         Raises:
-            ConfigError: the teacher is enabled without servers, or a teacher backend cannot
-                return prompt log-probs.
+            ConfigError: the teacher is enabled without servers, a teacher backend cannot
+                return prompt log-probs, or the first teacher's tokenizer (given as settings)
+                differs from the student's (see
+                :meth:`_validate_teacher_tokenizer_compatibility`).
         """
         super().__init__(config, server_configs, slurm=slurm, testing=testing)
         self.teacher: ServerManager | None = None
@@ -217,24 +272,46 @@ class TeacherDistillationEnv(BaseEnv):
             return
         if not teacher_server_configs and not testing:
             raise ConfigError(
-                "teacher_enabled is true but no teacher server is configured: pass "
+                "teacher_enabled is true but no teacher server configuration was provided: pass "
                 "--teacher.base_url URL --teacher.model_name NAME --teacher.server_type vllm "
                 "(or teacher_server_configs=[APIServerConfig(...)]), or set "
                 "--env.teacher_enabled false"
             )
-        self.teacher = ServerManager(
-            teacher_server_configs if teacher_server_configs else ServerBaseline(),
-            testing=testing and not teacher_server_configs,
-        )
-        for server in self.teacher.servers:
-            if type(server)._get_logprobs_wrapper is APIServer._get_logprobs_wrapper:
-                raise ConfigError(
-                    f"teacher server {server.config.base_url or server.config.model_name!r} "
-                    f"(server_type {server.config.server_type!r}) cannot return prompt log-probs; "
-                    "serve the teacher with vLLM and pass --teacher.server_type vllm"
-                )
-            if hasattr(server, "set_tokenizer_factory"):
+        if not teacher_server_configs:  # testing: in-process fake teachers
+            self.teacher = ServerManager(ServerBaseline(), slurm=False, testing=True)
+            for server in self.teacher.servers:
                 server.set_tokenizer_factory(lambda: self.tokenizer)
+            return
+        # One config or server becomes a list of one, as Atropos 0.4 passes it on; a bare
+        # ServerBaseline is passed as is (the manager derives the servers' addresses).
+        bare_baseline = type(teacher_server_configs) is ServerBaseline
+        sources = (
+            list(teacher_server_configs)
+            if isinstance(teacher_server_configs, list | tuple)
+            else [teacher_server_configs]
+        )
+        for source in sources:
+            _check_can_score_prompts(source)
+            if hasattr(source, "set_tokenizer_factory"):
+                source.set_tokenizer_factory(lambda: self.tokenizer)
+        self.teacher = ServerManager(
+            teacher_server_configs if bare_baseline else sources, slurm=False, testing=False
+        )
+        first = sources[0]
+        if isinstance(first, APIServerConfig):
+            name = first.tokenizer_name
+            self._validate_teacher_tokenizer_compatibility(
+                first.model_name if name in ("", "none") else name
+            )
+
+    @classmethod
+    def teacher_config_init(cls) -> APIServerConfig | list[APIServerConfig] | None:
+        """Default teacher servers for ``serve`` and ``process`` (None: no default).
+
+        Atropos 0.4's hook: override it to return the teacher's ``APIServerConfig`` (or a
+        list); YAML ``teacher:`` and ``--teacher.*`` flags override it field by field.
+        """
+        return None
 
     # ------------------------------------------------------------------ checks
     def check_teacher_tokenizer(self) -> None:
@@ -327,46 +404,8 @@ class TeacherDistillationEnv(BaseEnv):
                 "teacher that shares the student's tokenizer"
             )
 
-    @classmethod
-    def _resolve_teacher_server_configs(
-        cls,
-        default_teacher_server_configs: Any,
-        yaml_config: dict[str, Any] | None,
-        cli_passed_flags: dict[str, Any] | None,
-    ) -> Any:
-        """Resolve the ``teacher`` namespace like ``openai``.
-
-        Defaults < YAML ``teacher:`` < ``--teacher.*`` flags (Atropos 0.4's helper; the env
-        CLI does this itself).
-
-        Returns:
-            None when no default, YAML key or flag names a teacher; else the resolved configs.
-        """
-        yaml_teacher = (yaml_config or {}).get("teacher")
-        flags = {
-            key.split(".", 1)[1]: value
-            for key, value in (cli_passed_flags or {}).items()
-            if key.startswith("teacher.")
-        }
-        if default_teacher_server_configs is None and not yaml_teacher and not flags:
-            return None
-        merged: dict[str, Any] = {}
-        if isinstance(default_teacher_server_configs, ServerBaseline):
-            merged.update(default_teacher_server_configs.model_dump())
-        if isinstance(yaml_teacher, dict):
-            merged.update(yaml_teacher)
-        merged.update(flags)
-        return resolve_openai_configs(
-            default_server_configs=(
-                default_teacher_server_configs
-                if default_teacher_server_configs is not None
-                else ServerBaseline()
-            ),
-            openai_config_dict=merged,
-            yaml_config={"openai": yaml_teacher} if yaml_teacher is not None else {},
-            cli_passed_flags={f"openai.{key}": value for key, value in flags.items()},
-            logger=logger,
-        )
+    #: Atropos 0.4's name (called on the class) for :func:`resolve_teacher_server_configs`.
+    _resolve_teacher_server_configs = staticmethod(resolve_teacher_server_configs)
 
     # ------------------------------------------------------------------ enrichment
     def _group_top_k(self, group: ScoredDataGroup) -> int | None:
@@ -401,23 +440,36 @@ class TeacherDistillationEnv(BaseEnv):
             TeacherDistillationError: an answer does not match its sequence.
             Exception: whatever the teacher request raised (e.g. ``InferenceError``).
         """
+        results = await asyncio.gather(
+            *(self._fetch_teacher_for_sequence(list(seq), top_k) for seq in tokens)
+        )
+        return [ids for ids, _ in results], [lps for _, lps in results]
+
+    async def _fetch_teacher_for_sequence(
+        self, token_ids: list[int], top_k: int
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Ask the teacher for one sequence's ``(ids [T][K], logprobs [T][K])``.
+
+        Atropos 0.4's per-sequence step (the one to override for another teacher source).
+
+        Raises:
+            TeacherDistillationError: the answer does not match ``token_ids``.
+        """
         assert self.teacher is not None
         # vLLM's prompt_logprobs=k returns the k best AND the actual token, so k >= 1 also
         # covers top_k == 0 (the actual token only).
-        results = await asyncio.gather(
-            *(
-                self.teacher.get_logprobs(input_ids=list(seq), top_k=max(top_k, 1), max_tokens=1)
-                for seq in tokens
-            )
+        result = await self.teacher.get_logprobs(
+            input_ids=token_ids, top_k=max(top_k, 1), max_tokens=1
         )
-        aligned = [align_teacher_logprobs(list(seq), res, top_k) for seq, res in zip(tokens, results, strict=True)]
-        return [ids for ids, _ in aligned], [lps for _, lps in aligned]
+        return align_teacher_logprobs(token_ids, result, top_k)
 
     async def _enrich_group(self, group: ScoredDataGroup) -> None:
         """Set (or null) one group's ``distill_*`` fields; failures are logged and counted."""
         try:
             top_k = self._group_top_k(group)
-            if top_k is None:
+            if top_k is None:  # skipped: the group goes without teacher fields
+                group["distill_token_ids"] = None
+                group["distill_logprobs"] = None
                 self.stats["teacher_groups_skipped"] += 1
                 return
             ids, lps = await self.fetch_teacher_logprobs(group["tokens"], top_k)
@@ -453,16 +505,9 @@ class TeacherDistillationEnv(BaseEnv):
         """
         if self.teacher is not None and scored_data is not None:
             self.check_teacher_tokenizer()
-            groups = scored_data if isinstance(scored_data, list) else [scored_data]
-            todo = [
-                g for g in groups
-                if isinstance(g, dict)
-                and reject_reason(
-                    g, self.config.group_size, self.config.ensure_scores_are_not_same,
-                    self.max_token_len if abort_on_any_max_length_exceeded else -1,
-                ) is None
-            ]
-            await asyncio.gather(*(self._enrich_group(g) for g in todo))
+            # checked once (here, or already by the runner); super() does not check them again
+            scored_data = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
+            await asyncio.gather(*(self._enrich_group(g) for g in scored_data))
         return await super().handle_send_to_api(
             scored_data, item, do_send_to_api, abort_on_any_max_length_exceeded
         )
@@ -500,5 +545,6 @@ __all__ = [
     "TeacherDistillationEnv",
     "TeacherDistillationError",
     "align_teacher_logprobs",
+    "resolve_teacher_server_configs",
     "tokenizer_difference",
 ]

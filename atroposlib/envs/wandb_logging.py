@@ -104,10 +104,10 @@ def env_metrics(
 class WandbLoggingMixin:
     """``BaseEnv``'s W&B hooks; override them and call ``super()`` to add metrics or columns.
 
-    Reads what ``BaseEnv`` sets: ``config`` (``use_wandb``, ``max_token_length``,
+    Reads what ``BaseEnv`` sets: ``config`` (``use_wandb``, ``max_seq_len``,
     ``num_rollouts_per_group_for_logging``), ``tokenizer``, ``server`` (its
     ``wandb_metrics()``), ``rollouts_for_wandb`` (a bounded deque of row lists) and the run
-    state's ``curr_step``, ``max_token_len``, ``wandb_prepend``, ``completion_lengths``,
+    state's ``curr_step``, ``max_seq_len``, ``wandb_prepend``, ``completion_lengths``,
     ``task_durations`` and ``stats``.
     """
 
@@ -150,7 +150,8 @@ class WandbLoggingMixin:
         if not self.config.use_wandb:
             self.completion_lengths.clear()
             return
-        limit = self.max_token_len if self.max_token_len > 0 else self.config.max_token_length
+        trainer_limit = self.run_state.max_seq_len
+        limit = trainer_limit if trainer_limit > 0 else self.config.max_seq_len
         prefix = f"{self.wandb_prepend}_" if self.wandb_prepend else ""
         metrics = env_metrics(metrics or {}, self.completion_lengths, limit, self.perf_stats(),
                               self.stats, prefix)

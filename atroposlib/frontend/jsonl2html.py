@@ -25,7 +25,7 @@ from atroposlib.frontend.render import (
     render_page,
     score_value,
 )
-from atroposlib.utils.cli import ArgumentParser
+from atroposlib.utils.flags import ArgumentParser
 
 logger = logging.getLogger(__name__)
 

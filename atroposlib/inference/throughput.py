@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_URL
-from atroposlib.utils.cli import ArgumentParser
+from atroposlib.utils.flags import ArgumentParser
 
 PROMPT = "Write a short story about a robot who learns to paint."
 

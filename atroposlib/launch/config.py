@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atroposlib.api.packing import batch_size_problem
-from atroposlib.cli.trainers import DEFAULT_TRAINER, load_trainer
 from atroposlib.errors import ConfigError
 from atroposlib.launch.commands import flags
+from atroposlib.launch.trainers import DEFAULT_TRAINER, load_trainer
 from atroposlib.utils.offline import OFFLINE_ENV
+from atroposlib.utils.yaml_file import load_yaml
 
 
 class ApiSection(BaseModel):
@@ -90,23 +92,16 @@ def load_config(path: str | Path) -> LaunchConfig:
     """Read and validate a launch YAML file.
 
     The ``trainer:`` section is checked against the settings model of the trainer that
-    ``trainer_name`` names (see :mod:`atroposlib.cli.trainers`).
+    ``trainer_name`` names (see :mod:`atroposlib.launch.trainers`).
 
     Raises:
         ConfigError: the file is missing, not YAML, names no registered trainer, or fails
             validation (message lists every problem with its key path).
     """
-    import yaml
-
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist; see configs/quickstart-cpu.yaml")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping (trainer:, envs:, ...)")
+    data = load_yaml(path)
     trainer_name = data.get("trainer_name", DEFAULT_TRAINER)
     # a trainer_name that is not a string is reported with the other LaunchConfig problems
     trainer_config_model = None
@@ -134,12 +129,6 @@ def load_config(path: str | Path) -> LaunchConfig:
             problems += _validation_problems(exc, "trainer.", trainer_config_model)
     if config is None:
         raise ConfigError(f"{path}: invalid launch config:\n  " + "\n  ".join(problems))
-    group_sizes = [env.args.get("env.group_size") for env in config.envs]
-    batch_size = getattr(trainer_config, "batch_size", None)
-    if isinstance(batch_size, int) and all(isinstance(g, int) for g in group_sizes):
-        problem = batch_size_problem(batch_size, group_sizes)
-        if problem is not None:
-            problems.append(f"trainer.batch_size and envs[].args env.group_size do not fit: {problem}")
     base = path.resolve().parent
     for env in config.envs:
         script = Path(env.script)
@@ -152,7 +141,15 @@ def load_config(path: str | Path) -> LaunchConfig:
             raise ConfigError(f"{path}: env {env.name!r}: script {env.script} not found "
                               f"(looked next to the config and in {Path.cwd()})")
         env.script = str(script.resolve())
-    problems += [p for env in config.envs for p in env_arg_problems(env)]
+    checks = [env_arg_check(env) for env in config.envs]
+    problems += [p for check in checks for p in check.problems]
+    # group_size as each env will run with it (its own parse: YAML value or config_init default)
+    group_sizes = [check.group_size for check in checks]
+    batch_size = getattr(trainer_config, "batch_size", None)
+    if isinstance(batch_size, int) and all(isinstance(g, int) for g in group_sizes):
+        problem = batch_size_problem(batch_size, group_sizes)  # type: ignore[arg-type]
+        if problem is not None:
+            problems.append(f"trainer.batch_size and the envs' group_size do not fit: {problem}")
     if problems:
         raise ConfigError(f"{path}: invalid launch config:\n  " + "\n  ".join(problems))
     return config
@@ -196,58 +193,80 @@ def _validation_problems(exc: ValidationError, prefix: str, model: type[BaseMode
     return lines
 
 
-def env_arg_problems(env: EnvSection, timeout: float = 30.0) -> list[str]:
-    """Validate one env's ``args`` against its script's env class, as ``serve`` would parse them.
+@dataclass(frozen=True)
+class EnvArgCheck:
+    """One env's ``args`` parsed by its own command line, as ``serve`` will parse them.
 
-    The script is imported (not run) in a child Python, so its top-level code cannot affect the
-    launcher, to find the ``BaseEnv`` subclass it defines. A script that cannot be imported,
-    takes longer than ``timeout`` seconds, or defines none or several env classes is not
-    checked here (its own start-up still reports its problems).
+    Attributes:
+        problems: one line per problem, named by its full key path
+            (``envs.<name>.args.env.group_size``); an unknown flag with the closest known ones.
+        group_size: the group size the env will run with (from ``args`` or its
+            ``config_init``); None when the script could not be checked.
+    """
 
-    Returns:
-        One line per problem, named by its full key path (``envs.<name>.args.env.group_size``),
-        an unknown flag with the closest known ones.
+    problems: list[str] = field(default_factory=list)
+    group_size: int | None = None
+
+
+def env_arg_check(env: EnvSection, timeout: float = 30.0) -> EnvArgCheck:
+    """Parse one env's ``args`` with its script's own parser, as ``serve`` will.
+
+    The launcher reads the env's settings from this one parse, never from the raw ``args``
+    (which may leave a setting to the env's defaults). The script is imported (not run) in a
+    child Python, so its top-level code cannot affect the launcher, to find the ``BaseEnv``
+    subclass it defines. A script that cannot be imported, takes longer than ``timeout``
+    seconds, or defines none or several env classes is not checked here (its own start-up
+    still reports its problems): the check is empty.
     """
     import json
 
-    code = ("import json, sys; from atroposlib.launch.config import EnvSection, _env_arg_problems; "
-            "print(json.dumps(_env_arg_problems(EnvSection.model_validate_json(sys.argv[1]))))")
+    code = ("import json, sys; from atroposlib.launch.config import EnvSection, _env_arg_check; "
+            "print(json.dumps(_env_arg_check(EnvSection.model_validate_json(sys.argv[1]))))")
     try:
         child = subprocess.run([sys.executable, "-c", code, env.model_dump_json()],
                                capture_output=True, text=True, timeout=timeout,
                                env={**OFFLINE_ENV, **os.environ})
         lines = child.stdout.strip().splitlines()
-        problems = json.loads(lines[-1]) if child.returncode == 0 and lines else []
+        found = json.loads(lines[-1]) if child.returncode == 0 and lines else {}
     except (subprocess.TimeoutExpired, ValueError):
-        return []
-    return [str(p) for p in problems] if isinstance(problems, list) else []
+        return EnvArgCheck()
+    if not isinstance(found, dict):
+        return EnvArgCheck()
+    size = found.get("group_size")
+    return EnvArgCheck([str(p) for p in found.get("problems") or []], size if isinstance(size, int) else None)
 
 
-def _env_arg_problems(env: EnvSection) -> list[str]:
-    """:func:`env_arg_problems` in this process (it imports the env script)."""
+def env_arg_problems(env: EnvSection, timeout: float = 30.0) -> list[str]:
+    """The problems of :func:`env_arg_check` (one line each, by full key path)."""
+    return env_arg_check(env, timeout).problems
+
+
+def _env_arg_check(env: EnvSection) -> dict[str, Any]:
+    """:func:`env_arg_check` in this process (it imports the env script); a JSON-able dict."""
     import importlib.util
     import inspect
 
-    from atroposlib.env_runtime.commands import build_configs, build_parser
+    from atroposlib.env_runtime.command_line import build_command, build_parser
     from atroposlib.envs.base import BaseEnv
 
     where = f"envs.{env.name}.args"
     spec = importlib.util.spec_from_file_location(f"_atropos_launch_check_{env.name}", env.script)
     if spec is None or spec.loader is None:
-        return []
+        return {}
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except BaseException:  # noqa: BLE001 - its own start-up will report the script's failure
-        return []
+        return {}
     envs = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, BaseEnv)
             and not inspect.isabstract(c) and not c.__module__.startswith("atroposlib.envs.")]
     # The class the script defines; else the one it imports (a checkout's environments/X.py
     # launcher imports its class from atroposlib.environments).
     classes = [c for c in envs if c.__module__ == module.__name__] or envs
     if len(classes) != 1:
-        return []
-    parser = build_parser(classes[0])
+        return {}
+    defaults = classes[0].config_init()
+    parser = build_parser(classes[0], defaults)
     mode_parser = parser.mode_parsers["serve"]  # type: ignore[attr-defined]
 
     def _raise(message: str) -> None:
@@ -264,14 +283,14 @@ def _env_arg_problems(env: EnvSection) -> list[str]:
                 f"; did you mean {' or '.join(f'{where}.{c}' for c in close)}?" if close
                 else f"; see `python {env.script} serve --help`"))
     if problems:
-        return problems
+        return {"problems": problems}
     try:
         namespace, _ = parser.parse_known_args(["serve", *flags(env.args)])
-        build_configs(classes[0], "serve", namespace)
+        command = build_command(classes[0], "serve", namespace, defaults)
     except ConfigError as exc:
-        return [f"{where}: {line.strip()}" for line in str(exc).splitlines()
-                if line.strip() and not line.strip().startswith("invalid env configuration")]
-    return []
+        return {"problems": [f"{where}: {line.strip()}" for line in str(exc).splitlines()
+                             if line.strip() and not line.strip().startswith("invalid env configuration")]}
+    return {"problems": [], "group_size": command.env_config.group_size}
 
 
 def launch_preflight(config: LaunchConfig) -> None:

@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from atroposlib.cli.trainers import load_trainer
 from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
 from atroposlib.launch.commands import flags, free_port, trainer_command, trainer_flags
 from atroposlib.launch.config import LaunchConfig
 from atroposlib.launch.supervision import LaunchError, Part
+from atroposlib.launch.trainers import load_trainer
 from atroposlib.utils.offline import OFFLINE_ENV
 
 

@@ -10,6 +10,8 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+from atroposlib.errors import AtroposError
+
 
 class Part:
     """One child process: own process group, output to a log file and the prefixed console."""
@@ -112,6 +114,6 @@ class Part:
         return self.proc.returncode
 
 
-class LaunchError(RuntimeError):
+class LaunchError(AtroposError, RuntimeError):
     """A part failed to come up or died early (the message has its log tail)."""
 

@@ -26,13 +26,14 @@ sessions is capped (``--max-sessions``, 429 beyond), bad input is a 400 that say
 and an unknown or expired uuid is a 404. Calls within one session are serialised (the node list
 is shared state); use one session per rollout for parallelism.
 
-Client side: :func:`~.client.create_proxy_session` / :class:`~.client.ProxyManagedServer` give
-an env the same ``chat_completion(...)`` + ``get_state()["nodes"]`` interface as a local
-``ManagedServer``.
+Client side: :func:`~atroposlib.inference.clients.proxy_session.create_proxy_session` /
+:class:`~atroposlib.inference.clients.proxy_session.ProxyManagedServer` (with the other
+inference clients) give an env the same ``chat_completion(...)`` + ``get_state()["nodes"]``
+interface as a local ``ManagedServer``.
 
 Layout: ``models`` (config and wire types), ``errors``, ``state`` (backends and sessions),
-``routes/`` (one router per resource), ``app`` (the ``create_app`` factory), ``client`` (httpx
-client; imports neither the server side nor the server manager), ``cli`` / ``__main__``.
+``routes/`` (one router per resource), ``app`` (the ``create_app`` factory), ``run_proxy`` /
+``__main__`` (the command).
 ``atroposlib.compat.managed_server_proxy`` re-exports the public names under the
 Atropos 0.4 import path (and ``python -m`` on it runs the same command).
 """

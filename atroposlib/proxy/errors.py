@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from atroposlib.errors import InferenceError
+from atroposlib.errors import AtroposError, ProxyError  # noqa: F401 - the client's error, re-exported
 
 
-class ProxyHTTPError(Exception):
+class ProxyHTTPError(AtroposError):
     """An error the proxy answers in OpenAI format (raised inside route handlers).
 
     Attributes:
@@ -26,23 +26,6 @@ class ProxyHTTPError(Exception):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
-        self.type = type
-        self.code = code
-
-
-class ProxyError(InferenceError):
-    """The proxy refused or failed a request (raised on the client side).
-
-    Attributes:
-        status_code: HTTP status of the answer.
-        type: OpenAI error type from the body (e.g. ``not_found_error``).
-        code: error code from the body (e.g. ``session_expired``).
-    """
-
-    def __init__(self, status_code: int, message: str, type: str | None = None,  # noqa: A002
-                 code: str | None = None):
-        super().__init__(f"proxy answered {status_code}: {message}")
-        self.status_code = status_code
         self.type = type
         self.code = code
 

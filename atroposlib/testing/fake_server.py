@@ -1,6 +1,6 @@
 """An in-process fake inference backend (``FakeServer``) and an OpenAI-compatible ASGI app.
 
-``FakeServer`` is a real :class:`~atroposlib.inference.clients.base.APIServer`
+``FakeServer`` is a real :class:`~atroposlib.inference.clients.base.InferenceClient`
 whose "model" is a script: a list of response strings (cycled) or a callable. It supports
 ``n``, chat and text completions, and exact token ids with log-probs (so ``managed_server``
 works), prompt top-k log-probs shaped like vLLM's ``prompt_logprobs`` (so ``get_logprobs`` and
@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig
+from atroposlib.inference.clients.responses import chat_completion_response, completion_response
 
 #: A scripted response: text, or (text, finish_reason).
 Response = str | tuple[str, str]
@@ -96,7 +97,7 @@ def fake_prompt_logprobs(input_ids: list[int], top_k: int) -> list[dict[int, tup
     return out
 
 
-class FakeServer(APIServer):
+class FakeServer(InferenceClient):
     """Scripted in-process inference server (see module docstring).
 
     Example::
@@ -215,57 +216,22 @@ class FakeServer(APIServer):
     async def _check_health(self) -> bool:
         return self.healthy
 
-    async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
-        from openai.types.chat import ChatCompletion, ChatCompletionMessage
-        from openai.types.chat.chat_completion import Choice
-
-        messages = kwargs.get("messages") or []
-        request = FakeRequest(
-            kind="chat",
-            prompt="\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages),
-            messages=messages,
-            n=int(kwargs.get("n") or 1),
-            kwargs=kwargs,
-        )
+    async def _answer(self, kind: str, prompt: str, messages: Any, kwargs: dict[str, Any]) -> Any:
+        """Record a chat or text request and build its OpenAI-shaped reply."""
+        request = FakeRequest(kind=kind, prompt=prompt, messages=messages,
+                              n=int(kwargs.get("n") or 1), kwargs=kwargs)
         await self._enter(request)
-        choices = [
-            Choice(
-                index=i,
-                message=ChatCompletionMessage(role="assistant", content=text),
-                finish_reason=reason,
-            )
-            for i, (text, reason) in enumerate(self._choices(request, kwargs.get("max_tokens")))
-        ]
-        return ChatCompletion(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            choices=choices,
-            created=int(time.time()),
-            model=str(kwargs.get("model") or self.config.model_name),
-            object="chat.completion",
-        )
+        build = chat_completion_response if kind == "chat" else completion_response
+        return build(self._choices(request, kwargs.get("max_tokens")),
+                     str(kwargs.get("model") or self.config.model_name))
+
+    async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
+        messages = kwargs.get("messages") or []
+        prompt = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
+        return await self._answer("chat", prompt, messages, kwargs)
 
     async def _completion_wrapper(self, **kwargs: Any) -> Any:
-        from openai.types import Completion, CompletionChoice
-
-        request = FakeRequest(
-            kind="completion",
-            prompt=str(kwargs.get("prompt", "")),
-            messages=None,
-            n=int(kwargs.get("n") or 1),
-            kwargs=kwargs,
-        )
-        await self._enter(request)
-        choices = [
-            CompletionChoice(index=i, text=text, finish_reason=reason)
-            for i, (text, reason) in enumerate(self._choices(request, kwargs.get("max_tokens")))
-        ]
-        return Completion(
-            id=f"cmpl-{uuid.uuid4().hex}",
-            choices=choices,
-            created=int(time.time()),
-            model=str(kwargs.get("model") or self.config.model_name),
-            object="text_completion",
-        )
+        return await self._answer("completion", str(kwargs.get("prompt", "")), None, kwargs)
 
     async def _tokens_and_logprobs_completion_wrapper(
         self, **kwargs: Any
@@ -309,7 +275,7 @@ class FakeServer(APIServer):
         return list(input_ids), outputs, logprobs, reasons
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
-        """Prompt top-k log-probs (:func:`fake_prompt_logprobs`), parsed like ``VLLMServer``'s.
+        """Prompt top-k log-probs (:func:`fake_prompt_logprobs`), parsed like ``VLLMClient``'s.
 
         Returns:
             ``{"prompt_tokens": [P], "prompt_topk_token_ids": [P][<=k+1],
@@ -346,7 +312,7 @@ def fake_openai_app(server: FakeServer | None = None) -> Any:
     log-probs (needs ``FakeServer(tokenizer=...)``), so ``server_type="vllm"`` and managed mode
     work against it. With vLLM's ``prompt_logprobs: k`` the choice also carries
     ``prompt_logprobs`` (:func:`fake_prompt_logprobs`, in vLLM's JSON shape), so
-    ``VLLMServer.get_logprobs`` works against it.
+    ``VLLMClient.get_logprobs`` works against it.
 
     Args:
         server: the script to serve; default ``FakeServer()``.

@@ -19,13 +19,12 @@ attributes that tests may replace. For a scripted server that answers *any* prom
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from typing import Any, Literal
 
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.inference.clients.responses import chat_completion_response, completion_response
+from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 
 def _messages_key(messages: Any) -> str:
@@ -64,20 +63,7 @@ def create_chat_completion(resp: str | list[str], n: int = 1,
     Raises:
         ValueError: a list ``resp`` or ``finish_reason`` has fewer than ``n`` entries.
     """
-    from openai.types.chat import ChatCompletion, ChatCompletionMessage
-    from openai.types.chat.chat_completion import Choice
-
-    return ChatCompletion(
-        id=f"harness-{uuid.uuid4().hex[:12]}",
-        created=int(time.time()),
-        model=model,
-        object="chat.completion",
-        choices=[
-            Choice(index=i, finish_reason=reason,
-                   message=ChatCompletionMessage(role="assistant", content=text))
-            for i, (text, reason) in enumerate(_choice_rows(resp, n, finish_reason))
-        ],
-    )
+    return chat_completion_response(_choice_rows(resp, n, finish_reason), model)
 
 
 def create_completion(resp: str | list[str], n: int = 1,
@@ -91,17 +77,7 @@ def create_completion(resp: str | list[str], n: int = 1,
     Raises:
         ValueError: a list ``resp`` or ``finish_reason`` has fewer than ``n`` entries.
     """
-    from openai.types.completion import Completion
-    from openai.types.completion_choice import CompletionChoice
-
-    return Completion(
-        id=f"harness-{uuid.uuid4().hex[:12]}",
-        created=int(time.time()),
-        model=model,
-        object="text_completion",
-        choices=[CompletionChoice(index=i, finish_reason=reason, text=text)
-                 for i, (text, reason) in enumerate(_choice_rows(resp, n, finish_reason))],
-    )
+    return completion_response(_choice_rows(resp, n, finish_reason), model)
 
 
 def _wrap_chat(texts: list[str], model: str) -> Any:
@@ -112,7 +88,7 @@ def _wrap_completion(texts: list[str], model: str) -> Any:
     return create_completion(texts, len(texts), model=model)
 
 
-class ServerHarness(APIServer):
+class ServerHarness(InferenceClient):
     """Canned-response inference server (see module docstring).
 
     Example::
@@ -249,10 +225,4 @@ class ServerHarness(APIServer):
 
 # Names Atropos 0.4's envs.server_handling.server_harness imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "ChatCompletionMessage": "openai.types.chat.chat_completion",
-    "Choice": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "CompletionChoice": "openai.types.completion",
-})
+__getattr__ = lazy_exports(__name__, OPENAI_RESPONSE_TYPES)

@@ -15,7 +15,7 @@ from atroposlib.tools.collect import CollectStats, collect, dpo_builder, sft_bui
 from atroposlib.tools.formats import JsonlOutput, LayoutResolver, OutputFormat, read_existing_layout
 from atroposlib.tools.observe import GroupObserver
 from atroposlib.tools.rollouts import TokenDecoder
-from atroposlib.utils.cli import DEFAULT_API_URL, ArgumentParser, HelpFormatter
+from atroposlib.utils.flags import DEFAULT_API_URL, ArgumentParser, HelpFormatter, api_key_arg
 
 _NOOP = "accepted for compatibility with Atropos 0.4 and ignored: this tool does not register as the trainer"
 
@@ -42,7 +42,7 @@ def build_parser(kind: str) -> argparse.ArgumentParser:
     parser.add_argument("filepath", nargs="?", default="sft_data.jsonl" if sft else "dpo_data.jsonl",
                         help="output JSONL file")
     parser.add_argument("--api-url", default=DEFAULT_API_URL, help="base URL of run-api")
-    parser.add_argument("--api-key", default=None,
+    parser.add_argument("--api-key", default=None, type=api_key_arg,
                         help="bearer token of run-api (not given: $ATROPOS_API_KEY)")
     parser.add_argument("--tokenizer", default=str(bundled_model_dir()),
                         help="tokenizer (hub id or local dir) used to decode groups that carry only "

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.api.models import IGNORE_INDEX
-from atroposlib.errors import ConfigError
+from atroposlib.errors import AtroposError, ConfigError
 
 
-class RolloutFormatError(ValueError):
+class RolloutFormatError(AtroposError, ValueError):
     """One rollout of a group cannot be turned into a training example (the reason says why)."""
 
 

@@ -21,12 +21,17 @@ LOAD_HINT = ("pass a local tokenizer directory, e.g. the bundled model's (`atrop
              "prints its path), or a hub id that is already in the HF cache when offline")
 
 
-def load_tokenizer(name: str | os.PathLike[str], what: str = "tokenizer") -> Any:
+def load_tokenizer(
+    name: str | os.PathLike[str], what: str = "tokenizer", auto_tokenizer: Any = None
+) -> Any:
     """Load ``transformers.AutoTokenizer.from_pretrained(name)``.
 
     Args:
         name: a local tokenizer (or model) directory, ``~`` allowed, or a hub id.
         what: what the tokenizer is for, used in the error (e.g. ``"teacher tokenizer"``).
+        auto_tokenizer: the class whose ``from_pretrained`` loads it (default
+            ``transformers.AutoTokenizer``; a module that keeps its own ``AutoTokenizer`` name
+            passes it, so patching that name takes effect).
 
     Returns:
         The ``PreTrainedTokenizerBase``.
@@ -37,13 +42,14 @@ def load_tokenizer(name: str | os.PathLike[str], what: str = "tokenizer") -> Any
     """
     path = os.path.expanduser(os.fspath(name))
     try:
-        if _plain_fast_tokenizer(path):
+        if auto_tokenizer is None and _plain_fast_tokenizer(path):
             from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
             return TokenizersBackend.from_pretrained(path)
-        from transformers import AutoTokenizer
+        if auto_tokenizer is None:
+            from transformers import AutoTokenizer as auto_tokenizer
 
-        return AutoTokenizer.from_pretrained(path)
+        return auto_tokenizer.from_pretrained(path)
     except OSError as exc:
         raise OSError(f"cannot load {what} {os.fspath(name)!r}: {exc}; {LOAD_HINT}") from exc
 

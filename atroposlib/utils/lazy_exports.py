@@ -67,3 +67,25 @@ def lazy_exports(
 
     __getattr__.exports = table  # type: ignore[attr-defined] - lets tests list the names
     return __getattr__
+
+
+#: The ``openai`` response types Atropos 0.4's inference modules imported at module level.
+OPENAI_RESPONSE_TYPES = {
+    "ChatCompletion": "openai.types.chat.chat_completion",
+    "ChatCompletionMessage": "openai.types.chat.chat_completion",
+    "Choice": "openai.types.chat.chat_completion",
+    "Completion": "openai.types.completion",
+    "CompletionChoice": "openai.types.completion",
+}
+
+#: What Atropos 0.4's server modules (``openai_server``, ``vllm_server``, ``sglang_server`` ...)
+#: imported at module level, besides their own classes.
+SERVER_MODULE_EXPORTS = {
+    **OPENAI_RESPONSE_TYPES,
+    "APIServer": "atroposlib.inference.clients.base",
+    "AutoTokenizer": "transformers",
+    "NAMESPACE_SEP": "atroposlib.envs.constants",
+    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
+}
+
+__all__ = ["OPENAI_RESPONSE_TYPES", "SERVER_MODULE_EXPORTS", "lazy_exports"]

@@ -1,11 +1,13 @@
-"""Turn a chat transcript into trainer inputs: token ids plus a label mask (-100 = not trained)."""
+"""Turn a chat transcript into trainer inputs: token ids plus their labels (``masks``, -100 = not trained)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from atroposlib.api.models import IGNORE_INDEX
-from atroposlib.type_definitions import Message  # noqa: F401 - Atropos 0.4 import path
+from atroposlib.type_definitions import (
+    IGNORE_INDEX,
+    Message,  # noqa: F401 - Atropos 0.4 import path
+)
 from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Roles whose turns are trained on in ``train_on_all_assistant_turns`` mode.
@@ -50,7 +52,8 @@ def tokenize_for_trainer(
 
     Returns:
         ``{"tokens": [T], "masks": [T]}`` (+ ``"messages"``): ``tokens`` is the whole templated
-        chat; ``masks[t]`` is ``-100`` where not trained, else ``tokens[t]``.
+        chat; ``masks`` are its labels: ``masks[t]`` is ``tokens[t]`` where trained, ``-100``
+        (the ignore index) where not.
 
     Raises:
         ValueError: ``chat`` is empty.

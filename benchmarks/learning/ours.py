@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning.procs import ACTIVE, ROOT, Tree, read
+from benchmarks.learning.procs import read
+from benchmarks.process_tree import ROOT, Tree
 
 QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"
 QUICKSTART_LORA = ROOT / "configs" / "quickstart-cpu-lora.yaml"
@@ -46,11 +47,13 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
     """
     import yaml
 
+    from atroposlib.utils.yaml_file import load_yaml
+
     loss = name.removeprefix("ours-").removesuffix("-tis").removesuffix("-lora")
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "points").mkdir(parents=True)
-    config = yaml.safe_load((QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART).read_text())
+    config = load_yaml(QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART)
     budget = 60.0 * minutes
     config["trainer"].update(training_steps=100_000, max_train_seconds=budget, loss_type=loss,
                              is_correction="tis" if name.endswith("-tis") else "none",
@@ -65,9 +68,8 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
         env["args"] = {**env.get("args", {}), **env_args}
     cfg_path = run_dir / "launch.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
-    tree = Tree([sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)], run_dir / "bench.log")
-    ACTIVE.append(tree)
-    try:
+    argv = [sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)]
+    with Tree(argv, run_dir / "bench.log") as tree:
         trainer_log = run_dir / "logs" / "trainer.log"
         deadline = time.monotonic() + STARTUP_ALLOWANCE
         while "[grpo] registered with" not in read(trainer_log):
@@ -86,9 +88,6 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
                 if snapshot[0] is not None or not read(run_dir / "metrics.jsonl").strip():
                     reached[frac] = snapshot
         code = tree.wait(budget + STARTUP_ALLOWANCE)
-    finally:
-        tree.stop()
-        ACTIVE.remove(tree)
     if code != 0:
         raise RuntimeError(f"{name}: atropos-launch exited with {code}; see {run_dir}/logs")
     summary = json.loads((run_dir / "summary.json").read_text())

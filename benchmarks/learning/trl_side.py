@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.learning.ours import POINTS, STARTUP_ALLOWANCE
-from benchmarks.learning.procs import ACTIVE, Tree
+from benchmarks.process_tree import Tree
 
 GROUP_SIZE, MAX_TOKENS, BATCH_SIZE, TRAIN_LAYERS = 8, 24, 16, 10
 
@@ -95,16 +95,11 @@ def run_trl(setting: TrlSetting, minutes: float, out: Path, difficulty: int,
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     budget = 60.0 * minutes
-    tree = Tree([sys.executable, "-m", "benchmarks.bench_learning", "--trl-worker", str(run_dir),
-                 "--minutes", str(minutes), "--task-difficulty", str(difficulty),
-                 "--trl-setting", f"lr={setting.lr},bf16={int(setting.bf16)},level={setting.level}"],
-                run_dir / "bench.log")
-    ACTIVE.append(tree)
-    try:
+    argv = [sys.executable, "-m", "benchmarks.bench_learning", "--trl-worker", str(run_dir),
+            "--minutes", str(minutes), "--task-difficulty", str(difficulty),
+            "--trl-setting", f"lr={setting.lr},bf16={int(setting.bf16)},level={setting.level}"]
+    with Tree(argv, run_dir / "bench.log") as tree:
         code = tree.wait(budget + STARTUP_ALLOWANCE)
-    finally:
-        tree.stop()
-        ACTIVE.remove(tree)
     if code != 0:
         raise RuntimeError(f"trl: the worker exited with {code}; see {run_dir}/bench.log")
     result = json.loads((run_dir / "result.json").read_text())

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
@@ -32,6 +31,7 @@ import pytest
 from atroposlib.api.client import AtroposClient
 from atroposlib.api.models import IGNORE_INDEX, Registration
 from tests.fixtures.api_server import start_run_api
+from tests.fixtures.processes import stop_process
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("verifiers.v1")
@@ -65,13 +65,7 @@ def serve_one_batch(name, vllm, tmp_path, *extra, batch_size=GROUP, timeout=420)
         assert batch, log.read_text(errors="replace")[-4000:]
         return batch
     finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process(proc, signal.SIGTERM, timeout=60, group=True)
         api.stop()
 
 

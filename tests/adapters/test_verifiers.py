@@ -105,7 +105,7 @@ def test_multi_turn_trains_every_assistant_turn_and_masks_the_user(tiny_tok_dir,
 
 
 def test_knobs_are_flags_and_reach_verifiers(tiny_tok_dir, tmp_path):
-    from atroposlib.env_runtime.commands import build_env
+    from atroposlib.env_runtime.command_line import build_env
 
     data = tmp_path / "other.jsonl"
     data.write_text(json.dumps({"word": "pond"}) + "\n")

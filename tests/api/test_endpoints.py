@@ -308,7 +308,7 @@ async def test_observe_reads_without_consuming(client: httpx.AsyncClient) -> Non
 
 
 async def test_observe_retention_is_bounded() -> None:
-    app = make_app(observe_retention_groups=1)
+    app = make_app(observe_retention_groups=1, replay_batches=1)  # only the last batch kept
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:
         await start_trainer(c, batch_size=1)
         for i in range(4):

@@ -147,6 +147,8 @@ async def fill(c: httpx.AsyncClient, n: int) -> None:
 
 
 async def test_batch_of_a_step_is_answered_again_until_the_next_is_served(server: Server) -> None:
+    server.settings = server.settings.model_copy(update={"replay_batches": 1})  # the last only
+    server.restart()
     async with server.http() as c:
         await start_trainer(c, batch_size=2, starting_step=5)
         await fill(c, 3)
@@ -167,10 +169,17 @@ async def test_batch_of_a_step_is_answered_again_until_the_next_is_served(server
         assert (await c.get("/batch", params={"step": 7})).status_code == 409
         null = await c.get("/batch", params={"step": 9})
         assert null.json() == {"batch": None} and "x-atropos-step" not in null.headers
-        # registering again restarts the numbering: nothing was served as the starting step
+        # registering again at an earlier step is a resume: no renumbering, the kept batch stays
         await register(c, batch_size=2, starting_step=0)
-        assert (await c.get("/batch", params={"step": 0})).status_code == 409
-        assert (await c.get("/batch", params={"step": 1})).json() == {"batch": None}
+        assert (await c.get("/status")).json()["current_step"] == 8
+        gone = await c.get("/batch", params={"step": 1})
+        assert gone.status_code == 409 and "the oldest step it can answer again is 8" in gone.text
+        assert gone.headers["x-atropos-oldest-step"] == "8"
+        assert (await c.get("/batch", params={"step": 8})).content == third.content
+        # a starting_step past the server's step renumbers and forgets the kept batches
+        await register(c, batch_size=2, starting_step=20)
+        assert (await c.get("/batch", params={"step": 20})).status_code == 409
+        assert (await c.get("/batch", params={"step": 21})).json() == {"batch": None}
 
 
 async def test_last_batch_survives_observe_pruning_and_a_restart_with_db(tmp_path) -> None:

@@ -50,7 +50,8 @@ def test_sigint_exits_cleanly() -> None:
 
 
 def test_gzip_over_the_wire_and_response_compression(run_api: RunApi) -> None:
-    assert post(run_api, "/register", {**REGISTRATION, "batch_size": 2}).status_code == 200
+    registration = {**REGISTRATION, "batch_size": 2, "max_token_len": 1024}  # 600-token rows
+    assert post(run_api, "/register", registration).status_code == 200
     body = orjson.dumps(make_group(2, length=600))
     response = httpx.post(run_api.url + "/scored_data", content=gzip.compress(body),
                           headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})

@@ -149,3 +149,16 @@ def test_groups_without_env_id_are_batched_in_minimum_mode() -> None:
     queue = [g(2, None), g(2, 0)]
     batch, _ = grab_batch_with_minimum_allocations(queue, 4, [env(0, 0.5)])
     assert batch == queue
+
+
+def test_minimum_env_needs_a_complete_pack_of_the_largest_group_size() -> None:
+    """As Atropos 0.4's helper: one group of 2 from an env with a minimum, next to groups of 8,
+    is not a complete pack (4 x 2 = 8), so no batch yet (though 2 + 3 x 2 + 8 = 16 would fit);
+    three more of its groups make one."""
+    queue = [g(2, 0)] + [g(2, 6) for _ in range(3)] + [g(8, 3) for _ in range(3)]
+    configs = [env(0, 0.1), env(3, 0.5)]
+    batch, rest = grab_batch_with_minimum_allocations(queue, 16, configs)
+    assert batch is None and rest == queue
+    queue += [g(2, 0) for _ in range(3)]
+    batch, rest = grab_batch_with_minimum_allocations(queue, 16, configs)
+    assert count(batch, 0) >= 2 and count(batch, 3) >= 8 and sum(len(x["tokens"]) for x in batch) == 16

@@ -287,3 +287,19 @@ async def test_guard_errors_are_documented() -> None:
         assert "403" in paths["/reset_data"]["get"]["responses"]
         assert "404" in paths["/disconnect-env"]["post"]["responses"]
         assert {"404", "413", "422", "429"} <= set(paths["/scored_data_list"]["post"]["responses"])
+
+
+async def test_advantages_rows_longer_than_their_sequence_are_cut_to_it(any_client) -> None:
+    """Atropos 0.4 accepted an ``advantages`` row longer than its tokens row; the entries past
+    the sequence belong to no token and are cut off. Shorter rows (and other fields) still 422."""
+    await register(any_client, batch_size=2)
+    group = make_group(2, length=3)
+    group["advantages"] = [[0.5, 0.25, 0.125, 9.0], [1.0, 2.0, 3.0]]
+    assert (await any_client.post("/scored_data", json=group)).status_code == 200
+    served = (await any_client.get("/batch")).json()["batch"][0]
+    assert served["advantages"] == [[0.5, 0.25, 0.125], [1.0, 2.0, 3.0]]
+    for field, rows in (("advantages", [[0.5, 0.25], [1.0, 2.0, 3.0]]),
+                        ("ref_logprobs", [[-0.5, -0.5, -0.5, -0.5]] * 2)):
+        bad = {**make_group(2, length=3), field: rows}
+        response = await any_client.post("/scored_data", json=bad)
+        assert response.status_code == 422 and f"{field}[0] has" in response.text

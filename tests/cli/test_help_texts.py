@@ -175,7 +175,7 @@ def test_a_mistyped_flag_is_named_first_with_the_closest_flag(name, entry_points
 
 
 def test_only_close_flags_are_suggested():
-    from atroposlib.utils.cli import ArgumentParser, closest_flag, unknown_flag_message
+    from atroposlib.utils.flags import ArgumentParser, closest_flag, unknown_flag_message
 
     known = ["-h", "--help", "--group-size", "--max-token-len", "--model", "--env.group_size",
              "--env.eval_size", "--env.tokenizer_name"]

@@ -59,6 +59,17 @@ def test_bad_configs_raise_config_error_naming_the_problem(tmp_path, data, match
         load_config(_write(tmp_path, data))
 
 
+@pytest.mark.parametrize("args", [
+    {},  # group_size left to the env: its config_init default (8) is what it will run with
+    {"env.group_size": "8"},  # a quoted value: the env parses it as 8
+])
+def test_batch_size_is_checked_against_the_group_size_the_env_will_run_with(tmp_path, args):
+    data = {"trainer": {"batch_size": 12, "micro_batch_size": 4},
+            "envs": [{"name": "a", "script": str(REPO / "environments/arithmetic_server.py"), "args": args}]}
+    with pytest.raises(ConfigError, match="batch_size 12 is not a multiple of group_size 8"):
+        load_config(_write(tmp_path, data))
+
+
 def test_missing_file_and_cli_exit_code(tmp_path, capsys):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")

@@ -47,7 +47,7 @@ def test_env_evaluate_with_wrong_model_name_names_the_served_one(tmp_path):
 def test_env_serve_without_run_api_fails_when_not_told_to_wait(tmp_path):
     with FakeOpenAIServer() as server:
         api = _closed()
-        result = _run(ENV_SCRIPT, "serve", "--no-wait-for-services", "--env.rollout_server_url",
+        result = _run(ENV_SCRIPT, "serve", "--wait_for_services", "false", "--env.rollout_server_url",
                       api, "--openai.base_url", server.base_url, "--openai.model_name",
                       server.server.config.model_name, "--env.tokenizer_name", str(tmp_path),
                       cwd=tmp_path)

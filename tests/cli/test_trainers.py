@@ -13,13 +13,13 @@ import yaml
 from pydantic import BaseModel
 
 from atroposlib.cli.launch import Launcher, load_config, main, trainer_command
-from atroposlib.cli.trainers import (
+from atroposlib.errors import ConfigError
+from atroposlib.launch.trainers import (
     ENTRY_POINT_GROUP,
     UnknownTrainerError,
     load_trainer,
     select_trainer,
 )
-from atroposlib.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SCRIPT = str(REPO / "environments/arithmetic_server.py")

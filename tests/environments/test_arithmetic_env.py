@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.environments.arithmetic_server import (
     DIFFICULTIES,
     ArithmeticEnv,
@@ -14,7 +15,6 @@ from atroposlib.environments.arithmetic_server import (
     make_problem,
     score_reply,
 )
-from atroposlib.envs.checks import check_env
 from atroposlib.testing.fake_server import FakeServer
 
 BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"

@@ -20,7 +20,7 @@ GOOD = "```python\ndef add(a, b):\n    return a + b\n```"
 
 def _process(tok_dir, out, *flags):
     """Run the env's real CLI in ``process`` mode (in this process); return its exit code."""
-    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.env_runtime.command_line import run_cli
     from atroposlib.environments.code_execution_env import CodeExecutionEnv
 
     try:

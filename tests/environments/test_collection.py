@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from atroposlib.envs.checks import check_env
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.testing.fake_server import FakeServer
 
 
@@ -125,7 +125,7 @@ async def test_check_env(name, tok_dir, data_files):
 
 @pytest.mark.parametrize("name", ["letter_counting", "blackjack", "code_execution"])
 def test_process_cli_writes_groups(name, tok_dir, data_files, tmp_path):
-    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.env_runtime.command_line import run_cli
 
     out = tmp_path / f"{name}.jsonl"
     flags = [f"--env.{k}={v}" for k, v in overrides_for(name, data_files).items()]
@@ -138,7 +138,7 @@ def test_process_cli_writes_groups(name, tok_dir, data_files, tmp_path):
 
 
 def test_evaluate_cli_writes_metrics(tok_dir, tmp_path):
-    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.env_runtime.command_line import run_cli
 
     run_cli(env_class("letter_counting"), ["evaluate", "--testing", f"--env.tokenizer_name={tok_dir}",
                                           "--env.eval_size=3", f"--env.data_dir_to_save_evals={tmp_path}"])
@@ -149,7 +149,7 @@ def test_evaluate_cli_writes_metrics(tok_dir, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_cli_help_lists_env_options(name, capsys):
-    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.env_runtime.command_line import run_cli
 
     with pytest.raises(SystemExit) as exc:
         run_cli(env_class(name), ["serve", "--help"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from atroposlib.api.models import IGNORE_INDEX
-from atroposlib.envs.checks import check_env
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.inference.clients.config import APIServerConfig
 
 # Our own module: an import failure is a failure of this file, not a reason to skip it.
@@ -58,9 +58,9 @@ def test_code_execution_process_real_vllm(vllm_server, tmp_path):
     """`process` mode end to end: real vLLM writes code, the sandbox runs it, JSONL + HTML out."""
     import json
 
-    from atroposlib.env_runtime.commands import run_cli
+    from atroposlib.env_runtime.checks import check_group
+    from atroposlib.env_runtime.command_line import run_cli
     from atroposlib.environments.code_execution_env import CodeExecutionEnv
-    from atroposlib.envs.checks import check_group
 
     out = tmp_path / "code.jsonl"
     run_cli(CodeExecutionEnv, [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 from atroposlib.api.client import AtroposClient
 from atroposlib.api.models import Registration
 from tests.fixtures.api_server import start_run_api
+from tests.fixtures.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,12 +48,6 @@ def test_letter_counting_serve_script_feeds_the_trainer(tok_dir, tmp_path):
             assert "How many times does" in group["messages"][0][1]["content"]
             assert [len(t) for t in group["tokens"]] == [len(m) for m in group["masks"]]
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process(proc)
         api.stop()
     assert proc.returncode == 0, log.read_text(errors="replace")[-3000:]

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from atroposlib.api.models import IGNORE_INDEX
-from atroposlib.envs.checks import check_env
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.errors import ConfigError, RolloutError
 from atroposlib.testing.fake_server import FakeServer
 from tests.environments.test_collection import data_files, env_class  # noqa: F401 - fixture

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.environments.gsm8k_server import (
     GSM8kEnv,
     gold_answer,
@@ -16,7 +17,6 @@ from atroposlib.environments.gsm8k_server import (
     parse_gold,
     score_answer,
 )
-from atroposlib.envs.checks import check_env
 from atroposlib.envs.run_state import RunState
 from atroposlib.errors import ConfigError, RolloutError
 from atroposlib.inference.bundled import bundled_model_dir

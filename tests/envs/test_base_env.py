@@ -39,7 +39,7 @@ def _group(scores=(1.0, 0.0), length=3, **extra) -> ScoredDataGroup:
 
 def test_groups_are_validated_dropped_and_counted(tiny_tokenizer):
     env = _env(tiny_tokenizer)
-    _bind(env, max_token_len=10)
+    _bind(env, max_seq_len=10)
     bad_masks = _group()
     bad_masks["masks"][1] = [1]
     accepted = env._accept_groups([
@@ -47,7 +47,7 @@ def test_groups_are_validated_dropped_and_counted(tiny_tokenizer):
         _group(scores=(1.0, 1.0)),               # identical scores
         _group(scores=(1.0, 0.0, 0.5)),          # wrong size
         bad_masks,                               # shape mismatch
-        _group(length=10),                       # >= max_token_len
+        _group(length=10),                       # >= max_seq_len
         None,                                    # skipped silently
         _group(scores=(1.0, 0.5, 0.0), group_overrides={"group_size": 3}),  # variable size ok
         _group(group_overrides=None),            # explicit None (crashed upstream)

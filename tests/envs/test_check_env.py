@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
-from atroposlib.envs.checks import check_env, check_group
+from atroposlib.env_runtime.checks import check_env, check_group
 from atroposlib.testing.fake_server import FakeServer, fake_logprob
 from tests.envs.sample_envs import ArithmeticEnv, SingleRolloutEnv
 

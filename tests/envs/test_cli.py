@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.api.models import ScoredData
-from atroposlib.env_runtime.commands import build_env, parse_args
+from atroposlib.env_runtime.command_line import build_env, parse_args
 from atroposlib.inference.clients.config import APIServerConfig
 from tests.envs.sample_envs import ChatLengthEnv
 
@@ -133,6 +133,68 @@ def test_code_set_extra_fields_survive_the_cli_and_yaml_may_override_them(tmp_pa
         parse_args(ExtraFieldsEnv, ["serve", "--config", str(cfg)])
 
 
+class CountedEnv(ChatLengthEnv):
+    """Counts config_init calls; has an extra server namespace (a second YAML section)."""
+
+    server_namespaces = {"teacher": "teacher_server_configs"}
+    inits = 0
+
+    def __init__(self, config, server_configs, teacher_server_configs=None, **kwargs):
+        super().__init__(config, server_configs, **kwargs)
+        self.teacher_configs = teacher_server_configs
+
+    @classmethod
+    def config_init(cls):
+        cls.inits += 1
+        return super().config_init()
+
+
+def test_run_cli_parses_the_command_line_once(tmp_path, monkeypatch):
+    """config_init runs once, the YAML file is read once, argv is parsed once (it was 3, 2, 2)."""
+    from atroposlib.env_runtime import command_line as commands
+
+    calls = {"yaml": 0, "parse": 0, "ran": None}
+    real_load, real_parse = commands.load_yaml, commands.ArgumentParser.parse_known_args
+
+    def load(*args, **kwargs):
+        calls["yaml"] += 1
+        return real_load(*args, **kwargs)
+
+    def parse(self, args=None, namespace=None):
+        if args and args[0] == "serve":  # the whole command line (not a mode's sub-parse)
+            calls["parse"] += 1
+        return real_parse(self, args, namespace)
+
+    async def run_mode(env, mode):
+        calls["ran"] = (mode, env.config.group_size, env.teacher_configs[0].model_name)
+
+    def preflight(mode, env, wait=False):
+        calls["wait"] = wait
+
+    monkeypatch.setattr(commands, "load_yaml", load)
+    monkeypatch.setattr(commands.ArgumentParser, "parse_known_args", parse)
+    monkeypatch.setattr(commands, "_run_mode", run_mode)
+    monkeypatch.setattr(commands, "env_preflight", preflight)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("env:\n  group_size: 6\nteacher:\n  model_name: big\n")
+    CountedEnv.inits = 0
+    commands.run_cli(CountedEnv, ["serve", "--config", str(cfg), "--wait_for_services", "false"])
+    assert calls["ran"] == ("serve", 6, "big") and calls["wait"] is False
+    assert (CountedEnv.inits, calls["yaml"], calls["parse"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(("argv", "wait"), [
+    (["serve"], True), (["process"], False), (["evaluate"], False),
+    (["serve", "--wait_for_services", "false"], False), (["process", "--wait_for_services"], True),
+    # the earlier kebab-case spellings still work
+    (["serve", "--no-wait-for-services"], False), (["process", "--wait-for-services"], True),
+])
+def test_wait_for_services_is_a_flag_like_its_neighbours(argv, wait):
+    from atroposlib.env_runtime.command_line import parse_command
+
+    assert parse_command(ChatLengthEnv, argv).wait_for_services is wait
+
+
 def test_help_lists_every_option_with_description_and_default_without_torch():
     code = (
         "import sys\n"
@@ -145,11 +207,12 @@ def test_help_lists_every_option_with_description_and_default_without_torch():
                          text=True, timeout=60).stdout
     assert out.strip().endswith("NO_TORCH")
     for flag in ("--env.group_size", "--env.data_path_to_save_groups", "--openai.base_url",
-                 "--openai.server_type", "--slurm", "--testing", "--config"):
+                 "--openai.server_type", "--slurm", "--testing", "--config", "--wait_for_services"):
         assert flag in out
     assert "Rollouts (responses) per group. (default: 4)" in out
     assert "(default: 'http://127.0.0.1:9/v1')" in out  # defaults come from config_init
     assert "(default: True)" in out  # include_messages in process mode
+    assert "--wait-for-services" not in out  # the old spelling is accepted, not advertised
 
 
 def test_process_writes_valid_jsonl_and_html(tiny_tokenizer_dir, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.api.models import ScoredData
-from atroposlib.envs.checks import check_env
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.openai_client import OpenAIServer
 from tests.envs.sample_envs import ArithmeticEnv, ChatLengthEnv

@@ -140,7 +140,7 @@ def test_chat_completion_n2_tracks_aligned_nodes(proxy, tiny_tokenizer):
     mine = next(s for s in listed if s["uuid"] == sid)
     assert mine["num_nodes"] == 2 and mine["model_name"] == "fake"
 
-    assert httpx.delete(f"{proxy.url}/{sid}").json() == {"uuid": sid, "deleted": True}
+    assert httpx.delete(f"{proxy.url}/{sid}").json() == {"status": "deleted", "uuid": sid, "deleted": True}
     _assert_openai_error(httpx.get(f"{proxy.url}/{sid}/nodes"), 404, "not_found_error")
 
 

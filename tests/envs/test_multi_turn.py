@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from atroposlib.api.models import IGNORE_INDEX
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.envs import MultiTurnEnv
-from atroposlib.envs.checks import check_env
 from atroposlib.testing.fake_server import FakeServer
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
 

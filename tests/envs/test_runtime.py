@@ -64,7 +64,7 @@ async def test_identical_scores_are_skipped_unless_allowed():
 async def test_wrong_size_none_and_too_long_are_skip_reasons():
     env = _env()
     assert (await run_item(env, [1.0, 0.0, 0.5])).reason is Skip.WRONG_SIZE
-    env.bind_run_state(RunState(max_token_len=3))
+    env.bind_run_state(RunState(max_seq_len=3))
     assert (await run_item(env, [1.0, 0.0])).reason is Skip.TOO_LONG
     assert (await run_item(env, [1.0, 0.0], check_length=False)).reason is None
 
@@ -90,7 +90,7 @@ def test_config_is_writable_until_a_runner_starts_then_read_only():
 def test_run_attributes_are_read_only_views_of_the_runners_state():
     env = _env(batch_size=8, rollout_server_url="http://127.0.0.1:9")
     loop = ServeLoop(env)  # binds its RunState and freezes the config
-    loop.state.curr_step, loop.state.max_token_len = 7, 64
+    loop.state.curr_step, loop.state.max_seq_len = 7, 64
     assert (env.curr_step, env.max_token_len, env.run_state.batch_size) == (7, 64, 8)
     with pytest.raises(AttributeError, match="read-only: the runner owns it"):
         env.curr_step = 8
@@ -98,3 +98,70 @@ def test_run_attributes_are_read_only_views_of_the_runners_state():
         env.run_state.total_steps = 3
     with pytest.raises(FrozenConfigError):
         env.config.batch_size = 16
+
+
+class _CountingCheck:
+    """Counts how often the env side checks a group (every check runs ``group_shape_error``)."""
+
+    def __init__(self, monkeypatch):
+        import atroposlib.envs.groups as groups
+
+        self.calls = 0
+        real = groups.group_shape_error
+
+        def counted(group):
+            self.calls += 1
+            return real(group)
+
+        monkeypatch.setattr(groups, "group_shape_error", counted)
+
+
+async def _serve_items(env, items) -> list:
+    """Run ``items`` through serve mode's worker (run_item -> handle_send_to_api -> outbox)."""
+    loop = ServeLoop(env)
+    for item in items:
+        await loop._worker(item)
+    queue = loop.state.outbox.queue
+    return [queue.get_nowait() for _ in range(queue.qsize())]
+
+
+async def test_serve_checks_each_group_once(monkeypatch):
+    check = _CountingCheck(monkeypatch)
+    env = _env(rollout_server_url="http://127.0.0.1:9")
+    sent = await _serve_items(env, [[1.0, 0.0], [0.5, 0.5], [1.0, 0.0, 1.0], [0.0, 1.0]])
+    assert [g["scores"] for g in sent] == [[1.0, 0.0], [0.0, 1.0]]  # same-score and wrong-size dropped
+    assert check.calls == 4  # one check per group, not one in run_item and one in handle_send_to_api
+    assert env.stats["groups_dropped_same_scores"] == 1 and env.stats["groups_dropped_wrong_size"] == 1
+
+
+async def test_teacher_distillation_serve_checks_each_group_once(monkeypatch, tiny_tokenizer_dir):
+    from tests.envs.test_teacher_distillation import make_env
+
+    check = _CountingCheck(monkeypatch)
+    env, teacher = make_env(tiny_tokenizer_dir, rollout_server_url="http://127.0.0.1:9")
+    env.n = 0
+    sent = await _serve_items(env, [await env.get_next_item() for _ in range(2)])
+    assert len(sent) == 2 and all(g["distill_logprobs"] for g in sent)
+    assert check.calls == 2  # not three times (run_item, the teacher's pre-check, BaseEnv)
+
+
+async def test_groups_an_env_passes_itself_are_still_checked_once(monkeypatch, tiny_tokenizer_dir):
+    from tests.envs.test_teacher_distillation import make_env, make_group
+
+    check = _CountingCheck(monkeypatch)
+    env, _ = make_env(tiny_tokenizer_dir)
+    bad = make_group(env.tokenizer, texts=["a b", "c d", "e f"])  # 3 sequences, group_size 2
+    out = await env.handle_send_to_api([make_group(env.tokenizer), bad], do_send_to_api=False)
+    assert len(out) == 1 and out[0]["distill_logprobs"] and env.stats["groups_dropped_wrong_size"] == 1
+    assert check.calls == 2
+
+
+def test_one_name_inside_the_code_for_the_length_limit():
+    """``max_seq_len`` inside; Atropos 0.4's spellings at the edges (config key, env attribute)."""
+    from atroposlib.envs.single_turn import SingleTurnEnvConfig
+
+    assert BaseEnvConfig(max_token_length=300).max_seq_len == 300
+    assert SingleTurnEnvConfig().max_seq_len == SingleTurnEnvConfig().max_token_length == 1024
+    env = _env(max_token_length=64)
+    env.bind_run_state(RunState(max_seq_len=48))
+    assert (env.config.max_seq_len, env.run_state.max_seq_len, env.max_token_len) == (64, 48, 48)

@@ -15,6 +15,7 @@ from atroposlib.api.client import AtroposClient
 from atroposlib.api.models import Registration
 from atroposlib.testing.fake_server import FakeOpenAIServer
 from tests.fixtures.api_server import start_run_api
+from tests.fixtures.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,13 +55,7 @@ def _pull_batches(trainer: AtroposClient, count: int, timeout: float) -> list:
 
 
 def _stop(proc: subprocess.Popen, log: Path) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=45)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_process(proc, timeout=45)
     return log.read_text(errors="replace")
 
 

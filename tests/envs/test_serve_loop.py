@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 
 import httpx
 import tenacity
@@ -30,6 +31,13 @@ class CountingEnv(ChatLengthEnv):
     def save_checkpoint(self, step, data=None):
         type(self).saved.append(step)
         super().save_checkpoint(step, {"count": self.count})
+
+
+def _serving(run_api, tiny_tokenizer, server, env_cls=ChatLengthEnv, loop_kwargs=None, **config):
+    """An env served against ``run_api`` by ``server`` (not started): ``(env, loop)``."""
+    env = env_cls(BaseEnvConfig(use_wandb=False, rollout_server_url=run_api.url, **config), [server])
+    env.tokenizer = tiny_tokenizer
+    return env, ServeLoop(env, **{"status_interval": 0.2, **(loop_kwargs or {})})
 
 
 async def _trainer(url: str, tmp_path, batch_size: int = 8, num_steps: int = 100) -> AsyncAtroposClient:
@@ -104,12 +112,9 @@ async def test_slow_rollouts_time_out_and_their_items_are_retried(run_api, tiny_
 async def test_spawning_pauses_at_the_offpolicy_limit_without_cancelling(run_api, tiny_tokenizer, tmp_path):
     """With nobody pulling batches, the env stops at max_batches_offpolicy batches queued."""
     server = FakeServer(latency=0.05)
-    config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
-                           max_batches_offpolicy=2, max_num_workers=2)
-    env = ChatLengthEnv(config, [server])
-    env.tokenizer = tiny_tokenizer
+    env, loop = _serving(run_api, tiny_tokenizer, server, group_size=4, max_batches_offpolicy=2,
+                         max_num_workers=2)
     trainer = await _trainer(run_api.url, tmp_path, batch_size=8)
-    loop = ServeLoop(env, status_interval=0.2)
     serving = asyncio.create_task(loop.run())
     async with asyncio.timeout(30):
         while (await trainer.status())["queue_size"] < 4:
@@ -142,13 +147,10 @@ class MostlySameScoresEnv(ChatLengthEnv):
 
 async def test_dropped_groups_do_not_hold_places_in_the_offpolicy_window(run_api, tiny_tokenizer, tmp_path):
     """With 3 in 4 groups dropped, more rollouts run at once than the window has groups."""
-    server = FakeServer(latency=0.3)
-    config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
-                           max_batches_offpolicy=1, max_num_workers=8)
-    env = MostlySameScoresEnv(config, [server])
-    env.tokenizer = tiny_tokenizer
+    env, loop = _serving(run_api, tiny_tokenizer, FakeServer(latency=0.3), MostlySameScoresEnv,
+                         {"status_interval": 0.1}, group_size=4, max_batches_offpolicy=1,
+                         max_num_workers=8)
     trainer = await _trainer(run_api.url, tmp_path, batch_size=8)  # window: 8 / 4 = 2 groups
-    loop = ServeLoop(env, status_interval=0.1)
     serving = asyncio.create_task(loop.run())
     most = 0
     async with asyncio.timeout(60):
@@ -285,6 +287,13 @@ async def test_groups_carry_the_policy_version_their_rollout_started_with(tiny_t
     await trainer.aclose()
 
 
+
+def _paced(run_api, tiny_tokenizer, reply) -> tuple[ChatLengthEnv, ServeLoop]:
+    """A two-worker env whose fake inference answers ``reply``, in a loop that backs off after 10."""
+    return _serving(run_api, tiny_tokenizer, FakeServer(reply), loop_kwargs={"reject_streak": 10},
+                    group_size=2, max_num_workers=2, total_steps=1000)
+
+
 async def test_rollouts_whose_groups_are_all_too_long_back_off_with_one_warning(
         run_api, tiny_tokenizer, tmp_path, caplog):
     """A trainer max_token_len below every sequence: spawning backs off instead of spinning."""
@@ -294,12 +303,7 @@ async def test_rollouts_whose_groups_are_all_too_long_back_off_with_one_warning(
         checkpoint_dir=str(tmp_path), save_checkpoint_interval=0, starting_step=0, num_steps=100,
     ))
     assert await client.get_batch() is None  # the trainer has started: envs may register
-    server = FakeServer(lambda request: "short" if request.index % 2 else "a longer reply")
-    config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=run_api.url,
-                           max_num_workers=2, total_steps=1000)
-    env = ChatLengthEnv(config, [server])
-    env.tokenizer = tiny_tokenizer
-    loop = ServeLoop(env, status_interval=0.2, reject_streak=10)
+    env, loop = _paced(run_api, tiny_tokenizer, lambda r: "short" if r.index % 2 else "a longer reply")
     serving = asyncio.create_task(loop.run())
     async with asyncio.timeout(30):
         while env.stats["groups_dropped_too_long"] < 10:
@@ -322,12 +326,7 @@ async def test_rollouts_whose_groups_are_all_too_long_back_off_with_one_warning(
 async def test_equal_score_drops_do_not_slow_spawning(run_api, tiny_tokenizer, tmp_path):
     """Groups dropped for identical scores are normal: no backoff however many in a row."""
     trainer = await _trainer(run_api.url, tmp_path)
-    server = FakeServer(lambda request: "same")  # every group scores the same
-    config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=run_api.url,
-                           max_num_workers=2, total_steps=1000)
-    env = ChatLengthEnv(config, [server])
-    env.tokenizer = tiny_tokenizer
-    loop = ServeLoop(env, status_interval=0.2, reject_streak=10)
+    env, loop = _paced(run_api, tiny_tokenizer, lambda request: "same")  # every group scores the same
     serving = asyncio.create_task(loop.run())
     async with asyncio.timeout(30):
         while env.stats["groups_dropped_same_scores"] < 60:
@@ -339,14 +338,10 @@ async def test_equal_score_drops_do_not_slow_spawning(run_api, tiny_tokenizer, t
     await trainer.aclose()
 
 
-async def test_progress_line_logs_the_counters(tiny_tokenizer, caplog):
-    """log_progress (once a minute while serving) prints the counters instead of raising."""
-    import logging
-
-    env = CountingEnv(BaseEnvConfig(group_size=4, use_wandb=False), [FakeServer()])
-    env.tokenizer = tiny_tokenizer
-    loop = ServeLoop(env, status_interval=0.2)
-    env.stats["groups_accepted"] += 3
-    with caplog.at_level(logging.INFO, logger="atroposlib.env_runtime.serve"):
-        loop.log_progress(every=0.0)
-    assert "0 unsent" in caplog.text and "'groups_accepted': 3" in caplog.text
+def test_the_progress_line_counts_unsent_groups(caplog):
+    """Logged every minute while serving; it read a queue method the outbox does not have."""
+    caplog.set_level(logging.INFO, logger="atroposlib.env_runtime.serve")
+    loop = ServeLoop(ChatLengthEnv(BaseEnvConfig(group_size=2, use_wandb=False), [FakeServer()]))
+    loop.outbox.queue.put_nowait({"scores": [1.0, 0.0]})
+    loop.log_progress(every=0.0)
+    assert "0 rollout group(s) in flight, 1 unsent" in caplog.text

@@ -210,8 +210,19 @@ def test_reasoning_config_extra_body():
     assert cfg.build_extra_body("https://api.openai.com/v1") == {"reasoning_effort": "high"}
     assert cfg.build_extra_body("http://x", use_max_tokens=True) == {
         "reasoning": {"enabled": True, "max_tokens": 25600}}
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="Invalid reasoning_effort: 'extreme'; use one of none"):
         ReasoningConfig(effort="extreme")
+
+
+def test_reasoning_config_from_an_env_config():
+    """Atropos 0.4's ``ReasoningConfig.from_env_config``: any reasoning field enables it."""
+    from atroposlib.envs.config import BaseEnvConfig
+
+    assert ReasoningConfig.from_env_config(BaseEnvConfig()) == ReasoningConfig()
+    assert ReasoningConfig.from_env_config(BaseEnvConfig(thinking_mode=True)) == ReasoningConfig(enabled=True)
+    cfg = ReasoningConfig.from_env_config(BaseEnvConfig(reasoning_effort="low", max_reasoning_tokens=2000))
+    assert (cfg.enabled, cfg.effort, cfg.max_tokens) == (True, "low", 2000)
+    assert ReasoningConfig.from_env_config(object()) == ReasoningConfig()  # fields absent: unset
 
 
 async def test_vllm_backend_managed_mode_over_http_against_the_fake_app(tiny_tokenizer, tiny_tokenizer_dir):
@@ -236,9 +247,9 @@ async def test_vllm_backend_managed_mode_over_http_against_the_fake_app(tiny_tok
 
 
 async def test_a_hanging_health_probe_counts_as_unhealthy(monkeypatch):
-    from atroposlib.inference.clients import base as server_baseline
+    from atroposlib.inference.clients import health
 
-    monkeypatch.setattr(server_baseline, "HEALTH_PROBE_TIMEOUT", 0.2)
+    monkeypatch.setattr(health, "HEALTH_PROBE_TIMEOUT", 0.2)
 
     class Hanging(FakeServer):
         async def _check_health(self):

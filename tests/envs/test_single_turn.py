@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from atroposlib.envs.checks import check_env
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
@@ -192,7 +192,7 @@ async def test_a_failing_async_score_counts_the_eval_item_as_failed(add_env_cls,
 def test_a_score_of_the_wrong_type_says_what_came_back():
     import asyncio
 
-    from atroposlib.envs.helpers import resolve_score
+    from atroposlib.envs.scoring import resolve_score
 
     assert asyncio.run(resolve_score(1)) == (1.0, {})
     with pytest.raises(TypeError, match="number or \\(number, dict of details\\), got 'yes'"):
@@ -255,3 +255,24 @@ def test_zero_variance_filter_streaks_are_capped_and_draws_bounded():
     for bad in ({"keep": 0.0}, {"keep": 1.5}, {"keep": 0.5, "max_streak": 0}):
         with pytest.raises(ValueError, match="must be"):
             ZeroVarianceFilter(**bad)
+
+
+async def test_single_turn_is_the_one_turn_case_of_multi_turn(add_env_cls, tok_dir, tmp_path):
+    from pydantic import ValidationError
+
+    from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
+    from atroposlib.envs.single_turn import SingleTurnEnv, SingleTurnEnvConfig
+
+    assert issubclass(SingleTurnEnv, MultiTurnEnv) and issubclass(SingleTurnEnvConfig, MultiTurnEnvConfig)
+    assert SingleTurnEnvConfig().max_turns == 1
+    with pytest.raises(ValidationError, match="max_turns"):
+        SingleTurnEnvConfig(max_turns=2)
+    env = _env(add_env_cls, tok_dir, tmp_path)
+    await env.setup()
+    item = await env.get_next_item()
+    # what a caller of the multi-turn interface gets: one turn, scored by score()
+    episode, score, _ = await env.play_episode(item, temperature=1.0, split="train")
+    assert episode.turns == 1 and episode.messages[-1]["role"] == "assistant"
+    assert episode.messages[:-1] == env.prompt(item)
+    assert score == (1.0 if episode.messages[-1]["content"] == str(sum(item)) else 0.0)
+    assert not episode.truncated and any(m != -100 for m in episode.node.masked_tokens)

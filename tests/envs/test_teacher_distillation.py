@@ -13,7 +13,7 @@ from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.factory import build_app
 from atroposlib.api.models import Registration
 from atroposlib.api.settings import ApiSettings
-from atroposlib.env_runtime.commands import parse_args, parse_args_with_namespaces
+from atroposlib.env_runtime.command_line import parse_args, parse_args_with_namespaces
 from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.teacher_distillation_env import (
     TeacherDistillationConfig,
@@ -206,13 +206,71 @@ async def test_tokenizer_mismatch_is_a_config_error_before_any_rollout(tiny_toke
 
 def test_enabled_teacher_needs_a_server_that_can_score_prompts(tiny_tokenizer_dir):
     config = TeacherDistillationConfig(tokenizer_name=str(tiny_tokenizer_dir), teacher_enabled=True)
-    with pytest.raises(ConfigError, match="no teacher server is configured.*--teacher.base_url"):
+    with pytest.raises(ConfigError, match="no teacher server configuration was provided.*--teacher.base_url"):
         DistillEnv(config, [FakeServer()])
     openai_teacher = APIServerConfig(base_url="http://127.0.0.1:1/v1", model_name="t", server_type="openai")
     with pytest.raises(ConfigError, match="cannot return prompt log-probs.*server_type vllm"):
         DistillEnv(config, [FakeServer()], teacher_server_configs=[openai_teacher])
     with pytest.raises(ValueError, match="greater than or equal to -1"):
         TeacherDistillationConfig(teacher_top_k=-2)
+
+
+def test_a_bare_teacher_config_is_a_list_of_one_and_its_tokenizer_checked_at_construction(
+        tiny_tokenizer_dir, tmp_path):
+    """Atropos 0.4's constructor: one APIServerConfig is wrapped in a list, and the teacher
+    tokenizer it names is compared with the student's before the env exists."""
+    config = TeacherDistillationConfig(tokenizer_name=str(tiny_tokenizer_dir), teacher_enabled=True)
+    same = APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="t", server_type="vllm",
+                           tokenizer_name=str(tiny_tokenizer_dir), health_check=False)
+    env = DistillEnv(config, [FakeServer()], teacher_server_configs=same)
+    assert [s.config for s in env.teacher_server.servers] == [same]
+    other = make_tiny_tokenizer()
+    other.add_tokens(["<tool_call>"])
+    other.save_pretrained(tmp_path / "other")
+    different = same.model_copy(update={"tokenizer_name": "none", "model_name": str(tmp_path / "other")})
+    with pytest.raises(ValueError, match="Cross-tokenizer distillation is not supported"):
+        DistillEnv(config, [FakeServer()], teacher_server_configs=[different])
+
+
+async def test_per_sequence_fetch_is_the_override_point(tiny_tokenizer_dir):
+    """``_fetch_teacher_for_sequence(token_ids, top_k)`` is called once per sequence with the
+    group's top-k; an env (or test) that replaces it supplies the arrays."""
+    env, teacher = make_env(tiny_tokenizer_dir, top_k=0)
+    seen = []
+
+    async def fetch(token_ids, top_k):
+        seen.append((len(token_ids), top_k))
+        return [[t] for t in token_ids], [[-0.5] for _ in token_ids]
+
+    env._fetch_teacher_for_sequence = fetch
+    group = make_group(env.tokenizer, teacher_top_k=7)
+    out = await env._attach_teacher_distillation(group)
+    assert [k for _, k in seen] == [7, 7] and teacher.requests == []
+    assert out["distill_token_ids"][0] == [[t] for t in group["tokens"][0]]
+    skipped = await env._attach_teacher_distillation(make_group(env.tokenizer, skip_teacher_top_k=True))
+    assert skipped["distill_token_ids"] is None and skipped["distill_logprobs"] is None
+    assert len(seen) == 2
+
+
+class DefaultTeacherEnv(DistillEnv):
+    """Atropos 0.4's idiom: the class names its default teacher."""
+
+    @classmethod
+    def teacher_config_init(cls):
+        return APIServerConfig(base_url="http://127.0.0.1:9003/v1", model_name="teacher",
+                               server_type="vllm", timeout=1200)
+
+
+def test_teacher_config_init_gives_the_default_teacher_under_yaml_and_flags(tmp_path):
+    [teacher] = parse_args_with_namespaces(DefaultTeacherEnv, ["serve"])[4]["teacher_server_configs"]
+    assert (teacher.base_url, teacher.model_name, teacher.timeout) == (
+        "http://127.0.0.1:9003/v1", "teacher", 1200)
+    [teacher] = parse_args_with_namespaces(
+        DefaultTeacherEnv, ["process", "--teacher.model_name", "big"])[4]["teacher_server_configs"]
+    assert (teacher.base_url, teacher.model_name, teacher.timeout) == (
+        "http://127.0.0.1:9003/v1", "big", 1200)
+    assert DistillEnv.teacher_config_init() is None
+    assert parse_args_with_namespaces(DefaultTeacherEnv, ["evaluate"])[4] == {}
 
 
 def test_cli_teacher_namespace_for_serve_and_process_only(tmp_path, capsys):

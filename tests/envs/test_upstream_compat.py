@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.envs.base import (  # the exact upstream import surface
     APIServerConfig,
     BaseEnv,
@@ -16,7 +17,6 @@ from atroposlib.envs.base import (  # the exact upstream import surface
     OpenaiConfig,
     ScoredDataGroup,
 )
-from atroposlib.envs.checks import check_env
 from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 from atroposlib.type_definitions import Item, number

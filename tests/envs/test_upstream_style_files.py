@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from atroposlib.env_runtime.checks import check_env
 from atroposlib.envs.base import BaseEnv
-from atroposlib.envs.checks import check_env
 from atroposlib.envs.config import UnknownConfigFieldWarning
 from atroposlib.testing.fake_server import FakeRequest, FakeServer
 

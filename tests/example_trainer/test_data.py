@@ -35,7 +35,7 @@ def test_shift_labels_logprobs_and_placeholders():
     s = seqs[0]
     assert s.input_ids == [10, 11, 12]
     assert s.labels == [-100, 12, 13]
-    assert math.isnan(s.old_logprobs[0]) and s.old_logprobs[1:] == [-0.5, -0.25]
+    assert math.isnan(s.sampler_logprobs[0]) and s.sampler_logprobs[1:] == [-0.5, -0.25]
     assert s.advantages == [1.0, 1.0, 1.0] and seqs[1].advantages == [-1.0] * 3
     assert stats.num_sequences == 2 and stats.has_inference_logprobs == 2 and stats.max_len == 4
 
@@ -67,7 +67,7 @@ def test_padding_to_multiple_and_micro_batches_cover_everything():
     last = mbs[1]
     row = int(torch.argmax(last.attention_mask.sum(1)))
     assert last.attention_mask[row].sum() == 39 and last.labels[row, 39:].eq(-100).all()
-    assert torch.isnan(last.old_logprobs[row]).all()  # long group had no inference_logprobs
+    assert torch.isnan(last.sampler_logprobs[row]).all()  # long group had no inference_logprobs
     assert sum(int((mb.labels != -100).sum()) for mb in mbs) == 3 * 2 + 20
     assert padded_length(65, 64) == 128 and padded_length(3, 64) == 64
 
@@ -125,7 +125,7 @@ def test_trained_tail_gives_the_same_loss_and_gradients_as_full_logits():
     def loss_and_grads(batch, **kw):
         model.zero_grad()
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kw).logits
-        out = grpo_loss(logits, batch.labels, batch.advantages, batch.old_logprobs,
+        out = grpo_loss(logits, batch.labels, batch.advantages, batch.sampler_logprobs,
                         num_sequences=stats.num_sequences, num_tokens=14, temperature=batch.temperatures)
         out.loss.backward()
         return out.loss.detach(), [p.grad.clone() for p in model.parameters()]

@@ -47,6 +47,28 @@ def _group(seed: int, size: int = 4) -> dict:
             "distill_token_ids": distill_ids, "distill_logprobs": distill_lps}
 
 
+def train_on(config, api_url: str, groups: list) -> tuple[dict, dict]:
+    """Run ``train(config)`` in a thread; once it registers (batch size 8), post ``groups``.
+
+    Returns:
+        ``(train's result, run-api's /status after the trainer ended)``.
+    """
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(train(config)))
+    thread.start()
+    with AtroposClient(api_url) as client:
+        deadline = time.monotonic() + 120
+        while client.info()["batch_size"] != 8:
+            assert time.monotonic() < deadline and thread.is_alive(), "trainer did not register"
+            time.sleep(0.2)
+        for group in groups:
+            client.post_scored_data(group)
+        thread.join(300)
+        status = client.status()
+    assert not thread.is_alive(), "the trainer did not finish"
+    return result, status
+
+
 @needs_tokenizer
 @pytest.mark.parametrize(("kl_coef", "mixed_precision"), [(0.0, "no"), (0.5, "no"), (0.5, "bf16")])
 def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_api, tmp_path, kl_coef,
@@ -66,19 +88,8 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
         mixed_precision=mixed_precision,
         eval_command=f"{sys.executable} {eval_script} {{out_dir}} {{step}}")
     before = {k: v.clone() for k, v in _load_state(tiny_model).items()}
-    result = {}
-    thread = threading.Thread(target=lambda: result.update(train(config)))
-    thread.start()
-    with AtroposClient(run_api.url) as client:
-        deadline = time.monotonic() + 120
-        while client.info()["batch_size"] != 8:
-            assert time.monotonic() < deadline and thread.is_alive(), "trainer did not register"
-            time.sleep(0.2)
-        for seed in range(6):  # 3 batches worth; the trainer must take only 2 (one per step)
-            client.post_scored_data(_group(seed))
-        thread.join(300)
-        status = client.status()
-    assert not thread.is_alive()
+    # 3 batches worth; the trainer must take only 2 (one per step)
+    result, status = train_on(config, run_api.url, [_group(seed) for seed in range(6)])
     assert result["steps"] == 2 and status["queue_size"] == 2
     assert status["max_staleness"] == 5 and status["stale_groups_dropped"] == {}
     assert result["eval_accuracy_before"] == 0.25 and result["eval_accuracy_after"] == 0.5

@@ -67,3 +67,66 @@ def test_a_run_ended_after_one_step_says_how_and_what_it_saved(tiny_model, run_a
         assert summary["final_checkpoint"] is None and not final.exists()
         assert summary["last_checkpoint"] == str(run / "checkpoints" / "step_1")
         assert summary["error"].startswith(ENDINGS[ending].__name__)
+
+
+@needs_tokenizer
+@pytest.mark.parametrize("ending", ["error", "interrupted", "sigterm"])
+def test_an_ending_inside_a_step_keeps_every_finished_step(tiny_model, run_api, tmp_path,  # noqa: F811
+                                                           monkeypatch, ending):
+    """No interval checkpoint: whatever ends step 2 (an exception in its forward, a second Ctrl-C,
+    a SIGTERM), the trainer leaves a checkpoint of every step it finished."""
+    from example_trainer import loss
+
+    with AtroposClient(run_api.url) as client:
+        for seed in range(6):
+            client.post_scored_data(_group(seed))
+    real_loss = loss.grpo_loss
+    calls = []
+
+    def grpo_loss(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # step 2 (one micro-batch a step)
+            if ending == "error":
+                raise RuntimeError("boom in the forward")
+            if ending == "interrupted":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler: finish this step, then stop
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(loss, "grpo_loss", grpo_loss)
+    run = tmp_path / "run"
+    config = TrainerConfig(
+        model=str(tiny_model), run_dir=str(run), api_url=run_api.url, vllm_url="http://127.0.0.1:9/v1",
+        weight_sync="none", training_steps=3, batch_size=8, micro_batch_size=8, checkpoint_interval=0,
+        batch_timeout=60)
+    if ending == "sigterm":
+        grpo.train(config)
+    else:
+        with pytest.raises({"error": RuntimeError, "interrupted": KeyboardInterrupt}[ending]):
+            grpo.train(config)
+    summary = json.loads((run / "summary.json").read_text())
+    checkpoints = run / "checkpoints"
+    if ending == "sigterm":  # the step in flight finishes, then the final checkpoint
+        assert summary["stopped"] == "stop_requested" and summary["steps"] == 2
+        assert summary["last_checkpoint"] == str(checkpoints / "final")
+        assert json.loads((checkpoints / "final" / "checkpoint.json").read_text())["step"] == 2
+    else:  # step 2 never finished: step 1 is saved on the way out
+        assert summary["stopped"] == ending and summary["steps"] == 1
+        assert summary["last_checkpoint"] == str(checkpoints / "step_1")
+        assert json.loads((checkpoints / "step_1" / "checkpoint.json").read_text())["step"] == 1
+        assert summary["failed_part"] == ("trainer" if ending == "error" else None)
+
+
+@needs_tokenizer
+def test_checkpoints_by_default_every_10_steps_keeping_the_newest_two(tiny_model, run_api, tmp_path):  # noqa: F811
+    with AtroposClient(run_api.url) as client:
+        for seed in range(2 * 31):
+            client.post_scored_data(_group(seed % 8))
+    run = tmp_path / "run"
+    summary = grpo.train(TrainerConfig(
+        model=str(tiny_model), run_dir=str(run), api_url=run_api.url, vllm_url="http://127.0.0.1:9/v1",
+        weight_sync="none", training_steps=31, batch_size=8, micro_batch_size=8, batch_timeout=60,
+        torch_threads=1))
+    assert summary["steps"] == 31
+    # step_10 was written, then deleted once step_30 was complete
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["final", "step_20", "step_30"]

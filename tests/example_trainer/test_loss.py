@@ -96,7 +96,7 @@ def test_gradient_accumulation_equals_full_batch():
     assert torch.allclose(full_logits.grad, parts.grad, atol=1e-6)
 
 
-def test_nan_old_logprobs_fall_back_to_on_policy_ratio():
+def test_nan_sampler_logprobs_fall_back_to_on_policy_ratio():
     logits = torch.zeros(1, 2, 4, requires_grad=True)
     labels = torch.tensor([[1, 2]])
     old = torch.tensor([[math.nan, math.log(0.25) - 1.0]])  # second token: ratio e^1 > 1.2

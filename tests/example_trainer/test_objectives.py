@@ -11,17 +11,13 @@ label's probability is exactly ``p`` and ``dL/dlogp = dL/dlogit_label / (1 - p)`
 
 import json
 import math
-import threading
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from atroposlib.api.client import AtroposClient
 from example_trainer.config import TrainerConfig
 from example_trainer.data import batch_to_sequences, group_advantages
-from example_trainer.grpo import train
 from example_trainer.loss import grpo_loss, objective_options
 from tests.example_trainer import test_grpo_loop as loop
 
@@ -112,10 +108,12 @@ def test_tis_weights_each_token_by_the_truncated_trainer_over_sampler_ratio():
     assert out.metrics["sampler_logprob_diff_sum"] == pytest.approx(expected_diff, abs=1e-5)
 
 
-def test_mis_drops_tokens_outside_the_range_but_keeps_them_in_the_denominator():
+def test_mis_weights_kept_tokens_by_the_ratio_and_drops_the_rest_but_keeps_them_in_the_denominator():
     out, g = _run(loss_type="grpo", is_correction="mis", is_cap=1.5)
-    # seq 1 token 1 (ratio 1.6 > 1.5) is dropped: seq 1 mean = (0.5 + 0 + 0.5) / 3
-    _check(out, g, (-1.0 + 1 / 3) / 2, [[-1 / 4, -1 / 4, 0], [0.5 / 6, 0.0, 0.5 / 6]])
+    # w = rho inside [1/1.5, 1.5], else 0 (IcePop's token mask, arXiv:2510.18855)
+    # seq 0: rho = (1.25, 1), both kept and weighted: -1.25, -1 (mean -1.125)
+    # seq 1: rho = (1, 1.6, unknown -> 1): the 1.6 is dropped: (0.5 + 0 + 0.5) / 3
+    _check(out, g, (-1.125 + 1 / 3) / 2, [[-1.25 / 4, -1 / 4, 0], [0.5 / 6, 0.0, 0.5 / 6]])
     assert out.metrics["is_corrected_tokens"] == 1
 
 
@@ -219,18 +217,8 @@ def test_loop_trains_with_dapo_and_tis_and_logs_the_mismatch(tiny_model, run_api
         vllm_url="http://127.0.0.1:9/v1", weight_sync="none", training_steps=1, batch_size=8,
         micro_batch_size=3, lr=1e-3, batch_timeout=60, loss_type="dapo", clip_eps_high=0.28,
         is_correction="tis", is_cap=2.0)
-    result = {}
-    thread = threading.Thread(target=lambda: result.update(train(config)))
-    thread.start()
-    with AtroposClient(run_api.url) as client:
-        deadline = time.monotonic() + 120
-        while client.info()["batch_size"] != 8:
-            assert time.monotonic() < deadline and thread.is_alive(), "trainer did not register"
-            time.sleep(0.2)
-        for seed in range(2):
-            client.post_scored_data(loop._group(seed))
-        thread.join(300)
-    assert not thread.is_alive() and result["steps"] == 1
+    result, _ = loop.train_on(config, run_api.url, [loop._group(seed) for seed in range(2)])
+    assert result["steps"] == 1
     [step] = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(x)]
     # the env claims log-prob -0.5 per token; the random tiny model gives about log(1/49k), so

@@ -47,7 +47,7 @@ def _loss_and_grads(model, mbs, stats, num_tokens, shared, loss_type, autocast):
     for mb in mbs:
         keep, tail = mb.trained_tail()
         logits = policy_logits(model, tail, keep, autocast, shared_prefix=shared)
-        out = grpo_loss(logits, tail.labels, tail.advantages, tail.old_logprobs,
+        out = grpo_loss(logits, tail.labels, tail.advantages, tail.sampler_logprobs,
                         num_sequences=stats.num_sequences, num_tokens=num_tokens,
                         temperature=tail.temperatures, loss_type=loss_type, dr_grpo_length=64)
         out.loss.backward()

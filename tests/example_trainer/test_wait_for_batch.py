@@ -6,7 +6,8 @@ import httpx
 
 from atroposlib.api.client import AtroposClient
 from atroposlib.api.models import Registration
-from example_trainer.grpo import _StopFlag, wait_for_batch
+from example_trainer.grpo import wait_for_batch
+from example_trainer.stopping import StopFlag
 from tests.fixtures.api_server import RunApi
 from tests.fixtures.lossy import LossyTransport
 
@@ -23,10 +24,10 @@ def test_lost_batch_replies_are_fetched_again_by_step(run_api: RunApi) -> None:
         save_checkpoint_interval=10, starting_step=0, num_steps=10))
     for seed in (1, 2):
         assert httpx.post(run_api.url + "/scored_data", json=group(seed)).status_code == 200
-    first = wait_for_batch(client, timeout=30, stop=_StopFlag())
+    first = wait_for_batch(client, timeout=30, stop=StopFlag())
     assert lossy.lost_replies == lossy.lost_groups == 3  # the one-group batch of step 1, thrice
     assert first is not None and first[0]["tokens"] == group(1)["tokens"]
-    second = wait_for_batch(client, timeout=30, stop=_StopFlag())
+    second = wait_for_batch(client, timeout=30, stop=StopFlag())
     assert second is not None and second[0]["tokens"] == group(2)["tokens"]
     assert client.last_step == 2
     client.close()

@@ -193,3 +193,70 @@ async def test_trl_chat_renders_the_template_and_decodes():
     with pytest.raises(NotImplementedError, match="vllm"):
         await server.tokens_and_logprobs_completion(prompt="x", max_tokens=1)
     await server.aclose()
+
+
+@needs_tokenizer
+async def test_trl_posts_with_aiohttp_to_a_real_server():
+    """With aiohttp installed (the envs extra), requests go through an aiohttp session."""
+    from transformers import AutoTokenizer
+
+    from tests.fixtures.app_thread import AppThread
+
+    eos = AutoTokenizer.from_pretrained(BUNDLED).eos_token_id
+    received: list[dict] = []
+    with AppThread(_fake_trl(received, eos)) as app:
+        server = TrlVllmServer(APIServerConfig(server_type="trl", base_url=app.url + "/v1",
+                                               model_name="m", tokenizer_name=str(BUNDLED)))
+        assert server.http is None  # no httpx client: aiohttp does the requests
+        assert await server.check_health()
+        completion = await server.chat_completion(messages=[{"role": "user", "content": "Hi"}],
+                                                  n=2, max_tokens=6)
+        assert received[-1]["n"] == 2 and received[-1]["max_tokens"] == 6
+        assert [c.finish_reason for c in completion.choices] == ["stop", "length"]
+        assert server.session is not None
+        await server.aclose()
+        assert server.session is None
+
+
+async def test_trl_module_names_atropos_code_patches_are_the_ones_used():
+    """Atropos 0.4 code patches ``AutoTokenizer`` and ``aiohttp.ClientSession`` in the TRL
+    server module (by its old path); both must be what the client calls (no hub download)."""
+    from unittest.mock import patch
+
+    class Tok:
+        eos_token_id = 2
+
+        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+            return "|".join(m["content"] for m in messages)
+
+        def decode(self, ids, skip_special_tokens=False):
+            return f"decoded {list(ids)}"
+
+    posted = []
+
+    class Response:
+        async def json(self):
+            return {"completion_ids": [[5, 2]]}
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+    class Session:
+        def post(self, url, json):
+            posted.append((url, json))
+            return Response()
+
+    old = "atroposlib.envs.server_handling.trl_vllm_server"
+    with patch(f"{old}.AutoTokenizer") as auto, patch(f"{old}.aiohttp.ClientSession") as cls:
+        auto.from_pretrained.return_value = Tok()
+        cls.return_value = Session()
+        server = TrlVllmServer(APIServerConfig(server_type="trl", base_url="http://127.0.0.1:9",
+                                               model_name="hub/model", health_check=False))
+        result = await server.chat_completion(messages=[{"role": "user", "content": "Hi"}])
+    auto.from_pretrained.assert_called_once_with("hub/model")
+    assert posted[0][0] == "http://127.0.0.1:9/generate/" and posted[0][1]["prompts"] == ["Hi"]
+    assert result.choices[0].message.content == "decoded [5, 2]"
+    assert result.choices[0].finish_reason == "stop"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -295,3 +296,62 @@ def _is_standin(proc_dir: Path, script: Path) -> bool:
     except OSError:
         return False
     return len(argv) > 1 and argv[1] == str(script)
+
+
+# A launcher that starts the stand-in through VLLMProcess, prints its pids, then waits forever.
+LAUNCHER = textwrap.dedent(
+    """
+    import sys, time
+    from atroposlib.inference import vllm_process
+
+    script, child_file, model, die = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    vllm_process.VLLMProcess.command = lambda self: [
+        sys.executable, script, str(self.port), "0", child_file]
+    proc = vllm_process.VLLMProcess(model, log_path=model + "/log.txt", die_with_parent=die)
+    proc.start(timeout=30)
+    print(proc.proc.pid, proc.port, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("die_with_parent", [True, False])
+def test_the_server_dies_with_a_sigkilled_launcher(tmp_path, die_with_parent):
+    """SIGKILL to the process that started the server: no handler or atexit hook of it runs.
+
+    The kernel's parent-death signal (PR_SET_PDEATHSIG) still reaches the server; without it
+    (die_with_parent=False, the behaviour before) the server keeps running and holds its port.
+    """
+    script = tmp_path / "standin.py"
+    script.write_text(STANDIN)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(script), str(tmp_path / "child.pid"), str(tmp_path),
+         "1" if die_with_parent else "0"], stdout=subprocess.PIPE, text=True)
+    leader = None
+    try:
+        leader, port = map(int, launcher.stdout.readline().split())
+        assert _alive(leader)
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(leader) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        survived = _alive(leader)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        if leader is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader, signal.SIGKILL)
+    assert survived != die_with_parent
+    if die_with_parent:  # nothing listens on the port any more (SO_REUSEADDR: TIME_WAIT is fine)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+
+
+def test_parent_death_preexec_is_linux_only(monkeypatch):
+    assert callable(vllm_process.parent_death_preexec())
+    monkeypatch.setattr(vllm_process.sys, "platform", "darwin")
+    assert vllm_process.parent_death_preexec() is None

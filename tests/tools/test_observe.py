@@ -77,7 +77,9 @@ def test_recent_groups_filters_by_env_and_survives_api_errors():
 
 
 def test_groups_that_leave_the_retention_window_are_counted_as_missed():
-    api = start_run_api("--observe-retention-groups", "1", "--observe-retention-tokens", "1000000")
+    # --replay-batches 1: the groups of the batches kept for replay would stay readable too
+    api = start_run_api("--observe-retention-groups", "1", "--observe-retention-tokens", "1000000",
+                        "--replay-batches", "1")
     try:
         register_trainer_and_envs(api.url, 0, batch_size=2)
         with AtroposClient(api.url) as client:

@@ -12,6 +12,9 @@ from pydantic import TypeAdapter, ValidationError
 from atroposlib.api.middleware import BODY_METHODS, PUBLIC_PATHS
 
 JSON = "application/json"
+#: Documented answer of every route that writes to the store.
+STORAGE_FULL = {507: {"description": "the --db disk is full: nothing was stored or changed; "
+                      "retry after the Retry-After header once space is freed"}}
 
 
 def json_response(payload: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 
 from atroposlib.api.deps import StateDep
 from atroposlib.api.models import Batch
-from atroposlib.api.routes._common import json_response
+from atroposlib.api.routes._common import STORAGE_FULL, json_response
 
 router = APIRouter(tags=["batch"])
 
@@ -19,12 +19,14 @@ STEP_HEADER = "X-Atropos-Step"
 
 
 @router.get("/batch", response_model=Batch,
-            responses={409: {"description": "?step=N names neither the next nor the last step"}})
+            responses={409: {"description": "?step=N names a step ahead of the next one, or one "
+                             "whose batch is no longer kept (the X-Atropos-Oldest-Step header "
+                             "names the oldest kept)"}, **STORAGE_FULL})
 async def batch(
     state: StateDep,
     step: Annotated[int | None, Query(
         ge=0, description="Fetch the batch of this step: the next step serves a new batch, the "
-        "step of the last served batch answers it again (until the next one is served).")] = None,
+        "step of one of the last --replay-batches served batches answers it again.")] = None,
 ) -> Response:
     """Serve ONE batch of exactly ``batch_size`` sequences, or ``{"batch": null}``.
 
@@ -37,13 +39,15 @@ async def batch(
     ``X-Atropos-Wait-Reason`` says why (too few sequences, no combination of group sizes fits,
     or an env's minimum allocation is not met).
 
-    Steps: ``/register`` sets the step to its ``starting_step``; each served batch gets the
-    next step (``X-Atropos-Step`` header), which ``/status`` then reports as ``current_step``.
-    A plain ``GET /batch`` that loses its reply (connection error, server crash) would lose
-    that batch's groups, so a trainer that knows the step it expects can ask for it:
-    ``GET /batch?step=N`` serves a new batch when N is the next step, answers the batch served
-    as step N again when N is the current step (until the next batch is served; with ``--db``
-    across restarts too), and answers 409 for any other N.
+    Steps: the first ``/register`` sets the step to its ``starting_step``; each served batch
+    gets the next step (``X-Atropos-Step`` header), which ``/status`` then reports as
+    ``current_step``. ``GET /batch?step=N`` serves a new batch when N is the next step, and
+    answers again the batch served as step N when it is one of the last ``--replay-batches``
+    (default: the trainer's checkpoint interval + 2; with ``--db`` across restarts too), so
+    neither a lost reply nor a trainer restarted from a checkpoint loses a served batch: the
+    restarted trainer registers with the checkpoint's step (the server keeps its own step)
+    and fetches the steps after it. Any other N gets 409: ahead of the next step, or older
+    than the oldest kept one, which the message and ``X-Atropos-Oldest-Step`` name.
     """
     start = time.perf_counter()
     body, info = state.next_batch() if step is None else state.batch_for_step(step)

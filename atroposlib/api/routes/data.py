@@ -8,18 +8,19 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Header, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from pydantic import TypeAdapter
 
 from atroposlib.api.deps import StateDep
-from atroposlib.api.errors import IdempotencyKeyError
+from atroposlib.api.errors import ApiRequestError, IdempotencyKeyError
 from atroposlib.api.models import (
     LatestExamplePlaceholder,
     ScoredData,
     ScoredDataListResponse,
     ScoredDataResponse,
 )
-from atroposlib.api.routes._common import body_schema, json_response, parse_body
+from atroposlib.api.routes._common import STORAGE_FULL, body_schema, json_response, parse_body
 from atroposlib.api.state import ApiState
 
 router = APIRouter(tags=["data"])
@@ -30,6 +31,7 @@ _ERRORS = {
     413: {"description": "body too large, or a group larger than the whole queue"},
     422: {"description": "malformed group (shapes, messages, size vs group_size/batch_size)"},
     429: {"description": "queue full; retry after the Retry-After header (nothing was stored)"},
+    **STORAGE_FULL,
 }
 #: Longest ``Idempotency-Key`` accepted (characters).
 MAX_IDEMPOTENCY_KEY = 255
@@ -58,16 +60,32 @@ def _reply_list(results: list[dict[str, Any]]) -> bytes:
 
 async def _store(request: Request, state: ApiState, key: str | None, adapter: TypeAdapter,
                  render: Callable[[list[dict[str, Any]]], bytes]) -> Response:
-    """Validate the body and queue its groups, once per ``Idempotency-Key`` when one is sent."""
-    parsed = await parse_body(request, adapter)
+    """Validate the body and queue its groups, once per ``Idempotency-Key`` when one is sent.
+
+    Counts the groups accepted (not a repeated answer) or refused, with the refusal's reason.
+    """
+    metrics = state.metrics
+    try:
+        parsed = await parse_body(request, adapter)
+    except RequestValidationError:
+        metrics.refused.labels("malformed").inc()
+        raise
     groups = parsed if isinstance(parsed, list) else [parsed]
-    if key is None:
-        return json_response(render(state.ingest(groups)))
-    if not key:
-        raise IdempotencyKeyError("the Idempotency-Key header is empty; send a unique key per "
-                                  "request (e.g. a UUID), or no header")
-    fingerprint = hashlib.sha1(await request.body(), usedforsecurity=False).hexdigest()
-    body, replayed = state.ingest_once(f"{request.url.path} {key}", fingerprint, groups, render)
+    try:
+        if key is None:
+            body, replayed = render(state.ingest(groups)), False
+        elif not key:
+            raise IdempotencyKeyError("the Idempotency-Key header is empty; send a unique key "
+                                      "per request (e.g. a UUID), or no header")
+        else:
+            fingerprint = hashlib.sha1(await request.body(), usedforsecurity=False).hexdigest()
+            body, replayed = state.ingest_once(f"{request.url.path} {key}", fingerprint, groups,
+                                               render)
+    except ApiRequestError as exc:
+        metrics.refused.labels(exc.reason).inc(len(groups))
+        raise
+    if not replayed:
+        metrics.count_accepted(groups, state.envs)
     return json_response(body, headers={REPLAYED_HEADER: "true"} if replayed else None)
 
 
@@ -108,7 +126,7 @@ async def latest_example(state: StateDep) -> Response:
     return json_response(state.latest_example())
 
 
-_CROSS_SITE = {403: {"description": "sent by a browser page of another site"}}
+_CROSS_SITE = {403: {"description": "sent by a browser page of another site"}, **STORAGE_FULL}
 
 
 @router.get("/reset_data", response_class=PlainTextResponse, responses=_CROSS_SITE)

@@ -1,15 +1,17 @@
-"""The inference-backend contract: the adaptive semaphore and the ``APIServer`` ABC.
+"""The inference-backend contract: the ``InferenceClient`` ABC and its request path.
 
-One :class:`APIServer` exists per inference endpoint (vLLM, SGLang, OpenAI, TRL, or an
+One :class:`InferenceClient` exists per inference endpoint (vLLM, SGLang, OpenAI, TRL, or an
 in-process fake). The base class owns everything that is the same for every backend:
 
-* two adaptive semaphores (``sem`` for training, ``eval_sem`` for evaluation);
-* health gating: a cheap background health check (never a paid completion), and a bounded
-  wait for health before each request (``config.timeout`` seconds, then
+* two adaptive semaphores (``sem`` for training, ``eval_sem`` for evaluation;
+  :mod:`.semaphore`);
+* health gating (:mod:`.health`): a cheap background health check (never a paid completion),
+  and a bounded wait for health before each request (``config.timeout`` seconds, then
   :class:`~atroposlib.errors.InferenceUnavailableError`);
 * tenacity retries, applied ONCE per request (3 attempts, random-exponential backoff), only on
   transient failures (connection errors, timeouts, 429, 5xx);
-* bounded timing/attempt metrics (``rolling_buffer_length``) and ``wandb_metrics()``;
+* bounded timing/attempt metrics (``rolling_buffer_length``) and ``wandb_metrics()``
+  (:mod:`.request_metrics`);
 * reasoning-kwargs injection for chat completions (:class:`ReasoningConfig`, with the
   server settings models in :mod:`atroposlib.inference.clients.config`).
 
@@ -22,10 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 from abc import ABC, abstractmethod
-from collections import deque
 from typing import Any
 
 from tenacity import (
@@ -44,97 +44,16 @@ from atroposlib.inference.clients.config import (  # noqa: F401 - re-exported (A
     ReasoningConfig,
     ServerBaseline,
 )
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.inference.clients.health import HealthGate
+from atroposlib.inference.clients.request_metrics import RequestMetrics
+from atroposlib.inference.clients.semaphore import AsyncSemWithAdaptiveWeight
+from atroposlib.inference.policy_version import record_served_version
+from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between background health checks while a server is healthy / unhealthy.
-HEALTH_INTERVAL_HEALTHY = 10.0
-HEALTH_INTERVAL_UNHEALTHY = 1.0
-#: A health probe that takes longer than this (seconds) counts as unhealthy.
-HEALTH_PROBE_TIMEOUT = 10.0
 #: Attempts per request (including the first) for transient failures.
 REQUEST_ATTEMPTS = 3
-
-
-class AsyncSemWithAdaptiveWeight:
-    """A FIFO async semaphore whose effective size is ``max_val * weight``.
-
-    Waiters are admitted only while ``value > max_val * (1 - weight)``, so an env whose API
-    ``env_weight`` is 0.25 uses about a quarter of the server's slots. Use it as
-    ``async with sem: ...``.
-    """
-
-    def __init__(self, value: int = 1):
-        if value < 1:
-            raise ValueError(f"semaphore size must be >= 1, got {value}")
-        self._value = value
-        self.max_val = value
-        self.weight = 1.0
-        self._waiters: deque[asyncio.Future] = deque()
-
-    @property
-    def min_val(self) -> float:
-        """Slots held back by the weight: ``max_val * (1 - weight)``."""
-        return self.max_val * (1.0 - self.weight)
-
-    @property
-    def value(self) -> int:
-        """Free slots ignoring the weight (``max_val`` minus holders)."""
-        return self._value
-
-    def update_weight(self, weight: float) -> None:
-        """Set the weight (clamped to [0.01, 1]) and admit waiters that may now proceed."""
-        self.weight = min(1.0, max(0.01, float(weight)))
-        self._wake()
-
-    def free_slots(self) -> float:
-        """Slots usable now under the current weight (may be fractional or <= 0)."""
-        return self._value - self.min_val
-
-    def locked(self) -> bool:
-        """True when an ``acquire`` would wait."""
-        return not (self._value > self.min_val and self._value > 0)
-
-    async def acquire(self) -> bool:
-        """Take one slot, waiting (FIFO) while the semaphore is locked."""
-        if not self._waiters and not self.locked():
-            self._value -= 1
-            return True
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # granted, then cancelled before use: give the slot back
-            else:
-                try:
-                    self._waiters.remove(fut)
-                except ValueError:
-                    pass
-            raise
-        return True
-
-    def release(self) -> None:
-        """Give one slot back and admit the next waiter if the weight allows."""
-        self._value += 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and not self.locked():
-            fut = self._waiters.popleft()
-            if fut.done():
-                continue
-            self._value -= 1
-            fut.set_result(True)
-
-    async def __aenter__(self) -> AsyncSemWithAdaptiveWeight:
-        await self.acquire()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
 
 
 def is_transient_error(exc: BaseException) -> bool:
@@ -162,28 +81,7 @@ def is_transient_error(exc: BaseException) -> bool:
     return isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError))
 
 
-def _is_connection_error(exc: BaseException) -> bool:
-    import httpx
-
-    if isinstance(exc, (httpx.TransportError, ConnectionError)):
-        return True
-    try:
-        import openai
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, openai.APIConnectionError)
-
-
-class _SplitMetrics:
-    """Bounded request timings and attempt counts for one split (train or eval)."""
-
-    def __init__(self, maxlen: int):
-        self.timings: deque[float] = deque(maxlen=maxlen)
-        self.attempts: deque[int] = deque(maxlen=maxlen)
-        self.failures = 0
-
-
-class APIServer(ABC):
+class InferenceClient(HealthGate, RequestMetrics, ABC):
     """Abstract inference backend: one instance per endpoint.
 
     Public calls (all ``async``; keyword arguments are OpenAI request parameters plus
@@ -221,16 +119,25 @@ class APIServer(ABC):
         self.reasoning_config = reasoning_config
         self.sem = AsyncSemWithAdaptiveWeight(config.num_max_requests_at_once)
         self.eval_sem = AsyncSemWithAdaptiveWeight(config.num_requests_for_eval)
-        self.server_healthy = not self._health_checks_enabled()
-        self._health_task: asyncio.Task | None = None
-        self._closing = False
+        self._init_health_gate()
+        self._init_request_metrics(config.rolling_buffer_length)
         self._tokenizer: Any = None
-        self._healthy_event: asyncio.Event | None = None
-        self._metrics = {
-            "train": _SplitMetrics(config.rolling_buffer_length),
-            "eval": _SplitMetrics(config.rolling_buffer_length),
-        }
         self.in_flight = 0
+        #: The policy version (trainer step) this server last reported serving (an
+        #: atropos-inference-node tags every completion with it); None: never reported.
+        self.policy_version: int | None = None
+
+    def note_policy_version(self, version: int, served: bool = True) -> None:
+        """Remember the policy version the server reported.
+
+        Args:
+            version: the version from a response header or a status probe.
+            served: a completion of the current rollout was served with it: also credit it to
+                the rollout (:func:`~atroposlib.inference.policy_version.record_served_version`).
+        """
+        self.policy_version = version
+        if served:
+            record_served_version(version)
 
     @property
     def tokenizer(self) -> Any:
@@ -248,166 +155,15 @@ class APIServer(ABC):
             self._tokenizer = load_tokenizer(name)
         return self._tokenizer
 
-    # ------------------------------------------------------------------ identity and health
     @property
     def name(self) -> str:
         """A short label for logs and metrics: the base URL, else the model name."""
         return getattr(self.config, "base_url", None) or self.config.model_name
 
-    def _health_checks_enabled(self) -> bool:
-        return bool(getattr(self.config, "health_check", False)) and bool(
-            getattr(self.config, "base_url", None)
-        )
-
-    async def _check_health(self) -> bool:
-        """Backend-specific health probe; must be cheap (no paid completions). Default: True."""
-        return True
-
-    async def check_health(self) -> bool:
-        """Probe the server now, update ``server_healthy`` and return it.
-
-        Never raises: any exception from the probe, or no answer within
-        ``HEALTH_PROBE_TIMEOUT`` seconds, counts as unhealthy.
-        """
-        try:
-            healthy = bool(await asyncio.wait_for(self._check_health(), HEALTH_PROBE_TIMEOUT))
-        except Exception as exc:  # noqa: BLE001 - a failing probe simply means "unhealthy"
-            logger.debug("health check of %s failed: %r", self.name, exc)
-            healthy = False
-        self._set_healthy(healthy)
-        return healthy
-
-    def _set_healthy(self, healthy: bool) -> None:
-        if healthy != self.server_healthy:
-            logger.log(
-                logging.INFO if healthy else logging.WARNING,
-                "inference server %s is now %s",
-                self.name,
-                "healthy" if healthy else "UNHEALTHY",
-            )
-        self.server_healthy = healthy
-        if self._healthy_event is not None:
-            if healthy:
-                self._healthy_event.set()
-            else:
-                self._healthy_event.clear()
-
-    def _ensure_health_task(self) -> None:
-        if self._healthy_event is None:
-            self._healthy_event = asyncio.Event()
-            if self.server_healthy:
-                self._healthy_event.set()
-        if not self._health_checks_enabled():
-            return
-        if self._health_task is None or self._health_task.done():
-            self._health_task = asyncio.get_running_loop().create_task(
-                self._health_loop(), name=f"health:{self.name}"
-            )
-
-    async def _health_loop(self) -> None:
-        while not self._closing:
-            healthy = await self.check_health()
-            if self._closing:
-                return
-            await asyncio.sleep(HEALTH_INTERVAL_HEALTHY if healthy else HEALTH_INTERVAL_UNHEALTHY)
-
-    async def wait_until_healthy(self, timeout: float | None = None) -> None:
-        """Wait until the server is healthy.
-
-        Args:
-            timeout: seconds to wait; defaults to ``config.timeout``.
-
-        Raises:
-            InferenceUnavailableError: still unhealthy after ``timeout`` seconds.
-        """
-        self._ensure_health_task()
-        if self.server_healthy:
-            return
-        timeout = self.config.timeout if timeout is None else timeout
-        assert self._healthy_event is not None
-        try:
-            await asyncio.wait_for(self._healthy_event.wait(), timeout)
-        except TimeoutError:
-            raise InferenceUnavailableError(
-                f"inference server {self.name} stayed unhealthy for {timeout:.0f} s; check that "
-                "it is running and that base_url is right (or set health_check=False)"
-            ) from None
-
-    async def aclose(self) -> None:
-        """Stop the background health task (subclasses also close their HTTP clients)."""
-        task, self._health_task = self._health_task, None
-        if task is None:
-            return
-        self._closing = True
-        # On Python 3.11 a cancel that lands while asyncio.wait_for's probe finishes is swallowed
-        # (CPython gh-86296): the loop then sleeps on and a plain `await task` hangs forever.
-        # So cancel again until it is done; the closing flag stops the loop at its next check.
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=1.0)
-        if not task.cancelled() and task.exception() is not None:
-            logger.debug("health task of %s ended with %r", self.name, task.exception())
-        self._closing = False
-
-    # ------------------------------------------------------------------ weights and metrics
     def update_weight(self, weight: float) -> None:
         """Scale both semaphores to ``weight`` of their size (the API's ``env_weight``)."""
         self.sem.update_weight(weight)
         self.eval_sem.update_weight(weight)
-
-    def wandb_metrics(
-        self, metrics_dict: dict[str, Any] | None = None, server_name: str | None = None
-    ) -> dict[str, Any]:
-        """Add this server's request metrics to ``metrics_dict`` and return it.
-
-        Keys: ``server/{name}_request_time_avg|std|99p``, ``server/{name}_eval_request_time_*``,
-        ``server/{name}_average_num_attempts``, ``server/{name}_eval_retry_rate`` and
-        ``server/{name}_failed_requests`` (seconds for times).
-        """
-        metrics_dict = {} if metrics_dict is None else metrics_dict
-        name = server_name or self.name
-        for split, prefix in (("train", ""), ("eval", "eval_")):
-            m = self._metrics[split]
-            if m.timings:
-                timings = sorted(m.timings)
-                metrics_dict[f"server/{name}_{prefix}request_time_avg"] = statistics.fmean(timings)
-                metrics_dict[f"server/{name}_{prefix}request_time_std"] = statistics.pstdev(timings)
-                metrics_dict[f"server/{name}_{prefix}request_time_99p"] = timings[
-                    min(len(timings) - 1, int(0.99 * len(timings)))
-                ]
-            if m.attempts:
-                if split == "train":
-                    metrics_dict[f"server/{name}_average_num_attempts"] = statistics.fmean(
-                        m.attempts
-                    )
-                else:
-                    metrics_dict[f"server/{name}_eval_retry_rate"] = sum(
-                        1 for a in m.attempts if a > 1
-                    ) / len(m.attempts)
-            metrics_dict[f"server/{name}_{prefix}failed_requests"] = m.failures
-        return metrics_dict
-
-    # Upstream Atropos exposes the per-request metrics as these attributes; ours are bounded
-    # to the last ``rolling_buffer_length`` requests.
-    @property
-    def request_timings(self) -> deque[float]:
-        """Seconds taken by recent train-split requests (oldest first)."""
-        return self._metrics["train"].timings
-
-    @property
-    def attempts_list(self) -> deque[int]:
-        """Attempts made by recent train-split requests."""
-        return self._metrics["train"].attempts
-
-    @property
-    def eval_request_timings(self) -> deque[float]:
-        """Seconds taken by recent eval-split requests (oldest first)."""
-        return self._metrics["eval"].timings
-
-    @property
-    def eval_attempts_list(self) -> deque[int]:
-        """Attempts made by recent eval-split requests."""
-        return self._metrics["eval"].attempts
 
     # ------------------------------------------------------------------ request machinery
     def _prepare_kwargs(self, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -452,9 +208,7 @@ class APIServer(ABC):
                         try:
                             return await wrapper(**kwargs)
                         except Exception as exc:
-                            if _is_connection_error(exc) and self._health_checks_enabled():
-                                self._set_healthy(False)
-                                self._ensure_health_task()
+                            self.note_request_error(exc)
                             raise
         except Exception:
             metrics.failures += 1
@@ -549,18 +303,18 @@ class APIServer(ABC):
         )
 
 
+#: Atropos 0.4's name for :class:`InferenceClient`.
+APIServer = InferenceClient
+
 # OpenAI response types and pydantic names Atropos 0.4's module imported; loaded on first access.
-__getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "BaseModel": "pydantic",
-    "Field": "pydantic",
-})
+__getattr__ = lazy_exports(
+    __name__, {**OPENAI_RESPONSE_TYPES, "BaseModel": "pydantic", "Field": "pydantic"})
 
 __all__ = [
     "APIServer",
     "APIServerConfig",
     "AsyncSemWithAdaptiveWeight",
+    "InferenceClient",
     "InferenceError",
     "OpenaiConfig",
     "ReasoningConfig",

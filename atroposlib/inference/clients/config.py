@@ -123,10 +123,26 @@ class ReasoningConfig:
     def __post_init__(self) -> None:
         if self.effort is not None and self.effort not in _EFFORTS:
             raise ValueError(
-                f"reasoning effort {self.effort!r} is not one of {', '.join(_EFFORTS)}"
+                f"Invalid reasoning_effort: {self.effort!r}; use one of {', '.join(_EFFORTS)}"
             )
         if self.effort is not None or self.max_tokens is not None:
             self.enabled = True
+
+    @classmethod
+    def from_env_config(cls, env_config: Any) -> ReasoningConfig:
+        """The reasoning options an env config asks for.
+
+        Reads ``thinking_mode``, ``reasoning_effort`` and ``max_reasoning_tokens`` (absent
+        fields count as unset); reasoning is enabled when any of them is set.
+
+        Raises:
+            ValueError: an unknown ``reasoning_effort``.
+        """
+        effort = getattr(env_config, "reasoning_effort", None)
+        max_tokens = getattr(env_config, "max_reasoning_tokens", None)
+        enabled = bool(getattr(env_config, "thinking_mode", False))
+        return cls(enabled=enabled or effort is not None or max_tokens is not None,
+                   effort=effort, max_tokens=max_tokens)
 
     def is_reasoning_kwargs_active(self) -> bool:
         """Whether requests carry reasoning options.

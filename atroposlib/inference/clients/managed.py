@@ -2,11 +2,12 @@
 
 Why: a trainer must see exactly the tokens the sampler produced, with aligned
 sampler log-probs; re-tokenising decoded text can differ. ``ManagedServer`` renders the chat
-template itself, generates from token ids through ``APIServer.tokens_and_logprobs_completion``
+template itself, generates from token ids through ``InferenceClient.tokens_and_logprobs_completion``
 and keeps one :class:`SequenceNode` per sampled sequence:
 
 * ``tokens``        ``[T]`` prompt + completion token ids;
-* ``masked_tokens`` ``[T]`` ``-100`` at prompt positions, the token id at generated positions;
+* ``masked_tokens`` ``[T]`` labels: ``-100`` (the ignore index) at prompt positions, the token
+  id at generated positions;
 * ``logprobs``      ``[T]`` ``1.0`` at prompt positions, the sampler's log-prob elsewhere.
 
 Multi-turn: a new prompt whose text starts with an existing node's ``full_text`` *extends*
@@ -18,13 +19,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.inference.clients.responses import chat_completion_response, completion_response
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 from atroposlib.utils.tool_call_parser import parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ class SequenceNode:
     Attributes:
         full_text: the prompt text followed by the decoded completion (special tokens kept).
         tokens: ``[T]`` token ids.
-        masked_tokens: ``[T]`` ``-100`` where not trained (prompt), else the token id.
+        masked_tokens: ``[T]`` labels (a group's ``masks`` row): the token id where trained
+            (generated), ``-100`` (the ignore index) where not (prompt).
         logprobs: ``[T]`` ``1.0`` where masked, else the sampler's log-prob of the token.
         metadata: at least ``{"finish_reason": str}``.
     """
@@ -116,7 +117,7 @@ def _fit(values: list[float], length: int) -> list[float]:
 
 
 class ManagedServer:
-    """Wraps one :class:`APIServer` and tracks every sampled sequence (see module docstring).
+    """Wraps one :class:`InferenceClient` and tracks every sampled sequence (see module docstring).
 
     Use through ``ServerManager.managed_server(tokenizer=...)``::
 
@@ -136,7 +137,7 @@ class ManagedServer:
         """Create a tracker.
 
         Args:
-            server: an ``APIServer`` implementing ``tokens_and_logprobs_completion``.
+            server: an ``InferenceClient`` implementing ``tokens_and_logprobs_completion``.
             tokenizer: the HF tokenizer of the served model (chat template + encode/decode);
                 default: ``server.tokenizer``.
             track_tree: keep every node keyed by ``full_text`` instead of replacing extended
@@ -360,8 +361,7 @@ class ManagedServer:
             ValueError: ``messages`` missing or empty.
             NotImplementedError: the server cannot return token ids and log-probs.
         """
-        from openai.types.chat import ChatCompletion, ChatCompletionMessage
-        from openai.types.chat.chat_completion import Choice
+        from openai.types.chat import ChatCompletionMessage
 
         kwargs = dict(kwargs)
         messages = kwargs.pop("messages", None)
@@ -376,7 +376,7 @@ class ManagedServer:
         prompt = self._render_chat(messages, tools)
         nodes, texts = await self._generate(prompt, kwargs)
         choices = []
-        for i, (node, text) in enumerate(zip(nodes, texts, strict=True)):
+        for node, text in zip(nodes, texts, strict=True):
             message = ChatCompletionMessage.model_construct(role="assistant", content=text)
             finish_reason = node.metadata["finish_reason"]
             if parse:
@@ -389,19 +389,9 @@ class ManagedServer:
                     )
                     if finish_reason == "stop":
                         finish_reason = "tool_calls"
-            choices.append(
-                Choice.model_construct(
-                    index=i, message=message, finish_reason=finish_reason, logprobs=None
-                )
-            )
-        return ChatCompletion.model_construct(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            choices=choices,
-            created=int(time.time()),
-            model=str(kwargs.get("model") or self.server.config.model_name),
-            object="chat.completion",
-            usage=self.last_usage,
-        )
+            choices.append((message, finish_reason))
+        return chat_completion_response(
+            choices, str(kwargs.get("model") or self.server.config.model_name), self.last_usage)
 
     async def completion(self, **kwargs: Any) -> Any:
         """Text completion from exact token ids; returns an ``openai`` ``Completion``.
@@ -412,27 +402,15 @@ class ManagedServer:
         Raises:
             ValueError: ``prompt`` is not a string.
         """
-        from openai.types import Completion, CompletionChoice
-
         kwargs = dict(kwargs)
         prompt = kwargs.pop("prompt", None)
         if not isinstance(prompt, str):
             raise ValueError("completion needs `prompt` as a string")
         nodes, texts = await self._generate(prompt, kwargs)
-        choices = [
-            CompletionChoice.model_construct(
-                index=i, text=text, finish_reason=node.metadata["finish_reason"], logprobs=None
-            )
-            for i, (node, text) in enumerate(zip(nodes, texts, strict=True))
-        ]
-        return Completion.model_construct(
-            id=f"cmpl-{uuid.uuid4().hex}",
-            choices=choices,
-            created=int(time.time()),
-            model=str(kwargs.get("model") or self.server.config.model_name),
-            object="text_completion",
-            usage=self.last_usage,
-        )
+        choices = [(text, node.metadata["finish_reason"])
+                   for node, text in zip(nodes, texts, strict=True)]
+        return completion_response(
+            choices, str(kwargs.get("model") or self.server.config.model_name), self.last_usage)
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt log-probs for ``messages`` (rendered with the chat template) or ``prompt``."""
@@ -533,14 +511,6 @@ class ManagedServerAdapter:
 
 # Names Atropos 0.4's envs.server_handling.managed_server imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "APIServer": "atroposlib.inference.clients.base",
-    "BaseModel": "pydantic",
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "ChatCompletionMessage": "openai.types.chat.chat_completion",
-    "Choice": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "CompletionChoice": "openai.types.completion",
-})
+__getattr__ = lazy_exports(__name__, {**SERVER_MODULE_EXPORTS, "BaseModel": "pydantic"})
 
 __all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]

@@ -1,4 +1,4 @@
-"""``ServerManager``: spreads an env's inference requests over one or more ``APIServer`` backends.
+"""``ServerManager``: spreads an env's inference requests over one or more ``InferenceClient`` backends.
 
 Routing (with upstream's bugs fixed):
 
@@ -9,7 +9,7 @@ Routing (with upstream's bugs fixed):
   server's semaphore; per-server concurrency is ``num_max_requests_at_once`` (train) and
   ``num_requests_for_eval`` (eval), scaled by the API's ``env_weight``;
 * ``n > max_n_completions`` is split into chunks whose choices are merged;
-* retries live in ``APIServer`` (3 attempts per request, not stacked).
+* retries live in ``InferenceClient`` (3 attempts per request, not stacked).
 """
 
 from __future__ import annotations
@@ -18,18 +18,21 @@ import asyncio
 import inspect
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from atroposlib.inference.clients.base import APIServer, merge_choices
+from atroposlib.inference.clients.base import InferenceClient, merge_choices
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between two health probes of a server routed around for serving an old policy version.
+LAGGING_PROBE_S = 1.0
 #: Ports used for a bare ServerBaseline outside SLURM (Atropos 0.4 convention).
 DEFAULT_LOCAL_PORTS = (9004, 9005, 9006, 9007)
 
@@ -58,7 +61,7 @@ class ServerManagerConfig(BaseModel):
     )
 
 
-def server_class_for(server_type: str) -> type[APIServer]:
+def server_class_for(server_type: str) -> type[InferenceClient]:
     """Return the backend class for a ``server_type``.
 
     Raises:
@@ -66,10 +69,10 @@ def server_class_for(server_type: str) -> type[APIServer]:
         ImportError: the backend module is not available in this installation.
     """
     backends = {
-        "openai": ("openai_client", "OpenAIServer"),
-        "vllm": ("vllm_client", "VLLMServer"),
-        "sglang": ("sglang_client", "SGLangServer"),
-        "trl": ("trl_vllm_client", "TrlVllmServer"),
+        "openai": ("openai_client", "OpenAIClient"),
+        "vllm": ("vllm_client", "VLLMClient"),
+        "sglang": ("sglang_client", "SGLangClient"),
+        "trl": ("trl_vllm_client", "TrlVllmClient"),
     }
     if server_type not in backends:
         raise ValueError(
@@ -116,9 +119,9 @@ def _slurm_urls() -> list[str]:
 
 
 class ServerManager:
-    """Load-balances inference requests over several :class:`APIServer` instances.
+    """Load-balances inference requests over several :class:`InferenceClient` instances.
 
-    Methods mirror ``APIServer``: ``chat_completion``, ``completion``,
+    Methods mirror ``InferenceClient``: ``chat_completion``, ``completion``,
     ``tokens_and_logprobs_completion``, ``get_logprobs`` (all accept ``split="train"|"eval"``),
     plus ``managed_server()``, ``dedicated_server()``, ``update_weight()`` and
     ``wandb_metrics()``.
@@ -132,8 +135,8 @@ class ServerManager:
 
     def __init__(
         self,
-        configs: APIServerConfig | ServerBaseline | Sequence[APIServerConfig | APIServer] | APIServer,
-        server_class: type[APIServer] = APIServer,
+        configs: APIServerConfig | ServerBaseline | Sequence[APIServerConfig | InferenceClient] | InferenceClient,
+        server_class: type[InferenceClient] = InferenceClient,
         slurm: bool = False,
         testing: bool = False,
         max_n_completions: int = 8,
@@ -146,9 +149,9 @@ class ServerManager:
 
         Args:
             configs: one config (honoured as given), a list of configs and/or ready
-                ``APIServer`` instances (used as is, e.g. a ``FakeServer``), or a bare
+                ``InferenceClient`` instances (used as is, e.g. a ``FakeServer``), or a bare
                 ``ServerBaseline`` (URLs synthesised from SLURM or localhost:9004-9007).
-            server_class: a concrete backend class, or the abstract ``APIServer`` to choose
+            server_class: a concrete backend class, or the abstract ``InferenceClient`` to choose
                 from each config's ``server_type``.
             slurm: derive URLs from SLURM variables using the first config as template.
             testing: use one in-process ``FakeServer`` (no network).
@@ -168,6 +171,8 @@ class ServerManager:
         self.proxy_url = proxy_url or os.environ.get("ATROPOS_PROXY_URL")
         self.use_proxy = use_proxy
         self.tool_parser = tool_parser
+        self._lagging: dict[str, float] = {}  # server routed around -> time of its last probe
+        self._probes: set[asyncio.Task] = set()
         if testing:
             # The ``--testing`` mode of the env CLI (and Atropos 0.4's ``testing=True``): one
             # scripted server that answers any prompt. Code that wants a test double passes the
@@ -175,9 +180,9 @@ class ServerManager:
             # reaches the test package, and only when asked to.
             from atroposlib.testing.fake_server import FakeServer
 
-            self.servers: list[APIServer] = [FakeServer()]
+            self.servers: list[InferenceClient] = [FakeServer()]
             return
-        if isinstance(configs, APIServer):
+        if isinstance(configs, InferenceClient):
             configs = [configs]
         if isinstance(configs, APIServerConfig):
             configs = [configs]
@@ -209,12 +214,12 @@ class ServerManager:
             for url in urls
         ]
 
-    def _make(self, config: APIServerConfig | APIServer, server_class: type[APIServer]) -> APIServer:
-        if isinstance(config, APIServer):
+    def _make(self, config: APIServerConfig | InferenceClient, server_class: type[InferenceClient]) -> InferenceClient:
+        if isinstance(config, InferenceClient):
             return config
         if not isinstance(config, ServerBaseline):
             raise TypeError(
-                f"server configs must be APIServerConfig or APIServer instances, got "
+                f"server configs must be APIServerConfig or InferenceClient instances, got "
                 f"{type(config).__name__}"
             )
         cls = server_class
@@ -225,14 +230,53 @@ class ServerManager:
         return cls(config, reasoning_config=self.reasoning_config)
 
     # ------------------------------------------------------------------ routing
-    def _pick(self, split: str = "train", servers: list[APIServer] | None = None) -> APIServer:
-        """Return the healthy server with the most free slots (index 0 if none is healthy)."""
+    def _pick(self, split: str = "train", servers: list[InferenceClient] | None = None) -> InferenceClient:
+        """Return the healthy, current server with the most free slots.
+
+        Current: among servers that report a policy version (inference nodes), only those
+        serving the newest version any of them reported; a node that missed a weight sync is
+        routed around until it serves that version (:meth:`_current`). Falls back to every
+        healthy server, then to every server, rather than having none.
+        """
         servers = servers or self.servers
         healthy = [s for s in servers if s.server_healthy]
-        pool = healthy or servers
+        pool = self._current(healthy) or healthy or servers
         sem_of = (lambda s: s.sem) if split == "train" else (lambda s: s.eval_sem)
-        # servers built outside APIServer (test doubles) may not count requests in flight
+        # servers built outside InferenceClient (test doubles) may not count requests in flight
         return max(pool, key=lambda s: (sem_of(s).free_slots(), -getattr(s, "in_flight", 0)))
+
+    def _current(self, servers: list[InferenceClient]) -> list[InferenceClient]:
+        """The servers not behind the newest policy version reported among ``servers``.
+
+        A server lagging behind gets a health probe (which reads its version) at most every
+        :data:`LAGGING_PROBE_S` seconds while it is routed around, so it rejoins about as soon
+        as the trainer's weights reach it.
+        """
+        versions = [v for s in servers if (v := getattr(s, "policy_version", None)) is not None]
+        if not versions:
+            return servers
+        newest = max(versions)
+        current = []
+        for server in servers:
+            version = getattr(server, "policy_version", None)
+            if version is None or version >= newest:
+                current.append(server)
+                if self._lagging.pop(server.name, None) is not None:
+                    logger.info("inference server %s serves policy version %d again: routing to it",
+                                server.name, version)
+                continue
+            now = time.monotonic()
+            if server.name not in self._lagging:
+                logger.warning("inference server %s serves policy version %d while others serve "
+                               "%d: routing around it until it has the new weights", server.name,
+                               version, newest)
+                self._lagging[server.name] = 0.0
+            if now - self._lagging[server.name] > LAGGING_PROBE_S and hasattr(server, "check_health"):
+                self._lagging[server.name] = now
+                task = asyncio.get_running_loop().create_task(server.check_health())
+                self._probes.add(task)
+                task.add_done_callback(self._probes.discard)
+        return current
 
     async def _route(self, method: str, kwargs: dict[str, Any]) -> Any:
         split = kwargs.get("split", "train")
@@ -268,7 +312,7 @@ class ServerManager:
     async def tokens_and_logprobs_completion(
         self, **kwargs: Any
     ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
-        """Token-level generation (see ``APIServer.tokens_and_logprobs_completion``).
+        """Token-level generation (see ``InferenceClient.tokens_and_logprobs_completion``).
 
         Returns:
             ``(prompt_tokens [P], output_tokens [n][T_k], output_logprobs [n][T_k],
@@ -306,7 +350,7 @@ class ServerManager:
             await server.aclose()
 
     @asynccontextmanager
-    async def dedicated_server(self, split: str = "train") -> AsyncIterator[APIServer]:
+    async def dedicated_server(self, split: str = "train") -> AsyncIterator[InferenceClient]:
         """Hold one slot of the least busy server for the duration of the block."""
         server = self._pick(split)
         sem = server.sem if split == "train" else server.eval_sem
@@ -343,10 +387,10 @@ class ServerManager:
             DummyManagedServer,
             ManagedServer,
         )
-        from atroposlib.inference.clients.openai_client import OpenAIServer
+        from atroposlib.inference.clients.openai_client import OpenAIClient
 
         if self.proxy_url:
-            from atroposlib.proxy.client import create_proxy_session
+            from atroposlib.inference.clients.proxy_session import create_proxy_session
 
             parser = tool_parser if tool_parser is not None else self.tool_parser
             proxy = await create_proxy_session(
@@ -371,7 +415,7 @@ class ServerManager:
                     f"{[getattr(s.config, 'base_url', None) for s in self.servers]}"
                 )
         server = self._pick("train", pool)
-        if type(server) is OpenAIServer:
+        if type(server) is OpenAIClient:
             allow = os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower()
             if allow not in ("1", "true", "yes"):
                 raise NotImplementedError(
@@ -397,10 +441,10 @@ class ServerManager:
 # Names Atropos 0.4's envs.server_handling.server_manager imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
 __getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
+    **OPENAI_RESPONSE_TYPES,
     "DummyManagedServer": "atroposlib.inference.clients.managed",
     "ManagedServer": "atroposlib.inference.clients.managed",
+    "APIServer": "atroposlib.inference.clients.base",
     "OpenAIServer": "atroposlib.inference.clients.openai_client",
     "SGLangServer": "atroposlib.inference.clients.sglang_client",
     "ServerHarness": "atroposlib.testing.server_harness",

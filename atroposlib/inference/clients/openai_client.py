@@ -1,4 +1,4 @@
-"""``OpenAIServer``: an ``APIServer`` backend for any OpenAI-compatible chat/completion endpoint.
+"""``OpenAIClient``: an ``InferenceClient`` backend for any OpenAI-compatible chat/completion endpoint.
 
 Health is checked with ``GET {base_url}/models`` (free), never with a paid completion. When a
 server ignores ``n`` (returns one choice), the request is fanned out into ``n`` parallel
@@ -13,14 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from atroposlib.errors import InferenceError
-from atroposlib.inference.clients.base import APIServer, merge_choices
+from atroposlib.inference.clients.base import InferenceClient, merge_choices
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.inference.policy_version import parse_policy_version
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
 
-class OpenAIServer(APIServer):
+class OpenAIClient(InferenceClient):
     """OpenAI-compatible backend built on ``openai.AsyncOpenAI``.
 
     It cannot return exact token ids with log-probs (``tokens_and_logprobs_completion`` raises
@@ -43,9 +44,17 @@ class OpenAIServer(APIServer):
 
         base_url = getattr(config, "base_url", None) or None
         api_key = getattr(config, "api_key", None) or "EMPTY"
+        # the response hook reads the policy version an inference node tags each answer with
         self.openai = openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, timeout=config.timeout, max_retries=0
+            api_key=api_key, base_url=base_url, timeout=config.timeout, max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._on_response]}),
         )
+
+    async def _on_response(self, response: Any) -> None:
+        """Note the ``X-Atropos-Policy-Version`` of a response (an httpx hook, run in the caller's task)."""
+        version = parse_policy_version(response.headers)
+        if version is not None:
+            self.note_policy_version(version)
 
     async def _check_health(self) -> bool:
         """``GET {base_url}/models``: cheap and free on every OpenAI-compatible server."""
@@ -115,7 +124,7 @@ def resolve_openai_configs(
         logger: unused (kept for the call signature).
 
     Returns:
-        A list of ``APIServerConfig`` / ``APIServer``, or a bare ``ServerBaseline``.
+        A list of ``APIServerConfig`` / ``InferenceClient``, or a bare ``ServerBaseline``.
 
     Raises:
         ConfigError: flags combined with several servers, or invalid values.
@@ -131,13 +140,11 @@ def resolve_openai_configs(
     return resolve_server_configs(default_server_configs, (yaml_config or {}).get("openai"), cli)
 
 
+#: Atropos 0.4's name for :class:`OpenAIClient`.
+OpenAIServer = OpenAIClient
+
 # Names Atropos 0.4's envs.server_handling.openai_server imported at module level (third-party types and sibling classes);
 # resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "NAMESPACE_SEP": "atroposlib.envs.constants",
-    "OPENAI_NAMESPACE": "atroposlib.envs.constants",
-})
+__getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
-__all__ = ["OpenAIServer", "resolve_openai_configs"]
+__all__ = ["OpenAIClient", "OpenAIServer", "resolve_openai_configs"]

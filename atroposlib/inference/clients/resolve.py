@@ -11,9 +11,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from atroposlib.errors import ConfigError
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
-from atroposlib.utils.cli import validation_error_message
+from atroposlib.utils.flags import validation_error_message
 
 __all__ = ["resolve_server_configs", "validated"]
 
@@ -32,7 +32,7 @@ def validated(cls: type, values: dict[str, Any], prefix: str | None, source: str
 
 def resolve_server_configs(
     init_servers: Any, yaml_openai: Any, cli_openai: dict[str, Any], prefix: str = "openai"
-) -> list[APIServerConfig | APIServer] | ServerBaseline:
+) -> list[APIServerConfig | InferenceClient] | ServerBaseline:
     """Merge server configs: ``config_init`` < YAML ``openai:`` < ``--openai.*`` flags.
 
     Args:
@@ -69,7 +69,7 @@ def resolve_server_configs(
         base = init_list[0]
     else:
         base = init_servers
-    if isinstance(base, APIServer):
+    if isinstance(base, InferenceClient):
         if yaml_openai or cli_openai:
             raise ConfigError(
                 f"config_init returned a server instance; --{prefix}.* cannot change it"

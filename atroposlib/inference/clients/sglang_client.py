@@ -1,7 +1,7 @@
-"""``SGLangServer``: the ``APIServer`` backend for an SGLang server.
+"""``SGLangClient``: the ``InferenceClient`` backend for an SGLang server.
 
 * chat and text completions: SGLang's OpenAI-compatible ``/v1`` routes, through the ``openai``
-  client (inherited from :class:`OpenAIServer`);
+  client (inherited from :class:`OpenAIClient`);
 * ``tokens_and_logprobs_completion``: SGLang's native ``POST {root}/generate`` with
   ``input_ids``, ``sampling_params`` and ``return_logprob=true``; the sampled ids and their
   log-probs come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
@@ -14,12 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from atroposlib.compat.exports import SERVER_MODULE_EXPORTS
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.inference.clients.openai_client import OpenAIServer
+from atroposlib.inference.clients.openai_client import OpenAIClient
 from atroposlib.inference.clients.vllm_client import root_url
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ def finish_reason_of(meta_info: dict[str, Any]) -> str:
     return str(raw or "stop")
 
 
-class SGLangServer(OpenAIServer):
+class SGLangClient(OpenAIClient):
     """Backend for SGLang (``server_type="sglang"``): OpenAI routes + native ``/generate``."""
 
     def __init__(
@@ -84,7 +83,7 @@ class SGLangServer(OpenAIServer):
     async def _tokens_and_logprobs_completion_wrapper(
         self, **kwargs: Any
     ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
-        """Generate from token ids via ``POST /generate``; see ``APIServer``.
+        """Generate from token ids via ``POST /generate``; see ``InferenceClient``.
 
         Raises:
             ValueError: neither ``input_ids`` nor a string ``prompt``.
@@ -137,8 +136,11 @@ class SGLangServer(OpenAIServer):
 # Atropos 0.4 also exposed the server-config resolver from this module.
 from atroposlib.inference.clients.openai_client import resolve_openai_configs  # noqa: E402
 
+#: Atropos 0.4's name for :class:`SGLangClient`.
+SGLangServer = SGLangClient
+
 # Names Atropos 0.4's envs.server_handling.sglang_server imported at module level (third-party types and
 # sibling classes), resolved from their homes on first access: importing this module stays cheap.
 __getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
-__all__ = ["SGLangServer", "finish_reason_of", "resolve_openai_configs"]
+__all__ = ["SGLangClient", "SGLangServer", "finish_reason_of", "resolve_openai_configs"]

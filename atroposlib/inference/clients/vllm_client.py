@@ -1,4 +1,4 @@
-"""``VLLMServer``: the ``APIServer`` backend for STOCK vLLM's OpenAI-compatible server.
+"""``VLLMClient``: the ``InferenceClient`` backend for STOCK vLLM's OpenAI-compatible server.
 
 Unlike Atropos 0.4, no custom vLLM server with a ``/generate`` route is needed: stock
 ``vllm serve`` (or :class:`~atroposlib.inference.vllm_process.VLLMProcess`) gives everything
@@ -19,11 +19,10 @@ import logging
 import math
 from typing import Any
 
-from atroposlib.compat.exports import SERVER_MODULE_EXPORTS
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.inference.clients.openai_client import OpenAIServer
-from atroposlib.utils.lazy_exports import lazy_exports
+from atroposlib.inference.clients.openai_client import OpenAIClient
+from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +86,11 @@ def _finite(logprob: Any) -> float:
     return value if math.isfinite(value) else -9999.0
 
 
-class VLLMServer(OpenAIServer):
+class VLLMClient(OpenAIClient):
     """Backend for a stock vLLM OpenAI-compatible server (``server_type="vllm"``).
 
     Adds exact token ids + sampler log-probs (``tokens_and_logprobs_completion``), prompt
-    log-probs (``get_logprobs``) and a ``/health`` probe to :class:`OpenAIServer`.
+    log-probs (``get_logprobs``) and a ``/health`` probe to :class:`OpenAIClient`.
     """
 
     def __init__(
@@ -117,10 +116,16 @@ class VLLMServer(OpenAIServer):
             )
         super().__init__(config, reasoning_config)
         self._http: Any = None  # httpx.AsyncClient for /health, created on first use
+        self._is_node: bool | None = None  # an atropos-inference-node? (None: not probed yet)
 
 
     async def _check_health(self) -> bool:
-        """``GET {root}/health`` (200 once the engine is ready), with the bearer key if set."""
+        """``GET {root}/health`` (200 once the engine is ready), with the bearer key if set.
+
+        On an ``atropos-inference-node`` also ``GET /atropos/status``: healthy only while it
+        serves weights (not while it awaits them after a restart, or after a failed update),
+        and its policy version is noted, so the manager can route around a node that lags.
+        """
         import httpx
 
         if self._http is None:
@@ -128,8 +133,23 @@ class VLLMServer(OpenAIServer):
                 {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
             )
             self._http = httpx.AsyncClient(headers=headers, timeout=10.0)
-        response = await self._http.get(f"{root_url(self.config.base_url)}/health")
-        return response.status_code == 200
+        root = root_url(self.config.base_url)
+        response = await self._http.get(f"{root}/health")
+        if response.status_code != 200 or self._is_node is False:
+            return response.status_code == 200
+        status = await self._http.get(f"{root}/atropos/status")
+        if status.status_code == 404:  # a plain vLLM
+            self._is_node = False
+            return True
+        if status.status_code != 200:
+            logger.warning("inference node %s answered /atropos/status with %d; check its API key "
+                           "(--openai.api_key)", self.name, status.status_code)
+            return False
+        self._is_node = True
+        body = status.json()
+        if body.get("policy_version") is not None:
+            self.note_policy_version(int(body["policy_version"]), served=False)
+        return body.get("state") in ("serving", "applying")
 
     async def aclose(self) -> None:
         """Stop health checks and close the HTTP clients."""
@@ -192,7 +212,7 @@ class VLLMServer(OpenAIServer):
     async def _tokens_and_logprobs_completion_wrapper(
         self, **kwargs: Any
     ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
-        """Generate from exact token ids; see ``APIServer.tokens_and_logprobs_completion``.
+        """Generate from exact token ids; see ``InferenceClient.tokens_and_logprobs_completion``.
 
         Returns:
             ``(prompt_tokens [P], output_tokens [n][T_k], output_logprobs [n][T_k],
@@ -274,8 +294,11 @@ class VLLMServer(OpenAIServer):
 # Atropos 0.4 also exposed the server-config resolver from this module.
 from atroposlib.inference.clients.openai_client import resolve_openai_configs  # noqa: E402
 
+#: Atropos 0.4's name for :class:`VLLMClient`.
+VLLMServer = VLLMClient
+
 # Names Atropos 0.4's envs.server_handling.vllm_server imported at module level (third-party types and
 # sibling classes), resolved from their homes on first access: importing this module stays cheap.
 __getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
-__all__ = ["VLLMServer", "parse_token_id", "resolve_openai_configs", "root_url"]
+__all__ = ["VLLMClient", "VLLMServer", "parse_token_id", "resolve_openai_configs", "root_url"]

@@ -90,7 +90,11 @@ async def nodes(session_id: str, state: ProxyStateDep) -> dict[str, Any]:
 
 @router.delete("/{session_id}")
 async def delete_session(session_id: str, state: ProxyStateDep) -> dict[str, Any]:
-    """Delete a session (404 if unknown)."""
+    """Delete a session (404 if unknown).
+
+    Returns ``{"status": "deleted", "uuid": ..., "deleted": true}`` (Atropos 0.4's reply, which
+    clients check with ``["status"] == "deleted"``, plus the boolean).
+    """
     await state.get(session_id)
     await state.drop(session_id)
-    return {"uuid": session_id, "deleted": True}
+    return {"status": "deleted", "uuid": session_id, "deleted": True}

@@ -19,7 +19,7 @@ from atroposlib.proxy.models import (
     ProxyConfig,
     ProxySettings,
 )
-from atroposlib.utils.cli import ArgumentParser
+from atroposlib.utils.flags import ArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Client side of the ManagedServer proxy: one proxy session used over HTTP (httpx, async).
+"""The ManagedServer proxy's client: one proxy session used over HTTP (httpx, async).
 
 :func:`create_proxy_session` opens a session and returns a :class:`ProxyManagedServer`, which
 gives an env the same ``chat_completion(...)`` + ``get_state()["nodes"]`` interface as a local
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atroposlib.proxy.errors import ProxyError
+from atroposlib.errors import ProxyError
 
 
 def _raise_for_error(response: Any) -> None:

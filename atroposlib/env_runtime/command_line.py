@@ -8,16 +8,22 @@ Layering, lowest to highest (with upstream's bugs fixed):
    ``use_wandb=False``; ``serve`` defaults ``wandb_name`` to the env's ``name``);
 2. ``--config FILE.yaml`` with top-level keys ``env:``, ``openai:`` (a mapping, or a list for
    several servers), ``slurm:``, ``testing:`` (and ``max_n_completions:``, ``proxy_url:``);
-3. flags: ``--env.<field>``, ``--openai.<field>``, ``--slurm``, ``--testing`` ...
+3. flags: ``--env.<field>``, ``--openai.<field>``, ``--slurm``, ``--testing``,
+   ``--wait_for_services`` ... (one style: a config field's own name, after its namespace).
+
+The command line is parsed once (:func:`parse_command`): ``config_init()`` runs once, the YAML
+file is read once, and argparse reads the flags once before the config models validate them.
 
 A single server config always stays a list of one ``APIServerConfig`` with the given URL.
 
 Extra server namespaces: an env class may declare ``server_namespaces = {"teacher":
 "teacher_server_configs"}``; then ``serve`` and ``process`` also take ``--teacher.<field>`` flags
 (``APIServerConfig`` fields) and a YAML ``teacher:`` key (mapping or list), resolved like
-``openai`` and passed to the env constructor as ``teacher_server_configs=[...]``. A namespace
-given nowhere is not passed (the constructor default applies). ``evaluate`` has no such flags:
-it sends no groups.
+``openai`` and passed to the env constructor as ``teacher_server_configs=[...]``. Defaults for a
+namespace come from the class method ``<prefix>_config_init()`` when the class has one and it
+returns servers (Atropos 0.4's ``teacher_config_init``), under YAML and flags as
+``config_init``'s are for ``openai``. A namespace given nowhere is not passed (the constructor
+default applies). ``evaluate`` has no such flags: it sends no groups.
 """
 
 from __future__ import annotations
@@ -29,22 +35,26 @@ import logging
 import signal
 import sys
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.envs.config import BaseEnvConfig, UnknownConfigFieldWarning
 from atroposlib.envs.constants import ENV_NAMESPACE, OPENAI_NAMESPACE
 from atroposlib.errors import ConfigError, RolloutError
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.inference.clients.manager import ServerManagerConfig
 from atroposlib.inference.clients.resolve import resolve_server_configs, validated
-from atroposlib.utils.cli import (
+from atroposlib.utils.flags import (
     ArgumentParser,
     add_model_options,
     collect_overrides,
     unknown_flag_message,
 )
+from atroposlib.utils.yaml_file import load_yaml
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -52,6 +62,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MODES = ("serve", "process", "evaluate")
+#: What ``config_init()`` returns: ``(env_config, server_configs)``.
+InitDefaults = tuple[BaseEnvConfig, Any]
 _YAML_KEYS = (ENV_NAMESPACE, OPENAI_NAMESPACE, "slurm", "testing", "max_n_completions", "proxy_url")
 #: Modes that get the env's extra server namespaces (``server_namespaces``): the group producers.
 NAMESPACE_MODES = ("serve", "process")
@@ -60,6 +72,41 @@ _MODE_HELP = {
     "process": "Generate groups offline (no API) into a JSONL file plus an HTML viewer.",
     "evaluate": "Run evaluate() once and write metrics.json.",
 }
+
+
+class RunnerOptions(BaseModel):
+    """How the runner starts; CLI flags are unprefixed (``--wait_for_services false``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wait_for_services: bool | None = Field(
+        default=None,
+        description="Wait (logging what for) for an unreachable run-api or inference server "
+        "instead of failing at once with the fix; null: wait in serve mode, fail at once in "
+        "process and evaluate.",
+    )
+
+
+@dataclass(frozen=True)
+class EnvCommand:
+    """An env command line, parsed once: the mode and every setting, layered and validated.
+
+    Attributes:
+        mode: ``serve``, ``process`` or ``evaluate``.
+        env_config: the env's config (``config_init`` < YAML ``env:`` < ``--env.*``).
+        servers: the inference server configs (``openai``).
+        manager: the server manager's settings (``--slurm``, ``--testing`` ...).
+        extra_servers: the env's extra server namespaces as constructor keywords, e.g.
+            ``{"teacher_server_configs": [APIServerConfig(...)]}``.
+        wait_for_services: wait for unreachable services instead of failing at once.
+    """
+
+    mode: str
+    env_config: BaseEnvConfig
+    servers: list[APIServerConfig | InferenceClient] | ServerBaseline
+    manager: ServerManagerConfig
+    extra_servers: dict[str, list[APIServerConfig | InferenceClient]] = field(default_factory=dict)
+    wait_for_services: bool = False
 
 
 def mode_env_defaults(env_cls: type[BaseEnv], mode: str, base: dict[str, Any]) -> dict[str, Any]:
@@ -86,18 +133,8 @@ def _server_namespaces(env_cls: type[BaseEnv]) -> dict[str, str]:
 
 
 def _load_yaml(path: str, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
-    import yaml
-
     allowed = (*_YAML_KEYS, *extra_keys)
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"--config {path}: file not found")
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--config {path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: the top level must be a mapping with keys {allowed}")
+    data = load_yaml(path, "--config")
     unknown = sorted(set(data) - set(allowed))
     if unknown:
         raise ConfigError(
@@ -150,18 +187,33 @@ def _reject_typed_unknown_fields(
     raise ConfigError("\n".join(lines))
 
 
-def build_configs(
-    env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
-) -> tuple[BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
-    """Apply the layering (module docstring) to parsed arguments.
+def _yaml_data(env_cls: type[BaseEnv], namespace: argparse.Namespace) -> dict[str, Any]:
+    """The ``--config`` file's mapping (``{}`` without one), read once per command line."""
+    path = getattr(namespace, "config", None)
+    return _load_yaml(path, tuple(_server_namespaces(env_cls))) if path else {}
+
+
+def build_command(
+    env_cls: type[BaseEnv],
+    mode: str,
+    namespace: argparse.Namespace,
+    defaults: InitDefaults | None = None,
+) -> EnvCommand:
+    """Apply the layering (module docstring) to parsed arguments: every setting, once.
+
+    Args:
+        env_cls: the env class.
+        mode: ``serve``, ``process`` or ``evaluate``.
+        namespace: what :func:`build_parser`'s parser made of the command line.
+        defaults: ``env_cls.config_init()`` when the caller has it already (it is called
+            otherwise).
 
     Raises:
         ConfigError: bad YAML, unknown keys or invalid values (the message names the flag).
     """
-    init_env, init_servers = env_cls.config_init()
-    extra_keys = tuple(_server_namespaces(env_cls))
-    data = _load_yaml(namespace.config, extra_keys) if getattr(namespace, "config", None) else {}
-    overrides = collect_overrides(namespace, [ENV_NAMESPACE, OPENAI_NAMESPACE, ""])
+    init_env, init_servers = defaults if defaults is not None else env_cls.config_init()
+    data = _yaml_data(env_cls, namespace)
+    overrides = collect_overrides(namespace, [ENV_NAMESPACE, OPENAI_NAMESPACE, "", *_server_namespaces(env_cls)])
     base_env = init_env.model_dump()
     env_values = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
     env_values.update(data.get(ENV_NAMESPACE) or {})
@@ -175,45 +227,87 @@ def build_configs(
         warnings.simplefilter("ignore", UnknownConfigFieldWarning)
         env_config = validated(env_cls_config, env_values, ENV_NAMESPACE, "env configuration")
     servers = resolve_server_configs(init_servers, data.get(OPENAI_NAMESPACE), overrides[OPENAI_NAMESPACE])
+    top = overrides[""]
     manager_values = {k: data[k] for k in ("slurm", "testing", "max_n_completions", "proxy_url") if k in data}
-    manager_values.update({k: v for k, v in overrides[""].items()
-                           if k not in ("config", "mode", "wait_for_services")})
+    manager_values.update({k: v for k, v in top.items() if k in ServerManagerConfig.model_fields})
     manager = validated(ServerManagerConfig, manager_values, None, "server manager configuration")
-    return env_config, servers, manager
+    runner = validated(RunnerOptions, {k: v for k, v in top.items() if k in RunnerOptions.model_fields},
+                       None, "runner options")
+    wait = runner.wait_for_services
+    return EnvCommand(
+        mode=mode,
+        env_config=env_config,
+        servers=servers,
+        manager=manager,
+        extra_servers=_namespace_servers(env_cls, mode, data, overrides),
+        wait_for_services=mode == "serve" if wait is None else wait,
+    )
 
 
-def build_namespace_servers(
-    env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
-) -> dict[str, list[APIServerConfig | APIServer]]:
+def _namespace_servers(
+    env_cls: type[BaseEnv], mode: str, data: dict[str, Any], overrides: dict[str, dict[str, Any]]
+) -> dict[str, list[APIServerConfig | InferenceClient]]:
     """Resolve the env's extra server namespaces (e.g. ``teacher``) into constructor kwargs.
 
-    Each namespace merges YAML ``<prefix>:`` < ``--<prefix>.*`` flags over ``APIServerConfig``
-    defaults, exactly like ``openai``. Only ``serve`` and ``process`` use them.
-
-    Returns:
-        ``{constructor_keyword: [config, ...]}`` for every namespace given in YAML or flags.
-
-    Raises:
-        ConfigError: invalid values (the message names the ``--<prefix>.*`` flag).
+    Each namespace merges ``<prefix>_config_init()`` (when the class defines it and it returns
+    servers; else ``APIServerConfig`` defaults) < YAML ``<prefix>:`` < ``--<prefix>.*`` flags,
+    exactly like ``openai``. Only ``serve`` and ``process`` use them; a namespace with no
+    defaults, YAML or flags is left out.
     """
-    namespaces = _server_namespaces(env_cls)
-    if not namespaces or mode not in NAMESPACE_MODES:
+    if mode not in NAMESPACE_MODES:
         return {}
-    extra_keys = tuple(namespaces)
-    data = _load_yaml(namespace.config, extra_keys) if getattr(namespace, "config", None) else {}
-    overrides = collect_overrides(namespace, list(namespaces))
-    kwargs: dict[str, list[APIServerConfig | APIServer]] = {}
-    for prefix, keyword in namespaces.items():
-        if not data.get(prefix) and not overrides[prefix]:
+    kwargs: dict[str, list[APIServerConfig | InferenceClient]] = {}
+    for prefix, keyword in _server_namespaces(env_cls).items():
+        hook = getattr(env_cls, f"{prefix}_config_init", None)
+        defaults = hook() if callable(hook) else None
+        if defaults is None and not data.get(prefix) and not overrides.get(prefix):
             continue
-        resolved = resolve_server_configs(ServerBaseline(), data.get(prefix), overrides[prefix], prefix)
+        resolved = resolve_server_configs(ServerBaseline() if defaults is None else defaults,
+                                          data.get(prefix), overrides.get(prefix, {}), prefix)
         kwargs[keyword] = list(resolved) if isinstance(resolved, list) else [resolved]
     return kwargs
 
 
-def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
-    """Build the ``serve|process|evaluate`` parser; every option shows its description/default."""
-    init_env, init_servers = env_cls.config_init()
+def build_configs(
+    env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
+) -> tuple[BaseEnvConfig, list[APIServerConfig | InferenceClient] | ServerBaseline, ServerManagerConfig]:
+    """``(env_config, server_configs, manager_config)`` of :func:`build_command`.
+
+    Raises:
+        ConfigError: bad YAML, unknown keys or invalid values (the message names the flag).
+    """
+    command = build_command(env_cls, mode, namespace)
+    return command.env_config, command.servers, command.manager
+
+
+def build_namespace_servers(
+    env_cls: type[BaseEnv], mode: str, namespace: argparse.Namespace
+) -> dict[str, list[APIServerConfig | InferenceClient]]:
+    """The env's extra server namespaces (e.g. ``teacher``) as constructor kwargs.
+
+    Each namespace merges ``<prefix>_config_init()`` (when the class defines it and it returns
+    servers; else ``APIServerConfig`` defaults) < YAML ``<prefix>:`` < ``--<prefix>.*`` flags,
+    exactly like ``openai``. Only ``serve`` and ``process`` use them.
+
+    Returns:
+        ``{constructor_keyword: [config, ...]}`` for every namespace with defaults, YAML or flags.
+
+    Raises:
+        ConfigError: invalid values (the message names the ``--<prefix>.*`` flag).
+    """
+    overrides = collect_overrides(namespace, list(_server_namespaces(env_cls)))
+    return _namespace_servers(env_cls, mode, _yaml_data(env_cls, namespace), overrides)
+
+
+def build_parser(env_cls: type[BaseEnv], defaults: InitDefaults | None = None) -> argparse.ArgumentParser:
+    """Build the ``serve|process|evaluate`` parser; every option shows its description/default.
+
+    Args:
+        env_cls: the env class.
+        defaults: ``env_cls.config_init()`` when the caller has it already (it is called
+            otherwise).
+    """
+    init_env, init_servers = defaults if defaults is not None else env_cls.config_init()
     base_env = init_env.model_dump()
     server_defaults: dict[str, Any] = {}
     first = init_servers[0] if isinstance(init_servers, (list, tuple)) and init_servers else init_servers
@@ -235,13 +329,10 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
             metavar="YAML",
             help="YAML with keys env:, openai: (mapping or list), slurm:, testing:.",
         )
-        mode_parser.add_argument(
-            "--wait-for-services", action=argparse.BooleanOptionalAction,
-            default=mode == "serve",
-            help="wait (logging what for) for an unreachable run-api or inference server "
-            "instead of failing at once with the fix (default: on for serve, off for "
-            "process and evaluate)",
-        )
+        # earlier spellings of --wait_for_services, still accepted
+        for old, value in (("--wait-for-services", "true"), ("--no-wait-for-services", "false")):
+            mode_parser.add_argument(old, dest="wait_for_services", action="store_const", const=value,
+                                     default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
         add_model_options(
             mode_parser, _env_config_class(env_cls, init_env), ENV_NAMESPACE, env_defaults, "env options"
@@ -250,6 +341,7 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
             mode_parser, APIServerConfig, OPENAI_NAMESPACE, server_defaults, "inference server (--openai.*)"
         )
         add_model_options(mode_parser, ServerManagerConfig, None, None, "server manager")
+        add_model_options(mode_parser, RunnerOptions, None, {"wait_for_services": mode == "serve"}, "runner")
         if mode in NAMESPACE_MODES:
             for prefix, keyword in _server_namespaces(env_cls).items():
                 add_model_options(
@@ -259,16 +351,37 @@ def build_parser(env_cls: type[BaseEnv]) -> argparse.ArgumentParser:
     return parser
 
 
+def parse_command(env_cls: type[BaseEnv], argv: list[str] | None = None) -> EnvCommand:
+    """Parse ``argv`` (``sys.argv[1:]`` when None) once: the mode and every setting.
+
+    ``config_init()`` runs once, the ``--config`` file is read once, and each flag is parsed
+    once, by argparse, then validated by the config models.
+
+    Raises:
+        SystemExit: code 2 on unknown flags or invalid values (message on stderr).
+    """
+    defaults = env_cls.config_init()
+    parser = build_parser(env_cls, defaults)
+    namespace, unknown = parser.parse_known_args(argv)
+    mode_parser = parser.mode_parsers[namespace.mode]  # type: ignore[attr-defined]
+    if unknown:
+        mode_parser.error(unknown_flag_message(unknown, mode_parser))
+    try:
+        return build_command(env_cls, namespace.mode, namespace, defaults)
+    except ConfigError as exc:
+        mode_parser.error(str(exc))
+
+
 def parse_args(
     env_cls: type[BaseEnv], argv: list[str] | None = None
-) -> tuple[str, BaseEnvConfig, list[APIServerConfig | APIServer] | ServerBaseline, ServerManagerConfig]:
+) -> tuple[str, BaseEnvConfig, list[APIServerConfig | InferenceClient] | ServerBaseline, ServerManagerConfig]:
     """Parse ``argv`` into ``(mode, env_config, server_configs, manager_config)``.
 
     Raises:
         SystemExit: code 2 on unknown flags or invalid values (message on stderr).
     """
-    mode, env_config, servers, manager, _ = parse_args_with_namespaces(env_cls, argv)
-    return mode, env_config, servers, manager
+    command = parse_command(env_cls, argv)
+    return command.mode, command.env_config, command.servers, command.manager
 
 
 def parse_args_with_namespaces(
@@ -276,9 +389,9 @@ def parse_args_with_namespaces(
 ) -> tuple[
     str,
     BaseEnvConfig,
-    list[APIServerConfig | APIServer] | ServerBaseline,
+    list[APIServerConfig | InferenceClient] | ServerBaseline,
     ServerManagerConfig,
-    dict[str, list[APIServerConfig | APIServer]],
+    dict[str, list[APIServerConfig | InferenceClient]],
 ]:
     """Like :func:`parse_args`, plus the extra server namespaces as constructor kwargs.
 
@@ -289,17 +402,8 @@ def parse_args_with_namespaces(
     Raises:
         SystemExit: code 2 on unknown flags or invalid values (message on stderr).
     """
-    parser = build_parser(env_cls)
-    namespace, unknown = parser.parse_known_args(argv)
-    mode_parser = parser.mode_parsers[namespace.mode]  # type: ignore[attr-defined]
-    if unknown:
-        mode_parser.error(unknown_flag_message(unknown, mode_parser))
-    try:
-        env_config, servers, manager = build_configs(env_cls, namespace.mode, namespace)
-        extra = build_namespace_servers(env_cls, namespace.mode, namespace)
-    except ConfigError as exc:
-        mode_parser.error(str(exc))
-    return namespace.mode, env_config, servers, manager, extra
+    command = parse_command(env_cls, argv)
+    return command.mode, command.env_config, command.servers, command.manager, command.extra_servers
 
 
 def _install_signal_handlers(stop: asyncio.Event) -> None:
@@ -345,11 +449,22 @@ def build_env(env_cls: type[BaseEnv], argv: list[str] | None = None) -> tuple[st
         SystemExit: bad flags (argparse's usage error, exit code 2).
         ConfigError: the env refuses its configuration (e.g. a teacher that cannot be used).
     """
-    mode, env_config, servers, manager, extra = parse_args_with_namespaces(env_cls, argv)
-    env = env_cls(env_config, servers, slurm=manager.slurm, testing=manager.testing, **extra)
+    command = parse_command(env_cls, argv)
+    return command.mode, env_from_command(env_cls, command)
+
+
+def env_from_command(env_cls: type[BaseEnv], command: EnvCommand) -> BaseEnv:
+    """Construct the env a parsed command line describes (nothing started yet).
+
+    Raises:
+        ConfigError: the env refuses its configuration (e.g. a teacher that cannot be used).
+    """
+    manager = command.manager
+    env = env_cls(command.env_config, command.servers, slurm=manager.slurm, testing=manager.testing,
+                  **command.extra_servers)
     env.server.max_n_completions = manager.max_n_completions
     env.server.proxy_url = manager.proxy_url or env.server.proxy_url
-    return mode, env
+    return env
 
 
 def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
@@ -406,10 +521,9 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        mode, env = build_env(env_cls, argv)
-        parser = build_parser(env_cls)
-        wait = parser.parse_known_args(argv)[0].wait_for_services
-        env_preflight(mode, env, wait=wait)
+        command = parse_command(env_cls, argv)
+        mode, env = command.mode, env_from_command(env_cls, command)
+        env_preflight(mode, env, wait=command.wait_for_services)
     except ConfigError as exc:  # e.g. a teacher that cannot be used; a failed pre-flight
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -433,10 +547,16 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
 
 
 __all__ = [
+    "EnvCommand",
+    "RunnerOptions",
+    "build_command",
     "build_configs",
+    "build_env",
     "build_namespace_servers",
     "build_parser",
+    "env_from_command",
     "parse_args",
+    "parse_command",
     "parse_args_with_namespaces",
     "resolve_server_configs",
     "run_cli",

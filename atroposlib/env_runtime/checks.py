@@ -1,4 +1,4 @@
-"""``check_env``: drive an environment against a fake server and assert the group contract."""
+"""``check_env``: drive an environment like a runner does, against a fake server, and assert the group contract."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
+from atroposlib.env_runtime.step import Skip, run_item
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv, ScoredDataGroup
@@ -62,10 +63,10 @@ def check_group(
         assert isinstance(score, (int, float)) and math.isfinite(score), (
             f"{where}: scores[{i}] = {score!r} is not a finite number"
         )
-    logprobs = group.get("inference_logprobs")
-    if logprobs is not None:
+    sampler_logprobs = group.get("inference_logprobs")
+    if sampler_logprobs is not None:
         for i in range(n):
-            for t, (lp, mask) in enumerate(zip(logprobs[i], group["masks"][i], strict=True)):
+            for t, (lp, mask) in enumerate(zip(sampler_logprobs[i], group["masks"][i], strict=True)):
                 if mask == IGNORE_INDEX:
                     assert lp == MASKED_LOGPROB, (
                         f"{where}: inference_logprobs[{i}][{t}] = {lp} at a masked position; use "
@@ -90,7 +91,7 @@ async def check_env(
 
     Args:
         env_cls: the environment class.
-        server: an ``APIServer`` (typically ``FakeServer``) or a list of them; default a
+        server: an ``InferenceClient`` (typically ``FakeServer``) or a list of them; default a
             ``FakeServer()`` with a fixed reply.
         config_overrides: env config fields to change (e.g. ``{"tokenizer_name": dir}``).
         num_groups: how many valid groups to collect.
@@ -105,7 +106,6 @@ async def check_env(
         AssertionError: an invariant is violated, ``collect_trajectories`` raised or returned
             the wrong shape, or no group was produced within ``max_items`` items.
     """
-    from atroposlib.env_runtime.step import Skip, run_item
     from atroposlib.testing.fake_server import FakeServer
 
     env_config, _ = env_cls.config_init()

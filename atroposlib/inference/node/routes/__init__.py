@@ -1,0 +1,1 @@
+"""One router per resource of the inference node: status, weights, nccl."""

@@ -1,0 +1,329 @@
+"""NodeState: the policy version a node serves, the gate in front of vLLM, and applying updates atomically.
+
+An update never overlaps a completion. While one is applied the gate is closed: new completions
+wait at the node, the ones in flight finish on the old weights (or are aborted after
+``drain_timeout_s``), vLLM is paused (nothing scheduled), the weights are loaded, the prefix
+cache dropped, and only then the version changes and the gate opens. So the version a request
+was admitted under is exactly the version of the weights that served it, which is what the
+``X-Atropos-Policy-Version`` header reports.
+
+If vLLM fails while loading, the node puts the last good weights back (the starting model, then
+the last pushed directory) and keeps serving them; if even that fails it refuses completions
+until a push succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from atroposlib.errors import AtroposError
+from atroposlib.inference.node.models import LastUpdate, NodeStatus, ServingState, WeightsSource
+from atroposlib.inference.node.settings import NodeSettings
+
+logger = logging.getLogger("atroposlib.inference.node")
+
+#: Seconds to wait for aborted completions to end after the drain timeout.
+ABORT_GRACE_S = 30.0
+
+
+class UpdateFailed(AtroposError):
+    """vLLM failed to apply an update (HTTP 500); ``detail`` says what the node serves now."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+def boot_id() -> str:
+    """This host's boot id (Linux); with the hostname it tells whether two processes share a machine."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+class NodeState:
+    """What one node serves, and the only way its weights change.
+
+    Args:
+        settings: the node's settings (``weights_dir`` must be set).
+        engine: the vLLM engine calls (a :class:`~atroposlib.inference.node.engine.VLLMEngine`);
+            None until :meth:`bind` sees the first request.
+    """
+
+    def __init__(self, settings: NodeSettings, engine: Any = None):
+        if settings.weights_dir is None:
+            raise ValueError("NodeSettings.weights_dir must be set (atropos-inference-node sets it)")
+        self.settings = settings
+        self.weights_dir = Path(settings.weights_dir)
+        self.engine = engine
+        self.hostname = socket.gethostname()
+        self.boot_id = boot_id()
+        base = settings.serve_base
+        self.state: ServingState = "serving" if base else "awaiting_weights"
+        self.version: int | None = 0 if base else None
+        self.last_update: LastUpdate | None = LastUpdate(version=0, source="base") if base else None
+        self.last_error: str | None = None
+        self.in_flight = 0
+        self._owned: dict[str, Path] = {}  # kind -> pushed directory now served (node-owned)
+        self._base_shapes: dict[str, tuple[int, ...]] | None | Literal[False] = False  # False: unread
+        self._open: asyncio.Event | None = None  # set while the gate lets completions through
+        self._idle: asyncio.Event | None = None  # set while no completion is in flight
+        self._lock: asyncio.Lock | None = None  # one update at a time
+
+    # ------------------------------------------------------------------ wiring
+    def bind(self, app: Any) -> None:
+        """Attach vLLM's app (its ``state`` holds the engine client) on the first request."""
+        if self.engine is None and app is not None:
+            from atroposlib.inference.node.engine import VLLMEngine
+
+            self.engine = VLLMEngine(app.state)
+
+    def _sync(self) -> None:
+        if self._lock is None:  # created inside the server's event loop
+            self._open, self._idle, self._lock = asyncio.Event(), asyncio.Event(), asyncio.Lock()
+            self._open.set()
+            self._idle.set()
+
+    def base_shapes(self) -> dict[str, tuple[int, ...]] | None:
+        """Tensor shapes of the starting model (read once; None: not a local directory)."""
+        if self._base_shapes is False:
+            from atroposlib.inference.node.payload import model_tensor_shapes
+
+            self._base_shapes = model_tensor_shapes(self.settings.model or "")
+        return self._base_shapes
+
+    def status(self) -> NodeStatus:
+        """The ``GET /atropos/status`` answer."""
+        engine = self.engine
+        return NodeStatus(
+            state=self.state, policy_version=self.version, model=self.settings.model or "",
+            served_model_name=self.settings.served_model_name,
+            dtype=engine.dtype if engine is not None else self.settings.dtype,
+            hostname=self.hostname, boot_id=self.boot_id,
+            weight_transfer=self.settings.weight_transfer,
+            workers=engine.workers if engine is not None else None,
+            lora_enabled=bool(engine is not None and engine.lora_enabled),
+            in_flight=self.in_flight, last_update=self.last_update, last_error=self.last_error)
+
+    # ------------------------------------------------------------------ the gate
+    async def admit(self) -> int | None:
+        """Let one completion through; return the policy version serving it, or None to refuse.
+
+        Waits while an update is applied. Refuses (None) while the node has no weights or is
+        broken. Every admitted completion must be followed by :meth:`release`.
+        """
+        self._sync()
+        assert self._open is not None and self._idle is not None
+        while True:
+            if self._open.is_set():
+                if self.state != "serving" or self.version is None:
+                    return None
+                self.in_flight += 1
+                self._idle.clear()
+                return self.version
+            await self._open.wait()
+
+    def release(self) -> None:
+        """One admitted completion has been answered completely."""
+        assert self._idle is not None
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def _close_and_drain(self) -> float:
+        """Close the gate, wait for the completions in flight, pause vLLM; return the seconds."""
+        assert self._open is not None and self._idle is not None
+        self._open.clear()
+        self.state = "applying"
+        begin = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.settings.drain_timeout_s)
+        except TimeoutError:
+            logger.warning("%d completion(s) still running after %.0f s (--drain-timeout-s): "
+                           "aborting them to apply the update", self.in_flight,
+                           self.settings.drain_timeout_s)
+            await self.engine.pause(mode="abort")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), ABORT_GRACE_S)
+        await self.engine.pause(mode="wait")
+        return time.perf_counter() - begin
+
+    # ------------------------------------------------------------------ updates
+    async def apply(self, directory: Path, version: int, *, source: WeightsSource,
+                    kind: Literal["full", "lora"] = "full", lora_name: str | None = None,
+                    tensors: int = 0, nbytes: int = 0, receive_s: float = 0.0) -> LastUpdate:
+        """Serve the weights in ``directory`` as ``version``, atomically (see the module doc).
+
+        Args:
+            directory: ``*.safetensors`` (kind full; may hold only some tensors) or a PEFT
+                adapter directory (kind lora).
+            version: the policy version (trainer step) of these weights.
+            source: how they arrived (``http`` pushes are owned by the node and deleted when
+                replaced; ``path`` directories belong to the trainer).
+            kind: ``full`` model tensors or a ``lora`` adapter.
+            lora_name: kind lora: the name the adapter is served under.
+            tensors: number of tensors, for the status.
+            nbytes: bytes received, for the status.
+            receive_s: seconds spent receiving and checking them, for the status.
+
+        Returns:
+            The update now served.
+
+        Raises:
+            UpdateFailed: vLLM failed to load them (the message says what is served now).
+        """
+        self._sync()
+        assert self._lock is not None and self._open is not None
+        async with self._lock:
+            previous_state = self.state
+            drain_s = await self._close_and_drain()
+            begin = time.perf_counter()
+            try:
+                if kind == "lora":
+                    await self.engine.load_lora(lora_name or "", directory)
+                else:
+                    await self.engine.reload(directory)
+                await self.engine.reset_prefix_cache()
+                await self.engine.set_weight_version(version)
+            except Exception as exc:  # noqa: BLE001 - any engine failure: roll back, report
+                detail = await self._roll_back(previous_state, kind, exc)
+                raise UpdateFailed(detail) from exc
+            finally:
+                await self._resume()
+            if self.state == "failed":  # loaded, but vLLM did not resume
+                raise UpdateFailed(self.last_error or "vLLM did not resume")
+            update = LastUpdate(version=version, source=source, kind=kind, tensors=tensors,
+                                bytes=nbytes, receive_seconds=receive_s, drain_seconds=drain_s,
+                                apply_seconds=time.perf_counter() - begin)
+            self._commit(update, directory if source == "http" else None)
+            return update
+
+    def _commit(self, update: LastUpdate, owned_dir: Path | None) -> None:
+        """Record ``update`` as served, open the gate, delete the pushed files it replaced.
+
+        Args:
+            update: what is served now.
+            owned_dir: the pushed directory it came from (node-owned), or None (read from a
+                caller's path or received over NCCL: nothing on disk to restore it from).
+        """
+        assert self._open is not None
+        old = self._owned.pop(update.kind, None)
+        if owned_dir is not None:
+            self._owned[update.kind] = owned_dir
+        if old is not None and old != owned_dir:
+            shutil.rmtree(old, ignore_errors=True)
+        self.version, self.state, self.last_update, self.last_error = (
+            update.version, "serving", update, None)
+        self._open.set()
+        logger.info("serving policy version %d (%s, %d tensors, receive %.2f s, drain %.2f s, "
+                    "load %.2f s)", update.version, update.source, update.tensors,
+                    update.receive_seconds, update.drain_seconds, update.apply_seconds)
+
+    async def _resume(self) -> None:
+        try:
+            await self.engine.resume()
+        except Exception as exc:  # noqa: BLE001 - the engine is gone: refuse from now on
+            self.state, self.last_error = "failed", f"vLLM did not resume: {exc}"
+            assert self._open is not None
+            self._open.set()
+
+    async def _roll_back(self, previous_state: ServingState, kind: str, exc: BaseException) -> str:
+        """Put the last good weights back after a failed load; return what the node serves now."""
+        assert self._open is not None
+        reason = f"{type(exc).__name__}: {exc}"
+        served = f"version {self.version}" if self.version is not None else "nothing yet"
+        # vLLM swaps an adapter only once it has loaded; model tensors may be half-written
+        ok = kind == "lora" or await self._reload_last_good()
+        if ok:
+            self.state, self.last_error = previous_state, f"update refused by vLLM ({reason})"
+            detail = (f"vLLM failed to load the update ({reason}); the node put back and keeps "
+                      f"serving {served}")
+        else:
+            self.state, self.last_error = "failed", f"update failed and could not be undone ({reason})"
+            detail = (f"vLLM failed to load the update ({reason}) and the previous weights could "
+                      "not be restored; the node refuses completions until a push succeeds")
+        logger.error("%s", detail)
+        self._open.set()
+        return detail
+
+    async def _reload_last_good(self) -> bool:
+        """Reload the starting model, then the pushed directory last served; False if impossible.
+
+        Only weights the node can rebuild count: the starting model (nothing served yet, or
+        ``--serve-base``) or a push it still holds on disk. Weights read from a caller's path or
+        received over NCCL cannot be restored.
+        """
+        last = self.last_update
+        pushed = self._owned.get("full")
+        if last is not None and last.kind == "full" and last.source not in ("base", "http"):
+            return False
+        base = _local_model_dir(self.settings.model or "")
+        if base is None or (last is not None and last.source == "http" and pushed is None):
+            return False
+        try:
+            await self.engine.reload(base)
+            if last is not None and last.source == "http" and pushed is not None:
+                await self.engine.reload(pushed)
+            await self.engine.reset_prefix_cache()
+        except Exception:  # noqa: BLE001 - reported by the caller as "could not be undone"
+            logger.exception("restoring the previous weights failed")
+            return False
+        return True
+
+    # ------------------------------------------------------------------ NCCL (never run here)
+    async def begin_external_update(self) -> None:
+        """Take the update lock and close the gate for an update driven over several requests (NCCL)."""
+        self._sync()
+        assert self._lock is not None
+        await self._lock.acquire()
+        try:
+            await self._close_and_drain()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    async def end_external_update(self, version: int | None, error: BaseException | None = None) -> None:
+        """Finish what :meth:`begin_external_update` started: serve ``version``, or fail.
+
+        A failure leaves the weights half-written, so the node refuses completions until the
+        next update succeeds.
+        """
+        assert self._lock is not None and self._open is not None
+        try:
+            await self._resume()
+            if error is not None or version is None:
+                self.state, self.last_error = "failed", f"NCCL update failed: {error}"
+                self._open.set()
+            else:
+                self._commit(LastUpdate(version=version, source="nccl"), None)
+        finally:
+            self._lock.release()
+
+    @property
+    def updating(self) -> bool:
+        """Whether an update holds the lock (NCCL: between start and finish)."""
+        return self._lock is not None and self._lock.locked()
+
+
+def _local_model_dir(model: str) -> Path | None:
+    """The starting model as a local directory (a hub id resolved from the local cache), or None."""
+    path = Path(model)
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached or not a hub id: no roll-back source
+        return None
+
+
+__all__ = ["NodeState", "UpdateFailed", "boot_id"]

@@ -1,0 +1,496 @@
+"""Command-line flags: the parser every console script uses, and config models as flags.
+
+Atropos 0.4's path for this module, ``atroposlib.utils.cli``, is a stub that imports it.
+
+The ``ArgumentParser`` with did-you-mean errors, shared defaults, and the mapping of pydantic
+config models to argparse options (``--prefix.field``) and back to dicts: parsing is argparse's and validation is pydantic's. Values stay
+strings (pydantic coerces them), except ``None``/``null`` -> None and JSON lists/objects.
+A flag given without a value means ``true`` (``--env.use_wandb``); negative numbers can be
+written ``--env.x=-1`` or ``--env.x -1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import types
+import typing
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, create_model
+
+from atroposlib.defaults import DEFAULT_API_URL
+from atroposlib.errors import ConfigError
+
+#: Strings that mean None on the command line (except for a field whose choices are words
+#: such as ``none``, and that cannot be None: there the word is the value).
+NONE_STRINGS = frozenset({"None", "none", "null", "~"})
+
+
+class _Verbatim(str):
+    """A flag value kept as typed, never read as None (see :data:`NONE_STRINGS`)."""
+
+
+def _choice_is_a_none_word(annotation: Any) -> bool:
+    """True for ``Literal[..., "none", ...]`` (not Optional): ``--x none`` means the word."""
+    if typing.get_origin(annotation) is not typing.Literal:
+        return False
+    return any(isinstance(a, str) and a in NONE_STRINGS for a in typing.get_args(annotation))
+
+
+def _is_bool(annotation: Any) -> bool:
+    if annotation is bool:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return len(args) == 1 and args[0] is bool
+    return False
+
+
+def _type_label(annotation: Any) -> str:
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return "{" + ",".join(str(m.value) for m in annotation) + "}"
+    if typing.get_origin(annotation) is typing.Literal:
+        return "{" + ",".join(str(a) for a in typing.get_args(annotation)) + "}"
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _type_label(args[0])
+        return "|".join(_type_label(a) for a in args)
+    return getattr(annotation, "__name__", str(annotation)).upper()
+
+
+def _show_default(value: Any) -> str:
+    if value is None:  # spelled as on the command line and in YAML, and as atropos-grpo shows it
+        return "null"
+    if isinstance(value, Enum):
+        return str(value.value)
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def add_model_options(
+    parser: argparse.ArgumentParser | Any,
+    model_cls: type[BaseModel],
+    prefix: str | None,
+    defaults: dict[str, Any] | None = None,
+    title: str | None = None,
+) -> None:
+    """Add one ``--prefix.field`` option per field of ``model_cls`` to ``parser``.
+
+    Args:
+        parser: the argparse parser (or subparser).
+        model_cls: the pydantic model whose fields become options.
+        prefix: ``"env"`` gives ``--env.group_size``; None gives ``--group_size``.
+        defaults: the values shown as defaults in ``--help`` (e.g. from ``config_init``);
+            the option itself defaults to "not given" so layering can tell them apart.
+        title: heading of the option group in ``--help``.
+    """
+    group = parser.add_argument_group(title or (f"{prefix} options" if prefix else "options"))
+    defaults = defaults or {}
+    for name, field in model_cls.model_fields.items():
+        flag = f"--{prefix}.{name}" if prefix else f"--{name}"
+        dest = f"{prefix}.{name}" if prefix else name
+        shown = defaults.get(name, field.default)
+        description = field.description or ""
+        help_text = f"{description} (default: {_show_default(shown)})".replace("%", "%%")
+        kwargs: dict[str, Any] = {
+            "dest": dest,
+            "default": argparse.SUPPRESS,
+            "help": help_text,
+            "metavar": _type_label(field.annotation),
+        }
+        if _is_bool(field.annotation):
+            kwargs.update(nargs="?", const="true", metavar="BOOL")
+        elif _choice_is_a_none_word(field.annotation):
+            kwargs["type"] = _Verbatim
+        group.add_argument(flag, **kwargs)
+
+
+def convert_value(raw: Any) -> Any:
+    """Turn a raw CLI string into the value handed to pydantic.
+
+    ``None``/``null`` -> None (unless the option is a choice among words such as ``none``);
+    ``[...]``/``{...}`` -> parsed JSON; anything else unchanged.
+
+    Raises:
+        ConfigError: a ``[``/``{`` value that is not valid JSON.
+    """
+    if not isinstance(raw, str):
+        return raw
+    if isinstance(raw, _Verbatim):
+        return str(raw)
+    if raw in NONE_STRINGS:
+        return None
+    stripped = raw.strip()
+    if stripped[:1] in ("[", "{"):
+        try:
+            return json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"value {raw!r} looks like JSON but does not parse: {exc}") from exc
+    return raw
+
+
+def collect_overrides(namespace: argparse.Namespace, prefixes: list[str]) -> dict[str, dict[str, Any]]:
+    """Split parsed options into ``{prefix: {field: value}}`` (``""`` for unprefixed ones).
+
+    Only options actually given on the command line appear.
+    """
+    out: dict[str, dict[str, Any]] = {p: {} for p in prefixes}
+    for dest, raw in vars(namespace).items():
+        if "." in dest:
+            prefix, name = dest.split(".", 1)
+        else:
+            prefix, name = "", dest
+        if prefix in out:
+            out[prefix][name] = convert_value(raw)
+    return out
+
+
+#: How alike (``difflib`` ratio, 0..1) an unknown flag's name must be to a known one to be suggested.
+SUGGEST_CUTOFF = 0.75
+
+#: Words that say nothing about what an argument is, left out when matching flags to positionals.
+_FILLER_WORDS = frozenset({"a", "an", "the", "of", "to", "for", "and", "or", "e.g", "eg", "by", "in", "on"})
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words of a flag or argument name: ``--output-file`` -> ``["output", "file"]``."""
+    return [w for w in re.split(r"[^a-z0-9]+", text.lower()) if w and w not in _FILLER_WORDS]
+
+
+def _split_prefix(flag: str) -> tuple[str, str]:
+    """``--env.group_size`` -> ``("env", "group_size")``; ``--lr`` -> ``("", "lr")``."""
+    name = flag.lstrip("-")
+    prefix, _, rest = name.rpartition(".")
+    return prefix, rest
+
+
+def closest_flag(flag: str, known: list[str]) -> str | None:
+    """The known flag ``flag`` most likely misspells, or None when none is close.
+
+    Names are compared without their dashes and, among flags of the same ``--prefix.``, without
+    the shared prefix (which would make any two ``--env.*`` flags look alike): a ``difflib``
+    ratio of at least :data:`SUGGEST_CUTOFF` (``--trainng-steps`` -> ``--training-steps``). When
+    none is that close, a single known flag whose words are all in ``flag``'s, or the other way
+    round, is suggested (``--model-name`` -> ``--model``).
+    """
+    prefix, name = _split_prefix(flag)
+    candidates = {k: _split_prefix(k) for k in known if k.startswith("--")}
+    same = {k: n for k, (p, n) in candidates.items() if p == prefix}
+    scored = [(difflib.SequenceMatcher(None, name, n).ratio(), k) for k, n in same.items()]
+    scored += [(difflib.SequenceMatcher(None, flag.lstrip("-"), k.lstrip("-")).ratio(), k)
+               for k in candidates if k not in same]
+    best = max(scored, default=(0.0, ""))
+    if best[0] >= SUGGEST_CUTOFF:
+        return best[1]
+    words = set(_words(name))
+    nested = [k for k, n in same.items() if words and (set(_words(n)) <= words or words <= set(_words(n)))]
+    return nested[0] if len(nested) == 1 else None
+
+
+def _positional_hint(flag: str, parser: argparse.ArgumentParser) -> str | None:
+    """Explain that ``flag`` names a positional argument of ``parser`` (``--output`` for FILEPATH).
+
+    A positional matches when one of the flag's words is part of, or contains, one of the words of
+    its name, its metavar or the first words of its help (``--output``, ``--outfile`` and
+    ``--output-file`` all match ``filepath`` helped as "output JSONL file").
+    """
+    flag_words = [w for w in _words(flag) if len(w) >= 3]
+    for action in parser._actions:
+        if action.option_strings or isinstance(action, argparse._SubParsersAction):
+            continue
+        help_text = action.help if isinstance(action.help, str) and action.help != argparse.SUPPRESS else ""
+        summary = re.split(r"[,;(]| - ", help_text, maxsplit=1)[0].strip().rstrip(".")
+        metavar = action.metavar if isinstance(action.metavar, str) else ""
+        names = set(_words(action.dest) + _words(metavar) + _words(summary)[:3])
+        if not any(w in n or (len(n) >= 4 and n in w) for w in flag_words for n in names):
+            continue
+        shown = metavar or action.dest.upper()
+        if summary[1:2].islower():  # "Output file" -> "output file", but "JSONL file" stays
+            summary = summary[0].lower() + summary[1:]
+        what = f"the {summary} is " if summary else ""
+        return (f"{what}the positional argument {shown}, given without a flag: "
+                f"{parser.prog} {shown} [flags]")
+    return None
+
+
+def unknown_flag_message(unknown: list[str], parser: argparse.ArgumentParser) -> str:
+    """Build an error naming each unknown flag and the closest known one, one line per flag.
+
+    ``unknown flag --env.group_sze; did you mean --env.group_size?`` (closeness: see
+    :func:`closest_flag`); a flag that names a positional argument says so instead
+    (``unknown flag --output; the output JSONL file is the positional argument FILEPATH, given
+    without a flag: atropos-sft-gen FILEPATH [flags]``). A bare value right after an unknown
+    flag (``--env.typo 8``) is taken as that flag's value.
+    """
+    known = [s for action in parser._actions for s in action.option_strings]
+    lines = []
+    previous_was_flag = False
+    for arg in unknown:
+        if not arg.startswith("-"):
+            if not previous_was_flag:
+                lines.append(f"unexpected argument {arg!r}")
+            previous_was_flag = False
+            continue
+        flag = arg.split("=", 1)[0]
+        previous_was_flag = "=" not in arg
+        close = closest_flag(flag, known)
+        positional = None if close else _positional_hint(flag, parser)
+        hint = (f"; did you mean {close}?" if close else f"; {positional}" if positional
+                else "; see --help for every flag")
+        lines.append(f"unknown flag {flag}{hint}")
+    return "\n".join(lines)
+
+
+def api_key_arg(value: str) -> str:
+    """Argparse ``type`` of an ``--api-key`` flag: a non-empty bearer token.
+
+    Raises:
+        argparse.ArgumentTypeError: the value is empty or blank (it would send no token).
+    """
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the token is empty: give the one run-api was started "
+                                         "with, or leave the flag out ($ATROPOS_API_KEY is used)")
+    return value
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``ArgumentDefaultsHelpFormatter`` without ``(default: None)``.
+
+    Plain argparse tools (``run-api``, ``atropos-sft-gen``/``atropos-dpo-gen``, ``view-run``)
+    cannot take ``null`` for an option, so an option whose default is "not given" shows no
+    default; its help says what leaving it out does. Other defaults show as argparse shows them.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors name the closest known flag, before the usage.
+
+    A mistyped flag (``--num-seq-to-save 5``) fails with ``prog: error: unknown flag
+    --num-seq-to-save; did you mean --num-seqs-to-save?`` (or, for a flag that names a
+    positional argument, how to give that) first and the usage after it, so the hint is not lost
+    below a long usage dump; a usage longer than a few lines (an env's dozens of
+    ``--env.*`` flags) is shortened to ``usage: prog [-h] [flags]``. Every atroposlib
+    command line builds its parser from this class (Python 3.14's ``suggest_on_error`` is not
+    available on 3.11). Subparsers inherit it.
+
+    Flags must be spelled out: argparse's prefix matching (``--por`` for ``--port``) is off,
+    so a typo is reported with the flag it resembles instead of being taken silently, and a
+    script keeps its meaning when a later release adds a flag that shares the prefix. Pass
+    ``allow_abbrev=True`` to turn it back on.
+    """
+
+    #: Usages longer than this many lines are shortened in error messages.
+    max_usage_lines = 6
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Print ``prog: error: message`` (with did-you-mean hints), then the usage; exit 2."""
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):  # argparse's own wording, also when a library parses
+            message = unknown_flag_message(message[len(prefix):].split(), self)
+        usage = self.format_usage()
+        if usage.count("\n") > self.max_usage_lines:
+            usage = f"usage: {self.prog} [-h] [flags]\n"
+        self.exit(2, f"{self.prog}: error: {message}\n\n{usage}"
+                  f"(run {self.prog} --help for every flag)\n")
+
+
+def validation_error_message(
+    exc: ValidationError, prefix: str | None, source: str = "configuration", kebab: bool = False
+) -> str:
+    """Rewrite a pydantic ValidationError so each problem names the flag to fix.
+
+    Args:
+        exc: the error from validating a config model.
+        prefix: flag namespace (``env`` gives ``--env.field``), or None for top-level flags.
+        source: what was being validated, for the first line.
+        kebab: spell flags with dashes (``--lora-r``), as parsers with kebab-case flags do.
+
+    Returns:
+        ``invalid SOURCE:`` then one line per problem; a whole-model check (no field) is shown
+        as its message alone, without pydantic's "Value error, " prefix.
+    """
+    lines = [f"invalid {source}:"]
+    for error in exc.errors():
+        msg = error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:
+            lines.append(f"  {msg}")
+            continue
+        loc = ".".join(str(p) for p in error["loc"])
+        if kebab:
+            loc = loc.replace("_", "-")
+        flag = f"--{prefix}.{loc}" if prefix else f"--{loc}"
+        given = error.get("input")
+        if error["type"] == "extra_forbidden":
+            lines.append(f"  {flag}: unknown field (check the spelling; see --help)")
+        else:
+            lines.append(f"  {flag}: {msg} (got {given!r})")
+    return "\n".join(lines)
+
+
+# --- Atropos 0.4 helpers (kept at their old import path) ------------------------------------
+
+
+def _field_spec(field: Any, default: Any = ...) -> tuple[Any, Any]:
+    """``(annotation, Field(...))`` re-declaring a pydantic field for ``create_model``.
+
+    Keeps the description; the default is ``default`` when given, else the field's own default
+    or default factory.
+    """
+    kwargs: dict[str, Any] = {}
+    if field.description is not None:
+        kwargs["description"] = field.description
+    if default is not ...:
+        kwargs["default"] = default
+    elif field.default_factory is not None:
+        kwargs["default_factory"] = field.default_factory
+    else:
+        kwargs["default"] = field.default
+    return field.annotation, Field(**kwargs)
+
+
+def get_prefixed_pydantic_model(base_model: type[BaseModel], prefix: str) -> type[BaseModel]:
+    """A new pydantic model with every field of ``base_model`` renamed ``prefix + name``.
+
+    Args:
+        base_model: the model class whose fields are copied (type, default or default factory,
+            description; validators are not carried over).
+        prefix: prepended to each field name, e.g. ``"env."``.
+
+    Returns:
+        A model class named ``Prefix`` + ``base_model``'s name (``prefix.capitalize()``).
+    """
+    fields = {f"{prefix}{name}": _field_spec(field) for name, field in base_model.model_fields.items()}
+    return create_model(f"{prefix.capitalize()}{base_model.__name__}", **fields)
+
+
+def merge_dicts(*dicts: dict[str, Any]) -> dict[str, Any]:
+    """Merge dicts left to right; a later value wins, and two dicts at one key merge recursively.
+
+    Args:
+        *dicts: the dicts to merge (none are modified).
+
+    Returns:
+        A new dict (``{}`` when given none).
+    """
+    merged: dict[str, Any] = {}
+    for current in dicts:
+        for key, value in current.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = merge_dicts(merged[key], value)
+            else:
+                merged[key] = value
+    return merged
+
+
+def extract_namespace(model: Any, prefix: str) -> dict[str, Any]:
+    """The entries of ``model`` whose key starts with ``prefix``, with the prefix removed.
+
+    Args:
+        model: a pydantic model (``model_dump()``), an object with ``to_dict()``, or a dict.
+        prefix: e.g. ``"env."``.
+
+    Returns:
+        ``{key without prefix: value}`` for the matching keys.
+
+    Raises:
+        TypeError: ``model`` is none of the above.
+    """
+    if hasattr(model, "model_dump"):
+        data = model.model_dump()
+    elif hasattr(model, "to_dict"):
+        data = model.to_dict()
+    elif isinstance(model, dict):
+        data = model
+    else:
+        raise TypeError(f"expected a pydantic model, an object with to_dict() or a dict, got "
+                        f"{type(model).__name__}")
+    return {key[len(prefix):]: value for key, value in data.items() if key.startswith(prefix)}
+
+
+def adjust_model_defaults(
+    model_class: type[BaseModel], defaults: dict[str, Any] | BaseModel
+) -> type[BaseModel]:
+    """A subclass of ``model_class`` whose listed fields get new defaults.
+
+    Args:
+        model_class: the pydantic model to derive from; other fields are inherited unchanged.
+        defaults: ``{field: new default}`` or a model instance (its ``model_dump()``); keys that
+            are not fields of ``model_class`` are ignored. A ``None`` default for a field with a
+            default factory keeps the factory.
+
+    Returns:
+        A class named ``<model_class name>WithDefaults``.
+    """
+    values = defaults.model_dump() if isinstance(defaults, BaseModel) else dict(defaults)
+    overridden = {}
+    for name, field in model_class.model_fields.items():
+        if name not in values:
+            continue
+        keep_factory = values[name] is None and field.default_factory is not None
+        overridden[name] = _field_spec(field) if keep_factory else _field_spec(field, values[name])
+    return create_model(f"{model_class.__name__}WithDefaults", __base__=model_class, **overridden)
+
+
+def get_double_dash_flags(argv: list[str] | None = None) -> dict[str, Any]:
+    """Every ``--flag`` of the command line as a dict, without declaring the flags first.
+
+    ``--key=value`` and ``--key value`` give the string value (``"None"`` gives None); a flag
+    followed by nothing or by another option gives ``True``. Single-dash options and bare
+    arguments are skipped. Parsing is argparse's: each ``--name`` seen is declared as an
+    optional-value option of an :class:`ArgumentParser`, then the arguments are parsed.
+
+    Args:
+        argv: the arguments to read; ``sys.argv[1:]`` when None.
+
+    Returns:
+        ``{flag name without "--": value}``.
+    """
+    import sys
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    parser = ArgumentParser(add_help=False)
+    seen: set[str] = set()
+    for arg in args:
+        name = arg[2:].split("=", 1)[0]
+        if arg.startswith("--") and name and name not in seen:
+            seen.add(name)
+            parser.add_argument(f"--{name}", dest=name, nargs="?", const=True,
+                                default=argparse.SUPPRESS)
+    namespace, _ = parser.parse_known_args(args)
+    return {key: None if value == "None" else value for key, value in vars(namespace).items()}
+
+
+__all__ = [
+    "DEFAULT_API_URL",
+    "NONE_STRINGS",
+    "ArgumentParser",
+    "HelpFormatter",
+    "SUGGEST_CUTOFF",
+    "add_model_options",
+    "adjust_model_defaults",
+    "api_key_arg",
+    "closest_flag",
+    "collect_overrides",
+    "convert_value",
+    "extract_namespace",
+    "get_double_dash_flags",
+    "get_prefixed_pydantic_model",
+    "merge_dicts",
+    "unknown_flag_message",
+    "validation_error_message",
+]

@@ -1,0 +1,238 @@
+"""``--weight-transport nccl``: vLLM's native NCCL weight transfer to inference nodes, on CUDA.
+
+NEVER RUN IN THIS PROJECT: there is no GPU here, and no test covers it. It is written from vLLM
+0.32's weight-transfer documentation (``docs/training/weight_transfer``, the
+``rlhf_http_nccl`` example) and its source (``vllm/distributed/weight_transfer``), and reviewed
+against them; treat it as a starting point and run it on a GPU pair before relying on it. The
+HTTP push (:mod:`example_trainer.weight_push`) is the tested default.
+
+How it works. vLLM's trainer-side engine (``WeightTransferTrainerFactory.trainer_init`` with
+``NCCLTrainerInitInfo``) opens an NCCL group in which the trainer is rank 0 and the node's vLLM
+workers are ranks 1..N, and drives each round through a control-plane client: ``start`` ->
+``update_weights`` (the workers receive while the trainer broadcasts) -> ``finish``. vLLM serves
+those control routes only in its unauthenticated development mode; here the client is
+:class:`NodeWeightSyncClient`, which speaks the node's authenticated ``/atropos/nccl/*`` routes
+instead, and the node closes its gate and pauses vLLM from ``start`` to ``finish``, so the
+policy-version guarantee of the HTTP path holds. One NCCL group per node; nodes are updated one
+after another. Requirements: CUDA on the trainer and the nodes, nodes started with
+``atropos-inference-node --weight-transfer nccl``, and the trainer's address reachable from
+every node on the rendezvous port (``master_address``, found as the local address that routes
+to the node).
+
+Failure: a node that fails a round is marked stale and not used again in this run (an NCCL group
+that failed mid-broadcast cannot be reused); restart the trainer to bring it back.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from typing import Any
+from urllib.parse import urlsplit
+
+from atroposlib.errors import InferenceError
+from atroposlib.inference.node.models import NodeStatus
+
+
+class NodeWeightSyncClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol (structural) over one node's ``/atropos/nccl/*`` routes.
+
+    Args:
+        root: the node's root URL (no ``/v1``).
+        headers: the bearer-token header.
+        timeout: seconds per control call.
+    """
+
+    def __init__(self, root: str, headers: dict[str, str], timeout: float):
+        self.root, self.headers, self.timeout = root, headers, timeout
+        self.version = 0  # the policy version ``finish_weight_update`` records
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
+        import httpx
+
+        answer = httpx.post(f"{self.root}/atropos/nccl/{path}", json=body, headers=self.headers,
+                            timeout=self.timeout, trust_env=False)
+        if answer.status_code != 200:
+            raise InferenceError(f"POST {self.root}/atropos/nccl/{path} answered "
+                                 f"{answer.status_code}: {answer.text[:500]}")
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Ask the node's workers to join the group (blocks until the trainer joins too)."""
+        self._post("init", {"init_info": init_info})
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        """Ask the node's workers to leave the group."""
+        self._post("shutdown")
+
+    def start_weight_update(self) -> None:
+        """Close the node's gate and start a round."""
+        self._post("start")
+
+    def update_weights(self, update_info: Any) -> None:
+        """Announce the tensors of the broadcast the trainer sends meanwhile."""
+        self._post("update", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """End the round; the node serves it as :attr:`version`."""
+        self._post("finish", {"version": self.version})
+
+
+class _DictSource:
+    """A vLLM ``WeightSource`` over the tensors of the current round (replaced before each send)."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self.tensors: dict[str, Any] = {}
+
+    def build(self) -> Any:
+        from vllm.distributed.weight_transfer import ParamMeta, WeightSource
+
+        outer = self
+
+        class Source(WeightSource):
+            def metadata(self) -> list[Any]:
+                return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in outer.tensors.items()]
+
+            def __iter__(self) -> Any:
+                for name, tensor in outer.tensors.items():
+                    yield name, tensor.to(outer.device, non_blocking=True)
+
+        return Source()
+
+
+def _address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent: UDP connect)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((host, 9))
+        return sock.getsockname()[0]
+
+
+class NcclFleet:
+    """The same interface as :class:`~example_trainer.weight_push.NodeFleet`, over NCCL (never run here)."""
+
+    def __init__(self, statuses: list[tuple[str, NodeStatus]], headers: dict[str, str], timeout: float):
+        self.statuses, self.headers, self.timeout = statuses, headers, timeout
+        self.engines: dict[str, Any] = {}
+        self.clients: dict[str, NodeWeightSyncClient] = {}
+        self.stale: set[str] = set()
+        self.failures = 0
+        self._source: _DictSource | None = None
+        self._names: list[str] | None = None
+        self.nodes = [root for root, _ in statuses]
+
+    @classmethod
+    def connect(cls, urls: list[str], api_key: str | None, timeout: float) -> NcclFleet:
+        """Check that every URL is a node started with ``--weight-transfer nccl``.
+
+        Raises:
+            InferenceError: a URL is not such a node, or CUDA is not available here.
+        """
+        import httpx
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InferenceError("--weight-transport nccl needs CUDA on the trainer; use "
+                                 "--weight-transport auto (HTTP)")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        statuses = []
+        for url in urls:
+            root = url.rstrip("/").removesuffix("/v1")
+            answer = httpx.get(f"{root}/atropos/status", headers=headers, timeout=30, trust_env=False)
+            status = NodeStatus.model_validate(answer.json()) if answer.status_code == 200 else None
+            if status is None or status.weight_transfer != "nccl" or not status.workers:
+                raise InferenceError(f"{root} is not an atropos-inference-node started with "
+                                     "--weight-transfer nccl; restart it so, or use "
+                                     "--weight-transport auto (HTTP)")
+            statuses.append((root, status))
+        return cls(statuses, headers, timeout)
+
+    def prepare(self, model: Any, state_dict: dict[str, Any] | None, *, weights_dir: Any,
+                lora_name: str | None, copy: bool) -> dict[str, Any]:
+        """The tensors of this round (the blocks training changes, HF names); see ``NodeFleet.prepare``."""
+        from example_trainer import lora
+        from example_trainer.weight_select import names_to_send, tied_names
+
+        if lora_name is not None:
+            raise InferenceError("--weight-transport nccl sends model weights; use --weight-sync reload")
+        hf_model, weights = lora.export(model, state_dict)
+        weights = weights if weights is not None else hf_model.state_dict()
+        if self._names is None:
+            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+            self._names = [n for n in names_to_send(weights, trainable) if n not in tied_names(hf_model)]
+        return {"weights": {n: (weights[n].detach().clone() if copy else weights[n].detach())
+                            for n in self._names}}
+
+    def _engine(self, root: str, status: NodeStatus) -> Any:
+        import torch
+        from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        from atroposlib.inference.vllm_process import find_free_port
+
+        if root not in self.engines:
+            if self._source is None:
+                self._source = _DictSource(torch.device("cuda", torch.cuda.current_device()))
+            host = urlsplit(root).hostname or "127.0.0.1"
+            address = _address_towards(host)
+            info = NCCLTrainerInitInfo(master_address=address, master_port=find_free_port(address),
+                                       world_size=1 + int(status.workers or 1), rank=0)
+            client = NodeWeightSyncClient(root, self.headers, self.timeout)
+            self.clients[root] = client
+            self.engines[root] = WeightTransferTrainerFactory.trainer_init(
+                info, client=client, source=self._source.build())
+        return self.engines[root]
+
+    def push(self, weights: dict[str, Any], version: int, **_: Any) -> dict[str, float]:
+        """Broadcast ``weights`` as ``version`` to every node in turn; failed nodes become stale."""
+        import time
+
+        import torch
+
+        begin = time.perf_counter()
+        failed = 0
+        for root, status in self.statuses:
+            if root in self.stale:
+                failed += 1
+                self.failures += 1
+                continue
+            try:
+                engine = self._engine(root, status)
+                assert self._source is not None
+                dtype = getattr(torch, status.dtype)  # the node's dtype: no cast on arrival
+                self._source.tensors = {n: t.to(dtype) for n, t in weights.items()}
+                self.clients[root].version = version
+                done = threading.Thread(target=engine.send_weights, daemon=True)
+                done.start()
+                done.join(self.timeout)
+                if done.is_alive():
+                    raise TimeoutError(f"no answer within --weight-sync-timeout {self.timeout:.0f} s")
+            except Exception as exc:  # noqa: BLE001 - a failed node is reported, training goes on
+                failed += 1
+                self.failures += 1
+                self.stale.add(root)
+                print(f"[grpo] WARNING: NCCL weight sync to {root} failed ({exc}); it is no longer "
+                      "updated in this run. Fix the node and restart the trainer, or use "
+                      "--weight-transport auto (HTTP, which re-syncs nodes by itself).",
+                      file=sys.stderr, flush=True)
+        return {"sync/update_seconds": time.perf_counter() - begin,
+                "sync/nodes_ok": float(len(self.statuses) - failed), "sync/nodes_failed": float(failed)}
+
+    def summary(self) -> dict[str, Any]:
+        """Weight-sync fields for the run summary."""
+        return {"weight_sync_failures": self.failures, "stale_nodes": sorted(self.stale),
+                "weight_sync_paths": {root: "nccl" for root, _ in self.statuses}}
+
+    def close(self) -> None:
+        """Leave every node's NCCL group."""
+        for root, engine in self.engines.items():
+            if root in self.stale:
+                continue
+            try:
+                self.clients[root].shutdown_weight_transfer_engine()
+                engine.shutdown()
+            except Exception as exc:  # noqa: BLE001 - shutting down: report only
+                print(f"[grpo] leaving {root}'s NCCL group failed: {exc}", file=sys.stderr, flush=True)
+
+
+__all__ = ["NcclFleet", "NodeWeightSyncClient"]

@@ -1,0 +1,293 @@
+"""Everything one training run owns besides its loop: run directory, vLLM, logs, checkpoints, summary.
+
+:class:`TrainingRun` is the loop's companion in :func:`example_trainer.grpo.train`: it starts
+and syncs vLLM (or pushes to inference nodes), registers with run-api (fetching again, on a
+resume, the batches served after the checkpoint), checks each batch, evaluates, saves
+checkpoints, and writes ``summary.json`` however the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from example_trainer.policy import Policy
+
+
+def make_run_dir(config: Any, dist: Any) -> Path:
+    """The run directory (``--run-dir``, the ``--resume`` directory, or ``runs/<UTC time>``), created on rank 0."""
+    run_dir = Path(dist.from_main(config.run_dir or config.resume
+                                  or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))))
+    if dist.is_main:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "trainer_config.json").write_text(config.model_dump_json(indent=2))
+        print(f"[grpo] run directory: {run_dir}", flush=True)
+    return run_dir
+
+
+class TrainingRun:
+    """The run's parts and counters (see module docstring); the loop advances :attr:`steps_done`."""
+
+    def __init__(self, config: Any, dist: Any, run_dir: Path, policy: Policy, resume: Any,
+                 wall_start: float | None = None):
+        """Set up vLLM's handle, metrics, the run log, the batch guard and the stop handler (no I/O to servers).
+
+        Args:
+            config: the :class:`~example_trainer.config.TrainerConfig`.
+            dist: the run's :class:`~example_trainer.distributed.Dist`.
+            run_dir: from :func:`make_run_dir`.
+            policy: what the run trains.
+            resume: the checkpoint resumed from, or None.
+            wall_start: ``time.perf_counter()`` when the run began (default: now).
+        """
+        from example_trainer import checkpoint as ckpt_io
+        from example_trainer.batch_checks import BatchGuard
+        from example_trainer.metrics import TrainerMetrics
+        from example_trainer.replay import Replay
+        from example_trainer.report import NullRunLog, RunLog
+        from example_trainer.stopping import install_stop_handler
+        from example_trainer.vllm_sync import VLLMSync
+
+        self.config, self.dist, self.run_dir, self.policy, self.resume = config, dist, run_dir, policy, resume
+        self.wall_start = time.perf_counter() if wall_start is None else wall_start
+        self.vllm = VLLMSync(config, run_dir)
+        start_step = policy.start_step
+        if resume is not None and dist.is_main:
+            past = ckpt_io.read_history(run_dir, start_step)
+            ckpt_io.append_resume_marker(run_dir, start_step)
+        self.prom = prom = TrainerMetrics(config.metrics_port if dist.is_main else None, config.metrics_host)
+        self.runlog = RunLog(run_dir, config.use_wandb, config.wandb_project, config.wandb_group,
+                             config.model_dump(mode="json"), plot_every=config.plot_every,
+                             tensorboard_dir=Path(config.tensorboard_dir or run_dir / "tensorboard")
+                             if config.tensorboard or config.tensorboard_dir else None,
+                             observers=[prom.observe]) if dist.is_main else NullRunLog()
+        if resume is not None and dist.is_main:
+            self.runlog.history = [r for r in past if "loss" in r]
+            self.runlog.evals = [(r["step"], r["eval/accuracy"]) for r in past if "eval/accuracy" in r]
+        # every batch is checked against the model's vocabulary before the forward pass
+        self.guard = BatchGuard(policy.vocab_size, config.max_token_len, whole_batch=dist.enabled,
+                                report=dist.is_main,
+                                on_drop=lambda reason: prom.groups_dropped.labels(reason).inc(),
+                                on_skip=prom.batches_skipped.inc)
+        self.stop = install_stop_handler()
+        self.watch: Any = None  # the vLLM health watch (rank 0, once vLLM is up)
+        self.replay = Replay()  # resumed: the batches run-api served after the checkpoint, fetched again
+        self.client: Any = None  # rank 0's AtroposClient, once registered
+        self.steps_done = self.saved_step = start_step
+        self.eval_before = self.eval_after = math.nan
+        self.train_start: float | None = None  # set at registration
+        self.train_seconds: float | None = None  # set when the loop ends (or when interrupted)
+        self.last_checkpoint: Path | None = None  # newest checkpoint this run wrote
+        self.eval_seconds = 0.0  # periodic evaluations: not charged to --max-train-seconds
+        self.out_of_time = False
+        self.stopped = "completed"  # how the loop ended; an exception overrides it in `finish`
+
+    # ------------------------------------------------------------------ vLLM
+    def start_vllm(self) -> None:
+        """Start (or reach) vLLM and its health watch; push the first weights where needed."""
+        from example_trainer.health import HealthWatch
+
+        config, dist, prom = self.config, self.dist, self.prom
+        if prom.port is not None:
+            print(f"[grpo] Prometheus metrics at http://{config.metrics_host}:{prom.port}/metrics",
+                  flush=True)
+        if dist.is_main:
+            print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
+            vllm_seconds = self.vllm.start()
+            print(f"[grpo] vLLM ready at {self.vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
+            if config.weight_sync != "none":  # a dead vLLM ends the run in seconds, not at a sync
+                prom.vllm_up.set(1)
+                self.watch = HealthWatch(self.vllm.health_problem, on_failure=self._vllm_died).start()
+        # inference nodes serve nothing until a trainer pushed weights (dist.from_main: every
+        # rank must take part in the gather)
+        if (self.resume is not None or config.weight_sync == "lora"
+                or dist.from_main(self.vllm.fleet is not None)):
+            self.sync_vllm(self.policy.start_step)  # serve the resumed policy (or the first adapter)
+
+    def _vllm_died(self, error: BaseException) -> None:  # from the health watch's thread
+        self.prom.vllm_up.set(0)
+        self.stop.fail(error)
+
+    def sync_vllm(self, version: int) -> dict[str, float]:
+        """Send the current weights to vLLM (every rank gathers; rank 0 writes and reloads or pushes)."""
+        full = self.dist.full_state_dict(self.policy.model)
+        with self.watch.paused() if self.watch is not None else contextlib.nullcontext():  # restart
+            metrics = self.vllm.sync(self.policy.model, self.policy.tokenizer, state_dict=full,
+                                     background=self.config.weight_sync_overlap,
+                                     version=version) if self.dist.is_main else {}
+        self.dist.wait_for_main()
+        return metrics
+
+    def maybe_sync(self, step: int, force: bool = False) -> dict[str, float]:
+        """Sync vLLM after ``step`` when the interval says so (or it is the last step, or ``force``)."""
+        config = self.config
+        if force or step % config.weight_sync_interval == 0 or step == config.training_steps:
+            return self.sync_vllm(step)
+        return {}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, step: int) -> float:
+        """Run ``--eval-command`` against vLLM's newest weights (rank 0); NaN without one."""
+        from example_trainer.report import run_eval_command
+
+        config = self.config
+        if not config.eval_command or not self.dist.is_main:
+            return math.nan
+        begin = time.perf_counter()
+        self.vllm.wait()  # a background sync in flight: evaluate the newest weights
+        metrics = run_eval_command(
+            config.eval_command, base_url=self.vllm.base_url, model_name=self.vllm.model_name,
+            out_dir=self.run_dir / "evals" / f"step_{step}", step=step, metric=config.eval_metric,
+            timeout=config.eval_timeout, log_path=self.run_dir / "logs" / "eval.log")
+        self.runlog.log_eval(step, metrics, config.eval_metric)
+        self.eval_seconds += time.perf_counter() - begin  # outside the training budget
+        return metrics[config.eval_metric]
+
+    def evaluate_before(self) -> None:
+        """The policy before training (a resumed run reads the first run's figure)."""
+        if self.resume is None:
+            self.eval_before = self.evaluate(0)
+        else:
+            self.eval_before = next((a for s, a in self.runlog.evals if s == 0), math.nan)
+
+    # ------------------------------------------------------------------ run-api
+    def register(self) -> None:
+        """Register with run-api (rank 0); on a resume first fetch again the batches served after the checkpoint."""
+        from atroposlib.api.client import AtroposClient
+        from atroposlib.api.models import Registration
+        from example_trainer.replay import fetch_served_batches
+
+        config, start_step = self.config, self.policy.start_step
+        if self.dist.is_main:
+            client = self.client = AtroposClient(config.api_url, api_key=config.api_key)
+            if self.resume is not None:  # before registering: an older run-api forgets them then
+                self.replay = fetch_served_batches(client, start_step, self.run_dir, config.batch_size)
+                self.prom.batches_replayed.inc(self.replay.replayed)
+                self.prom.batches_lost.inc(len(self.replay.lost))
+            client.register(Registration(
+                wandb_group=config.wandb_group or "", wandb_project=config.wandb_project or "",
+                batch_size=config.batch_size, max_token_len=config.max_token_len,
+                checkpoint_dir=str(self.run_dir / "checkpoints"),
+                save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
+                starting_step=max(start_step, self.replay.server_step), num_steps=config.training_steps,
+                max_staleness=config.max_staleness, vocab_size=self.guard.vocab_size))
+            print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size} "
+                  f"max_token_len={config.max_token_len} vocab_size={self.guard.vocab_size}", flush=True)
+        self.train_start = time.perf_counter()
+
+    def out_of_budget(self, last_step_seconds: float) -> bool:
+        """True when the next step (assumed as long as the last) would overrun ``--max-train-seconds``.
+
+        Evaluations do not count: the budget is for training, however often one evaluates.
+        """
+        config = self.config
+        elapsed = time.perf_counter() - (self.train_start or 0.0) - self.eval_seconds
+        if self.dist.from_main(bool(config.max_train_seconds)
+                               and elapsed + last_step_seconds > config.max_train_seconds):
+            print(f"[grpo] time budget of {config.max_train_seconds:.0f}s used after "
+                  f"{self.steps_done} steps: finishing", flush=True)
+            self.out_of_time, self.stopped = True, "time_budget"
+            return True
+        return False
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, name: str) -> None:
+        """Write ``checkpoints/<name>`` for :attr:`steps_done` (every rank gathers, rank 0 writes)."""
+        from example_trainer import checkpoint as ckpt_io
+        from example_trainer import lora
+        from example_trainer.vllm_sync import save_weights
+
+        model, tokenizer, dist = self.policy.model, self.policy.tokenizer, self.dist
+
+        def write_weights(out: Path) -> None:
+            if lora.is_lora(model):
+                lora.save_adapter(model, out / "adapter", full)
+                if name != "final":  # a full model only where something must load one
+                    return
+            hf_model, weights = lora.export(model, full)  # LoRA: the adapter merged in
+            save_weights(hf_model, tokenizer, out, True, state_dict=weights)
+
+        begin = time.perf_counter()
+        full = dist.full_state_dict(model)  # sharded: every rank gathers, rank 0 writes
+        ckpt_io.save_checkpoint(self.run_dir / "checkpoints" / name, step=self.steps_done, model=model,
+                                optimizer=self.policy.optimizer, write_weights=write_weights,
+                                lora=lora.is_lora(model), is_main=dist.is_main)
+        self.prom.checkpoint.observe(time.perf_counter() - begin)
+        self.last_checkpoint, self.saved_step = self.run_dir / "checkpoints" / name, self.steps_done
+        if dist.is_main:
+            ckpt_io.prune_checkpoints(self.run_dir, self.config.checkpoint_keep)
+
+    def save_on_failure(self, exc: BaseException) -> None:
+        """Keep what this run trained since its last checkpoint before the exception propagates."""
+        from example_trainer.stopping import save_on_exit
+
+        if self.steps_done > self.saved_step:
+            save_on_exit(self.dist, self.save_checkpoint, self.steps_done, exc)
+
+    def finish_training(self) -> None:
+        """After the loop: the final checkpoint, then the final evaluation (unless stopped)."""
+        config = self.config
+        self.train_seconds = time.perf_counter() - (self.train_start or time.perf_counter())
+        self.save_checkpoint("final")
+        steps_done = self.steps_done
+        if steps_done and config.eval_command and not self.dist.from_main(self.stop.requested):
+            if steps_done % config.weight_sync_interval and steps_done != config.training_steps:
+                self.sync_vllm(steps_done)
+            self.eval_after = self.evaluate(steps_done)
+
+    # ------------------------------------------------------------------ the end, however it came
+    def close(self, failure: BaseException | None) -> dict[str, Any]:
+        """Stop vLLM and the watchers, write ``summary.json`` (rank 0) and return the summary."""
+        from example_trainer.report import write_summary
+        from example_trainer.stopping import failed_part
+
+        config, dist, runlog = self.config, self.dist, self.runlog
+        self.stop.restore()  # the caller's SIGINT/SIGTERM handlers again
+        if self.watch is not None:
+            self.watch.stop()
+        self.prom.close()
+        if self.train_seconds is None:  # interrupted inside the loop (or before it began)
+            self.train_seconds = 0.0 if self.train_start is None else time.perf_counter() - self.train_start
+        if failure is not None:
+            self.stopped = "interrupted" if isinstance(failure, KeyboardInterrupt) else "error"
+        dist.close(failure)  # the other ranks wait here for rank 0's final eval
+        if dist.is_main:
+            self.vllm.stop()
+            self.vllm.cleanup()  # the sync copy duplicates checkpoints/final
+        if runlog.history:
+            runlog.plot(self.run_dir / "plot.png")
+        last = self.last_checkpoint
+        summary = write_summary(
+            self.run_dir / "summary.json" if dist.is_main else None, steps=self.steps_done,
+            training_steps=config.training_steps,
+            wall_seconds=time.perf_counter() - self.wall_start, train_loop_seconds=self.train_seconds,
+            eval_accuracy_before=self.eval_before, eval_accuracy_after=self.eval_after,
+            eval_accuracy_delta=self.eval_after - self.eval_before,
+            evals=[{"step": s, "accuracy": a} for s, a in runlog.evals],
+            final_checkpoint=str(last) if last and last.name == "final" else None,
+            last_checkpoint=str(last) if last else None,
+            stopped=self.stopped, error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
+            failed_part=failed_part(failure),
+            stop_signal=self.stop.signum if self.stopped == "stop_requested" else None,
+            stopped_by_time_budget=self.out_of_time, eval_seconds=self.eval_seconds,
+            weight_sync=config.weight_sync, **(self.vllm.summary() if dist.is_main else {}),
+            batch_size=config.batch_size, lr=config.lr,
+            mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
+            mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
+            **self.guard.summary(), replayed_batches=self.replay.replayed, lost_batches=len(self.replay.lost),
+        )
+        runlog.close()
+        if dist.is_main:
+            print(f"[grpo] summary: {summary}", flush=True)
+        return summary
+
+
+def _mean(values: Any) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+__all__ = ["TrainingRun", "make_run_dir"]

@@ -1,0 +1,452 @@
+"""Keep every inference node (``atropos-inference-node``) on the trainer's weights, with no shared disk needed.
+
+Per node, one of two paths, chosen once and logged:
+
+* **file** (fast path): the node runs on this host (same hostname and boot id) and reads a probe
+  file the trainer wrote into its run directory. The trainer writes safetensors there and the
+  node loads them (``POST /atropos/weights/load``), as a trainer-owned vLLM does.
+* **http**: otherwise. The trainer sends the tensors as one safetensors body with its sha-256
+  (``PUT /atropos/weights``), in the node's dtype, to all such nodes at once.
+
+Failure: each node gets ``timeout`` seconds per sync (upload, drain, load). A node that misses it,
+or refuses, is marked stale and named in ONE warning with the fix; every sync it misses is
+counted (``sync/nodes_failed``, the summary's ``weight_sync_failures``). Training never waits
+for it again: a watcher thread polls stale nodes and re-sends the current weights as soon as one
+answers (a restarted node refuses completions until then). Use :class:`NodeFleet` through
+:class:`example_trainer.vllm_sync.VLLMSync`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from atroposlib.errors import InferenceError
+from atroposlib.inference.node.models import (
+    ADAPTER_CONFIG_KEY,
+    DIGEST_HEADER,
+    PROBE_PREFIX,
+    NodeStatus,
+    content_digest,
+)
+
+#: Seconds between two looks at the stale nodes.
+WATCH_INTERVAL_S = 2.0
+#: Seconds a status probe of a stale node may take.
+PROBE_TIMEOUT_S = 5.0
+
+
+def _log(message: str) -> None:
+    print(f"[grpo] {message}", flush=True)
+
+
+@dataclass
+class Node:
+    """One inference node as the trainer sees it.
+
+    Attributes:
+        url: root URL (no ``/v1``).
+        path: ``file`` (reads the trainer's run directory) or ``http`` (pushed to).
+        dtype: the node's vLLM dtype (pushes are cast to it).
+        stale: missed the last sync; re-sent the weights once it answers.
+        failures: syncs this node did not get (failed or missed while stale).
+    """
+
+    url: str
+    path: Literal["file", "http"]
+    dtype: str
+    lora_enabled: bool = False
+    stale: bool = False
+    failures: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+@dataclass
+class Payload:
+    """One version of the weights, ready for every node."""
+
+    version: int
+    kind: Literal["full", "lora"]
+    lora_name: str | None
+    bodies: dict[str, bytes]  # node dtype -> safetensors bytes (http nodes)
+    directory: Path | None  # where file-path nodes read it
+    tensors: int
+
+
+class NodeFleet:
+    """The trainer's inference nodes: discovery, concurrent pushes, stale tracking, re-sync.
+
+    Args:
+        nodes: the nodes (see :meth:`discover`).
+        api_key: their bearer token (None: none).
+        timeout: seconds one node may take per sync (``--weight-sync-timeout``).
+    """
+
+    def __init__(self, nodes: list[Node], api_key: str | None, timeout: float):
+        self.nodes = nodes
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = timeout
+        self.version: int | None = None
+        self._names: list[str] | None = None  # tensors a full push carries (chosen once)
+        self._last: Payload | None = None
+        self._payload_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ discovery
+    @classmethod
+    def discover(cls, urls: list[str], api_key: str | None, timeout: float, run_dir: Path,
+                 transport: str = "auto") -> tuple[NodeFleet | None, list[str]]:
+        """Split ``urls`` into inference nodes and plain vLLM servers; choose each node's path.
+
+        Args:
+            urls: OpenAI base URLs (``http://host:port/v1``).
+            api_key: the nodes' bearer token.
+            timeout: ``--weight-sync-timeout``.
+            run_dir: the trainer's directory for weights (file-path nodes read it).
+            transport: ``auto`` (file path where possible, else http) or ``http`` (always push).
+
+        Returns:
+            ``(fleet or None, plain vLLM URLs)``.
+
+        Raises:
+            InferenceError: a node refused the API key or answered its status route oddly.
+        """
+        import httpx
+
+        nodes: list[Node] = []
+        plain: list[str] = []
+        probe = run_dir / f"{PROBE_PREFIX}{secrets.token_hex(8)}"
+        token = secrets.token_hex(16)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        here = (socket.gethostname(), _boot_id())
+        try:
+            with httpx.Client(timeout=30.0, trust_env=False, headers=headers) as client:
+                for url in urls:
+                    root = url.rstrip("/").removesuffix("/v1")
+                    try:
+                        answer = client.get(f"{root}/atropos/status")
+                    except httpx.HTTPError as exc:
+                        raise InferenceError(f"inference server {root} stopped answering "
+                                             f"({type(exc).__name__}: {exc}); is it running?") from exc
+                    if answer.status_code == 404:
+                        plain.append(url)
+                        continue
+                    if answer.status_code in (401, 403):
+                        raise InferenceError(
+                            f"inference node {root} refused the API key (HTTP {answer.status_code});"
+                            " pass the node's key with --vllm-api-key or $ATROPOS_API_KEY")
+                    if answer.status_code != 200:
+                        raise InferenceError(f"GET {root}/atropos/status answered "
+                                             f"{answer.status_code}: {answer.text[:300]}")
+                    status = NodeStatus.model_validate(answer.json())
+                    same_host = (status.hostname, status.boot_id) == here
+                    reads = transport == "auto" and same_host and client.post(
+                        f"{root}/atropos/probe", json={"path": str(probe.resolve()),
+                                                       "content": token}).json().get("matches")
+                    nodes.append(Node(root, "file" if reads else "http", status.dtype,
+                                      status.lora_enabled))
+                    if reads:
+                        why = "same host, reads the run directory -> weights by local file"
+                    else:
+                        where = ("--weight-transport http" if transport != "auto" else
+                                 "same host but the run directory is hidden from it" if same_host
+                                 else "another host")
+                        why = f"{where} -> weights pushed over HTTP in {status.dtype}"
+                    _log(f"inference node {root}: {why}")
+        finally:
+            probe.unlink(missing_ok=True)
+        return (cls(nodes, api_key, timeout) if nodes else None), plain
+
+    # ------------------------------------------------------------------ pushing
+    def prepare(self, model: Any, state_dict: dict[str, Any] | None, *, weights_dir: Path,
+                lora_name: str | None, copy: bool) -> dict[str, Any]:
+        """Pick what a push carries from the policy now; the keyword arguments of :meth:`push`.
+
+        Args:
+            model: the policy (plain, peft or FSDP-sharded).
+            state_dict: its full state dict (gathered FSDP shards), or None to read the model.
+            weights_dir: the trainer's weights directory (file-path nodes read from it).
+            lora_name: set for ``--weight-sync lora``: push the adapter, served under this name.
+            copy: copy the tensors (the push runs in the background while training changes them).
+
+        Returns:
+            ``weights``, ``directory``, ``kind``, ``lora_name`` and ``metadata`` for :meth:`push`.
+        """
+        from example_trainer import lora
+        from example_trainer.weight_select import names_to_send, tied_names
+
+        if lora_name is not None:
+            adapter_dir = weights_dir / "adapter"
+            lora.save_adapter(model, adapter_dir.resolve(), state_dict)
+            tensors, metadata = adapter_metadata(adapter_dir)
+            return {"weights": tensors, "directory": adapter_dir, "kind": "lora",
+                    "lora_name": lora_name, "metadata": metadata}
+        hf_model, weights = lora.export(model, state_dict)  # LoRA: the adapter merged in
+        weights = weights if weights is not None else hf_model.state_dict()
+        if self._names is None:
+            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+            tied = tied_names(hf_model)
+            self._names = [n for n in names_to_send(weights, trainable) if n not in tied]
+            _log(f"weight pushes carry {len(self._names)} of {len(weights)} tensors (the blocks "
+                 "training changes)")
+        chosen = {n: (weights[n].detach().clone() if copy else weights[n]) for n in self._names}
+        return {"weights": chosen, "directory": weights_dir, "kind": "full", "lora_name": None,
+                "metadata": None}
+
+    def push(self, weights: dict[str, Any], version: int, directory: Path, *,
+             kind: Literal["full", "lora"] = "full", lora_name: str | None = None,
+             metadata: dict[str, str] | None = None) -> dict[str, float]:
+        """Send ``weights`` as ``version`` to every node that is not stale, concurrently.
+
+        Args:
+            weights: the tensors to send (HF names; already selected, see
+                :mod:`example_trainer.weight_select`).
+            version: the policy version (trainer step).
+            directory: where file-path nodes read them: written here first if any node uses
+                the file path (kind full: ``model.safetensors``; kind lora: the caller already
+                saved the adapter there).
+            kind: ``full`` model tensors or a ``lora`` adapter.
+            lora_name: kind lora: the served adapter name.
+            metadata: safetensors metadata of the body (kind lora: the adapter config).
+
+        Returns:
+            ``sync/update_seconds``, ``sync/bytes_sent``, ``sync/nodes_ok`` and
+            ``sync/nodes_failed`` (nodes without this version: failed now or still stale).
+        """
+        from example_trainer.weight_select import select, serialize
+
+        bodies: dict[str, bytes] = {}
+        for dtype in sorted({n.dtype for n in self.nodes if n.path == "http"}):
+            bodies[dtype] = serialize(select(weights, list(weights), dtype), metadata)
+        if kind == "full" and any(n.path == "file" for n in self.nodes):
+            directory.mkdir(parents=True, exist_ok=True)
+            from safetensors.torch import save_file
+
+            save_file(select(weights, list(weights), None), directory / "model.safetensors")
+        payload = Payload(version, kind, lora_name, bodies, directory, len(weights))
+        with self._payload_lock:
+            self._last, self.version = payload, version
+        # stale nodes get this version from the watcher once they answer; a node the watcher
+        # is re-sending to right now is waited for (within the timeout)
+        begin = time.perf_counter()
+        targets = []
+        for node in self.nodes:
+            wait = max(0.0, self.timeout - (time.perf_counter() - begin))
+            if not node.stale and node.lock.acquire(timeout=wait):
+                targets.append(node)
+        try:
+            results = asyncio.run(self._send_all(targets, payload)) if targets else []
+        finally:
+            for node in targets:
+                node.lock.release()
+        seconds = time.perf_counter() - begin
+        sent = 0
+        for node, error in zip(targets, results, strict=True):
+            if error is None:
+                sent += len(bodies.get(node.dtype, b"")) if node.path == "http" else 0
+            else:
+                self._mark_stale(node, version, error)
+        for node in self.nodes:
+            if node.stale and node not in targets:
+                node.failures += 1  # skipped while stale: this sync did not land there either
+        failed = len(self.nodes) - len(targets) + sum(e is not None for e in results)
+        self._ensure_watcher()
+        return {"sync/update_seconds": seconds, "sync/bytes_sent": float(sent),
+                "sync/nodes_ok": float(len(self.nodes) - failed), "sync/nodes_failed": float(failed)}
+
+    async def _send_all(self, nodes: list[Node], payload: Payload) -> list[str | None]:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), trust_env=False,
+                                     headers=self.headers) as client:
+            return list(await asyncio.gather(*(self._send(client, n, payload) for n in nodes)))
+
+    async def _send(self, client: Any, node: Node, payload: Payload) -> str | None:
+        """Send ``payload`` to one node within the timeout; None on success, else the reason."""
+        import httpx
+
+        try:
+            answer = await asyncio.wait_for(self._request(client, node, payload), self.timeout)
+        except TimeoutError:
+            return f"no answer within --weight-sync-timeout {self.timeout:.0f} s"
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc or 'connection failed'}"
+        if answer.status_code != 200:
+            return f"HTTP {answer.status_code}: {answer.text[:300]}"
+        return None
+
+    def _request(self, client: Any, node: Node, payload: Payload) -> Any:
+        if node.path == "file":
+            return client.post(f"{node.url}/atropos/weights/load", json={
+                "path": str(Path(payload.directory or ".").resolve()), "version": payload.version,
+                "kind": payload.kind, "lora_name": payload.lora_name})
+        body = payload.bodies[node.dtype]
+        params: dict[str, Any] = {"version": payload.version, "kind": payload.kind}
+        if payload.lora_name:
+            params["lora_name"] = payload.lora_name
+        return client.put(f"{node.url}/atropos/weights", params=params, content=body,
+                          headers={DIGEST_HEADER: content_digest(body),
+                                   "Content-Type": "application/octet-stream"})
+
+    def _mark_stale(self, node: Node, version: int, reason: str, count: bool = True) -> None:
+        if count:
+            node.failures += 1
+        if node.stale:
+            return
+        node.stale = True
+        print(f"[grpo] WARNING: inference node {node.url} missed the weight sync to policy version "
+              f"{version} ({reason}). It is marked stale and skipped until it answers again; then it "
+              "gets the current weights (a restarted node refuses completions until it has them). "
+              f"Fix: check that atropos-inference-node runs there (curl {node.url}/atropos/status)"
+              f", or raise --weight-sync-timeout (now {self.timeout:.0f} s) if it is only slow.",
+              file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ re-sync
+    def _ensure_watcher(self) -> None:
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="node-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        """Every few seconds: any node not on the current version (stale, or restarted) is re-sent it."""
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            for node in self.nodes:
+                if self._stop.is_set():
+                    return
+                try:
+                    self.resync(node)
+                except Exception as exc:  # noqa: BLE001 - the watcher must outlive one bad probe
+                    print(f"[grpo] re-sync of {node.url} failed: {exc}", file=sys.stderr, flush=True)
+
+    def resync(self, node: Node) -> bool:
+        """Check one node; if it answers without the current version, send it. True when current.
+
+        A stale node is sent the weights as soon as it answers. A node that restarted between
+        two syncs (it awaits weights) is caught here too, so it never waits for the next
+        training step to serve again.
+        """
+        import httpx
+
+        with self._payload_lock:
+            payload = self._last
+        if payload is None:
+            return True
+        try:
+            answer = httpx.get(f"{node.url}/atropos/status", headers=self.headers,
+                               timeout=PROBE_TIMEOUT_S, trust_env=False)
+            status = NodeStatus.model_validate(answer.json()) if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            status = None
+        if status is None or status.state == "applying":
+            return False
+        behind = status.policy_version != payload.version or status.state != "serving"
+        if behind and not node.stale and status.state == "serving":
+            return False  # an older version on a node that is not stale: a push is under way
+        if not node.lock.acquire(blocking=False):  # a push to it is in flight
+            return False
+        try:
+            with self._payload_lock:
+                payload = self._last or payload
+            begin = time.perf_counter()
+            if behind:
+                if not node.stale:
+                    _log(f"inference node {node.url} serves version {status.policy_version} "
+                         f"({status.state}), not {payload.version}: it restarted? re-sending")
+                if node.path == "http":  # maybe restarted in another dtype: any body will do
+                    node.dtype = status.dtype if status.dtype in payload.bodies else next(iter(payload.bodies))
+                error = asyncio.run(self._send_all([node], payload))[0]
+                if error is not None:
+                    self._mark_stale(node, payload.version, error, count=False)
+                    return False
+            with self._payload_lock:
+                if self._last is not payload:  # a newer version was pushed meanwhile: again
+                    return False
+                was_stale, node.stale = node.stale, False
+            if was_stale:
+                _log(f"inference node {node.url} is back: re-sent policy version {payload.version} "
+                     f"({time.perf_counter() - begin:.1f} s); it serves again")
+            return True
+        finally:
+            node.lock.release()
+
+    def summary(self) -> dict[str, Any]:
+        """What the run summary reports about the nodes.
+
+        Returns:
+            ``weight_sync_failures`` (node-syncs that did not land), ``stale_nodes`` (URLs
+            still stale) and ``weight_sync_paths`` (URL -> ``file`` or ``http``).
+        """
+        return {"weight_sync_failures": sum(n.failures for n in self.nodes),
+                "stale_nodes": [n.url for n in self.nodes if n.stale],
+                "weight_sync_paths": {n.url: n.path for n in self.nodes}}
+
+    def close(self) -> None:
+        """Stop the re-sync watcher (a re-send still in flight is left to end with the process)."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(PROBE_TIMEOUT_S)
+            self._watcher = None
+
+
+def connect_nodes(config: Any, urls: list[str], weights_dir: Path) -> NodeFleet | None:
+    """The inference nodes among the trainer's ``--vllm-url`` servers, ready to push to (None: none).
+
+    Args:
+        config: the :class:`~example_trainer.config.TrainerConfig`.
+        urls: the ``--vllm-url`` list.
+        weights_dir: the trainer's weights directory.
+
+    Raises:
+        InferenceError: the list mixes nodes and plain vLLM servers, or a node refused the key.
+    """
+    import os
+
+    from atroposlib.utils.api_key import API_KEY_ENV
+
+    api_key = config.vllm_api_key or os.environ.get(API_KEY_ENV) or None
+    if config.weight_transport == "nccl":
+        from example_trainer.nccl_sync import NcclFleet
+
+        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
+    fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
+                                      config.weight_transport)
+    if fleet is not None and config.weight_sync == "lora":
+        without = [n.url for n in fleet.nodes if not n.lora_enabled]
+        if without:
+            raise InferenceError(
+                f"--weight-sync lora: the nodes {', '.join(without)} run vLLM without LoRA; start "
+                f"them with `atropos-inference-node ... -- --enable-lora --max-lora-rank "
+                f"{config.lora_r}`, or use --weight-sync reload (the adapter merged in)")
+    if fleet is not None and plain:
+        raise InferenceError(
+            f"--vllm-url mixes atropos-inference-node nodes ({', '.join(n.url for n in fleet.nodes)})"
+            f" and plain vLLM servers ({', '.join(plain)}): run every server as "
+            "atropos-inference-node (no shared disk needed), or none")
+    return fleet
+
+
+def _boot_id() -> str:
+    from atroposlib.inference.node.state import boot_id
+
+    return boot_id()
+
+
+def adapter_metadata(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors and body metadata of a LoRA push, from an adapter saved with ``save_pretrained``."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    return tensors, {ADAPTER_CONFIG_KEY: (adapter_dir / "adapter_config.json").read_text()}
+
+
+__all__ = ["Node", "NodeFleet", "Payload", "adapter_metadata", "connect_nodes"]
