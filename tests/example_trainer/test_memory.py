@@ -111,3 +111,21 @@ def test_the_trainer_sizes_its_vllm_from_its_batches(bundled_model_dir):
     assert coarse.kv_cache_bytes == (64 * 2 + 1) * 128 * 23_040
     fixed = vllm_sizing(TrainerConfig(**base, vllm_max_num_seqs=8, vllm_kv_cache_gib=1.5))
     assert (fixed.max_num_seqs, fixed.kv_cache_bytes) == (8, int(1.5 * 2**30))
+
+
+def test_temperature_one_adds_no_logits_copy_and_changes_nothing():
+    """softmax(logits / 1) is softmax(logits): the division (a [B, T, V] copy and its
+    gradient) is skipped, with identical log-probs and gradients."""
+    from example_trainer.loss import scaled_logits, token_logprobs
+
+    logits = torch.randn(2, 3, 11, requires_grad=True)
+    labels = torch.tensor([[1, 2, -100], [4, 5, 6]])
+    ones = torch.tensor([1.0, 0.0])  # <= 0 counts as 1
+    assert scaled_logits(logits, ones) is logits
+    a = token_logprobs(logits, labels, ones)
+    (ga,) = torch.autograd.grad(a.sum(), logits)
+    b = token_logprobs(logits, labels, None)
+    (gb,) = torch.autograd.grad(b.sum(), logits)
+    assert torch.equal(a, b) and torch.equal(ga, gb)
+    hot = scaled_logits(logits, torch.tensor([0.5, 1.0]))
+    assert torch.allclose(hot[0], logits[0] * 2) and torch.equal(hot[1], logits[1])
