@@ -66,6 +66,7 @@ class Tree:
         self.root = psutil.Process(self.proc.pid)
         self.known: dict[int, Any] = {self.proc.pid: self.root}
         self.parts: dict[int, str] = {}
+        self.parents: dict[int, int] = {}
         self.peak_rss = 0
         self.peak_rss_by_part: dict[str, int] = {}
         self.peak_pss = 0
@@ -82,9 +83,14 @@ class Tree:
         if self.parts.get(pid, "other") == "other":  # a spawned child renames itself later
             try:
                 self.parts[pid] = part_of(" ".join(proc.cmdline()) or proc.name())
+                self.parents.setdefault(pid, proc.ppid())
             except psutil.Error:
                 return "other"
-        return self.parts[pid]
+        part = self.parts[pid]
+        if part == "other":  # until it does, it counts as its parent's (vLLM's API server
+            parent = self.parts.get(self.parents.get(pid, -1), "other")  # spawns its engine)
+            part = "vllm-engine" if parent == "vllm-api" else parent
+        return part
 
     def sample(self) -> dict[str, int]:
         """One sample: RSS bytes per part now (also updates the peaks)."""

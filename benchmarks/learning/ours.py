@@ -115,7 +115,8 @@ def env_group_counts(log_dir: Path) -> dict[str, Any]:
 
     Returns:
         ``{"series": [{"step", "accepted", "dropped_same_scores", "sampled"}, ...], "final":
-        the last of them}`` summed over the envs' logs (``{}`` when no log has a line).
+        the last of them}`` (``step`` None for the line logged when the env stopped; ``{}``
+        when no log has a line).
     """
     import ast
 
@@ -131,7 +132,7 @@ def env_group_counts(log_dir: Path) -> dict[str, Any]:
                 continue
             accepted = int(stats.get("groups_accepted", 0))
             dropped = {k: int(v) for k, v in stats.items() if k.startswith("groups_dropped_")}
-            series.append({"step": int(step.group(1)) if step else (series[-1]["step"] if series else 0),
+            series.append({"step": int(step.group(1)) if step else None,  # None: the final line
                            "accepted": accepted,
                            "dropped_same_scores": dropped.get("groups_dropped_same_scores", 0),
                            "sampled": accepted + sum(dropped.values())})
