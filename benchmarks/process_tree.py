@@ -1,4 +1,4 @@
-"""A benchmark's child process in its own session: its descendants, their peak RSS, a clean stop."""
+"""A benchmark's child process in its own session: its descendants, their peak RSS and PSS per part, a clean stop."""
 
 from __future__ import annotations
 
@@ -13,49 +13,118 @@ from atroposlib.utils.offline import OFFLINE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: (part, substring of the command line), first match wins; anything else is ``other``
+PARTS: tuple[tuple[str, str], ...] = (
+    ("vllm-worker", "VLLM::Worker"),
+    ("vllm-engine", "VLLM::EngineCore"),
+    ("vllm-api", "vllm.entrypoints"),
+    ("trainer", "example_trainer"),
+    ("trainer", "atropos-grpo"),
+    ("run-api", "atroposlib.cli.run_api"),
+    ("launcher", "atroposlib.cli.launch"),
+    ("trl", "--trl-worker"),
+    ("env", " serve"),
+    ("eval", " evaluate"),
+)
+
+
+def part_of(cmdline: str) -> str:
+    """The part a process belongs to, from its command line (see :data:`PARTS`)."""
+    return next((part for part, needle in PARTS if needle in cmdline), "other")
+
 
 class Tree:
-    """A child started in its own session; tracks its descendants and the tree's peak RSS.
+    """A child started in its own session; tracks its descendants and their RSS.
+
+    A poller samples every known process's RSS every ``interval`` seconds. Kept: the peak of
+    the tree's total (``peak_rss``) and, per part (:func:`part_of`: trainer, vllm-api,
+    vllm-engine, vllm-worker, env, run-api, launcher, trl ...), the peak of that part's sum
+    (``peak_rss_by_part``). A part's peak and the total's need not fall in the same sample,
+    so the parts' peaks may add up to more than the total's.
 
     Use it as a context manager (the tree is stopped on exit); every tree started and not
     stopped yet is in :data:`LIVE`, so a bench can stop them all when it is interrupted.
+
+    RSS counts a shared page (a library that several processes map, such as libtorch) once in
+    every process; every ``pss_every``-th sample also reads the proportional set size (PSS:
+    each shared page split between the processes that map it), and ``peak_pss`` is the peak
+    of the tree's total PSS: the memory the tree really needs.
     """
 
-    def __init__(self, argv: list[str], log_path: Path, cwd: Path = ROOT):
-        """Start ``argv`` (offline env vars set, output to ``log_path``) and a 0.5 s RSS poller."""
+    def __init__(self, argv: list[str], log_path: Path, cwd: Path = ROOT, interval: float = 0.5,
+                 env: dict[str, str] | None = None, pss_every: int = 4):
+        """Start ``argv`` (offline env vars set, output to ``log_path``) and the RSS poller."""
         import psutil
 
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115
-        env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": os.pathsep.join(
+        full_env = {**os.environ, **OFFLINE_ENV, **(env or {}), "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._log,
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         LIVE.add(self)
         self.root = psutil.Process(self.proc.pid)
         self.known: dict[int, Any] = {self.proc.pid: self.root}
+        self.parts: dict[int, str] = {}
+        self.parents: dict[int, int] = {}
         self.peak_rss = 0
+        self.peak_rss_by_part: dict[str, int] = {}
+        self.peak_pss = 0
+        self.interval = interval
+        self.pss_every = pss_every
+        self._samples = 0
         self._done = threading.Event()
         self._poller = threading.Thread(target=self._poll, daemon=True, name="rss")
         self._poller.start()
 
-    def _poll(self) -> None:
+    def _part(self, pid: int, proc: Any) -> str:
         import psutil
 
-        while not self._done.is_set():
-            total = 0
+        if self.parts.get(pid, "other") == "other":  # a spawned child renames itself later
             try:
-                for child in self.root.children(recursive=True):
-                    self.known.setdefault(child.pid, child)
+                self.parts[pid] = part_of(" ".join(proc.cmdline()) or proc.name())
+                self.parents.setdefault(pid, proc.ppid())
             except psutil.Error:
-                pass
-            for pid, proc in list(self.known.items()):
-                try:
-                    total += proc.memory_info().rss
-                except psutil.Error:
-                    self.known.pop(pid, None)
-            self.peak_rss = max(self.peak_rss, total)
-            self._done.wait(0.5)
+                return "other"
+        part = self.parts[pid]
+        if part == "other":  # until it does, it counts as its parent's (vLLM's API server
+            parent = self.parts.get(self.parents.get(pid, -1), "other")  # spawns its engine)
+            part = "vllm-engine" if parent == "vllm-api" else parent
+        return part
+
+    def sample(self) -> dict[str, int]:
+        """One sample: RSS bytes per part now (also updates the peaks)."""
+        import psutil
+
+        try:
+            for child in self.root.children(recursive=True):
+                self.known.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+        now: dict[str, int] = {}
+        pss = 0
+        with_pss = self._samples % self.pss_every == 0
+        self._samples += 1
+        for pid, proc in list(self.known.items()):
+            try:
+                rss = proc.memory_info().rss
+                if with_pss:
+                    pss += proc.memory_full_info().pss
+            except psutil.Error:
+                self.known.pop(pid, None)
+                continue
+            part = self._part(pid, proc)
+            now[part] = now.get(part, 0) + rss
+        self.peak_rss = max(self.peak_rss, sum(now.values()))
+        self.peak_pss = max(self.peak_pss, pss)
+        for part, rss in now.items():
+            self.peak_rss_by_part[part] = max(self.peak_rss_by_part.get(part, 0), rss)
+        return now
+
+    def _poll(self) -> None:
+        while not self._done.is_set():
+            self.sample()
+            self._done.wait(self.interval)
 
     def wait(self, timeout: float) -> int:
         """Exit code; on timeout the tree is stopped and TimeoutError raised."""
@@ -100,7 +169,6 @@ class Tree:
             self.proc.wait(10)
         self._log.close()
 
-
     def __enter__(self) -> Tree:
         return self
 
@@ -119,6 +187,3 @@ def _running(proc: Any) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-__all__ = ["LIVE", "Tree"]

@@ -203,6 +203,14 @@ class TrainerConfig(BaseSettings):
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="dtype of the launched vLLM (auto: float32 on CPU).")
     vllm_max_model_len: int = Field(default=2048, ge=1, description="Context of the launched vLLM.")
+    vllm_max_num_seqs: int | None = Field(default=None, ge=1, description="Sequences the "
+                                          "launched vLLM runs at once (--max-num-seqs); null: 4 x "
+                                          "batch_size (what the envs keep in flight), at most 256.")
+    vllm_kv_cache_gib: float | None = Field(default=None, gt=0, description="KV cache of the "
+                                            "launched vLLM on CPU, in GiB; null: room for "
+                                            "vllm_max_num_seqs sequences of min(max_token_len, "
+                                            "vllm_max_model_len) tokens, at most 2 GiB. A "
+                                            "VLLM_CPU_KVCACHE_SPACE in the environment wins.")
     vllm_extra_args: list[str] = Field(default=[], description="Extra `vllm serve` "
                                        "flags for the launched server (a JSON list).")
     vllm_start_timeout: float = Field(default=600.0, gt=0, description="Seconds to wait for "

@@ -97,8 +97,8 @@ def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> tor
         temperature: ``[B]``, ``[B, 1]`` or ``[B, 1, 1]``; values <= 0 are treated as 1. None: 1.
 
     Returns:
-        ``[B, T, V]`` float32 logits (the input itself when it is already float32 and
-        ``temperature`` is None).
+        ``[B, T, V]`` float32 logits (the input itself when it is already float32 and every
+        temperature is 1: no second ``[B, T, V]`` tensor, nor its gradient, for a division by 1).
     """
     import torch
 
@@ -106,7 +106,10 @@ def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> tor
     if temperature is None:
         return logits
     temp = temperature.reshape(-1, 1, 1).to(logits)
-    return logits / torch.where(temp > 0, temp, torch.ones_like(temp))
+    temp = torch.where(temp > 0, temp, torch.ones_like(temp))
+    if bool((temp == 1).all()):
+        return logits
+    return logits / temp
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:

@@ -72,6 +72,10 @@ def load_training_policy(config: Any, dist: Any, resume: Any, device: Any) -> Po
         model.gradient_checkpointing_enable()
         if config.lora_r:  # frozen embeddings: inputs must carry grad for checkpointed blocks
             model.enable_input_require_grads()
+    if config.mixed_precision == "bf16" and not config.lora_r and not dist.enabled:
+        from example_trainer.memory import compact_frozen_linears
+
+        compact_frozen_linears(model, torch.bfloat16)  # frozen Linears in bf16: exact under autocast
     if resume is not None and resume.lora:  # before sharding: FSDP shards the loaded adapter
         lora.load_adapter(model, resume.adapter_dir)
     model = dist.shard(model)

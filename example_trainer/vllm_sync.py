@@ -40,6 +40,8 @@ class VLLMSync:
 
     * ``reload``: save safetensors into ``<run_dir>/vllm_weights`` and ask the running vLLM to
       load them (``POST /collective_rpc reload_weights`` + ``/reset_prefix_cache``): ~1 s on CPU.
+      Once vLLM holds the frozen weights (it was launched on the starting model, or got one
+      full sync) only the trained tensors are written; vLLM keeps the others.
     * ``restart``: save a full checkpoint there and restart vLLM on it (~30 s on CPU; the
       environments retry while it is down).
     * ``lora``: save only the LoRA adapter and hot-load it (``POST /v1/load_lora_adapter``,
@@ -76,6 +78,9 @@ class VLLMSync:
         self._external_url = self._external_urls[0] if self._external_urls else None
         self.fleet: Any = None  # atropos-inference-node nodes among the URLs (NodeFleet)
         self._pending: Any = None  # the background sync in flight (concurrent.futures.Future)
+        # whether vLLM holds the trainer's frozen weights: true when the trainer launches it on
+        # the starting model (not when resuming: the checkpoint may differ), else after a full sync
+        self._holds_frozen = not self._external_urls and not config.resume
         self._executor: Any = None
 
     @property
@@ -105,9 +110,11 @@ class VLLMSync:
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cfg = self.config
+        sizing = vllm_sizing(cfg)
         self.process = VLLMProcess(
             cfg.model, served_model_name=cfg.served_model_name, port=cfg.vllm_port,
             dtype=cfg.vllm_dtype, max_model_len=cfg.vllm_max_model_len,
+            max_num_seqs=sizing.max_num_seqs, kv_cache_bytes=sizing.kv_cache_bytes,
             extra_args=[*self._lora_args(), *cfg.vllm_extra_args], log_path=self.log_path,
             dev_mode=True, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if cfg.weight_sync == "lora" else None,
         )
@@ -163,7 +170,7 @@ class VLLMSync:
             model: the policy being trained.
             tokenizer: its tokenizer (needed by ``restart``).
             state_dict: full weights to write instead of ``model``'s own (gathered FSDP shards).
-            background: ``reload`` only: take a copy of the weights now (in vLLM's dtype) and
+            background: ``reload`` only: copy the trained weights now (in vLLM's dtype) and
                 write + reload them in a background thread, so the trainer's next step runs
                 while vLLM loads this one. A sync first waits for the one before it, so at most
                 one is in flight and vLLM's policy lags the trainer by at most one sync. Call
@@ -188,28 +195,32 @@ class VLLMSync:
             return self._sync_nodes(model, state_dict, background, version)
         if mode == "lora":
             return self._load_adapter(model, state_dict)
-        from example_trainer.lora import export
+        from example_trainer.lora import export, is_lora
+        from example_trainer.memory import sync_tensors, trained_names
 
         background = background and mode == "reload"
         begin = time.perf_counter()
         previous = self.wait() if background else {}
         waited = time.perf_counter() - begin
         hf_model, weights = export(model, state_dict)  # LoRA: the adapter merged in
-        if mode == "reload" and self.config.vllm_dtype in ("bfloat16", "float16"):
-            weights = _cast_floats(weights if weights is not None else hf_model.state_dict(),
-                                   self.config.vllm_dtype)  # half the bytes to write and read
-        elif background:  # a private copy: the optimizer changes the live tensors meanwhile
-            weights = _cast_floats(weights if weights is not None else hf_model.state_dict(), None)
+        weights = weights if weights is not None else hf_model.state_dict()
+        # reload: once vLLM holds the frozen weights, only what training changed is written
+        # (LoRA's merged weights are all new); bf16/fp16 vLLM: half the bytes of fp32
+        partial = mode == "reload" and self._holds_frozen and not is_lora(model)
+        weights = sync_tensors(
+            weights, set(weights) if is_lora(model) else trained_names(model), partial,
+            self.config.vllm_dtype if mode == "reload" and self.config.vllm_dtype in ("bfloat16", "float16")
+            else None, snapshot=background)
+        self._holds_frozen = self._holds_frozen or mode == "reload"
         if background:
             from concurrent.futures import ThreadPoolExecutor
 
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="vllm-sync")
-            self._pending = self._executor.submit(self._save_and_reload, hf_model, weights)
+            self._pending = self._executor.submit(self._save_and_reload, hf_model, weights, partial)
             return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0, **previous,
                     "sync/wait_seconds": waited}
-        save_s = save_weights(hf_model, tokenizer, self.weights_dir,
-                              with_tokenizer=mode == "restart", state_dict=weights)
+        save_s = self._write(hf_model, tokenizer, weights, partial, with_tokenizer=mode == "restart")
         if mode == "restart":
             update_s = self.process.restart(model=self.weights_dir, timeout=self.config.vllm_start_timeout)
         elif self.process is not None:
@@ -218,10 +229,23 @@ class VLLMSync:
             update_s = self._reload_external()
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
 
-    def _save_and_reload(self, hf_model: Any, weights: dict[str, Any]) -> dict[str, float]:
+    def _write(self, hf_model: Any, tokenizer: Any, weights: dict[str, Any], partial: bool,
+               with_tokenizer: bool = False) -> float:
+        """Write the sync's weights (all of them with the config, or only the trained ones)."""
+        if not partial:
+            return save_weights(hf_model, tokenizer, self.weights_dir, with_tokenizer, state_dict=weights)
+        from example_trainer.memory import save_tensors
+
+        begin = time.perf_counter()
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        if not (self.weights_dir / "config.json").exists():
+            hf_model.config.save_pretrained(self.weights_dir)
+        save_tensors(weights, self.weights_dir / "model.safetensors")
+        return time.perf_counter() - begin
+
+    def _save_and_reload(self, hf_model: Any, weights: dict[str, Any], partial: bool) -> dict[str, float]:
         """Write ``weights`` and reload vLLM on them (the body of a background sync)."""
-        save_s = save_weights(hf_model, None, self.weights_dir, with_tokenizer=False,
-                              state_dict=weights)
+        save_s = self._write(hf_model, None, weights, partial)
         update_s = (self.process.reload_weights(self.weights_dir) if self.process is not None
                     else self._reload_external())
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
@@ -349,26 +373,30 @@ class VLLMSync:
             self.process.stop()
 
 
-def _cast_floats(state_dict: dict[str, Any], dtype_name: str | None) -> dict[str, Any]:
-    """``state_dict`` with floating tensors copied as ``torch.<dtype_name>`` (the server's dtype).
+def vllm_sizing(config: Any) -> Any:
+    """The launched vLLM's ``--max-num-seqs`` and CPU KV cache for this run's batches.
 
-    vLLM casts whatever it loads to its own dtype, so writing that dtype directly loses nothing
-    and halves the bytes of an fp32 policy. ``dtype_name=None`` copies in each tensor's own
-    dtype (a snapshot for a background sync). Tensors that share storage (tied embeddings)
-    stay shared, so ``save_pretrained`` still recognises the tie.
+    :func:`~atroposlib.inference.sizing.size_for_training` with the trainer's settings, the
+    served dtype and the KV block size (a ``--block-size`` in ``vllm_extra_args`` wins).
+
+    Raises:
+        ConfigError: the model's ``config.json`` cannot size a KV cache (the message says to
+            set ``--vllm-kv-cache-gib``).
     """
-    import torch
+    from atroposlib.errors import ConfigError
+    from atroposlib.inference.sizing import size_for_training
+    from atroposlib.inference.vllm_process import DEFAULT_CPU_BLOCK_SIZE, vllm_is_cpu_build
 
-    dtype = getattr(torch, dtype_name) if dtype_name else None
-    cast: dict[int, Any] = {}
-    out = {}
-    for name, tensor in state_dict.items():
-        if not tensor.is_floating_point():
-            out[name] = tensor
-            continue
-        key = tensor.untyped_storage().data_ptr()
-        if key not in cast:
-            cast[key] = tensor.detach().to(dtype or tensor.dtype, copy=True)
-        out[name] = cast[key]
-    return out
-
+    args = list(config.vllm_extra_args)
+    block = next((int(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--block-size"),
+                 next((int(a.split("=", 1)[1]) for a in args if a.startswith("--block-size=")),
+                      DEFAULT_CPU_BLOCK_SIZE))
+    dtype = config.vllm_dtype
+    if dtype == "auto":  # what VLLMProcess serves: fp32 on CPU, the model's (bf16 assumed) on GPU
+        dtype = "float32" if vllm_is_cpu_build() else "bfloat16"
+    try:
+        return size_for_training(config.model, dtype, config.batch_size, config.max_token_len,
+                                 config.vllm_max_model_len, block, config.vllm_max_num_seqs,
+                                 config.vllm_kv_cache_gib)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (--vllm-kv-cache-gib)") from exc

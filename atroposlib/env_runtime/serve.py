@@ -36,6 +36,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.env_runtime.api_session import ApiSession
+from atroposlib.env_runtime.difficulty import DifficultyFilter
 from atroposlib.env_runtime.outbox import OUTBOX_MAX_GROUPS, Outbox
 from atroposlib.env_runtime.scheduling import (
     YIELD_WINDOW,
@@ -111,6 +112,7 @@ class ServeLoop:
         self.last_progress_log = time.monotonic()
         self.finished = False
         self.metrics: Any = None  # the --env.metrics_port endpoint while serving
+        self.difficulty = DifficultyFilter.for_env(env)  # None unless --env.difficulty_filter
 
     @property
     def client(self) -> AsyncAtroposClient:
@@ -149,6 +151,8 @@ class ServeLoop:
             if outcome.reason is not Skip.INFERENCE:
                 self.recent_yields.append(len(outcome.groups))
             self.backlog.extend(outcome.backlog)
+            if self.difficulty is not None:
+                self.difficulty.note(item, outcome.scores)
             if outcome.groups:
                 await env.handle_send_to_api(outcome.groups, item)
         finally:
@@ -196,7 +200,8 @@ class ServeLoop:
             if self.backlog:
                 item = self.backlog.popleft()
             else:
-                item = await self.env.get_next_item()
+                item = await (self.env.get_next_item() if self.difficulty is None
+                              else self.difficulty.next_item())
                 if item is None:
                     return
             task = asyncio.get_running_loop().create_task(self._worker(item))

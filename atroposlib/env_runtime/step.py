@@ -51,6 +51,8 @@ class Outcome:
         error: the exception behind ``Skip.ERROR`` / ``Skip.INFERENCE``.
         dropped: ``(reason, message)`` for each group the checks dropped.
         duration: seconds spent in the env's hooks.
+        scores: the scores of every group the env returned, before the checks (what the
+            difficulty filter learns from).
     """
 
     groups: list[ScoredDataGroup] = field(default_factory=list)
@@ -59,6 +61,7 @@ class Outcome:
     error: BaseException | None = None
     dropped: list[tuple[Skip, str]] = field(default_factory=list)
     duration: float = 0.0
+    scores: list[list[float]] = field(default_factory=list)
 
     @property
     def group(self) -> ScoredDataGroup | None:
@@ -123,6 +126,7 @@ async def run_item(
         outcome.duration = time.perf_counter() - start
         env.task_durations.append(outcome.duration)
     candidates = [g for g in (scored if isinstance(scored, list) else [scored]) if g is not None]
+    outcome.scores = [list(g["scores"]) for g in candidates if isinstance(g, dict) and g.get("scores")]
     if not candidates:
         outcome.reason = Skip.RETURNED_NONE
         env.stats[_stat_key(outcome.reason)] += 1

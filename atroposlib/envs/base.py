@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
           the W&B rollout table.
         * ``save_checkpoint(step, data)`` / ``load_checkpoint()``: env state across restarts.
         * ``cleanup()``: runs after every item.
+        * ``item_id(item)``: the item's identity for ``--env.difficulty_filter``.
 
     Class attributes: ``name`` (used for wandb/registration names and default file names),
     ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``InferenceClient`` =
@@ -279,6 +281,17 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
     async def cleanup(self) -> None:
         """Runs after every item (serve and process modes); default: nothing."""
+
+    def item_id(self, item: Item) -> Hashable | None:
+        """A stable identity of a training item, for ``--env.difficulty_filter``.
+
+        Items with the same id share one record of how their groups scored. Default: the
+        item's JSON (sorted keys; values JSON cannot hold written with ``str``). Override it
+        to return a dataset index or key, or None for items that should never be filtered.
+        """
+        import json
+
+        return json.dumps(item, sort_keys=True, default=str)
 
     # ------------------------------------------------------------------ group validation & sinks
     def _check_groups(

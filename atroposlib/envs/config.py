@@ -91,6 +91,27 @@ class BaseEnvConfig(BaseModel):
         "gave a usable group, so groups dropped for equal scores do not hold places; <= 0 "
         "disables.",
     )
+    difficulty_filter: bool = Field(
+        default=False,
+        description="serve: sample less often the items whose recent groups all scored the same "
+        "(online difficulty filtering; atroposlib.env_runtime.difficulty): each all-solved group "
+        "multiplies an item's sampling weight by difficulty_filter_solved_keep, each all-failed "
+        "one by difficulty_filter_failed_keep, a mixed group restores it to 1, never below "
+        "difficulty_filter_floor. Items are identified by the env's item_id().",
+    )
+    difficulty_filter_solved_keep: float = Field(
+        default=0.1, gt=0, le=1, description="Weight factor after an all-solved group."
+    )
+    difficulty_filter_failed_keep: float = Field(
+        default=0.5, gt=0, le=1, description="Weight factor after an all-failed group."
+    )
+    difficulty_filter_floor: float = Field(
+        default=0.05, gt=0, le=1,
+        description="Least sampling weight of an item (no item is starved).",
+    )
+    difficulty_filter_solved_score: float = Field(
+        default=1.0, description="A group whose equal scores are >= this counts as solved."
+    )
     tokenizer_name: str | None = Field(
         default=None,
         validate_default=True,

@@ -134,6 +134,25 @@ def vllm_is_cpu_build() -> bool:
         return True
 
 
+def cpu_worker_threads() -> int:
+    """Threads vLLM's CPU worker gets from its automatic binding: physical cores, less one.
+
+    vLLM (``VLLM_CPU_OMP_THREADS_BIND=auto``) binds its worker to one logical CPU per physical
+    core of the allowed CPUs and leaves one core to the engine core's scheduler; this is that
+    count, at least 1. It is set as ``OMP_NUM_THREADS`` when the worker runs inside the engine
+    core (where vLLM does not set it).
+    """
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        import psutil
+
+        logical, physical = psutil.cpu_count() or allowed, psutil.cpu_count(logical=False) or allowed
+        cores = max(1, allowed * physical // max(1, logical))
+    except ImportError:  # pragma: no cover - vLLM depends on psutil
+        cores = allowed
+    return max(1, cores - 1)
+
+
 class VLLMProcess(WeightReload):
     """One stock vLLM OpenAI-compatible server running as a child process group.
 
@@ -164,6 +183,9 @@ class VLLMProcess(WeightReload):
         env: dict | None = None,
         log_path: Path | None = None,
         dev_mode: bool = True,
+        kv_cache_bytes: int | None = None,
+        max_num_seqs: int | None = None,
+        worker_in_engine: bool = True,
         die_with_parent: bool = True,
     ):
         """Describe the server; nothing starts until :meth:`start`.
@@ -185,17 +207,34 @@ class VLLMProcess(WeightReload):
             dev_mode: set ``VLLM_SERVER_DEV_MODE=1``, which enables ``/collective_rpc`` and
                 ``/reset_prefix_cache`` (needed by :meth:`reload_weights`). Only bind such a
                 server to 127.0.0.1: dev endpoints are unauthenticated.
+            kv_cache_bytes: CPU only: the KV cache size (``--kv-cache-memory-bytes``; see
+                :mod:`atroposlib.inference.sizing`); None: ``VLLM_CPU_KVCACHE_SPACE``
+                (default ``DEFAULT_CPU_KVCACHE_GIB``). A ``VLLM_CPU_KVCACHE_SPACE`` set in
+                the environment wins over it (vLLM reads the variable last).
+            max_num_seqs: ``--max-num-seqs`` (sequences run at once); None: vLLM's default.
+            worker_in_engine: CPU only: run the model worker inside vLLM's engine-core process
+                (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``OMP_NUM_THREADS`` set to what vLLM's
+                own thread binding would give it) instead of a third process that loads torch
+                and the model again: about 0.5 GB less resident memory. False: vLLM's default
+                (API server, engine core and one worker process).
             die_with_parent: the server gets :data:`PARENT_DEATH_SIGNAL` when the thread that
                 called :meth:`start` dies, whatever kills it (see :func:`parent_death_preexec`);
                 False leaves a server running after its launcher was killed.
 
         Raises:
-            ValueError: ``max_model_len`` < 1 or an unknown ``dtype``.
+            ValueError: ``max_model_len`` < 1, an unknown ``dtype``, or ``kv_cache_bytes`` /
+                ``max_num_seqs`` below 1.
         """
         if max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1 token, got {max_model_len}")
         if dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float"):
             raise ValueError(f"dtype {dtype!r} is not one of auto, float32, bfloat16, float16")
+        if (kv_cache_bytes is not None and kv_cache_bytes < 1) or (max_num_seqs is not None and max_num_seqs < 1):
+            raise ValueError(f"kv_cache_bytes ({kv_cache_bytes}) and max_num_seqs ({max_num_seqs}) "
+                             "must be >= 1 (or None for vLLM's defaults)")
+        self.kv_cache_bytes = kv_cache_bytes
+        self.max_num_seqs = max_num_seqs
+        self.worker_in_engine = worker_in_engine
         self.model = str(model)
         self.served_model_name = served_model_name
         self.host = host
@@ -269,13 +308,18 @@ class VLLMProcess(WeightReload):
             "--max-model-len",
             str(self.max_model_len),
         ]
+        given = {a.split("=")[0] for a in self.extra_args if a.startswith("--")}
         if cpu:
             # CUDA graphs / torch.compile do not exist on CPU; eager starts in ~30 s, not 80-110 s.
             cmd.append("--enforce-eager")
-            if not any(a.split("=")[0] == "--block-size" for a in self.extra_args):
+            if "--block-size" not in given:
                 cmd += ["--block-size", str(DEFAULT_CPU_BLOCK_SIZE)]
-        elif not any(a.startswith("--gpu-memory-utilization") for a in self.extra_args):
+            if self.kv_cache_bytes is not None and "--kv-cache-memory-bytes" not in given:
+                cmd += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        elif "--gpu-memory-utilization" not in given:
             cmd += ["--gpu-memory-utilization", str(DEFAULT_GPU_MEMORY_UTILIZATION)]
+        if self.max_num_seqs is not None and "--max-num-seqs" not in given:
+            cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -286,8 +330,12 @@ class VLLMProcess(WeightReload):
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1" if Path(self.model).exists() else env.get("HF_HUB_OFFLINE", "0"),
             "VLLM_HOST_IP": "127.0.0.1" if self.host in ("127.0.0.1", "localhost") else "",
-            "VLLM_CPU_KVCACHE_SPACE": str(DEFAULT_CPU_KVCACHE_GIB),
+            # the legacy variable overrides --kv-cache-memory-bytes: only without a size
+            "VLLM_CPU_KVCACHE_SPACE": "" if self.kv_cache_bytes is not None else str(DEFAULT_CPU_KVCACHE_GIB),
         }
+        if self.worker_in_engine and vllm_is_cpu_build() and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env:
+            defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            defaults["OMP_NUM_THREADS"] = str(cpu_worker_threads())
         for key, value in defaults.items():
             if value:
                 env.setdefault(key, value)
@@ -470,7 +518,8 @@ class VLLMProcess(WeightReload):
         return f"VLLMProcess({self.model!r}, port={self.port}, {state})"
 
 
-__all__ = ["VLLMProcess", "find_free_port", "parent_death_preexec", "run_foreground", "vllm_is_cpu_build"]
+__all__ = ["VLLMProcess", "cpu_worker_threads", "find_free_port", "parent_death_preexec", "run_foreground",
+           "vllm_is_cpu_build"]
 
 
 class _Terminated(Exception):

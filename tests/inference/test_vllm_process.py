@@ -104,6 +104,58 @@ def test_cpu_command_line_and_environment(tmp_path, monkeypatch):
     assert no_dev.environment()["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
+def test_cpu_sizing_and_the_worker_inside_the_engine(tmp_path, monkeypatch):
+    """A sized KV cache goes on the command line (the legacy variable would override it), and
+    the worker runs inside the engine core with vLLM's own thread count."""
+    monkeypatch.setattr(vllm_process, "vllm_is_cpu_build", lambda: True)
+    for var in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    proc = VLLMProcess(tmp_path, port=1, kv_cache_bytes=123_456_789, max_num_seqs=64)
+    cmd, env = proc.command(), proc.environment()
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == "123456789"
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "64"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["OMP_NUM_THREADS"] == str(vllm_process.cpu_worker_threads())
+    assert 1 <= vllm_process.cpu_worker_threads() <= max(1, len(os.sched_getaffinity(0)) - 1)
+    own = VLLMProcess(tmp_path, port=1, kv_cache_bytes=5, max_num_seqs=4, worker_in_engine=False,
+                      extra_args=["--kv-cache-memory-bytes", "9", "--max-num-seqs=8"])
+    cmd, env = own.command(), own.environment()
+    assert cmd.count("--kv-cache-memory-bytes") == 1 and cmd.count("--max-num-seqs") == 0
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env  # vLLM's default: a worker process
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the user's choice wins
+    assert VLLMProcess(tmp_path, port=1).environment()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    with pytest.raises(ValueError, match="kv_cache_bytes"):
+        VLLMProcess(tmp_path, kv_cache_bytes=0)
+
+
+def test_sizing_for_a_training_run(bundled_model_dir):
+    from atroposlib.inference.sizing import (
+        MAX_AUTO_KV_CACHE_GIB,
+        kv_bytes_per_token,
+        kv_cache_bytes,
+        size_for_training,
+    )
+
+    # SmolLM2-135M: 2 x 30 layers x 3 KV heads x 64 dims x 2 bytes
+    assert kv_bytes_per_token(bundled_model_dir, "bfloat16") == 23_040
+    assert kv_bytes_per_token(bundled_model_dir, "float32") == 46_080
+    # 64 sequences x 8 blocks of 32 tokens, plus the null block
+    assert kv_cache_bytes(100, 64, 256, 512, 32) == (64 * 8 + 1) * 32 * 100
+    assert kv_cache_bytes(100, 1, 10, 512, 32) == (16 + 1) * 32 * 100  # one max_model_len request
+    quickstart = size_for_training(bundled_model_dir, "bfloat16", batch_size=16, max_token_len=256,
+                                   max_model_len=512, block_size=32)
+    assert quickstart.max_num_seqs == 64
+    assert quickstart.kv_cache_bytes == (64 * 8 + 1) * 32 * 23_040  # 0.35 GiB, not 2
+    big = size_for_training(bundled_model_dir, "float32", 512, 4096, 4096, 32)
+    assert big.max_num_seqs == 256 and big.kv_cache_bytes == int(MAX_AUTO_KV_CACHE_GIB * 2**30)
+    assert size_for_training(bundled_model_dir, "bfloat16", 16, 256, 512, 32, 8, 0.5) == \
+        type(quickstart)(8, 2**29)
+    assert size_for_training("org/hub-id", "bfloat16", 16, 256, 512, 32).kv_cache_bytes is None
+    with pytest.raises(ValueError, match="dtype"):
+        kv_bytes_per_token(bundled_model_dir, "int4")
+
+
 def test_gpu_command_line(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_process, "vllm_is_cpu_build", lambda: False)
     cmd = VLLMProcess(tmp_path, port=1, dtype="bfloat16").command()

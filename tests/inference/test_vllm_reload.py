@@ -164,3 +164,42 @@ def test_background_sync_serves_the_weights_of_the_moment_it_was_called(vllm_ser
                    json={"method": "reload_weights",
                          "kwargs": {"weights_path": str(vllm_server.model_dir)}})
         httpx.post(f"{vllm_server.root_url}/reset_prefix_cache", timeout=60)
+
+
+def test_partial_sync_writes_the_trained_tensors_and_vllm_keeps_the_frozen_ones(
+        vllm_server, prompt_ids, tmp_path):
+    """After one full sync, ``VLLMSync`` writes only the trained layers; vLLM then serves the
+    policy with those layers new and every frozen one as it was."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from example_trainer.config import TrainerConfig
+    from example_trainer.grpo import freeze_all_but_last_layers
+    from example_trainer.vllm_sync import VLLMSync
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+    freeze_all_but_last_layers(model, 2)
+    tokenizer = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+    config = TrainerConfig(model=str(vllm_server.model_dir), vllm_url=vllm_server.base_url,
+                           weight_sync="reload", vllm_dtype="float32")
+    sync = VLLMSync(config, tmp_path)
+    written = tmp_path / "vllm_weights" / "model.safetensors"
+    try:
+        sync.sync(model, tokenizer)  # an external server: the first sync writes everything
+        assert "model.embed_tokens.weight" in load_file(written)
+        with torch.no_grad():  # a "training step": only trainable tensors change
+            model.model.norm.weight.mul_(0.5)
+        sync.sync(model, tokenizer)
+        names = set(load_file(written))
+        assert names == {n for n, p in model.named_parameters() if p.requires_grad}
+        assert all(n.startswith(("model.layers.28.", "model.layers.29.", "model.norm.")) for n in names)
+        tokens, served = _greedy(vllm_server, prompt_ids)
+        expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, tokens, scale_norm=0.5)
+        assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-3
+    finally:
+        sync.stop()
+        httpx.post(f"{vllm_server.root_url}/collective_rpc", timeout=300,
+                   json={"method": "reload_weights",
+                         "kwargs": {"weights_path": str(vllm_server.model_dir)}})
+        httpx.post(f"{vllm_server.root_url}/reset_prefix_cache", timeout=60)

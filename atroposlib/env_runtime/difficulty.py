@@ -1,0 +1,191 @@
+"""Online difficulty filtering: sample less often the items whose recent groups all scored the same.
+
+A GRPO group whose rewards are all equal has zero advantage everywhere and teaches nothing; with
+``ensure_scores_are_not_same`` the env drops it after paying for its rollouts. That is DAPO's
+dynamic sampling (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
+Scale", arXiv:2503.14476, section 3.2): over-sample and keep only groups with some signal. Late
+in a run most sampled groups are dropped that way (83% by minute 14 of the quickstart), so the
+sampler spends most of its time on items the policy always solves, or never does.
+
+This filter acts before sampling, on what each item's earlier groups showed, as prime-rl's
+online difficulty filtering does (items whose pass rate crosses an easy or a hard threshold are
+sampled at reduced rates) and POLARIS (An et al. 2025) does for solved items (items the policy
+answers right every time leave the training pool). Per item id it keeps a sampling weight in
+``[floor, 1]``:
+
+* an unseen item, or one whose last group had mixed scores, has weight 1;
+* each all-solved group (every score equal and ``>= solved_score``) multiplies its weight by
+  ``solved_keep``: a solved item stays solved while the policy improves, so it is cut hard;
+* each all-failed group (every score equal and below ``solved_score``) multiplies it by
+  ``failed_keep``: an item too hard now often becomes learnable as the policy improves, so it
+  is cut gently;
+* the weight never falls below ``floor``, so no item is starved: a solved item is still seen
+  now and then, and a mixed group restores its full weight.
+
+Items are drawn from the env as usual and each is kept with probability equal to its weight
+(rejection sampling, at most ``max_draws`` draws per item handed out), so the env's own order
+and item generator are untouched and an env needs only an item id (``BaseEnv.item_id``; by
+default the item's JSON). State is in memory only: a restarted env starts with every item
+unseen. For generated tasks with many distinct items (arithmetic at difficulty 4 has about
+11,000 training problems) items rarely recur within a short run and the filter does little.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DifficultySettings:
+    """The filter's knobs.
+
+    :func:`settings_from_config` reads them from the env config's ``difficulty_filter*``
+    fields, where their defaults live.
+
+    Attributes:
+        solved_keep: weight factor after an all-solved group, in (0, 1].
+        failed_keep: weight factor after an all-failed group, in (0, 1].
+        floor: the least weight, in (0, 1]: the item is still drawn at this rate.
+        solved_score: a score at or above it counts as solved.
+        max_draws: items drawn at most to hand out one (the last is kept whatever its weight).
+    """
+
+    solved_keep: float
+    failed_keep: float
+    floor: float
+    solved_score: float
+    max_draws: int = 64
+
+    def __post_init__(self) -> None:
+        """Check the ranges.
+
+        Raises:
+            ValueError: a factor or the floor outside (0, 1], or ``max_draws`` < 1.
+        """
+        for name in ("solved_keep", "failed_keep", "floor"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"difficulty filter {name} must be in (0, 1], got {value}")
+        if self.max_draws < 1:
+            raise ValueError(f"difficulty filter max_draws must be >= 1, got {self.max_draws}")
+
+
+class DifficultySampler:
+    """Per-item weights from recent groups, and the seeded draw that applies them.
+
+    Args:
+        settings: the knobs.
+        seed: seed of the acceptance draws (the same seed and the same sequence of items and
+            scores give the same choices).
+    """
+
+    def __init__(self, settings: DifficultySettings, seed: int = 0):
+        self.settings = settings
+        self.rng = random.Random(seed)
+        self.weights: dict[Hashable, float] = {}
+        #: counters since the last :meth:`take_counts`: draws, skipped, and groups by kind
+        self.counts = {"drawn": 0, "skipped": 0, "solved": 0, "failed": 0, "mixed": 0}
+
+    def weight(self, item_id: Hashable) -> float:
+        """The item's sampling weight (1.0 for an item never recorded)."""
+        return self.weights.get(item_id, 1.0)
+
+    def record(self, item_id: Hashable, scores: Sequence[float]) -> str:
+        """Update the item's weight from one of its groups' scores.
+
+        Returns:
+            The group's kind: ``"solved"``, ``"failed"`` or ``"mixed"`` (a group of one score,
+            or of several different scores, is mixed: it is not one that gets dropped).
+        """
+        s = self.settings
+        if len(scores) > 1 and max(scores) == min(scores):
+            kind = "solved" if scores[0] >= s.solved_score else "failed"
+            factor = s.solved_keep if kind == "solved" else s.failed_keep
+            self.weights[item_id] = max(s.floor, self.weight(item_id) * factor)
+        else:
+            kind = "mixed"
+            self.weights.pop(item_id, None)
+        self.counts[kind] += 1
+        return kind
+
+    async def next_item(self, draw: Callable[[], Awaitable[Any]],
+                        item_id: Callable[[Any], Hashable | None]) -> Any:
+        """Draw items with ``await draw()`` until one is accepted; return it.
+
+        An item is accepted with probability :meth:`weight` of ``item_id(item)``; an item
+        without an id (None) and the ``max_draws``-th item are always accepted, and None from
+        ``draw`` (nothing to do now) is returned at once.
+        """
+        for attempt in range(self.settings.max_draws):
+            item = await draw()
+            if item is None:
+                return None
+            self.counts["drawn"] += 1
+            key = item_id(item)
+            last = attempt == self.settings.max_draws - 1
+            if key is None or last or self.rng.random() < self.weight(key):
+                return item
+            self.counts["skipped"] += 1
+        return None  # pragma: no cover - the last draw is always accepted
+
+    def take_counts(self) -> dict[str, int]:
+        """The counters since the last call (then reset)."""
+        counts = dict(self.counts)
+        self.counts = dict.fromkeys(self.counts, 0)
+        return counts
+
+
+class DifficultyFilter:
+    """The serve loop's side of the filter: draws through it, feeds it, counts in ``env.stats``.
+
+    ``env.stats`` gets ``difficulty_drawn`` / ``difficulty_skipped`` (items drawn from the env,
+    and drawn but not handed out) and ``difficulty_solved`` / ``difficulty_failed`` /
+    ``difficulty_mixed`` (groups recorded by kind).
+    """
+
+    def __init__(self, env: Any, settings: DifficultySettings):
+        """Filter ``env``'s items; the draws are seeded by its config's ``seed`` (0 if none)."""
+        self.env = env
+        self.sampler = DifficultySampler(settings, seed=int(getattr(env.config, "seed", 0) or 0))
+
+    @classmethod
+    def for_env(cls, env: Any) -> DifficultyFilter | None:
+        """A filter when ``env.config.difficulty_filter`` is on, else None."""
+        settings = settings_from_config(env.config)
+        return None if settings is None else cls(env, settings)
+
+    async def next_item(self) -> Any:
+        """The next item to roll out (see :meth:`DifficultySampler.next_item`)."""
+        try:
+            return await self.sampler.next_item(self.env.get_next_item, self.env.item_id)
+        finally:
+            self._count()
+
+    def note(self, item: Any, groups_scores: Sequence[Sequence[float]]) -> None:
+        """Record the scores of each group the env returned for ``item``."""
+        key = self.env.item_id(item)
+        if key is not None:
+            for scores in groups_scores:
+                self.sampler.record(key, scores)
+            self._count()
+
+    def _count(self) -> None:
+        for kind, n in self.sampler.take_counts().items():
+            if n:
+                self.env.stats[f"difficulty_{kind}"] += n
+
+
+def settings_from_config(config: Any) -> DifficultySettings | None:
+    """The filter's settings from an env config, or None when ``difficulty_filter`` is off."""
+    if not getattr(config, "difficulty_filter", False):
+        return None
+    return DifficultySettings(solved_keep=config.difficulty_filter_solved_keep,
+                              failed_keep=config.difficulty_filter_failed_keep,
+                              floor=config.difficulty_filter_floor,
+                              solved_score=config.difficulty_filter_solved_score)
+
+
+__all__ = ["DifficultyFilter", "DifficultySampler", "DifficultySettings", "settings_from_config"]

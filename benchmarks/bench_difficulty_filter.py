@@ -1,0 +1,119 @@
+"""Share of sampled groups dropped as all-same scores, with and without online difficulty filtering.
+
+Counted in groups, not minutes, so a busy machine does not change it: the arithmetic env samples
+``--groups`` groups of 8 from a real vLLM serving a FIXED policy (the bundled model, or a
+checkpoint such as a run's ``checkpoints/final``), ``--concurrency`` groups at a time, through
+the same steps the serve loop takes (``run_item``, and :class:`DifficultyFilter` when on). Both
+arms use the same seed, so they draw the same stream of problems; the filter only skips some.
+For each arm: groups sampled, dropped as same scores (all solved / all failed), the share
+dropped overall and per window of ``--window`` groups, and items skipped by the filter::
+
+    python benchmarks/bench_difficulty_filter.py --groups 900 --difficulty 2
+    python benchmarks/bench_difficulty_filter.py --groups 900 --model runs/x/checkpoints/final
+
+A fixed policy is the filter's hard case for all-failed items (they never become learnable)
+and its easy case for all-solved ones (they never stop being solved); a training run moves
+items between the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, concurrency: int,
+                 window: int, filtered: bool, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Sample ``groups`` groups through ``run_item``; return the counts (see module docstring)."""
+    from atroposlib.env_runtime.difficulty import DifficultyFilter
+    from atroposlib.env_runtime.step import run_item
+    from atroposlib.environments.arithmetic_server import ArithmeticEnv
+    from atroposlib.envs.helpers import default_server
+
+    config, _ = ArithmeticEnv.config_init()
+    config = config.model_copy(update={"difficulty": difficulty, "group_size": 8, "use_wandb": False,
+                                       "tokenizer_name": model_dir, "difficulty_filter": filtered,
+                                       **overrides})
+    env = ArithmeticEnv(config, [default_server(base_url=base_url, model_name="smollm2")])
+    await env.setup()
+    chooser = DifficultyFilter.for_env(env)
+    kinds: list[str] = []  # per group in finishing order: solved / failed / mixed
+    lock = asyncio.Lock()
+
+    async def worker() -> None:
+        while True:
+            async with lock:
+                if started[0] >= groups:
+                    return
+                started[0] += 1
+                item = await (chooser.next_item() if chooser else env.get_next_item())
+            outcome = await run_item(env, item, check_length=False)
+            if chooser:
+                chooser.note(item, outcome.scores)
+            for scores in outcome.scores:
+                same = len(set(scores)) == 1
+                kinds.append(("solved" if scores[0] >= 1.0 else "failed") if same else "mixed")
+
+    started = [0]
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await env.server.aclose()
+    dropped = [k != "mixed" for k in kinds]
+    windows = [round(sum(dropped[i:i + window]) / len(dropped[i:i + window]), 3)
+               for i in range(0, len(dropped), window)]
+    return {"filter": filtered, "groups": len(kinds), "solved": kinds.count("solved"),
+            "failed": kinds.count("failed"), "mixed": kinds.count("mixed"),
+            "dropped_share": round(sum(dropped) / max(1, len(dropped)), 3),
+            "dropped_share_by_window": windows, "window": window,
+            "skipped_items": int(env.stats.get("difficulty_skipped", 0)),
+            "settings": {k: getattr(config, k) for k in type(config).model_fields
+                         if k.startswith("difficulty_filter")}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start vLLM on the policy, run both arms, print and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=900, help="groups sampled per arm")
+    parser.add_argument("--difficulty", type=int, default=2, help="arithmetic difficulty")
+    parser.add_argument("--model", default=None, help="policy directory (default: the bundled model)")
+    parser.add_argument("--concurrency", type=int, default=8, help="groups in flight")
+    parser.add_argument("--window", type=int, default=100, help="groups per reported window")
+    parser.add_argument("--arms", default="off,on", help="comma-separated: off, on")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="an env config override for the 'on' arm, e.g. difficulty_filter_floor=0.1")
+    parser.add_argument("--json-out", type=Path, default=Path("runs/bench_difficulty_filter.json"))
+    args = parser.parse_args(argv)
+    import yaml
+
+    from atroposlib.inference.bundled import prepare_bundled_model
+    from atroposlib.inference.sizing import size_for_training
+    from atroposlib.inference.vllm_process import DEFAULT_CPU_BLOCK_SIZE, VLLMProcess
+
+    overrides = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in args.env_arg)}
+    model = str(args.model or prepare_bundled_model())
+    sizing = size_for_training(model, "bfloat16", 16, 256, 512, DEFAULT_CPU_BLOCK_SIZE)
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    vllm = VLLMProcess(model, dtype="bfloat16", max_model_len=512, kv_cache_bytes=sizing.kv_cache_bytes,
+                       max_num_seqs=sizing.max_num_seqs, log_path=args.json_out.with_suffix(".vllm.log"))
+    results = []
+    with vllm:
+        for arm in [a.strip() for a in args.arms.split(",") if a.strip()]:
+            result = asyncio.run(sample(vllm.base_url, model, args.difficulty, args.groups,
+                                        args.concurrency, args.window, arm == "on",
+                                        overrides if arm == "on" else {}))
+            result.update(model=model, difficulty=args.difficulty)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    args.json_out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""One evaluator for every kept policy: HF generate, greedy, fp32, on the env's held-out problems."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.learning.ours import POINTS
+from benchmarks.learning.trl_side import MAX_TOKENS, eos_token_ids
+
+#: held-out problems scored per policy (all 105 of difficulty 2; 200 of difficulty 4's ~3700)
+EVAL_SIZE = 200
+
+
+def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int,
+                 eval_size: int = EVAL_SIZE) -> int:
+    """Score every kept policy of ``runs`` with ONE evaluator; fill each run's ``curve``.
+
+    A policy is the bundled model with a point's tensors loaded over it: a point is None (the
+    bundled model itself), a directory holding ``model.safetensors`` (ours: the weights the
+    trainer pushed to vLLM, possibly only the trained tensors) or a ``.safetensors`` file
+    (TRL: its trainable tensors). Tensors are loaded in fp32 whatever dtype they were saved in.
+
+    Returns:
+        The number of held-out problems scored (``eval_size``, or fewer when the split is
+        smaller).
+
+    Raises:
+        RuntimeError: a point holds a tensor the model lacks.
+    """
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from atroposlib.environments.arithmetic_server import (
+        ArithmeticEnv,
+        ArithmeticEnvConfig,
+        heldout_problems,
+        score_reply,
+    )
+    from atroposlib.inference.bundled import bundled_model_dir
+
+    base_dir = str(bundled_model_dir())
+    env_cfg = ArithmeticEnvConfig(difficulty=difficulty, eval_size=eval_size)
+    problems = heldout_problems(difficulty, env_cfg.heldout_fraction, env_cfg.eval_size,
+                                env_cfg.eval_seed)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir, padding_side="left")
+    prompts = [tokenizer.apply_chat_template(ArithmeticEnv.messages(p), tokenize=False,
+                                             add_generation_prompt=True) for p in problems]
+    cache: dict[str | None, float] = {}
+
+    def accuracy(path: str | None) -> float:
+        if path in cache:
+            return cache[path]
+        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32,
+                                                     attn_implementation="eager").eval()
+        if path is not None:
+            file = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
+            state = {k: v.float() for k, v in load_file(str(file)).items()}
+            unexpected = model.load_state_dict(state, strict=False).unexpected_keys
+            if unexpected:
+                raise RuntimeError(f"{file} holds weights the model lacks: {unexpected[:3]}")
+            if model.config.tie_word_embeddings:
+                model.tie_weights()
+        eos_ids = eos_token_ids(model, tokenizer)
+        correct = 0.0
+        for i in range(0, len(prompts), eval_batch):
+            enc = tokenizer(prompts[i:i + eval_batch], return_tensors="pt", padding=True,
+                            add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(**enc, do_sample=False, max_new_tokens=MAX_TOKENS,
+                                     pad_token_id=tokenizer.pad_token_id or 0,
+                                     eos_token_id=sorted(eos_ids))
+            for row, prob in zip(out[:, enc["input_ids"].shape[1]:].tolist(), problems[i:i + eval_batch],
+                                 strict=True):
+                cut = next((j for j, t in enumerate(row) if t in eos_ids), None)
+                text = tokenizer.decode(row[:cut], skip_special_tokens=True)
+                correct += score_reply(text, prob["answer"], "length" if cut is None else "stop")
+        cache[path] = correct / len(problems)
+        return cache[path]
+
+    print(f"[bench] evaluating {len(problems)} held-out problems of difficulty {difficulty} "
+          "per policy", flush=True)
+    base = accuracy(None)
+    print(f"[bench] base model: {base:.3f}", flush=True)
+    for run in runs:
+        budget_min = run["budget_minutes"]
+        curve = []
+        for frac in POINTS:
+            path = run["points"].get(frac)
+            acc = base if path is None else accuracy(path)
+            curve.append({"minute": frac * budget_min, "accuracy": acc})
+            print(f"[bench] {run['label']} at {frac * budget_min:.2f} min: {acc:.3f}", flush=True)
+        run["curve"] = curve
+        run["accuracy_base"] = base
+    return len(problems)

@@ -1,0 +1,174 @@
+"""Our contender: ``atropos-launch`` on the quickstart config, its policy copied at the wall points."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.learning.procs import read
+from benchmarks.process_tree import ROOT, Tree
+
+QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"
+QUICKSTART_LORA = ROOT / "configs" / "quickstart-cpu-lora.yaml"
+LOSSES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
+OURS = (*(f"ours-{loss}" for loss in LOSSES), "ours-grpo-tis", "ours-grpo-lora")
+POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # wall points, as fractions of the budget
+#: seconds a contender may take beyond its budget (model load, vLLM start, final save)
+STARTUP_ALLOWANCE = 900.0
+
+
+def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | None = None,
+             env_args: dict[str, str] | None = None,
+             trainer_args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run ``atropos-launch`` on the quickstart config with the contender's objective.
+
+    Args:
+        name: an entry of :data:`OURS` (``ours-<loss>[-tis|-lora]``).
+        minutes: the training wall budget.
+        out: the directory that gets the run directory ``<out>/<name>``.
+        difficulty: the arithmetic difficulty (``env.difficulty``).
+        lr: replaces the config's learning rate when given.
+        env_args: added to (or replacing) every env's ``args`` (e.g.
+            ``{"env.difficulty_filter": "true"}``).
+        trainer_args: added to (or replacing) the ``trainer:`` section.
+
+    Returns:
+        ``{"points": {fraction: model path}, "steps", "sequences", "train_seconds",
+        "peak_rss_bytes", "peak_rss_by_part", "lr", "env_args", "groups"}``; ``groups`` is the
+        env's count of sampled and dropped groups when its log has them.
+
+    Raises:
+        RuntimeError: the launch failed (message names its log).
+    """
+    import yaml
+
+    from atroposlib.utils.yaml_file import load_yaml
+
+    loss = name.removeprefix("ours-").removesuffix("-tis").removesuffix("-lora")
+    run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    (run_dir / "points").mkdir(parents=True)
+    config = load_yaml(QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART)
+    budget = 60.0 * minutes
+    config["trainer"].update(training_steps=100_000, max_train_seconds=budget, loss_type=loss,
+                             is_correction="tis" if name.endswith("-tis") else "none",
+                             eval_interval=0, checkpoint_interval=0, **(trainer_args or {}))
+    if lr is not None:
+        config["trainer"]["lr"] = lr
+    config.pop("eval_env", None)  # evaluation happens after the run, with one evaluator
+    config["run_dir"] = str(run_dir)
+    env_args = {"env.difficulty": str(difficulty), **(env_args or {})}
+    for env in config["envs"]:
+        env["script"] = str((ROOT / env["script"]).resolve())
+        env["args"] = {**env.get("args", {}), **env_args}
+    cfg_path = run_dir / "launch.yaml"
+    cfg_path.write_text(yaml.safe_dump(config))
+    argv = [sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)]
+    with Tree(argv, run_dir / "bench.log") as tree:
+        trainer_log = run_dir / "logs" / "trainer.log"
+        deadline = time.monotonic() + STARTUP_ALLOWANCE
+        while "[grpo] registered with" not in read(trainer_log):
+            if tree.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: the trainer never registered; see {trainer_log}")
+            time.sleep(0.5)
+        start = time.monotonic()
+        reached: dict[float, tuple[str | None, int]] = {}
+        for frac in POINTS[1:]:
+            while time.monotonic() - start < frac * budget and tree.proc.poll() is None:
+                time.sleep(0.2)
+            if tree.proc.poll() is None:
+                snapshot = snapshot_sync_weights(run_dir, run_dir / "points" / f"{frac:.2f}")
+                # no weights although steps were logged: the trainer has just finished and
+                # removed them, so the final checkpoint (the default below) is the policy
+                if snapshot[0] is not None or not read(run_dir / "metrics.jsonl").strip():
+                    reached[frac] = snapshot
+        code = tree.wait(budget + STARTUP_ALLOWANCE)
+    if code != 0:
+        raise RuntimeError(f"{name}: atropos-launch exited with {code}; see {run_dir}/logs")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    history = [json.loads(line) for line in read(run_dir / "metrics.jsonl").splitlines() if line]
+    final = str(run_dir / "checkpoints" / "final")
+    # a point after the trainer had stopped holds the final policy; a step that ended past the
+    # budget (its length misjudged) is not counted: the point M is the policy at M
+    points = {0.0: None, **{f: reached[f][0] if f in reached else final for f in POINTS[1:]}}
+    if 1.0 in reached:
+        history, seconds = history[:reached[1.0][1]], budget
+    else:
+        seconds = min(summary["train_loop_seconds"], budget)
+    return {"points": points, "steps": len(history),
+            "sequences": sum(h.get("sequences", 0) for h in history),
+            "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss,
+            "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss, "lr": config["trainer"]["lr"],
+            "env_args": env_args, "groups": env_group_counts(run_dir / "logs")}
+
+
+def env_group_counts(log_dir: Path) -> dict[str, Any]:
+    """The env's cumulative group counters over the run, from its progress log lines.
+
+    The serve loop logs ``step N: ... ; {stats}`` about once a minute and ``serve stopped;
+    stats: {stats}`` at the end (:meth:`atroposlib.env_runtime.serve.ServeLoop.log_progress`).
+
+    Returns:
+        ``{"series": [{"step", "accepted", "dropped_same_scores", "sampled"}, ...], "final":
+        the last of them}`` (``step`` None for the line logged when the env stopped; ``{}``
+        when no log has a line).
+    """
+    import ast
+
+    series: list[dict[str, int]] = []
+    for log in sorted(log_dir.glob("*.log")):
+        for line in read(log).splitlines():
+            step = re.search(r"step (\d+): \d+ rollout group", line)
+            if not (step or "serve stopped; stats:" in line) or "{" not in line:
+                continue
+            try:
+                stats = ast.literal_eval(line[line.index("{"):line.rindex("}") + 1])
+            except (ValueError, SyntaxError):
+                continue
+            accepted = int(stats.get("groups_accepted", 0))
+            dropped = {k: int(v) for k, v in stats.items() if k.startswith("groups_dropped_")}
+            series.append({"step": int(step.group(1)) if step else None,  # None: the final line
+                           "accepted": accepted,
+                           "dropped_same_scores": dropped.get("groups_dropped_same_scores", 0),
+                           "sampled": accepted + sum(dropped.values())})
+    return {"series": series, "final": series[-1]} if series else {}
+
+
+def snapshot_sync_weights(run_dir: Path, dest: Path) -> tuple[str | None, int]:
+    """Copy the weights the trainer last pushed to vLLM, never a half-written file.
+
+    The trainer rewrites ``vllm_weights/model.safetensors`` in place after each step (in a
+    background thread with ``--weight-sync-overlap``), which takes well under a second; it
+    may hold only the trained tensors (the frozen ones never change). A copy is kept only if
+    the file was last written at least a second before the copy began and did not change
+    during it; the steps finished are the lines of ``metrics.jsonl`` when it began (each
+    step's line is written right after its weights start to be written). Before the first
+    step the starting model is the policy, so nothing is copied (the evaluator then uses the
+    bundled model).
+
+    Returns:
+        ``(dest, steps)``: the model directory (None when no step has finished yet, the
+        starting model is the policy) and the steps finished when it was copied.
+
+    Raises:
+        RuntimeError: no consistent copy within about two minutes.
+    """
+    weights = run_dir / "vllm_weights" / "model.safetensors"
+    metrics = run_dir / "metrics.jsonl"
+    for _ in range(480):
+        if not weights.exists() or not metrics.exists():
+            return None, 0
+        before = weights.stat().st_mtime_ns
+        if time.time_ns() - before >= 1_000_000_000:
+            steps = len(read(metrics).splitlines())
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(weights, dest / "model.safetensors")
+            if weights.stat().st_mtime_ns == before:
+                return str(dest), steps
+        time.sleep(0.25)
+    raise RuntimeError(f"could not take a consistent copy of {weights}")

@@ -1,0 +1,109 @@
+"""The side-by-side table: per contender, accuracy over the wall points (mean and spread over its
+runs), steps, samples/s, peak RSS (total and per part), dropped groups; the JSON and the PNG."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+GiB = 2**30
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """``{"mean", "min", "max", "std", "n"}`` of ``values`` (std 0 for one value)."""
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One contender's row from its runs (each with ``curve``, ``steps``, ``peak_rss_*`` ...)."""
+    minutes = [p["minute"] for p in runs[0]["curve"]]
+    accuracy = {f"{m:g}": spread([r["curve"][i]["accuracy"] for r in runs])
+                for i, m in enumerate(minutes)}
+    parts = sorted({p for r in runs for p in r.get("peak_rss_by_part", {})})
+    row: dict[str, Any] = {
+        "runs": len(runs), "budget_minutes": runs[0]["budget_minutes"], "accuracy": accuracy,
+        "steps": spread([float(r["steps"]) for r in runs]),
+        "samples_per_second": spread([r["sequences"] / r["train_seconds"] if r["train_seconds"] else 0.0
+                                      for r in runs]),
+        "peak_rss_gib": spread([r["peak_rss_bytes"] / GiB for r in runs]),
+        "peak_pss_gib": spread([r.get("peak_pss_bytes", 0) / GiB for r in runs]),
+        "peak_rss_gib_by_part": {p: spread([r.get("peak_rss_by_part", {}).get(p, 0) / GiB for r in runs])
+                                 for p in parts},
+        "lr": runs[0].get("lr"), "env_args": runs[0].get("env_args", {}),
+        "trl_setting": runs[0].get("trl_setting"),
+    }
+    finals = [r["groups"]["final"] for r in runs if (r.get("groups") or {}).get("final")]
+    if finals:
+        row["dropped_same_scores_share"] = spread(
+            [f["dropped_same_scores"] / f["sampled"] if f["sampled"] else 0.0 for f in finals])
+    return row
+
+
+def report(runs: list[dict[str, Any]], task: dict[str, Any], json_out: Path, plot_out: Path,
+           extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Print the table, write the JSON (rows, every run, ``extra``) and the accuracy PNG.
+
+    Returns:
+        The JSON payload.
+    """
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    table = {label: summarise([r for r in runs if r["label"] == label]) for label in labels}
+    print_table(table)
+    payload = {"contenders": table, "task": task, **(extra or {}),
+               "runs": [{k: v for k, v in r.items() if k != "points"} for r in runs]}
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(payload, indent=2))
+    plot(runs, labels, task, plot_out)
+    print(f"[bench] wrote {json_out} and {plot_out}", flush=True)
+    return payload
+
+
+def print_table(table: dict[str, Any]) -> None:
+    """The rows as text: accuracy at each point as mean [min-max], then steps, samples/s, RSS."""
+    for label, row in table.items():
+        acc = "  ".join(f"{m}m {a['mean']:.3f} [{a['min']:.3f}-{a['max']:.3f}]"
+                        for m, a in row["accuracy"].items())
+        parts = ", ".join(f"{p} {s['max']:.2f}" for p, s in row["peak_rss_gib_by_part"].items())
+        dropped = row.get("dropped_same_scores_share")
+        print(f"{label} (x{row['runs']}): {acc}\n"
+              f"    steps {row['steps']['mean']:.0f} [{row['steps']['min']:.0f}-{row['steps']['max']:.0f}]"
+              f"  samples/s {row['samples_per_second']['mean']:.2f}"
+              f"  peak RSS {row['peak_rss_gib']['max']:.2f} GiB ({parts}), PSS {row['peak_pss_gib']['max']:.2f}"
+              + (f"  dropped as same scores {dropped['mean']:.0%}" if dropped else ""), flush=True)
+
+
+def plot(runs: list[dict[str, Any]], labels: list[str], task: dict[str, Any], plot_out: Path) -> None:
+    """Accuracy against training minutes, one colour per contender, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, label in enumerate(labels):
+        for j, run in enumerate(r for r in runs if r["label"] == label):
+            ax.plot([p["minute"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]],
+                    marker="o", color=colours[i % len(colours)], alpha=0.8,
+                    label=label if j == 0 else None)
+    ax.set_xlabel("training wall time (minutes)")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title(f"arithmetic (difficulty {task['difficulty']}), SmolLM2-135M, same budget")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot_out, dpi=120)
+    plt.close(fig)
+
+
+def best_trl(table: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The TRL row with the highest mean final accuracy (ties: the earlier row), or None."""
+    rows = [(label, row) for label, row in table.items() if row.get("trl_setting")]
+    if not rows:
+        return None
+    last = lambda row: list(row["accuracy"].values())[-1]["mean"]  # noqa: E731
+    return max(rows, key=lambda lr: (last(lr[1]), -rows.index(lr)))
+

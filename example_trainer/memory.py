@@ -1,0 +1,122 @@
+"""One copy of each weight where one is enough: frozen layers in bf16, syncs of what training changed.
+
+Two exact savings for a policy trained with only its top layers (``--train-last-layers``):
+
+* :func:`compact_frozen_linears`: under bf16 autocast every ``nn.Linear`` casts its fp32 weight
+  to bf16 on each forward anyway, so a frozen Linear whose weight is stored in bf16 computes
+  bit for bit the same, in half the memory (SmolLM2-135M with 10 of 30 layers trained: 71M
+  frozen Linear weights, 142 MB less).
+* :func:`sync_tensors`: the weights pushed to vLLM after a step need only the tensors training
+  changed (the frozen ones are already there, unchanged since vLLM loaded them), copied only
+  where they must be (cast to vLLM's dtype, or a snapshot that the optimizer must not change
+  under a background writer); the rest is never copied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def compact_frozen_linears(model: Any, dtype: Any) -> int:
+    """Store the weights of frozen ``nn.Linear`` modules in ``dtype``, and own every weight.
+
+    Exact only when every forward runs under ``torch.autocast(..., dtype=dtype)``: autocast
+    casts a Linear's fp32 weight to ``dtype`` (round to nearest) on each call, the same value
+    ``Tensor.to(dtype)`` gives once. A weight shared with a module that autocast does not
+    cast (a tied LM head shares the input embeddings, whose lookup would then return
+    ``dtype`` and change the residual stream) is left in its dtype, and so are biases.
+
+    transformers loads safetensors weights as views of the memory-mapped file: a weight it
+    reads stays resident as file pages for as long as any tensor maps the file. Every other
+    parameter is therefore copied too (same dtype and values), so that once nothing maps the
+    file its pages leave the process: without that the fp32 frozen weights read for the cast
+    would stay resident beside their bf16 copies.
+
+    Args:
+        model: the policy (``torch.nn.Module``), after freezing.
+        dtype: the autocast dtype (``torch.bfloat16``).
+
+    Returns:
+        Bytes the frozen Linear weights take less.
+    """
+    import torch
+
+    shared = {id(m.weight) for m in model.modules()
+              if not isinstance(m, torch.nn.Linear) and isinstance(getattr(m, "weight", None), torch.Tensor)}
+    freed = 0
+    compacted: set[int] = set()
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (not isinstance(module, torch.nn.Linear) or weight is None or weight.requires_grad
+                or weight.dtype == dtype or not weight.is_floating_point() or id(weight) in shared):
+            continue
+        before = weight.numel() * weight.element_size()
+        module.weight = torch.nn.Parameter(weight.detach().to(dtype, copy=True), requires_grad=False)
+        compacted.add(id(module.weight))
+        freed += before - module.weight.numel() * module.weight.element_size()
+    with torch.no_grad():
+        for param in model.parameters():  # each shared (tied) parameter once
+            if id(param) not in compacted:
+                param.data = param.data.clone()
+    return freed
+
+
+def trained_names(model: Any) -> set[str]:
+    """Names of the parameters the optimizer changes (``requires_grad``), tied ones once."""
+    return {name for name, param in model.named_parameters() if param.requires_grad}
+
+
+def sync_tensors(state_dict: dict[str, Any], trained: set[str], only_trained: bool,
+                 dtype_name: str | None, snapshot: bool) -> dict[str, Any]:
+    """The tensors a weight sync writes, copied only where needed.
+
+    Args:
+        state_dict: the policy's full state dict (live tensors, or gathered FSDP shards).
+        trained: the names the optimizer changes (:func:`trained_names`).
+        only_trained: write only those (the server already holds the frozen ones).
+        dtype_name: vLLM's dtype (``"bfloat16"``): floating tensors in another dtype are cast
+            (a new tensor); None keeps each tensor's dtype.
+        snapshot: the tensors are written in the background while training goes on: a
+            trained tensor that the cast did not already copy is copied (frozen ones never
+            change and are written as they are).
+
+    Returns:
+        ``{name: tensor}``. Tensors that share storage (tied embeddings) stay shared, so
+        ``save_pretrained`` still recognises the tie.
+    """
+    import torch
+
+    dtype = getattr(torch, dtype_name) if dtype_name else None
+    done: dict[int, Any] = {}
+    out = {}
+    for name, tensor in state_dict.items():
+        if only_trained and name not in trained:
+            continue
+        key = tensor.untyped_storage().data_ptr()
+        if key not in done:
+            cast = tensor.is_floating_point() and dtype is not None and tensor.dtype != dtype
+            copy = cast or (snapshot and name in trained)
+            done[key] = tensor.detach().to(dtype if cast else tensor.dtype, copy=copy)
+        out[name] = done[key]
+    return out
+
+
+def save_tensors(tensors: dict[str, Any], path: Any) -> None:
+    """Write ``tensors`` as one safetensors file at ``path``.
+
+    A tensor sharing storage with an earlier one is written once, under the first name, as
+    ``save_pretrained`` does for tied weights.
+    """
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    unique = {}
+    for name, tensor in tensors.items():
+        key = tensor.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor.contiguous()
+    save_file(unique, str(path), metadata={"format": "pt"})
+
+
+__all__ = ["compact_frozen_linears", "save_tensors", "sync_tensors", "trained_names"]

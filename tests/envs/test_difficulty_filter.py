@@ -1,0 +1,175 @@
+"""Online difficulty filtering: the seeded sampler's weights and draws, and a real serve run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from atroposlib.env_runtime.difficulty import DifficultySampler, DifficultySettings
+
+SETTINGS = DifficultySettings(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0)
+
+
+def test_weights_follow_the_groups():
+    sampler = DifficultySampler(SETTINGS)
+    assert sampler.weight("new") == 1.0
+    assert sampler.record("a", [1.0, 1.0, 1.0]) == "solved"
+    assert sampler.weight("a") == pytest.approx(0.1)
+    sampler.record("a", [1.0] * 3)
+    assert sampler.weight("a") == 0.05  # floored, not 0.01
+    assert sampler.record("a", [1.0, 0.0, 1.0]) == "mixed"
+    assert sampler.weight("a") == 1.0  # a mixed group restores it
+    assert sampler.record("b", [0.0] * 4) == "failed"
+    sampler.record("b", [-1.0] * 4)
+    assert sampler.weight("b") == pytest.approx(0.25)  # failures are cut gently
+    assert sampler.record("c", [1.0]) == "mixed"  # one rollout is never a dropped group
+    assert sampler.take_counts() == {"drawn": 0, "skipped": 0, "solved": 2, "failed": 2, "mixed": 2}
+    assert sampler.take_counts()["solved"] == 0
+
+
+def _draws(items):
+    cycle = iter(items * 100_000)
+
+    async def draw():
+        return next(cycle)
+    return draw
+
+
+async def _hand_out(sampler, items, n):
+    draw = _draws(items)
+    return [await sampler.next_item(draw, lambda item: item) for _ in range(n)]
+
+
+async def test_items_are_handed_out_in_proportion_to_their_weights():
+    sampler = DifficultySampler(SETTINGS, seed=3)
+    for _ in range(3):
+        sampler.record("solved", [1.0] * 8)  # weight 0.05
+    sampler.record("hard", [0.0] * 8)  # weight 0.5
+    counts = Counter(await _hand_out(sampler, ["solved", "hard", "open"], 3000))
+    # expected shares 0.05 : 0.5 : 1 of 1.55
+    assert 0.015 < counts["solved"] / 3000 < 0.06
+    assert 0.27 < counts["hard"] / 3000 < 0.38
+    assert 0.58 < counts["open"] / 3000 < 0.71
+    assert sampler.counts["skipped"] == sampler.counts["drawn"] - 3000
+
+
+async def test_draws_are_deterministic_for_a_seed():
+    def run(seed):
+        sampler = DifficultySampler(SETTINGS, seed=seed)
+        sampler.record("x", [1.0] * 4)
+        return asyncio.get_running_loop().create_task(_hand_out(sampler, ["x", "y", "z"], 200))
+
+    first, again, other = await run(7), await run(7), await run(8)
+    assert first == again and first != other
+
+
+async def test_no_item_is_starved_and_the_draw_is_bounded():
+    sampler = DifficultySampler(DifficultySettings(solved_keep=0.1, failed_keep=0.1, floor=0.05,
+                                                   solved_score=1.0, max_draws=3))
+    for item in ("a", "b"):
+        for _ in range(5):
+            sampler.record(item, [0.0, 0.0])
+    drawn = Counter()
+    draw = _draws(["a", "b"])
+
+    async def counting_draw():
+        item = await draw()
+        drawn[item] += 1
+        return item
+
+    out = [await sampler.next_item(counting_draw, lambda i: i) for _ in range(50)]
+    assert set(out) == {"a", "b"}  # every item still comes out
+    assert sum(drawn.values()) <= 150  # at most max_draws per item handed out
+
+    async def nothing():
+        return None
+    assert await sampler.next_item(nothing, lambda i: i) is None
+    # an item without an id is never filtered
+    assert await sampler.next_item(_draws(["a"]), lambda i: None) == "a"
+
+
+@pytest.mark.parametrize("bad", [dict(solved_keep=0.0), dict(failed_keep=1.5), dict(floor=0.0),
+                                 dict(max_draws=0)])
+def test_bad_settings_are_refused(bad):
+    values = dict(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0) | bad
+    with pytest.raises(ValueError, match="difficulty filter"):
+        DifficultySettings(**values)
+
+
+def test_settings_come_from_the_env_config():
+    from atroposlib.env_runtime.difficulty import settings_from_config
+    from atroposlib.envs.base import BaseEnvConfig
+
+    assert settings_from_config(BaseEnvConfig()) is None
+    on = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_floor=0.2))
+    assert on.floor == 0.2 and on.solved_keep == BaseEnvConfig().difficulty_filter_solved_keep
+
+
+# ---------------------------------------------------------------------------- a real serve run
+from tests.envs.sample_envs import ChatLengthEnv  # noqa: E402
+
+POOL = ["solved 1", "solved 2", "open 1", "open 2"]
+
+
+class PoolEnv(ChatLengthEnv):
+    """Cycles four items: 'solved' ones always score 1 (dropped), 'open' ones by reply length."""
+
+    async def setup(self) -> None:
+        self.count = 0
+        self.rolled = Counter()
+
+    async def get_next_item(self):
+        self.count += 1
+        return POOL[self.count % len(POOL)]
+
+    async def collect_trajectories(self, item):
+        self.rolled[item] += 1
+        group, backlog = await super().collect_trajectories(item)
+        if item.startswith("solved"):
+            group["scores"] = [1.0] * len(group["scores"])
+        return group, backlog
+
+
+async def _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter: bool) -> PoolEnv:
+    from atroposlib.api.client import AsyncAtroposClient
+    from atroposlib.api.models import Registration
+    from atroposlib.env_runtime.serve import ServeLoop
+    from atroposlib.envs.base import BaseEnvConfig
+    from atroposlib.testing.fake_server import FakeServer
+
+    config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
+                           max_batches_offpolicy=2, difficulty_filter=difficulty_filter)
+    env = PoolEnv(config, [FakeServer(["a", "bb", "ccc", "dddd", "eeeee"])])
+    env.tokenizer = tiny_tokenizer
+    trainer = AsyncAtroposClient(run_api.url)
+    await trainer.register(Registration(
+        wandb_group="g", wandb_project="p", batch_size=8, max_token_len=512,
+        checkpoint_dir=str(tmp_path), save_checkpoint_interval=0, starting_step=0, num_steps=1000))
+    stop = asyncio.Event()
+    serving = asyncio.create_task(ServeLoop(env, status_interval=0.1, stop_event=stop).run())
+    async with asyncio.timeout(90):
+        while sum(getattr(env, "rolled", {}).values()) < 120:  # the trainer keeps pulling: the env keeps sampling
+            await trainer.get_batch()
+            await asyncio.sleep(0.01)
+    stop.set()
+    await serving
+    await trainer.aclose()
+    return env
+
+
+async def test_a_serve_run_samples_solved_items_less(run_api, tiny_tokenizer, tmp_path):
+    on = await _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter=True)
+    solved_share = sum(n for item, n in on.rolled.items() if item.startswith("solved")) / sum(on.rolled.values())
+    # weights 0.05 (after two solved groups) against 1: a few percent, plus the first visits
+    assert solved_share < 0.2
+    assert on.stats["difficulty_skipped"] > 0 and on.stats["difficulty_solved"] >= 2
+    assert on.stats["difficulty_mixed"] > 0
+
+
+async def test_without_the_filter_every_item_is_sampled_alike(run_api, tiny_tokenizer, tmp_path):
+    off = await _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter=False)
+    solved_share = sum(n for item, n in off.rolled.items() if item.startswith("solved")) / sum(off.rolled.values())
+    assert 0.4 < solved_share < 0.6
+    assert "difficulty_skipped" not in off.stats
