@@ -16,6 +16,13 @@ every budget.
   evaluations. The clock starts when the trainer registers with run-api (model loading and vLLM
   start-up are outside it, as TRL's model loading is). At each wall point the bench copies the
   weights the trainer last pushed to vLLM (the final checkpoint after the trainer stopped).
+* ``ours-gspo-node``: ``ours-gspo`` trained through ``atropos-inference-node`` in its own mount
+  namespace (tmpfs over the run directory and /tmp: every weight update goes over HTTP). Its
+  weights are never on the bench's disk during the run, so only the points 0 and M are scored;
+  the node's memory is not in the contender's peak RSS::
+
+    python benchmarks/bench_learning.py --minutes 7 --contenders ours-gspo,ours-gspo-node
+
 * ``trl``: TRL's ``GRPOTrainer`` with its own HF generation on CPU, the same prompts (the env's
   training split), the env's reward, ``GRPOConfig(per_device_train_batch_size=16,
   num_generations=8, max_completion_length=24, loss_type="grpo", beta=0.0, epsilon=0.2,

@@ -87,7 +87,9 @@ def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int,
         budget_min = run["budget_minutes"]
         curve = []
         for frac in POINTS:
-            path = run["points"].get(frac)
+            if frac not in run["points"]:  # not kept (the -node contender keeps 0 and M only)
+                continue
+            path = run["points"][frac]
             acc = base if path is None else accuracy(path)
             curve.append({"minute": frac * budget_min, "accuracy": acc})
             print(f"[bench] {run['label']} at {frac * budget_min:.2f} min: {acc:.3f}", flush=True)

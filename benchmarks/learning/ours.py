@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import shlex
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,9 @@ from benchmarks.process_tree import ROOT, Tree
 QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"
 QUICKSTART_LORA = ROOT / "configs" / "quickstart-cpu-lora.yaml"
 LOSSES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
-OURS = (*(f"ours-{loss}" for loss in LOSSES), "ours-grpo-tis", "ours-grpo-lora")
+OURS = (*(f"ours-{loss}" for loss in LOSSES), "ours-grpo-tis", "ours-grpo-lora", "ours-gspo-node")
+#: the bearer token of the ``-node`` contender's inference node (127.0.0.1 only)
+NODE_KEY = "bench-node-key"
 POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # wall points, as fractions of the budget
 #: seconds a contender may take beyond its budget (model load, vLLM start, final save)
 STARTUP_ALLOWANCE = 900.0
@@ -28,7 +34,11 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
     """Run ``atropos-launch`` on the quickstart config with the contender's objective.
 
     Args:
-        name: an entry of :data:`OURS` (``ours-<loss>[-tis|-lora]``).
+        name: an entry of :data:`OURS` (``ours-<loss>[-tis|-lora|-node]``). ``-node``: the
+            trainer launches no vLLM; it trains through an ``atropos-inference-node`` in its own
+            mount namespace (:func:`hidden_node`), which cannot see the run directory or /tmp,
+            so every weight update travels over HTTP. The trainer then writes no weights file,
+            so only the policy at the end of the budget (its final checkpoint) is evaluated.
         minutes: the training wall budget.
         out: the directory that gets the run directory ``<out>/<name>``.
         difficulty: the arithmetic difficulty (``env.difficulty``).
@@ -49,7 +59,8 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
 
     from atroposlib.utils.yaml_file import load_yaml
 
-    loss = name.removeprefix("ours-").removesuffix("-tis").removesuffix("-lora")
+    loss = name.removeprefix("ours-").removesuffix("-tis").removesuffix("-lora").removesuffix("-node")
+    node = name.endswith("-node")
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "points").mkdir(parents=True)
@@ -67,7 +78,21 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
         env["script"] = str((ROOT / env["script"]).resolve())
         env["args"] = {**env.get("args", {}), **env_args}
     cfg_path = run_dir / "launch.yaml"
-    cfg_path.write_text(yaml.safe_dump(config))
+    with contextlib.ExitStack() as stack:
+        if node:
+            url = stack.enter_context(hidden_node(run_dir, out / f"{name}-node-logs", config["trainer"]))
+            config["trainer"].update(vllm_url=f"{url}/v1", vllm_api_key=NODE_KEY)
+            for env in config["envs"]:
+                env["args"]["openai.api_key"] = NODE_KEY
+        cfg_path.write_text(yaml.safe_dump(config))
+        result = _launch(name, cfg_path, run_dir, budget, points_wanted=POINTS[1:] if not node else ())
+    result.update(lr=config["trainer"]["lr"], env_args=env_args)
+    return result
+
+
+def _launch(name: str, cfg_path: Path, run_dir: Path, budget: float,
+            points_wanted: tuple[float, ...]) -> dict[str, Any]:
+    """Run ``atropos-launch cfg_path``, copying the synced weights at ``points_wanted``."""
     argv = [sys.executable, "-m", "atroposlib.cli.launch", str(cfg_path)]
     with Tree(argv, run_dir / "bench.log") as tree:
         trainer_log = run_dir / "logs" / "trainer.log"
@@ -78,7 +103,7 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
             time.sleep(0.5)
         start = time.monotonic()
         reached: dict[float, tuple[str | None, int]] = {}
-        for frac in POINTS[1:]:
+        for frac in points_wanted:
             while time.monotonic() - start < frac * budget and tree.proc.poll() is None:
                 time.sleep(0.2)
             if tree.proc.poll() is None:
@@ -95,7 +120,9 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
     final = str(run_dir / "checkpoints" / "final")
     # a point after the trainer had stopped holds the final policy; a step that ended past the
     # budget (its length misjudged) is not counted: the point M is the policy at M
-    points = {0.0: None, **{f: reached[f][0] if f in reached else final for f in POINTS[1:]}}
+    points = {0.0: None, **{f: reached[f][0] if f in reached else final for f in points_wanted}, 1.0: final}
+    if 1.0 in reached:
+        points[1.0] = reached[1.0][0]
     if 1.0 in reached:
         history, seconds = history[:reached[1.0][1]], budget
     else:
@@ -103,8 +130,50 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
     return {"points": points, "steps": len(history),
             "sequences": sum(h.get("sequences", 0) for h in history),
             "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss,
-            "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss, "lr": config["trainer"]["lr"],
-            "env_args": env_args, "groups": env_group_counts(run_dir / "logs")}
+            "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss,
+            "groups": env_group_counts(run_dir / "logs")}
+
+
+@contextlib.contextmanager
+def hidden_node(run_dir: Path, log_dir: Path, trainer: dict[str, Any]) -> Iterator[str]:
+    """``atropos-inference-node`` under ``unshare -m`` with tmpfs over ``run_dir`` and /tmp.
+
+    Served like the trainer's own vLLM (its dtype and context length); the node's logs go to
+    ``log_dir``, outside what it cannot see. Yields its URL once healthy; stops it on exit.
+
+    Raises:
+        RuntimeError: not root / no ``unshare``, or the node did not become healthy in 300 s.
+    """
+    import shutil as sh
+
+    import httpx
+
+    from atroposlib.inference.vllm_process import find_free_port
+
+    if os.geteuid() != 0 or sh.which("unshare") is None:
+        raise RuntimeError("the -node contender needs root and unshare(1) for a private mount namespace")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = find_free_port()
+    node = [sys.executable, "-m", "atroposlib.cli.inference_node", "--port", str(port),
+            "--dtype", str(trainer.get("vllm_dtype", "auto")),
+            "--max-model-len", str(trainer.get("vllm_max_model_len", 2048)),
+            "--log", str(log_dir / "vllm.log")]
+    script = (f"mount -t tmpfs tmpfs {shlex.quote(str(run_dir))} && mount -t tmpfs tmpfs /tmp && "
+              f"exec {shlex.join(node)}")
+    with Tree(["unshare", "-m", "sh", "-c", script], log_dir / "node.log",
+              env={"ATROPOS_API_KEY": NODE_KEY}) as tree:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            if tree.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the inference node did not become healthy; see {log_dir}/node.log")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        yield url
 
 
 def env_group_counts(log_dir: Path) -> dict[str, Any]:
