@@ -221,10 +221,14 @@ def run_passes(plan: list[tuple[str, Any]], args: argparse.Namespace, work: Path
                 print(f"[bench] pass {i + 1}/{args.pairs}: {label}, {args.minutes:g} min", flush=True)
                 begin = time.monotonic()
                 out = work / f"pass{i + 1}"
-                result = (run_trl(what, args.minutes, out, args.task_difficulty)
-                          if isinstance(what, TrlSetting)
-                          else run_ours(what, args.minutes, out, args.task_difficulty, args.ours_lr,
-                                        env_args, trainer_args))
+                try:
+                    result = (run_trl(what, args.minutes, out, args.task_difficulty)
+                              if isinstance(what, TrlSetting)
+                              else run_ours(what, args.minutes, out, args.task_difficulty, args.ours_lr,
+                                            env_args, trainer_args))
+                except RuntimeError as exc:  # one contender failing does not lose the others
+                    print(f"[bench] {label} FAILED, left out of the table: {exc}", flush=True)
+                    continue
                 runs.append({"label": label, "pass": i + 1, "budget_minutes": args.minutes, **result})
                 print(f"[bench] {label}: {result['steps']} steps, {result['sequences']} sequences in "
                       f"{result['train_seconds']:.0f}s of training ({time.monotonic() - begin:.0f}s "
