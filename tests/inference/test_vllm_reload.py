@@ -69,6 +69,13 @@ def _own_process(vllm_server):
     return vllm_server.process
 
 
+def _serve_the_bundled_weights_again(vllm_server) -> None:
+    """Reload the starting weights through the server's own routes (works for an external server)."""
+    httpx.post(f"{vllm_server.root_url}/collective_rpc", timeout=300,
+               json={"method": "reload_weights", "kwargs": {"weights_path": str(vllm_server.model_dir)}})
+    httpx.post(f"{vllm_server.root_url}/reset_prefix_cache", timeout=60)
+
+
 def test_fp32_logprobs_match_transformers(vllm_server, prompt_ids):
     tokens, logprobs = _greedy(vllm_server, prompt_ids)
     expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, tokens)
@@ -160,10 +167,7 @@ def test_background_sync_serves_the_weights_of_the_moment_it_was_called(vllm_ser
         assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-3
     finally:
         sync.stop()
-        httpx.post(f"{vllm_server.root_url}/collective_rpc", timeout=300,
-                   json={"method": "reload_weights",
-                         "kwargs": {"weights_path": str(vllm_server.model_dir)}})
-        httpx.post(f"{vllm_server.root_url}/reset_prefix_cache", timeout=60)
+        _serve_the_bundled_weights_again(vllm_server)
 
 
 def test_partial_sync_writes_the_trained_tensors_and_vllm_keeps_the_frozen_ones(
@@ -199,7 +203,4 @@ def test_partial_sync_writes_the_trained_tensors_and_vllm_keeps_the_frozen_ones(
         assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-3
     finally:
         sync.stop()
-        httpx.post(f"{vllm_server.root_url}/collective_rpc", timeout=300,
-                   json={"method": "reload_weights",
-                         "kwargs": {"weights_path": str(vllm_server.model_dir)}})
-        httpx.post(f"{vllm_server.root_url}/reset_prefix_cache", timeout=60)
+        _serve_the_bundled_weights_again(vllm_server)
