@@ -141,7 +141,8 @@ def test_verifiers_multi_turn_served_into_run_api(vllm_server, tokenizer, tmp_pa
 
     for tokens, turns, score in served_rollouts("verifiers:tests.adapters.vf_echo_chat", vllm_server,
                                                 tokenizer, tmp_path, 12):
-        words = re.findall(r"single word: (\w+)", tokenizer.decode(tokens))
+        # the user's turns only: a sampled reply may itself say "single word: X"
+        words = re.findall(r"<\|im_start\|>user\nReply with the single word: (\w+)", tokenizer.decode(tokens))
         assert len(turns) == len(words) >= 2  # one trained span per user turn
         task = EchoTask(EchoData(idx=0, prompt=None, info={"words": words}))
         trace = SimpleNamespace(assistant_messages=[SimpleNamespace(content=t) for t in turns])
