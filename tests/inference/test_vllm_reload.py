@@ -76,6 +76,13 @@ def _serve_the_bundled_weights_again(vllm_server) -> None:
     httpx.post(f"{vllm_server.root_url}/reset_prefix_cache", timeout=60)
 
 
+def _assert_serves_the_halved_norm(vllm_server, prompt_ids) -> None:
+    """vLLM's greedy log-probs are HF's for the bundled model with its final norm scaled by 0.5."""
+    tokens, served = _greedy(vllm_server, prompt_ids)
+    expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, tokens, scale_norm=0.5)
+    assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-3
+
+
 def test_fp32_logprobs_match_transformers(vllm_server, prompt_ids):
     tokens, logprobs = _greedy(vllm_server, prompt_ids)
     expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, tokens)
@@ -162,9 +169,7 @@ def test_background_sync_serves_the_weights_of_the_moment_it_was_called(vllm_ser
         done = sync.wait()
         assert done["sync/save_seconds"] > 0 and done["sync/update_seconds"] > 0
         assert sync.wait() == {}
-        tokens, served = _greedy(vllm_server, prompt_ids)
-        expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, tokens, scale_norm=0.5)
-        assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-3
+        _assert_serves_the_halved_norm(vllm_server, prompt_ids)
     finally:
         sync.stop()
         _serve_the_bundled_weights_again(vllm_server)
@@ -198,9 +203,7 @@ def test_partial_sync_writes_the_trained_tensors_and_vllm_keeps_the_frozen_ones(
         names = set(load_file(written))
         assert names == {n for n, p in model.named_parameters() if p.requires_grad}
         assert all(n.startswith(("model.layers.28.", "model.layers.29.", "model.norm.")) for n in names)
-        tokens, served = _greedy(vllm_server, prompt_ids)
-        expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, tokens, scale_norm=0.5)
-        assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-3
+        _assert_serves_the_halved_norm(vllm_server, prompt_ids)
     finally:
         sync.stop()
         _serve_the_bundled_weights_again(vllm_server)
