@@ -182,7 +182,8 @@ class VLLMSync:
         Returns:
             ``{"sync/save_seconds", "sync/update_seconds"}`` (zeros for ``none``); in the
             background, those of the previous sync (zeros for the first) plus
-            ``sync/wait_seconds``, how long this call waited for the previous one.
+            ``sync/wait_seconds``, how long this call waited for the previous one, and
+            ``sync/vllm_heap_released_mb``, the free heap vLLM gave back after that reload.
 
         Raises:
             InferenceError: the server refused the update or did not come back (in the
@@ -248,7 +249,11 @@ class VLLMSync:
         save_s = self._write(hf_model, None, weights, partial)
         update_s = (self.process.reload_weights(self.weights_dir) if self.process is not None
                     else self._reload_external())
-        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+        metrics = {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+        released = getattr(self.process, "heap_released_bytes", None)
+        if released is not None:  # vLLM's free heap after the reload, given back to the OS
+            metrics["sync/vllm_heap_released_mb"] = released / 2**20
+        return metrics
 
     def _sync_nodes(self, model: Any, state_dict: dict[str, Any] | None, background: bool,
                     version: int) -> dict[str, float]:

@@ -45,6 +45,7 @@ from atroposlib.inference.cpu_build import (  # noqa: F401 - importable from her
     vllm_is_cpu_build,
 )
 from atroposlib.inference.vllm_weights import WeightReload
+from atroposlib.inference.worker_extension import WORKER_EXTENSION_CLS
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +279,18 @@ class VLLMProcess(WeightReload):
             cmd += ["--gpu-memory-utilization", str(DEFAULT_GPU_MEMORY_UTILIZATION)]
         if self.max_num_seqs is not None and "--max-num-seqs" not in given:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.releases_heap:
+            cmd += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
         return cmd + self.extra_args
+
+    @property
+    def releases_heap(self) -> bool:
+        """True when the workers run :class:`~atroposlib.inference.worker_extension.AtroposWorkerExtension`.
+
+        They do unless ``extra_args`` name another ``--worker-extension-cls``; then
+        :meth:`reload_weights` does not ask them to release their free heap after a reload.
+        """
+        return not any(a.split("=")[0] == "--worker-extension-cls" for a in self.extra_args)
 
     def environment(self) -> dict[str, str]:
         """Return the server's environment: ours, plus offline/no-telemetry and CPU defaults."""

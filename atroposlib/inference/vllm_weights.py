@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.errors import InferenceError
+from atroposlib.inference.worker_extension import RELEASE_FREE_HEAP_RPC
 
 
 class WeightReload:
@@ -17,6 +18,9 @@ class WeightReload:
 
     root_url: str
     dev_mode: bool
+    #: bytes the workers' resident memory shrank by when they released their free heap after
+    #: the last reload (``None`` before one, or when the server runs another worker extension)
+    heap_released_bytes: int | None = None
     is_running: Any
     death_report: Any
 
@@ -39,8 +43,9 @@ class WeightReload:
 
         Sends ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path":
         DIR}}`` (every worker reloads the safetensors in ``DIR``), then ``POST
-        /reset_prefix_cache`` so no KV computed with the old weights is reused. The model
-        architecture and shapes must be unchanged.
+        /reset_prefix_cache`` so no KV computed with the old weights is reused, then (with our
+        worker extension) has every worker give its free heap back to the OS
+        (:attr:`heap_released_bytes`). The model architecture and shapes must be unchanged.
 
         Args:
             weights_dir: directory holding ``model.safetensors`` (e.g. a ``save_pretrained``
@@ -76,6 +81,10 @@ class WeightReload:
                 {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
             )
             self._post(client, "/reset_prefix_cache")
+            if getattr(self, "releases_heap", False):
+                # the reload's transient tensors leave free heap behind: return it to the OS
+                answer = self._post(client, "/collective_rpc", {"method": RELEASE_FREE_HEAP_RPC}).json()
+                self.heap_released_bytes = sum(int(r) for r in answer.get("results", []))
         return time.perf_counter() - begin
 
 

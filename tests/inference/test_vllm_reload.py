@@ -96,6 +96,8 @@ def test_reload_weights_changes_generations_and_restores(vllm_server, prompt_ids
     try:
         seconds = process.reload_weights(perturbed_dir)
         assert 0 < seconds < 120
+        # our worker extension ran in vLLM's worker and gave its free heap back
+        assert isinstance(process.heap_released_bytes, int) and process.heap_released_bytes >= 0
         new_tokens, after = _greedy(vllm_server, prompt_ids, max_tokens=len(tokens))
         # The served policy is now the perturbed one: its log-probs are what HF computes for it.
         expected = _hf_logprobs(vllm_server.model_dir, prompt_ids, new_tokens, scale_norm=0.5)
