@@ -13,7 +13,8 @@ from atroposlib.inference.worker_extension import RELEASE_FREE_HEAP_RPC
 class WeightReload:
     """The weight half of :class:`~atroposlib.inference.vllm_process.VLLMProcess` (a mixin).
 
-    It reads the process's ``root_url``, ``dev_mode``, ``is_running()`` and ``death_report()``.
+    It reads the process's ``root_url``, ``dev_mode``, ``is_running()``, ``death_report()``
+    and ``releases_heap``.
     """
 
     root_url: str
@@ -23,6 +24,7 @@ class WeightReload:
     heap_released_bytes: int | None = None
     is_running: Any
     death_report: Any
+    releases_heap: bool
 
     def _post(self, client: Any, path: str, payload: dict | None = None) -> Any:
         response = client.post(f"{self.root_url}{path}", json=payload)
@@ -81,7 +83,7 @@ class WeightReload:
                 {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
             )
             self._post(client, "/reset_prefix_cache")
-            if getattr(self, "releases_heap", False):
+            if self.releases_heap:
                 # the reload's transient tensors leave free heap behind: return it to the OS
                 answer = self._post(client, "/collective_rpc", {"method": RELEASE_FREE_HEAP_RPC}).json()
                 self.heap_released_bytes = sum(int(r) for r in answer.get("results", []))
