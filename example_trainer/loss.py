@@ -127,11 +127,13 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: torc
     import torch.nn.functional as F
 
     logits = scaled_logits(logits, temperature)
-    # cross_entropy never materialises a second [B, T, V] log-softmax tensor for the gather.
-    nll = F.cross_entropy(
-        logits.transpose(1, 2), labels.clamp(min=-100), ignore_index=-100, reduction="none"
-    )
-    return -nll
+    # Flattened to [B*T, V] so the log-softmax runs over the last, contiguous dimension: passing
+    # [B, V, T] instead (cross_entropy's "K-dimensional" form) sends it through a strided
+    # kernel that took half of a GPU training step (H200, Qwen2.5-0.5B shape, 152k vocabulary).
+    vocab = logits.shape[-1]
+    nll = F.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1).clamp(min=-100),
+                          ignore_index=-100, reduction="none")
+    return -nll.view(labels.shape)
 
 
 def ppo_clip(

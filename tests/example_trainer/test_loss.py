@@ -66,6 +66,24 @@ def test_token_logprobs_match_log_softmax_and_temperature():
     assert lp[0, 1].item() == 0.0 and lp[1, 2].item() == 0.0
 
 
+def test_token_logprobs_of_a_strided_view_match_log_softmax_with_gradients():
+    # the trainer passes the logits tail (a view); values and gradients equal a plain gather
+    torch.manual_seed(0)
+    full = torch.randn(3, 6, 11, requires_grad=True)
+    logits = full[:, 2:, :]
+    assert not logits.is_contiguous()
+    labels = torch.tensor([[1, -100, 3, 10], [0, 6, -100, 2], [-100, -100, 5, 4]])
+    lp = token_logprobs(logits, labels)
+    ref = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    ref = torch.where(labels == -100, torch.zeros_like(ref), ref)
+    assert lp.shape == labels.shape
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+    (grad,) = torch.autograd.grad((lp * torch.arange(12.0).view(3, 4)).sum(), full)
+    (ref_grad,) = torch.autograd.grad((ref * torch.arange(12.0).view(3, 4)).sum(), full)
+    torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-5)
+    assert grad[:, :2].abs().sum() == 0 and grad[2, 2:4].abs().sum() == 0  # outside the view, ignored
+
+
 def test_masked_positions_get_no_gradient_and_sequences_are_token_means():
     torch.manual_seed(0)
     logits = torch.randn(2, 4, 5, requires_grad=True)
