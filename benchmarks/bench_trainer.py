@@ -13,6 +13,13 @@ Prints tokens/s and seconds per step for each setting, and ratios against the fi
         --micro-batch-size 16 --attn eager --last-layers 10 --threads 1 --logits-tail 1 \
         --mixed-precision bf16 --shared-prefix 0,1 --repeats 3
 
+    # a GPU with a Qwen2.5-0.5B-shaped model (random weights: the speed does not depend on their
+    # values, and nothing is downloaded): model FLOPs utilisation against the card's bf16 peak and
+    # the trainer's side of a weight sync (bf16 copy + safetensors write)
+    python benchmarks/bench_trainer.py --model-shape qwen2.5-0.5b --batch-size 64 --seq-len 512 \
+        --prompt-len 128 --group-size 8 --micro-batch-size 16 --attn sdpa --threads 8 \
+        --logits-tail 0,1 --shared-prefix 0,1 --peak-tflops 989 --sync-repeats 3
+
     # across processes (torchrun, FSDP2; gloo on the CPU) and LoRA against full fine-tuning:
     # every setting trains the same batches; adds the peak memory of each process
     python benchmarks/bench_trainer.py --processes 1,2 --lora-r 0,8 --batch-size 8 --seq-len 48 \\
@@ -44,6 +51,88 @@ from example_trainer.grpo import freeze_all_but_last_layers, load_policy, policy
 from example_trainer.loss import grpo_loss
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: Model shapes ``--model-shape`` builds with random weights, from the models' published configs.
+SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": {  # Qwen/Qwen2.5-0.5B-Instruct's config.json
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 896,
+        "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "hidden_act": "silu", "torch_dtype": "bfloat16"},
+}
+
+
+def shaped_model_dir(shape: str, tokenizer_dir: str, out_dir: Path) -> str:
+    """Write a randomly initialised model of ``shape`` (a :data:`SHAPES` key) into ``out_dir``.
+
+    The tokenizer files come from ``tokenizer_dir``; the benchmark's synthetic ids stay below
+    its vocabulary, so a smaller tokenizer than the shape's vocabulary is fine. Returns the
+    directory as a string for :func:`~example_trainer.grpo.load_policy`.
+    """
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**SHAPES[shape])
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out_dir)
+    for f in Path(tokenizer_dir).iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json",
+                                                         "vocab.json", "merges.txt"):
+            shutil.copy(f, out_dir / f.name)
+    return str(out_dir)
+
+
+def model_flops(config, micro_batches, tail: bool) -> float:
+    """Model FLOPs of one training step (forward + backward) over ``micro_batches``.
+
+    PaLM's count (Chowdhery et al., 2022, "PaLM: Scaling Language Modeling with Pathways",
+    Appendix B): ``6 N`` per token for the weight matmuls plus ``12 L H Q T`` for attention
+    (``L`` layers, ``H Q`` = hidden size, ``T`` the padded sequence length). ``N`` here is the
+    decoder's non-embedding parameters; the LM head's ``6 d V`` is counted on the positions it
+    runs over (only the completion tail with ``tail``). Every real token counts, so the
+    figure is the work of an unshared forward: with ``--shared-prefix`` the step does less
+    work for the same tokens, and the utilisation it implies is an effective one.
+    """
+    d, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    ff = config.intermediate_size
+    per_layer = d * d * 2 + 2 * d * (d // heads) * kv_heads + 3 * d * ff  # q,o + k,v + gated MLP
+    flops = 0.0
+    for mb in micro_batches:
+        tokens = int(mb.attention_mask.sum())
+        seq = mb.input_ids.shape[1]
+        head_positions = mb.input_ids.shape[0] * (mb.trained_tail()[0] if tail else seq)
+        flops += 6 * layers * per_layer * tokens + 12 * layers * d * seq * tokens + 6 * d * vocab * head_positions
+    return flops
+
+
+def sync_seconds(model, repeats: int) -> tuple[float, int]:
+    """The trainer's side of a hot-reload weight sync: bf16 copy of the weights, safetensors write.
+
+    Runs :func:`~example_trainer.memory.sync_tensors` (the background sync's snapshot, cast to
+    vLLM's bf16) and :func:`~example_trainer.memory.save_tensors` into a temporary directory,
+    as ``weight_sync=reload`` does before vLLM reloads. Returns the median seconds and the
+    bytes written; the reload inside vLLM is not part of it.
+    """
+    import statistics
+
+    from example_trainer.memory import save_tensors, sync_tensors, trained_names
+
+    times, size = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.safetensors"
+        for _ in range(repeats):
+            if next(model.parameters()).is_cuda:
+                torch.cuda.synchronize()
+            begin = time.perf_counter()
+            weights = sync_tensors(model.state_dict(), trained_names(model), False, "bfloat16", snapshot=True)
+            save_tensors(weights, path)
+            times.append(time.perf_counter() - begin)
+            size = path.stat().st_size
+            del weights
+    return statistics.median(times), size
 
 
 def synthetic(batch_size: int, seq_len: int, prompt_len: int, vocab: int,
@@ -89,14 +178,22 @@ def peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def in_process(args: argparse.Namespace) -> list[dict]:
-    """Attention kernel x frozen layers x LM-head tail x mixed precision x threads, in this process."""
+def in_process(args: argparse.Namespace, sync_rows: list[dict]) -> list[dict]:
+    """Attention kernel x frozen layers x LM-head tail x mixed precision x threads, in this process.
+
+    With ``--sync-repeats``, each loaded model's weight-sync timing is appended to ``sync_rows``.
+    """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = []
     settings = [(a, int(n)) for a in args.attn.split(",") for n in args.last_layers.split(",")]
     for attn, last in settings:
         model, tok = load_policy(args.model, device, dtype, attn)
+        if args.sync_repeats:
+            seconds, size = sync_seconds(model, args.sync_repeats)
+            sync_rows.append({"name": f"sync {attn} layers=all", "seconds": seconds, "bytes": size})
+            print(f"weight sync, trainer side (bf16 copy + safetensors write): {seconds:.3f} s, "
+                  f"{size / 2**20:.0f} MiB", flush=True)
         if last:
             freeze_all_but_last_layers(model, last)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-7)
@@ -114,8 +211,15 @@ def in_process(args: argparse.Namespace) -> list[dict]:
             best = min(one_step(model, optimizer, mbs, len(seqs), **kwargs) for _ in range(args.repeats))
             name = (f"{attn} threads={threads} layers={last or 'all'} tail={int(tail or shared)} mp={mp}"
                     f" shared_prefix={int(shared)}")
-            rows.append({"name": name, "seconds_per_step": best, "tokens_per_second": tokens / best})
-            print(f"{name}: {best:.2f} s/step, {tokens / best:.0f} tokens/s "
+            row = {"name": name, "seconds_per_step": best, "tokens_per_second": tokens / best,
+                   "peak_memory_mib": peak_memory_mib(device)}
+            mfu = ""
+            if args.peak_tflops and not last:  # all layers trained: the count below holds
+                row["model_tflops_per_second"] = model_flops(model.config, mbs, tail or shared) / best / 1e12
+                row["mfu"] = row["model_tflops_per_second"] / args.peak_tflops
+                mfu = f", {row['model_tflops_per_second']:.1f} model TFLOP/s = {row['mfu']:.1%} MFU"
+            rows.append(row)
+            print(f"{name}: {best:.3f} s/step, {tokens / best:.0f} tokens/s{mfu} "
                   f"({args.batch_size}x{args.seq_len} tokens, micro {args.micro_batch_size})", flush=True)
     return rows
 
@@ -225,13 +329,26 @@ def main() -> None:
                         help="comma-separated process counts (e.g. 1,2): compare across processes "
                              "with FSDP2 instead of the in-process settings")
     parser.add_argument("--lora-r", default="0", help="with --processes: comma-separated LoRA ranks, 0 = full")
+    parser.add_argument("--model-shape", choices=sorted(SHAPES), default=None,
+                        help="train a randomly initialised model of this shape instead of --model "
+                             "(its tokenizer comes from --model)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's peak TFLOP/s in the training dtype (H100/H200 SXM bf16 "
+                             "dense: 989): adds model FLOPs utilisation to settings training all layers")
+    parser.add_argument("--sync-repeats", type=int, default=0,
+                        help="also time the trainer's side of a weight sync this many times (median)")
     parser.add_argument("--json-out", default=None, help="also write the rows and ratios here")
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-lora-r", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker_out:
         return worker(args)
-    rows = across_processes(args) if args.processes else in_process(args)
+    shape_dir = None
+    if args.model_shape:
+        shape_dir = tempfile.TemporaryDirectory()
+        args.model = shaped_model_dir(args.model_shape, args.model, Path(shape_dir.name))
+    sync_rows: list[dict] = []
+    rows = across_processes(args) if args.processes else in_process(args, sync_rows)
     base = rows[0]
     for row in rows:
         row["speed_vs_baseline"] = base["seconds_per_step"] / row["seconds_per_step"]
@@ -239,8 +356,12 @@ def main() -> None:
               + (f", {max(row['peak_memory_mib_per_process']) / max(base['peak_memory_mib_per_process']):.2f}x "
                  "peak memory per process" if "peak_memory_mib_per_process" in row else ""))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"settings": vars(args), "baseline": base["name"],
-                                                   "rows": rows}, indent=2) + "\n")
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        Path(args.json_out).write_text(json.dumps({
+            "settings": vars(args), "device": device, "torch": torch.__version__, "baseline": base["name"],
+            "rows": rows, "weight_sync": sync_rows}, indent=2) + "\n")
+    if shape_dir is not None:
+        shape_dir.cleanup()
 
 
 if __name__ == "__main__":
