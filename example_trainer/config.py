@@ -80,12 +80,14 @@ class TrainerConfig(BaseSettings):
         description="Module names that get LoRA adapters (the default: every attention and MLP "
         "projection of Llama-style models); a JSON list or comma-separated names.")
     gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
-    shared_prefix: bool = Field(default=True, description="Run the prompt that a group's "
+    shared_prefix: bool = Field(default=False, description="Run the prompt that a group's "
                                 "rollouts share through the policy once per micro-batch (KV "
                                 "cache repeated for the group) instead of once per rollout: "
-                                "same loss and gradients, fewer tokens. The plain forward is "
-                                "used under FSDP (ranks must run equal forwards) and with "
-                                "gradient checkpointing (no KV cache).")
+                                "same loss and gradients, fewer tokens, but more and smaller "
+                                "forwards, which made steps slower on both a 2-core CPU and an "
+                                "H200 (docs: Benchmarks). The plain forward is used under FSDP "
+                                "(ranks must run equal forwards) and with gradient checkpointing "
+                                "(no KV cache).")
     attn_implementation: str | None = Field(default=None, description="HF attention kernel; "
                                             "default eager on CPU (fast for short padded "
                                             "batches), sdpa on CUDA.")
