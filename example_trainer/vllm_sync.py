@@ -182,8 +182,9 @@ class VLLMSync:
         Returns:
             ``{"sync/save_seconds", "sync/update_seconds"}`` (zeros for ``none``); in the
             background, those of the previous sync (zeros for the first) plus
-            ``sync/wait_seconds``, how long this call waited for the previous one, and
-            ``sync/vllm_heap_released_mb``, the free heap vLLM gave back after that reload.
+            ``sync/wait_seconds``, how long this call waited for the previous one. A reload
+            of the trainer's own vLLM adds ``sync/vllm_heap_released_mb``, the free heap it
+            gave back after that reload.
 
         Raises:
             InferenceError: the server refused the update or did not come back (in the
@@ -224,11 +225,9 @@ class VLLMSync:
         save_s = self._write(hf_model, tokenizer, weights, partial, with_tokenizer=mode == "restart")
         if mode == "restart":
             update_s = self.process.restart(model=self.weights_dir, timeout=self.config.vllm_start_timeout)
-        elif self.process is not None:
-            update_s = self.process.reload_weights(self.weights_dir)
         else:
-            update_s = self._reload_external()
-        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+            update_s = self._reload()
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s, **self._heap_metric()}
 
     def _write(self, hf_model: Any, tokenizer: Any, weights: dict[str, Any], partial: bool,
                with_tokenizer: bool = False) -> float:
@@ -247,13 +246,19 @@ class VLLMSync:
     def _save_and_reload(self, hf_model: Any, weights: dict[str, Any], partial: bool) -> dict[str, float]:
         """Write ``weights`` and reload vLLM on them (the body of a background sync)."""
         save_s = self._write(hf_model, None, weights, partial)
-        update_s = (self.process.reload_weights(self.weights_dir) if self.process is not None
-                    else self._reload_external())
-        metrics = {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
-        released = getattr(self.process, "heap_released_bytes", None)
-        if released is not None:  # vLLM's free heap after the reload, given back to the OS
-            metrics["sync/vllm_heap_released_mb"] = released / 2**20
-        return metrics
+        update_s = self._reload()
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s, **self._heap_metric()}
+
+    def _reload(self) -> float:
+        """Hot-reload the written weights: our vLLM process, or the external server; seconds."""
+        if self.process is not None:
+            return self.process.reload_weights(self.weights_dir)
+        return self._reload_external()
+
+    def _heap_metric(self) -> dict[str, float]:
+        """``sync/vllm_heap_released_mb``: the free heap our vLLM gave back after its last reload."""
+        released = self.process.heap_released_bytes if self.process is not None else None
+        return {} if released is None else {"sync/vllm_heap_released_mb": released / 2**20}
 
     def _sync_nodes(self, model: Any, state_dict: dict[str, Any] | None, background: bool,
                     version: int) -> dict[str, float]:

@@ -250,24 +250,11 @@ class VLLMProcess(WeightReload):
         """
         cpu = vllm_is_cpu_build()
         dtype = "float32" if (cpu and self.dtype == "auto") else self.dtype
-        cmd = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.launchers.api_server.entry",
-            "--model",
-            self.model,
-            "--served-model-name",
-            self.served_model_name,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--dtype",
-            dtype,
-            "--max-model-len",
-            str(self.max_model_len),
-        ]
-        given = {a.split("=")[0] for a in self.extra_args if a.startswith("--")}
+        cmd = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
+               "--model", self.model, "--served-model-name", self.served_model_name,
+               "--host", self.host, "--port", str(self.port), "--dtype", dtype,
+               "--max-model-len", str(self.max_model_len)]
+        given = self._given_flags()
         if cpu:
             # CUDA graphs / torch.compile do not exist on CPU; eager starts in ~30 s, not 80-110 s.
             cmd.append("--enforce-eager")
@@ -290,7 +277,11 @@ class VLLMProcess(WeightReload):
         They do unless ``extra_args`` name another ``--worker-extension-cls``; then
         :meth:`reload_weights` does not ask them to release their free heap after a reload.
         """
-        return not any(a.split("=")[0] == "--worker-extension-cls" for a in self.extra_args)
+        return "--worker-extension-cls" not in self._given_flags()
+
+    def _given_flags(self) -> set[str]:
+        """The ``--flags`` named in ``extra_args`` (``--flag value`` and ``--flag=value`` alike)."""
+        return {a.split("=")[0] for a in self.extra_args if a.startswith("--")}
 
     def environment(self) -> dict[str, str]:
         """Return the server's environment: ours, plus offline/no-telemetry and CPU defaults."""

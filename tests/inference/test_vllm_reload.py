@@ -177,6 +177,33 @@ def test_background_sync_serves_the_weights_of_the_moment_it_was_called(vllm_ser
         _serve_the_bundled_weights_again(vllm_server)
 
 
+def test_both_sync_paths_report_the_heap_vllm_gave_back(vllm_server, tmp_path):
+    """A reload of the trainer's own vLLM logs ``sync/vllm_heap_released_mb``, in the foreground
+    sync's metrics and in the background one's (returned by the next ``sync`` or ``wait``)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from example_trainer.config import TrainerConfig
+    from example_trainer.vllm_sync import VLLMSync
+
+    process = _own_process(vllm_server)
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+    config = TrainerConfig(model=str(vllm_server.model_dir), weight_sync="reload", vllm_dtype="float32")
+    sync = VLLMSync(config, tmp_path)
+    sync.process = process  # the server the trainer would have launched (stop() is not called)
+    try:
+        foreground = sync.sync(model, tokenizer)
+        assert foreground["sync/vllm_heap_released_mb"] >= 0
+        sync.sync(model, tokenizer, background=True)
+        background = sync.wait()
+        assert background["sync/vllm_heap_released_mb"] >= 0 and background["sync/update_seconds"] > 0
+    finally:
+        if sync._executor is not None:
+            sync._executor.shutdown()
+        _serve_the_bundled_weights_again(vllm_server)
+
+
 def test_partial_sync_writes_the_trained_tensors_and_vllm_keeps_the_frozen_ones(
         vllm_server, prompt_ids, tmp_path):
     """After one full sync, ``VLLMSync`` writes only the trained layers; vLLM then serves the
