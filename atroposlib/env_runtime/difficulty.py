@@ -26,13 +26,24 @@ Items are drawn from the env as usual and each is kept with probability equal to
 (rejection sampling, at most ``max_draws`` draws per item handed out), so the env's own order
 and item generator are untouched and an env needs only an item id (``BaseEnv.item_id``; by
 default the item's JSON). State is in memory only: a restarted env starts with every item
-unseen. For generated tasks with many distinct items (arithmetic at difficulty 4 has about
-11,000 training problems) items rarely recur within a short run and the filter does little.
+unseen.
+
+For generated tasks with many distinct items (arithmetic at difficulty 4 has about 11,000
+training problems) items rarely recur within a short run, so the weights above do little. The
+filter can therefore also **replay learnable items** (``replay > 0``): an item whose group came
+back mixed joins a bounded replay set with priority equal to the variance of the group's scores.
+For 0/1 rewards with a share ``p`` solved that is ``p (1 - p)``, the "learnability" of Foster and
+Foerster (2025, "Learning to Reason at the Frontier of Learnability", arXiv:2502.12272, section
+3), who sample training prompts in proportion to it; for other rewards it is the spread GRPO's
+advantages come from. A share ``replay`` of the items handed out is then drawn
+from that set in proportion to priority; an item leaves it after ``replay_times`` replays, when
+a group of it comes back all-same, or when a more learnable item needs its place.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +62,9 @@ class DifficultySettings:
         floor: the least weight, in (0, 1]: the item is still drawn at this rate.
         solved_score: a score at or above it counts as solved.
         max_draws: items drawn at most to hand out one (the last is kept whatever its weight).
+        replay: share of the items handed out that are replays of learnable items, in [0, 1).
+        replay_size: most items held for replay.
+        replay_times: most replays of one item after the group that made it learnable.
     """
 
     solved_keep: float
@@ -58,19 +72,26 @@ class DifficultySettings:
     floor: float
     solved_score: float
     max_draws: int = 64
+    replay: float = 0.0
+    replay_size: int = 256
+    replay_times: int = 2
 
     def __post_init__(self) -> None:
         """Check the ranges.
 
         Raises:
-            ValueError: a factor or the floor outside (0, 1], or ``max_draws`` < 1.
+            ValueError: a factor or the floor outside (0, 1], ``replay`` outside [0, 1), or
+                ``max_draws``, ``replay_size`` or ``replay_times`` < 1.
         """
         for name in ("solved_keep", "failed_keep", "floor"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"difficulty filter {name} must be in (0, 1], got {value}")
-        if self.max_draws < 1:
-            raise ValueError(f"difficulty filter max_draws must be >= 1, got {self.max_draws}")
+        if not 0.0 <= self.replay < 1.0:
+            raise ValueError(f"difficulty filter replay must be in [0, 1), got {self.replay}")
+        for name in ("max_draws", "replay_size", "replay_times"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"difficulty filter {name} must be >= 1, got {getattr(self, name)}")
 
 
 class DifficultySampler:
@@ -86,15 +107,22 @@ class DifficultySampler:
         self.settings = settings
         self.rng = random.Random(seed)
         self.weights: dict[Hashable, float] = {}
-        #: counters since the last :meth:`take_counts`: draws, skipped, and groups by kind
-        self.counts = {"drawn": 0, "skipped": 0, "solved": 0, "failed": 0, "mixed": 0}
+        #: learnable items held for replay: id -> [item, priority (score variance), replays left]
+        self.replays: dict[Hashable, list[Any]] = {}
+        #: counters since the last :meth:`take_counts`: draws, skipped, replays, groups by kind
+        self.counts = {"drawn": 0, "skipped": 0, "replayed": 0, "solved": 0, "failed": 0, "mixed": 0}
 
     def weight(self, item_id: Hashable) -> float:
         """The item's sampling weight (1.0 for an item never recorded)."""
         return self.weights.get(item_id, 1.0)
 
-    def record(self, item_id: Hashable, scores: Sequence[float]) -> str:
-        """Update the item's weight from one of its groups' scores.
+    def record(self, item_id: Hashable, scores: Sequence[float], item: Any = None) -> str:
+        """Update the item's weight (and its place in the replay set) from one group's scores.
+
+        Args:
+            item_id: the item's id.
+            scores: the group's scores, one per rollout.
+            item: the item itself, kept for replay when the group is mixed (None: not kept).
 
         Returns:
             The group's kind: ``"solved"``, ``"failed"`` or ``"mixed"`` (a group of one score,
@@ -105,11 +133,39 @@ class DifficultySampler:
             kind = "solved" if scores[0] >= s.solved_score else "failed"
             factor = s.solved_keep if kind == "solved" else s.failed_keep
             self.weights[item_id] = max(s.floor, self.weight(item_id) * factor)
+            self.replays.pop(item_id, None)  # no signal now: nothing to replay
         else:
             kind = "mixed"
             self.weights.pop(item_id, None)
+            if item is not None and s.replay > 0 and len(scores) > 1:
+                self._hold(item_id, item, statistics.pvariance(scores))
         self.counts[kind] += 1
         return kind
+
+    def _hold(self, item_id: Hashable, item: Any, priority: float) -> None:
+        """Keep ``item`` for replay; a full set gives up its least learnable item, if lower."""
+        if item_id in self.replays:
+            self.replays[item_id][1] = priority  # its replays left stay as they are
+            return
+        if len(self.replays) >= self.settings.replay_size:
+            lowest = min(self.replays, key=lambda key: self.replays[key][1])
+            if self.replays[lowest][1] >= priority:
+                return
+            del self.replays[lowest]
+        self.replays[item_id] = [item, priority, self.settings.replay_times]
+
+    def _replay(self) -> Any:
+        """A held item drawn in proportion to its priority (one replay used), or None."""
+        if not self.replays or self.rng.random() >= self.settings.replay:
+            return None
+        keys = list(self.replays)
+        key = self.rng.choices(keys, weights=[self.replays[k][1] for k in keys])[0]
+        held = self.replays[key]
+        held[2] -= 1
+        if held[2] <= 0:
+            del self.replays[key]
+        self.counts["replayed"] += 1
+        return held[0]
 
     async def next_item(self, draw: Callable[[], Awaitable[Any]],
                         item_id: Callable[[Any], Hashable | None]) -> Any:
@@ -117,8 +173,12 @@ class DifficultySampler:
 
         An item is accepted with probability :meth:`weight` of ``item_id(item)``; an item
         without an id (None) and the ``max_draws``-th item are always accepted, and None from
-        ``draw`` (nothing to do now) is returned at once.
+        ``draw`` (nothing to do now) is returned at once. With ``replay > 0``, a share
+        ``replay`` of the calls returns a held learnable item instead, without drawing.
         """
+        replayed = self._replay()
+        if replayed is not None:
+            return replayed
         for attempt in range(self.settings.max_draws):
             item = await draw()
             if item is None:
@@ -142,8 +202,9 @@ class DifficultyFilter:
     """The serve loop's side of the filter: draws through it, feeds it, counts in ``env.stats``.
 
     ``env.stats`` gets ``difficulty_drawn`` / ``difficulty_skipped`` (items drawn from the env,
-    and drawn but not handed out) and ``difficulty_solved`` / ``difficulty_failed`` /
-    ``difficulty_mixed`` (groups recorded by kind).
+    and drawn but not handed out), ``difficulty_replayed`` (held learnable items handed out
+    again) and ``difficulty_solved`` / ``difficulty_failed`` / ``difficulty_mixed`` (groups
+    recorded by kind).
     """
 
     def __init__(self, env: Any, settings: DifficultySettings):
@@ -169,7 +230,7 @@ class DifficultyFilter:
         key = self.env.item_id(item)
         if key is not None:
             for scores in groups_scores:
-                self.sampler.record(key, scores)
+                self.sampler.record(key, scores, item)
             self._count()
 
     def _count(self) -> None:
@@ -185,7 +246,10 @@ def settings_from_config(config: Any) -> DifficultySettings | None:
     return DifficultySettings(solved_keep=config.difficulty_filter_solved_keep,
                               failed_keep=config.difficulty_filter_failed_keep,
                               floor=config.difficulty_filter_floor,
-                              solved_score=config.difficulty_filter_solved_score)
+                              solved_score=config.difficulty_filter_solved_score,
+                              replay=config.difficulty_filter_replay,
+                              replay_size=config.difficulty_filter_replay_size,
+                              replay_times=config.difficulty_filter_replay_times)
 
 
 __all__ = ["DifficultyFilter", "DifficultySampler", "DifficultySettings", "settings_from_config"]

@@ -112,6 +112,19 @@ class BaseEnvConfig(BaseModel):
     difficulty_filter_solved_score: float = Field(
         default=1.0, description="A group whose equal scores are >= this counts as solved."
     )
+    difficulty_filter_replay: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="With difficulty_filter: share of the items handed out that replay an item "
+        "whose recent group was mixed, drawn in proportion to the variance of that group's "
+        "scores (p(1-p) for 0/1 rewards: the learnability of Foster and Foerster 2025, "
+        "arXiv:2502.12272). For tasks whose items rarely recur. 0 disables.",
+    )
+    difficulty_filter_replay_size: int = Field(
+        default=256, ge=1, description="Most learnable items held for replay."
+    )
+    difficulty_filter_replay_times: int = Field(
+        default=2, ge=1, description="Most replays of an item after the group that made it learnable."
+    )
     tokenizer_name: str | None = Field(
         default=None,
         validate_default=True,

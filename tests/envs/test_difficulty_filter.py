@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -25,7 +26,9 @@ def test_weights_follow_the_groups():
     sampler.record("b", [-1.0] * 4)
     assert sampler.weight("b") == pytest.approx(0.25)  # failures are cut gently
     assert sampler.record("c", [1.0]) == "mixed"  # one rollout is never a dropped group
-    assert sampler.take_counts() == {"drawn": 0, "skipped": 0, "solved": 2, "failed": 2, "mixed": 2}
+    assert sampler.take_counts() == {"drawn": 0, "skipped": 0, "replayed": 0, "solved": 2, "failed": 2,
+                                     "mixed": 2}
+    assert sampler.replays == {}  # replay is off by default
     assert sampler.take_counts()["solved"] == 0
 
 
@@ -90,8 +93,48 @@ async def test_no_item_is_starved_and_the_draw_is_bounded():
     assert await sampler.next_item(_draws(["a"]), lambda i: None) == "a"
 
 
+REPLAY = DifficultySettings(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0,
+                            replay=0.5, replay_size=2, replay_times=3)
+
+
+def test_mixed_items_are_held_for_replay_by_learnability():
+    sampler = DifficultySampler(REPLAY)
+    sampler.record("half", [1.0, 0.0, 1.0, 0.0], item={"q": "half"})  # p = 0.5: priority 0.25
+    sampler.record("rare", [1.0, 0.0, 0.0, 0.0], item={"q": "rare"})  # p = 0.25: 0.1875
+    assert sampler.replays["half"][1] == pytest.approx(0.25)
+    assert sampler.replays["rare"][1] == pytest.approx(0.1875)
+    sampler.record("lower", [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], item="lower")  # 0.109: no room
+    assert set(sampler.replays) == {"half", "rare"}
+    sampler.record("higher", [1.0, 1.0, 0.0, 0.0, 0.0], item="higher")  # 0.24 evicts "rare"
+    assert set(sampler.replays) == {"half", "higher"}
+    sampler.record("half", [1.0] * 4)  # solved now: no signal left to replay
+    assert set(sampler.replays) == {"higher"}
+    sampler.record("one", [0.0], item="one")  # a single rollout has no variance to learn from
+    assert "one" not in sampler.replays
+    sampler.record("graded", [0.2, 0.6], item="graded")  # any mixed scores: their variance
+    assert sampler.replays["graded"][1] == pytest.approx(0.04)
+
+
+async def test_replays_are_a_share_of_what_is_handed_out_and_end():
+    sampler = DifficultySampler(REPLAY, seed=5)
+    sampler.record("held", [1.0, 0.0], item="held")
+    out = await _hand_out(sampler, ["fresh"], 40)
+    assert out.count("held") == 3  # replay_times, then it leaves the set
+    assert sampler.replays == {} and sampler.counts["replayed"] == 3
+    sampler = DifficultySampler(dataclasses.replace(REPLAY, replay_times=10_000), seed=5)
+    sampler.record("held", [1.0, 0.0], item="held")
+    out = await _hand_out(sampler, ["fresh"], 2000)
+    assert 0.45 < out.count("held") / 2000 < 0.55  # the replay share
+    sampler = DifficultySampler(dataclasses.replace(REPLAY, replay=0.9, replay_times=10_000), seed=5)
+    sampler.record("p50", [1.0, 0.0], item="p50")  # priority 0.25
+    sampler.record("p25", [1.0, 0.0, 0.0, 0.0], item="p25")  # 0.1875
+    counts = Counter(await _hand_out(sampler, ["fresh"], 3000))
+    assert 1.15 < counts["p50"] / counts["p25"] < 1.52  # in proportion to priority: 1.33
+
+
 @pytest.mark.parametrize("bad", [dict(solved_keep=0.0), dict(failed_keep=1.5), dict(floor=0.0),
-                                 dict(max_draws=0)])
+                                 dict(max_draws=0), dict(replay=1.0), dict(replay=-0.1),
+                                 dict(replay_size=0), dict(replay_times=0)])
 def test_bad_settings_are_refused(bad):
     values = dict(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0) | bad
     with pytest.raises(ValueError, match="difficulty filter"):
@@ -105,6 +148,11 @@ def test_settings_come_from_the_env_config():
     assert settings_from_config(BaseEnvConfig()) is None
     on = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_floor=0.2))
     assert on.floor == 0.2 and on.solved_keep == BaseEnvConfig().difficulty_filter_solved_keep
+    assert on.replay == 0.0
+    replay = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_replay=0.5,
+                                                difficulty_filter_replay_size=8,
+                                                difficulty_filter_replay_times=4))
+    assert (replay.replay, replay.replay_size, replay.replay_times) == (0.5, 8, 4)
 
 
 # ---------------------------------------------------------------------------- a real serve run
@@ -132,7 +180,7 @@ class PoolEnv(ChatLengthEnv):
         return group, backlog
 
 
-async def _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter: bool) -> PoolEnv:
+async def _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter: bool, replay: float = 0.0) -> PoolEnv:
     from atroposlib.api.client import AsyncAtroposClient
     from atroposlib.api.models import Registration
     from atroposlib.env_runtime.serve import ServeLoop
@@ -140,7 +188,8 @@ async def _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter: bool) -> 
     from atroposlib.testing.fake_server import FakeServer
 
     config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
-                           max_batches_offpolicy=2, difficulty_filter=difficulty_filter)
+                           max_batches_offpolicy=2, difficulty_filter=difficulty_filter,
+                           difficulty_filter_replay=replay)
     env = PoolEnv(config, [FakeServer(["a", "bb", "ccc", "dddd", "eeeee"])])
     env.tokenizer = tiny_tokenizer
     trainer = AsyncAtroposClient(run_api.url)
@@ -173,3 +222,10 @@ async def test_without_the_filter_every_item_is_sampled_alike(run_api, tiny_toke
     solved_share = sum(n for item, n in off.rolled.items() if item.startswith("solved")) / sum(off.rolled.values())
     assert 0.4 < solved_share < 0.6
     assert "difficulty_skipped" not in off.stats
+
+
+async def test_a_serve_run_replays_the_items_whose_groups_were_mixed(run_api, tiny_tokenizer, tmp_path):
+    env = await _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter=True, replay=0.5)
+    assert env.stats["difficulty_replayed"] > 0
+    # a replay is handed out without a draw: fewer items drawn than rolled out
+    assert env.stats["difficulty_drawn"] - env.stats["difficulty_skipped"] < sum(env.rolled.values())
