@@ -117,7 +117,8 @@ class BaseEnvConfig(BaseModel):
         description="With difficulty_filter: share of the items handed out that replay an item "
         "whose recent group was mixed, drawn in proportion to the variance of that group's "
         "scores (p(1-p) for 0/1 rewards: the learnability of Foster and Foerster 2025, "
-        "arXiv:2502.12272). For tasks whose items rarely recur. 0 disables.",
+        "arXiv:2502.12272). For tasks whose items rarely recur. 0 disables. At 0.5 it cut "
+        "held-out accuracy on arithmetic difficulty 4 (29.5% vs 50.5% at 14 min): measure first.",
     )
     difficulty_filter_replay_size: int = Field(
         default=256, ge=1, description="Most learnable items held for replay."
