@@ -21,6 +21,13 @@ from tests.fixtures.app_thread import AppThread
 ROOT = Path(__file__).resolve().parents[2]
 
 
+
+#: Largest weight difference between one process and FSDP ranks after the same steps. The ranks
+#: batch rows differently, so fp32 sums (the log-softmax over the vocabulary among them) run in
+#: another order, and Adam amplifies that where a gradient is near 0: 1.5e-5 measured. A wrong
+#: gradient reduction moves weights by about one Adam step, lr = 1e-3.
+SHARDED_ATOL = 5e-5
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
@@ -167,7 +174,7 @@ def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F
     start = _load_state(tiny_model)
     assert one.keys() == two.keys()
     assert any(not torch.equal(one[k], start[k]) for k in one)  # it trained
-    assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-5
+    assert max((one[k] - two[k]).abs().max().item() for k in one) <= SHARDED_ATOL
     assert (tmp_path / "two/checkpoints/step_2/model.safetensors").exists()
     # a plain HF directory: same config as the single-process one, loadable by transformers
     config = "checkpoints/final/config.json"
@@ -226,7 +233,7 @@ def test_two_nodes_with_a_c10d_rendezvous_and_no_shared_directory_train_like_one
     start = _load_state(tiny_model)
     assert one.keys() == two_final.keys()
     assert any(not torch.equal(one[k], start[k]) for k in one)  # it trained
-    assert max((one[k] - two_final[k]).abs().max().item() for k in one) <= 1e-5
+    assert max((one[k] - two_final[k]).abs().max().item() for k in one) <= SHARDED_ATOL
 
 
 def _adapter(run_dir: Path, name: str = "final") -> dict[str, torch.Tensor]:
@@ -275,7 +282,7 @@ def test_two_fsdp_ranks_train_a_lora_adapter_like_one_process(tiny_model, tmp_pa
     one, start = _adapter(tmp_path / "one"), _load_state(tiny_model)
     assert one.keys() == two_final.keys() and all("lora_" in k for k in one)
     assert any(k.endswith("lora_B.weight") and one[k].abs().max() > 0 for k in one)  # it trained
-    assert max((one[k] - two_final[k]).abs().max().item() for k in one) <= 1e-5
+    assert max((one[k] - two_final[k]).abs().max().item() for k in one) <= SHARDED_ATOL
     assert (tmp_path / "two/checkpoints/step_2/adapter/adapter_model.safetensors").exists()
     a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert list(a) == [1, 2, 3] and list(b) == [1, 2, 3, 4]
@@ -287,7 +294,7 @@ def test_two_fsdp_ranks_train_a_lora_adapter_like_one_process(tiny_model, tmp_pa
     merged_one = _load_state(tmp_path / "one/checkpoints/final")
     assert set(merged_one) == set(two_merged) == set(start)
     assert any(not torch.equal(merged_one[k], start[k]) for k in start)
-    assert max((merged_one[k] - two_merged[k]).abs().max().item() for k in start) <= 1e-5
+    assert max((merged_one[k] - two_merged[k]).abs().max().item() for k in start) <= SHARDED_ATOL
 
 
 DIES_EARLY = """
