@@ -15,44 +15,12 @@ after each reload, with no fewer training steps (a trim takes about 30 ms).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
+from atroposlib.utils.heap import release_free_heap, resident_bytes
 
 #: The ``--worker-extension-cls`` value VLLMProcess passes to vLLM.
 WORKER_EXTENSION_CLS = "atroposlib.inference.worker_extension.AtroposWorkerExtension"
 #: The ``/collective_rpc`` method that returns free heap pages to the OS.
 RELEASE_FREE_HEAP_RPC = "atropos_release_free_heap"
-
-
-def resident_bytes() -> int:
-    """This process's resident set size in bytes (``/proc/self/statm``); 0 where it does not exist."""
-    try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def release_free_heap() -> int:
-    """Give the pages of freed heap memory back to the OS with glibc's ``malloc_trim(0)``.
-
-    Live allocations are untouched; only free chunks' whole pages are released (``madvise``), so
-    the next allocation that reuses them faults them in again.
-
-    Returns:
-        Bytes by which this process's resident set shrank (0 when nothing was released, or where
-        the C library is not glibc and has no ``malloc_trim``).
-    """
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return 0
-    trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None)
-    if trim is None:
-        return 0
-    before = resident_bytes()
-    trim(0)
-    return max(0, before - resident_bytes())
 
 
 class AtroposWorkerExtension:

@@ -13,9 +13,8 @@ from atroposlib.inference.vllm_process import VLLMProcess
 from atroposlib.inference.worker_extension import (
     WORKER_EXTENSION_CLS,
     AtroposWorkerExtension,
-    release_free_heap,
-    resident_bytes,
 )
+from atroposlib.utils.heap import release_free_heap, resident_bytes
 
 CHUNK = 64 * 1024  # under glibc's smallest mmap threshold (128 KiB): these chunks live in the heap
 CHUNKS = 2048  # 128 MiB
