@@ -10,8 +10,9 @@ top. :func:`release_free_heap` returns the whole free pages of every arena with
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
+from typing import Any
 
 
 def resident_bytes() -> int:
@@ -33,15 +34,25 @@ def release_free_heap() -> int:
         Bytes by which this process's resident set shrank (0 when nothing was released, or where
         the C library is not glibc and has no ``malloc_trim``).
     """
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return 0
-    trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None)
+    trim = _malloc_trim()
     if trim is None:
         return 0
     before = resident_bytes()
     trim(0)
     return max(0, before - resident_bytes())
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """The C library's ``malloc_trim`` (glibc) from the symbols loaded in this process, or None.
+
+    Looked up once (a trainer calls :func:`release_free_heap` after every step), and without
+    ``ctypes.util.find_library``, which may run ``ldconfig`` in a subprocess.
+    """
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
+        return None
 
 
 __all__ = ["release_free_heap", "resident_bytes"]
