@@ -111,6 +111,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     """
     import torch
 
+    from atroposlib.utils.heap import release_free_heap
     from example_trainer import checkpoint as ckpt_io
     from example_trainer import distributed
     from example_trainer.policy import load_training_policy
@@ -167,6 +168,10 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             stop_requested(dist, run.stop)  # vLLM died during the step: end before syncing to it
             # ---------------------------------------------------------- 4. sync vLLM
             sync_metrics = run.maybe_sync(step)
+            if config.release_free_heap:  # freed grads, activations and sync copies leave the RSS
+                trim_start = time.perf_counter()
+                sync_metrics["memory/heap_released_mb"] = release_free_heap() / 2**20
+                sync_metrics["memory/heap_release_seconds"] = time.perf_counter() - trim_start
             # ---------------------------------------------------------- 5. checkpoint
             if config.checkpoint_interval and step % config.checkpoint_interval == 0:
                 run.save_checkpoint(f"step_{step}")

@@ -1,6 +1,6 @@
 """One copy of each weight where one is enough: frozen layers in bf16, syncs of what training changed.
 
-Two exact savings for a policy trained with only its top layers (``--train-last-layers``):
+Savings for a policy trained with only its top layers (``--train-last-layers``), the first two exact:
 
 * :func:`compact_frozen_linears`: under bf16 autocast every ``nn.Linear`` casts its fp32 weight
   to bf16 on each forward anyway, so a frozen Linear whose weight is stored in bf16 computes
@@ -10,6 +10,10 @@ Two exact savings for a policy trained with only its top layers (``--train-last-
   changed (the frozen ones are already there, unchanged since vLLM loaded them), copied only
   where they must be (cast to vLLM's dtype, or a snapshot that the optimizer must not change
   under a background writer); the rest is never copied.
+* :func:`round_frozen_embeddings`: a frozen input embedding table stored in bf16, as vLLM holds
+  it, with lookups returned in fp32. Not exact: the residual stream starts from bf16-rounded
+  embeddings. For a tied LM head it saves twice (SmolLM2-135M: 113 MB of fp32 table, and the
+  57 MB bf16 copy that autocast made of it for every forward).
 """
 
 from __future__ import annotations
@@ -59,6 +63,42 @@ def compact_frozen_linears(model: Any, dtype: Any) -> int:
             if id(param) not in compacted:
                 param.data = param.data.clone()
     return freed
+
+
+def round_frozen_embeddings(model: Any, dtype: Any) -> int:
+    """Store a frozen input embedding table in ``dtype``; its lookups still return its old dtype.
+
+    The table is rounded once (round to nearest, as ``Tensor.to`` and vLLM's loader do), and a
+    forward hook casts each lookup back, so the layers above see the dtype they did before, with
+    the rounded values. A module sharing the table (a tied LM head) gets the rounded table too:
+    under ``torch.autocast(..., dtype=dtype)`` it computes exactly what it did, because autocast
+    rounded the old table the same way on every forward (and kept that copy alive for the
+    backward, which is now saved).
+
+    Only for a policy whose every forward runs under autocast to ``dtype``: without autocast the
+    tied LM head would meet activations of another dtype.
+
+    Args:
+        model: the policy (``torch.nn.Module`` with ``get_input_embeddings()``), after freezing.
+        dtype: the autocast dtype (``torch.bfloat16``).
+
+    Returns:
+        Bytes the table takes less (0 when it is trained, already in ``dtype`` or not floating).
+    """
+    import torch
+
+    embeddings = model.get_input_embeddings()
+    table = getattr(embeddings, "weight", None)
+    if (not isinstance(table, torch.Tensor) or table.requires_grad or table.dtype == dtype
+            or not table.is_floating_point()):
+        return 0
+    lookup_dtype = table.dtype
+    rounded = torch.nn.Parameter(table.detach().to(dtype, copy=True), requires_grad=False)
+    for module in model.modules():  # the embeddings and whatever shares their table
+        if getattr(module, "weight", None) is table:
+            module.weight = rounded
+    embeddings.register_forward_hook(lambda _module, _args, out: out.to(lookup_dtype))
+    return table.numel() * (table.element_size() - rounded.element_size())
 
 
 def trained_names(model: Any) -> set[str]:
@@ -119,4 +159,4 @@ def save_tensors(tensors: dict[str, Any], path: Any) -> None:
     save_file(unique, str(path), metadata={"format": "pt"})
 
 
-__all__ = ["compact_frozen_linears", "save_tensors", "sync_tensors", "trained_names"]
+__all__ = ["compact_frozen_linears", "round_frozen_embeddings", "save_tensors", "sync_tensors", "trained_names"]

@@ -73,8 +73,10 @@ def load_training_policy(config: Any, dist: Any, resume: Any, device: Any) -> Po
         if config.lora_r:  # frozen embeddings: inputs must carry grad for checkpointed blocks
             model.enable_input_require_grads()
     if config.mixed_precision == "bf16" and not config.lora_r and not dist.enabled:
-        from example_trainer.memory import compact_frozen_linears
+        from example_trainer.memory import compact_frozen_linears, round_frozen_embeddings
 
+        if config.round_frozen_embeddings:  # before: compact_frozen_linears skips a shared table
+            round_frozen_embeddings(model, torch.bfloat16)
         compact_frozen_linears(model, torch.bfloat16)  # frozen Linears in bf16: exact under autocast
     if resume is not None and resume.lora:  # before sharding: FSDP shards the loaded adapter
         lora.load_adapter(model, resume.adapter_dir)
@@ -120,7 +122,11 @@ def load_policy(model_dir: str, device: Any, dtype: Any, attn_implementation: st
 
 
 def policy_logits(model: Any, mb: Any, keep: int, autocast: Any, shared_prefix: bool = False) -> Any:
-    """fp32 next-token logits of a micro-batch, as the loss consumes them.
+    """Next-token logits of a micro-batch, in the dtype the model produced them.
+
+    Under bf16 autocast that is bf16: :func:`~example_trainer.loss.token_logprobs` computes in
+    float32 a block of rows at a time, so no float32 ``[B, T, V]`` copy is made (on the
+    quickstart a copy and its gradient were 0.1 GiB of a step's peak).
 
     Args:
         model: the policy (or reference) causal LM.
@@ -133,7 +139,7 @@ def policy_logits(model: Any, mb: Any, keep: int, autocast: Any, shared_prefix: 
             untrained positions are then 0).
 
     Returns:
-        ``[B, T or keep, V]`` float32 logits.
+        ``[B, T or keep, V]`` logits (float32 from the shared-prefix forward).
     """
     if shared_prefix:
         from example_trainer.shared_prefix import shared_prefix_logits
@@ -142,7 +148,7 @@ def policy_logits(model: Any, mb: Any, keep: int, autocast: Any, shared_prefix: 
     with autocast:
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                     **({"logits_to_keep": keep} if keep else {}))
-    return out.logits.float()
+    return out.logits
 
 
 def accepts_logits_to_keep(model: Any) -> bool:

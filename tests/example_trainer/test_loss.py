@@ -181,3 +181,31 @@ def test_bad_shapes_raise_clear_error():
         grpo_loss(torch.zeros(1, 2, 3), torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3), None, num_sequences=1)
     with pytest.raises(ValueError, match="num_sequences"):
         grpo_loss(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2), None, num_sequences=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprobs_in_blocks_match_a_float32_log_softmax(monkeypatch, dtype):
+    """Several blocks of rows, per-sequence temperatures, bf16 logits: the values and gradients of
+    a float32 log-softmax of the whole tensor, the gradient in the logits' dtype, and the
+    logits left as they were."""
+    from example_trainer import loss
+
+    monkeypatch.setitem(loss.LOGPROB_BLOCK_ELEMENTS, "cpu", 3 * 13)  # 3 rows a block: 5 blocks
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 7, 13) * 3).to(dtype).requires_grad_(True)
+    before = logits.detach().clone()
+    labels = torch.tensor([[1, -100, 3, 12, 0, -100, 5], [-100, 6, 2, 2, 11, 9, -100]])
+    temperature = torch.tensor([0.7, 1.3])
+    weights = torch.randn(2, 7)
+    lp = token_logprobs(logits, labels, temperature)
+    (grad,) = torch.autograd.grad((lp * weights).sum(), logits)
+
+    ref_in = logits.detach().float().requires_grad_(True)
+    ref = torch.log_softmax(ref_in / temperature.view(2, 1, 1), -1)
+    ref = ref.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(labels == -100, 0.0)
+    (ref_grad,) = torch.autograd.grad((ref * weights).sum(), ref_in)
+    assert lp.dtype == torch.float32 and grad.dtype == dtype
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, ref_grad.to(dtype), atol=1e-6, rtol=1e-5 if dtype == torch.float32 else 1e-2)
+    assert grad[0, 1].abs().sum() == 0 and grad[1, 6].abs().sum() == 0  # ignored rows
+    assert torch.equal(logits.detach(), before)  # the backward computed its softmax in a copy

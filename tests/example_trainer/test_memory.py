@@ -129,3 +129,40 @@ def test_temperature_one_adds_no_logits_copy_and_changes_nothing():
     assert torch.equal(a, b) and torch.equal(ga, gb)
     hot = scaled_logits(logits, torch.tensor([0.5, 1.0]))
     assert torch.allclose(hot[0], logits[0] * 2) and torch.equal(hot[1], logits[1])
+
+
+def test_a_frozen_tied_embedding_in_bf16_rounds_only_the_lookups():
+    """The tied LM head computes exactly what autocast computed from the fp32 table; the
+    lookups return fp32 values rounded to bf16, and the table takes half the memory."""
+    from example_trainer.memory import compact_frozen_linears, round_frozen_embeddings
+
+    model = _tiny_llama()
+    rounded = copy.deepcopy(model)
+    table = rounded.model.embed_tokens.weight
+    freed = round_frozen_embeddings(rounded, torch.bfloat16)
+    compact_frozen_linears(rounded, torch.bfloat16)
+    assert freed == table.numel() * 2
+    assert rounded.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert rounded.lm_head.weight is rounded.model.embed_tokens.weight  # still tied
+    # the reference: the same model with its fp32 table holding the rounded values
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        reference.model.embed_tokens.weight.copy_(table.to(torch.bfloat16).float())
+    ids = torch.tensor([[1, 5, 96, 7]])
+    assert rounded.model.embed_tokens(ids).dtype == torch.float32
+    assert torch.equal(rounded.model.embed_tokens(ids), reference.model.embed_tokens(ids))
+    logits, grads = _loss_and_grads(reference)
+    logits_r, grads_r = _loss_and_grads(rounded)
+    assert torch.equal(logits, logits_r)
+    assert grads.keys() == grads_r.keys() and all(torch.equal(grads[n], grads_r[n]) for n in grads)
+    # and the rounding is real: the fp32 model's lookups differ
+    assert not torch.equal(model.model.embed_tokens(ids), rounded.model.embed_tokens(ids))
+
+
+def test_a_trained_embedding_is_left_alone():
+    from example_trainer.memory import round_frozen_embeddings
+
+    model = _tiny_llama()
+    model.model.embed_tokens.weight.requires_grad_(True)
+    assert round_frozen_embeddings(model, torch.bfloat16) == 0
+    assert model.model.embed_tokens.weight.dtype == torch.float32
