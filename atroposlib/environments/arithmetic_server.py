@@ -11,6 +11,12 @@ No dataset: problems come from a seeded generator. Operand pairs are split into 
 held-out pairs by a fixed hash, so ``evaluate`` (greedy, temperature 0) measures accuracy on
 problems the policy never trains on.
 
+``--env.curriculum true`` adapts the training problems to the policy (AdaRFT's adaptive
+curriculum, Shi et al. 2025, arXiv:2504.05520): operands go up to a target that rises while
+groups solve more than ``curriculum_target`` of their replies and falls while they solve less
+(:func:`curriculum_update`), so fewer groups come back all solved or all failed. The held-out
+problems keep the difficulty's whole range.
+
 Run it (see ``atropos-launch configs/quickstart-cpu.yaml`` for the whole loop)::
 
     python environments/arithmetic_server.py serve --env.difficulty 2 \
@@ -20,6 +26,7 @@ Run it (see ``atropos-launch configs/quickstart-cpu.yaml`` for the whole loop)::
 
 from __future__ import annotations
 
+import math
 import operator
 import random
 import re
@@ -39,6 +46,8 @@ DIFFICULTIES: dict[int, tuple[int, int, tuple[str, ...]]] = {
     5: (2, 30, ("+", "-", "*")),
 }
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+#: The curriculum never narrows the operands below 1..9 (difficulty 1's range).
+CURRICULUM_MIN_OPERAND = 9
 PROMPT = "What is {a} {op} {b}? Answer with just the number."
 
 
@@ -61,7 +70,8 @@ def is_heldout(a: int, op: str, b: int, fraction: float) -> bool:
     return h / 2**32 < fraction
 
 
-def make_problem(rng: random.Random, difficulty: int, heldout: bool, fraction: float) -> dict[str, Any]:
+def make_problem(rng: random.Random, difficulty: int, heldout: bool, fraction: float,
+                 max_operand: int | None = None) -> dict[str, Any]:
     """Draw one problem of the requested split.
 
     Args:
@@ -69,6 +79,8 @@ def make_problem(rng: random.Random, difficulty: int, heldout: bool, fraction: f
         difficulty: key of :data:`DIFFICULTIES`.
         heldout: draw from the held-out split (True) or the training split (False).
         fraction: held-out share (see :func:`is_heldout`).
+        max_operand: largest operand (the curriculum's target), within the difficulty's range
+            and at least :data:`CURRICULUM_MIN_OPERAND`; None: the difficulty's own.
 
     Returns:
         ``{"a", "op", "b", "answer", "question"}``.
@@ -79,6 +91,8 @@ def make_problem(rng: random.Random, difficulty: int, heldout: bool, fraction: f
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty must be one of {sorted(DIFFICULTIES)}, got {difficulty}")
     lo, hi, ops = DIFFICULTIES[difficulty]
+    if max_operand is not None:
+        hi = min(hi, max(max_operand, CURRICULUM_MIN_OPERAND, lo))
     while True:
         a, b, op = rng.randint(lo, hi), rng.randint(lo, hi), rng.choice(ops)
         if op == "-" and b > a:
@@ -87,6 +101,33 @@ def make_problem(rng: random.Random, difficulty: int, heldout: bool, fraction: f
             answer = _OPS[op](a, b)
             return {"a": a, "op": op, "b": b, "answer": answer,
                     "question": PROMPT.format(a=a, op=op, b=b)}
+
+
+def curriculum_update(target: float, mean_score: float, goal: float, step: float, low: float,
+                      high: float, sharpness: float = 2.0) -> float:
+    """The curriculum's next target difficulty after one group.
+
+    AdaRFT's update (Shi et al. 2025, "Efficient Reinforcement Finetuning via Adaptive
+    Curriculum Learning", arXiv:2504.05520, Algorithm 1): ``T <- T + eta * tanh(alpha * (R -
+    beta))``, clipped to ``[low, high]``, with ``R`` the group's mean reward, ``beta`` the reward
+    it aims for and ``alpha`` the sharpness. The paper updates once a batch; here once a group,
+    with a step to match.
+
+    Args:
+        target: the current target (here the largest operand).
+        mean_score: the group's mean score, in [0, 1].
+        goal: ``beta``, the mean score to hold (0.5: the most groups with mixed scores).
+        step: ``eta``, the most the target moves after one group (in operands, about 0.76 of it
+            at a mean score of 0 or 1 with ``goal`` 0.5).
+        low: the smallest target.
+        high: the largest target.
+        sharpness: ``alpha``.
+
+    Returns:
+        The new target, in ``[low, high]``.
+    """
+    moved = target + step * math.tanh(sharpness * (mean_score - goal))
+    return min(high, max(low, moved))
 
 
 def heldout_problems(difficulty: int, fraction: float, size: int, seed: int) -> list[dict[str, Any]]:
@@ -190,6 +231,16 @@ class ArithmeticEnvConfig(SingleTurnEnvConfig):
     max_token_length: int = Field(default=256, ge=1, description="Longest sequence, in tokens.")
     steps_per_eval: int = Field(default=10_000, description="Evaluate every this many trainer "
                                 "steps in serve mode (the quickstart evaluates from the trainer).")
+    curriculum: bool = Field(default=False, description="Adapt the training problems' largest "
+                             "operand to the policy (AdaRFT, arXiv:2504.05520): it rises while "
+                             "groups solve more than curriculum_target of their replies and falls "
+                             "while they solve less. Evaluation keeps the whole range.")
+    curriculum_start: int = Field(default=20, ge=CURRICULUM_MIN_OPERAND,
+                                  description="The curriculum's first largest operand.")
+    curriculum_target: float = Field(default=0.5, gt=0, lt=1, description="The share of a "
+                                     "group's replies the curriculum aims to have solved.")
+    curriculum_step: float = Field(default=0.5, gt=0, description="The most the largest operand "
+                                   "moves after one group (in operands).")
 
 
 class ArithmeticEnv(SingleTurnEnv):
@@ -208,10 +259,34 @@ class ArithmeticEnv(SingleTurnEnv):
         cfg = self.config
         self.eval_items = heldout_problems(cfg.difficulty, cfg.heldout_fraction, cfg.eval_size,
                                            cfg.eval_seed)
+        high = DIFFICULTIES[cfg.difficulty][1]
+        #: The curriculum's largest operand (None: off, the difficulty's whole range).
+        self.max_operand: float | None = min(cfg.curriculum_start, high) if cfg.curriculum else None
 
     def train_item(self, index: int) -> dict[str, Any]:
-        """A fresh training-split problem."""
-        return make_problem(self.rng, self.config.difficulty, False, self.config.heldout_fraction)
+        """A fresh training-split problem (operands up to the curriculum's target when it is on)."""
+        cfg = self.config
+        target = getattr(self, "max_operand", None)
+        return make_problem(self.rng, cfg.difficulty, False, cfg.heldout_fraction,
+                            None if target is None else round(target))
+
+    def finish_group(self, item: dict[str, Any], group: Any) -> Any:
+        """Move the curriculum's target by the group's mean score (every group, also all-same ones)."""
+        target = getattr(self, "max_operand", None)
+        if target is not None and group["scores"]:
+            cfg = self.config
+            mean = sum(group["scores"]) / len(group["scores"])
+            self.max_operand = curriculum_update(
+                target, mean, cfg.curriculum_target, cfg.curriculum_step,
+                low=CURRICULUM_MIN_OPERAND, high=DIFFICULTIES[cfg.difficulty][1])
+        return group
+
+    async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
+        """Add ``train/curriculum_max_operand`` when the curriculum is on."""
+        metrics = dict(metrics or {})
+        if getattr(self, "max_operand", None) is not None:
+            metrics["train/curriculum_max_operand"] = float(self.max_operand)
+        await super().wandb_log(metrics)
 
     @staticmethod
     def messages(item: dict[str, Any]) -> list[dict[str, str]]:

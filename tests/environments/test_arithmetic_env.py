@@ -1,5 +1,6 @@
 """Arithmetic env: split, scoring, and the group contract through check_env + FakeServer."""
 
+import math
 import random
 import re
 from pathlib import Path
@@ -8,8 +9,11 @@ import pytest
 
 from atroposlib.env_runtime.checks import check_env
 from atroposlib.environments.arithmetic_server import (
+    CURRICULUM_MIN_OPERAND,
     DIFFICULTIES,
     ArithmeticEnv,
+    ArithmeticEnvConfig,
+    curriculum_update,
     heldout_problems,
     is_heldout,
     make_problem,
@@ -89,3 +93,52 @@ async def test_groups_carry_the_reference_answer_that_the_rollout_views_show():
         assert reference_answer(group) == str(a + b)
         page = render_group_html(group, title="g")
         assert "reference answer" in page and str(a + b) in page.split("reference answer", 1)[1]
+
+
+def test_curriculum_update_follows_the_reward_within_bounds():
+    # AdaRFT: T + eta * tanh(alpha * (R - beta)), clipped
+    assert curriculum_update(20, 0.75, 0.5, 1.0, 9, 99) == pytest.approx(20 + math.tanh(0.5))
+    assert curriculum_update(20, 0.5, 0.5, 1.0, 9, 99) == 20
+    assert curriculum_update(20, 0.0, 0.5, 1.0, 9, 99) == pytest.approx(20 - math.tanh(1.0))
+    assert curriculum_update(98.9, 1.0, 0.5, 1.0, 9, 99) == 99
+    assert curriculum_update(9.2, 0.0, 0.5, 1.0, 9, 99) == 9
+
+
+def test_make_problem_keeps_operands_under_the_target_and_out_of_the_heldout_split():
+    rng = random.Random(0)
+    problems = [make_problem(rng, 4, False, 0.25, max_operand=15) for _ in range(300)]
+    assert max(max(p["a"], p["b"]) for p in problems) == 15
+    assert {p["op"] for p in problems} == {"+", "-"}
+    assert not any(is_heldout(p["a"], p["op"], p["b"], 0.25) for p in problems)
+    low = [make_problem(rng, 4, False, 0.25, max_operand=2) for _ in range(100)]
+    assert max(max(p["a"], p["b"]) for p in low) == CURRICULUM_MIN_OPERAND  # the floor
+
+
+@needs_tokenizer
+async def test_the_curriculum_widens_while_groups_are_solved_and_narrows_while_they_fail():
+    solve = {"on": True}
+
+    def reply(request):
+        a, op, b = re.findall(r"What is (\d+) ([+-]) (\d+)\?", request.prompt)[-1]
+        answer = int(a) + int(b) if op == "+" else int(a) - int(b)
+        return str(answer if solve["on"] else answer + 1)
+
+    config = ArithmeticEnvConfig(**{**ArithmeticEnv.config_init()[0].model_dump(), "use_wandb": False,
+                                    "tokenizer_name": str(BUNDLED), "group_size": 4, "difficulty": 4,
+                                    "curriculum": True, "curriculum_start": 20, "curriculum_step": 2.0})
+    env = ArithmeticEnv(config, [FakeServer(reply)])
+    await env.setup()
+    assert env.max_operand == 20
+    seen = []
+    for _ in range(10):
+        item = await env.get_next_item()
+        seen.append((max(item["a"], item["b"]), round(env.max_operand)))
+        await env.collect_trajectories(item)
+    assert env.max_operand == pytest.approx(20 + 10 * 2.0 * math.tanh(1.0))  # every group solved
+    assert all(operand <= bound for operand, bound in seen)
+    solve["on"] = False
+    for _ in range(5):
+        await env.collect_trajectories(await env.get_next_item())
+    assert env.max_operand == pytest.approx(20 + 5 * 2.0 * math.tanh(1.0))
+    # held-out problems keep the whole range
+    assert max(max(p["a"], p["b"]) for p in env.eval_items) > 90
