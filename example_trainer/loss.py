@@ -144,7 +144,7 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: torc
     batch, steps, vocab = logits.shape
     temp = None
     if temperature is not None:
-        temp = temperature.reshape(-1).to(device=logits.device, dtype=torch.float32)
+        temp = temperature.reshape(-1).to(device=logits.device, dtype=torch.float32).expand(batch)
         temp = torch.where(temp > 0, temp, torch.ones_like(temp))
         temp = None if bool((temp == 1).all()) else temp.repeat_interleave(steps)  # one per row
     block = LOGPROB_BLOCK_ELEMENTS.get(logits.device.type, LOGPROB_BLOCK_ELEMENTS["cpu"])

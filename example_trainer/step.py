@@ -69,7 +69,16 @@ class StepRunner:
                 _needs_reference(mb) for mb in micro_batches):
             reference, _ = load_policy(config.model, policy.load_device, policy.dtype,
                                        config.attn_implementation)
-            self.reference = dist.shard(reference.requires_grad_(False)).eval()
+            reference.requires_grad_(False)
+            if config.mixed_precision == "bf16" and not dist.enabled:
+                from example_trainer.memory import compact_frozen_linears, round_frozen_embeddings
+
+                # the starting policy exactly as the trained one began: its embeddings rounded
+                # the same way, and every Linear in bf16 (exact under autocast)
+                if config.round_frozen_embeddings:
+                    round_frozen_embeddings(reference, torch.bfloat16)
+                compact_frozen_linears(reference, torch.bfloat16)
+            self.reference = dist.shard(reference).eval()
         # step-wide normalisers (sequence or token counts) come from `sequences`/`stats` or
         # the whole list above; from here on each rank keeps only its share of micro-batches
         micro_batches = dist.my_share(micro_batches)  # all of them in a single process
