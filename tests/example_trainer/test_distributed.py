@@ -192,7 +192,9 @@ def test_two_fsdp_ranks_train_like_one_process(tiny_model, tmp_path):  # noqa: F
     for x, y in zip(a, b[:3], strict=True):
         assert y["loss"] == pytest.approx(x["loss"], abs=1e-6)
         assert y["kl"] == pytest.approx(x["kl"], abs=1e-6)
-        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
+        # before any update the gradients agree to fp32 rounding (a wrong reduction is off by x2);
+        # after updates Adam amplifies rounding-level gradient components (see SHARDED_ATOL)
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5 if x["step"] == 1 else 1e-4)
         assert y["trained_tokens"] == x["trained_tokens"] == 8 * 6  # summed over both ranks
     assert json.loads((tmp_path / "two/summary.json").read_text())["steps"] == 4
 
