@@ -124,7 +124,7 @@ def load_policy(model_dir: str, device: Any, dtype: Any, attn_implementation: st
 def policy_logits(model: Any, mb: Any, keep: int, autocast: Any, shared_prefix: bool = False) -> Any:
     """Next-token logits of a micro-batch, in the dtype the model produced them.
 
-    Under bf16 autocast that is bf16: :func:`~example_trainer.loss.token_logprobs` computes in
+    Under bf16 autocast that is bf16: :func:`~example_trainer.logprobs.token_logprobs` computes in
     float32 a block of rows at a time, so no float32 ``[B, T, V]`` copy is made (on the
     quickstart a copy and its gradient were 0.1 GiB of a step's peak).
 

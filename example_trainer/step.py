@@ -55,7 +55,8 @@ class StepRunner:
         import torch
 
         from example_trainer.data import batch_to_sequences, make_micro_batches
-        from example_trainer.loss import grpo_loss, objective_options, token_logprobs
+        from example_trainer.logprobs import token_logprobs
+        from example_trainer.loss import grpo_loss, objective_options
 
         config, dist, policy = self.config, self.dist, self.policy
         step_start = time.perf_counter()

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
+from example_trainer.logprobs import token_logprobs
 from example_trainer.loss import (
     clipped_policy_loss,
     grpo_loss,
     k3_kl,
-    token_logprobs,
     topk_distill_kl,
 )
 
@@ -188,9 +188,9 @@ def test_token_logprobs_in_blocks_match_a_float32_log_softmax(monkeypatch, dtype
     """Several blocks of rows, per-sequence temperatures, bf16 logits: the values and gradients of
     a float32 log-softmax of the whole tensor, the gradient in the logits' dtype, and the
     logits left as they were."""
-    from example_trainer import loss
+    from example_trainer import logprobs
 
-    monkeypatch.setitem(loss.LOGPROB_BLOCK_ELEMENTS, "cpu", 3 * 13)  # 3 rows a block: 5 blocks
+    monkeypatch.setitem(logprobs.LOGPROB_BLOCK_ELEMENTS, "cpu", 3 * 13)  # 3 rows a block: 5 blocks
     torch.manual_seed(0)
     logits = (torch.randn(2, 7, 13) * 3).to(dtype).requires_grad_(True)
     before = logits.detach().clone()

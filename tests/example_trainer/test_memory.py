@@ -116,7 +116,7 @@ def test_the_trainer_sizes_its_vllm_from_its_batches(bundled_model_dir):
 def test_temperature_one_adds_no_logits_copy_and_changes_nothing():
     """softmax(logits / 1) is softmax(logits): the division (a [B, T, V] copy and its
     gradient) is skipped, with identical log-probs and gradients."""
-    from example_trainer.loss import scaled_logits, token_logprobs
+    from example_trainer.logprobs import scaled_logits, token_logprobs
 
     logits = torch.randn(2, 3, 11, requires_grad=True)
     labels = torch.tensor([[1, 2, -100], [4, 5, 6]])
