@@ -7,6 +7,7 @@ that need the whole distribution (teacher distillation).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported lazily so `atropos-grpo --help` stays fast
@@ -24,16 +25,20 @@ def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> tor
         ``[B, T, V]`` float32 logits (the input itself when it is already float32 and every
         temperature is 1: no second ``[B, T, V]`` tensor, nor its gradient, for a division by 1).
     """
+    logits = logits.float()
+    temp = _sequence_temperatures(temperature, logits.shape[0], logits.device)
+    return logits if temp is None else logits / temp.view(-1, 1, 1)
+
+
+def _sequence_temperatures(temperature: Any, batch: int, device: Any) -> Any:
+    """``[batch]`` float32 temperatures, values <= 0 read as 1; None when every one is 1."""
     import torch
 
-    logits = logits.float()
     if temperature is None:
-        return logits
-    temp = temperature.reshape(-1, 1, 1).to(logits)
+        return None
+    temp = temperature.reshape(-1).to(device=device, dtype=torch.float32).expand(batch)
     temp = torch.where(temp > 0, temp, torch.ones_like(temp))
-    if bool((temp == 1).all()):
-        return logits
-    return logits / temp
+    return None if bool((temp == 1).all()) else temp
 
 
 #: Elements of the float32 ``[rows, V]`` block that :func:`token_logprobs` computes at once, by
@@ -63,14 +68,10 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: torc
         ``[B, T]`` float32 log-probs (0 at ignored positions); the gradient flows to ``logits``
         in their dtype.
     """
-    import torch
-
     batch, steps, vocab = logits.shape
-    temp = None
-    if temperature is not None:
-        temp = temperature.reshape(-1).to(device=logits.device, dtype=torch.float32).expand(batch)
-        temp = torch.where(temp > 0, temp, torch.ones_like(temp))
-        temp = None if bool((temp == 1).all()) else temp.repeat_interleave(steps)  # one per row
+    temp = _sequence_temperatures(temperature, batch, logits.device)
+    if temp is not None:
+        temp = temp.repeat_interleave(steps)  # one per row
     block = LOGPROB_BLOCK_ELEMENTS.get(logits.device.type, LOGPROB_BLOCK_ELEMENTS["cpu"])
     rows = max(1, block // vocab)
     flat = logits.reshape(batch * steps, vocab)  # a copy only for a view that cannot be flattened
@@ -78,11 +79,9 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: torc
     return out.view(batch, steps)
 
 
+@functools.cache
 def _label_logprob_fn() -> Any:
     """The autograd Function behind :func:`token_logprobs`, built on first use (torch is lazy)."""
-    global _LABEL_LOGPROB
-    if _LABEL_LOGPROB is not None:
-        return _LABEL_LOGPROB
     import torch
 
     def block_logits(logits: torch.Tensor, temp: torch.Tensor | None, start: int, end: int) -> torch.Tensor:
@@ -128,11 +127,7 @@ def _label_logprob_fn() -> Any:
                 grad[start:end] = p
             return grad, None, None, None
 
-    _LABEL_LOGPROB = LabelLogprob
     return LabelLogprob
-
-
-_LABEL_LOGPROB: Any = None
 
 
 __all__ = ["LOGPROB_BLOCK_ELEMENTS", "scaled_logits", "token_logprobs"]

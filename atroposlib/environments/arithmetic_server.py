@@ -255,6 +255,8 @@ class ArithmeticEnv(SingleTurnEnv):
     env_config_cls = ArithmeticEnvConfig
     truncated_reward = 0.0  # a reply cut off by max_tokens scores 0
     send_messages = False  # token-only groups unless --env.include_messages
+    #: The curriculum's largest operand (None: off, the difficulty's whole range); set in setup.
+    max_operand: float | None = None
 
     async def setup(self) -> None:
         """Build the fixed held-out evaluation set (training problems come from ``self.rng``)."""
@@ -262,19 +264,18 @@ class ArithmeticEnv(SingleTurnEnv):
         self.eval_items = heldout_problems(cfg.difficulty, cfg.heldout_fraction, cfg.eval_size,
                                            cfg.eval_seed)
         high = DIFFICULTIES[cfg.difficulty][1]
-        #: The curriculum's largest operand (None: off, the difficulty's whole range).
-        self.max_operand: float | None = min(cfg.curriculum_start, high) if cfg.curriculum else None
+        self.max_operand = min(cfg.curriculum_start, high) if cfg.curriculum else None
 
     def train_item(self, index: int) -> dict[str, Any]:
         """A fresh training-split problem (operands up to the curriculum's target when it is on)."""
         cfg = self.config
-        target = getattr(self, "max_operand", None)
+        target = self.max_operand
         return make_problem(self.rng, cfg.difficulty, False, cfg.heldout_fraction,
                             None if target is None else round(target))
 
     def finish_group(self, item: dict[str, Any], group: Any) -> Any:
         """Move the curriculum's target by the group's mean score (every group, also all-same ones)."""
-        target = getattr(self, "max_operand", None)
+        target = self.max_operand
         if target is not None and group["scores"]:
             cfg = self.config
             mean = sum(group["scores"]) / len(group["scores"])
@@ -286,7 +287,7 @@ class ArithmeticEnv(SingleTurnEnv):
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         """Add ``train/curriculum_max_operand`` when the curriculum is on."""
         metrics = dict(metrics or {})
-        if getattr(self, "max_operand", None) is not None:
+        if self.max_operand is not None:
             metrics["train/curriculum_max_operand"] = float(self.max_operand)
         await super().wandb_log(metrics)
 
