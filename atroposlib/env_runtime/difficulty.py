@@ -94,6 +94,22 @@ class DifficultySettings:
                 raise ValueError(f"difficulty filter {name} must be >= 1, got {getattr(self, name)}")
 
 
+@dataclass(slots=True)
+class HeldItem:
+    """A learnable item held for replay.
+
+    Attributes:
+        item: the item, as the env's ``get_next_item`` returned it.
+        priority: the population variance of its last mixed group's scores (higher: drawn
+            more often).
+        replays_left: how many more times it is handed out before it leaves the replay set.
+    """
+
+    item: Any
+    priority: float
+    replays_left: int
+
+
 class DifficultySampler:
     """Per-item weights from recent groups, and the seeded draw that applies them.
 
@@ -107,8 +123,8 @@ class DifficultySampler:
         self.settings = settings
         self.rng = random.Random(seed)
         self.weights: dict[Hashable, float] = {}
-        #: learnable items held for replay: id -> [item, priority (score variance), replays left]
-        self.replays: dict[Hashable, list[Any]] = {}
+        #: learnable items held for replay, by item id
+        self.replays: dict[Hashable, HeldItem] = {}
         #: counters since the last :meth:`take_counts`: draws, skipped, replays, groups by kind
         self.counts = {"drawn": 0, "skipped": 0, "replayed": 0, "solved": 0, "failed": 0, "mixed": 0}
 
@@ -145,27 +161,27 @@ class DifficultySampler:
     def _hold(self, item_id: Hashable, item: Any, priority: float) -> None:
         """Keep ``item`` for replay; a full set gives up its least learnable item, if lower."""
         if item_id in self.replays:
-            self.replays[item_id][1] = priority  # its replays left stay as they are
+            self.replays[item_id].priority = priority  # its replays left stay as they are
             return
         if len(self.replays) >= self.settings.replay_size:
-            lowest = min(self.replays, key=lambda key: self.replays[key][1])
-            if self.replays[lowest][1] >= priority:
+            lowest = min(self.replays, key=lambda key: self.replays[key].priority)
+            if self.replays[lowest].priority >= priority:
                 return
             del self.replays[lowest]
-        self.replays[item_id] = [item, priority, self.settings.replay_times]
+        self.replays[item_id] = HeldItem(item, priority, self.settings.replay_times)
 
     def _replay(self) -> Any:
         """A held item drawn in proportion to its priority (one replay used), or None."""
         if not self.replays or self.rng.random() >= self.settings.replay:
             return None
         keys = list(self.replays)
-        key = self.rng.choices(keys, weights=[self.replays[k][1] for k in keys])[0]
+        key = self.rng.choices(keys, weights=[self.replays[k].priority for k in keys])[0]
         held = self.replays[key]
-        held[2] -= 1
-        if held[2] <= 0:
+        held.replays_left -= 1
+        if held.replays_left <= 0:
             del self.replays[key]
         self.counts["replayed"] += 1
-        return held[0]
+        return held.item
 
     async def next_item(self, draw: Callable[[], Awaitable[Any]],
                         item_id: Callable[[Any], Hashable | None]) -> Any:

@@ -101,8 +101,8 @@ def test_mixed_items_are_held_for_replay_by_learnability():
     sampler = DifficultySampler(REPLAY)
     sampler.record("half", [1.0, 0.0, 1.0, 0.0], item={"q": "half"})  # p = 0.5: priority 0.25
     sampler.record("rare", [1.0, 0.0, 0.0, 0.0], item={"q": "rare"})  # p = 0.25: 0.1875
-    assert sampler.replays["half"][1] == pytest.approx(0.25)
-    assert sampler.replays["rare"][1] == pytest.approx(0.1875)
+    assert sampler.replays["half"].priority == pytest.approx(0.25)
+    assert sampler.replays["rare"].priority == pytest.approx(0.1875)
     sampler.record("lower", [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], item="lower")  # 0.109: no room
     assert set(sampler.replays) == {"half", "rare"}
     sampler.record("higher", [1.0, 1.0, 0.0, 0.0, 0.0], item="higher")  # 0.24 evicts "rare"
@@ -112,7 +112,7 @@ def test_mixed_items_are_held_for_replay_by_learnability():
     sampler.record("one", [0.0], item="one")  # a single rollout has no variance to learn from
     assert "one" not in sampler.replays
     sampler.record("graded", [0.2, 0.6], item="graded")  # any mixed scores: their variance
-    assert sampler.replays["graded"][1] == pytest.approx(0.04)
+    assert sampler.replays["graded"].priority == pytest.approx(0.04)
 
 
 async def test_replays_are_a_share_of_what_is_handed_out_and_end():
