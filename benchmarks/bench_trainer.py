@@ -84,27 +84,42 @@ def shaped_model_dir(shape: str, tokenizer_dir: str, out_dir: Path) -> str:
     return str(out_dir)
 
 
+def attention_head_dim(config) -> int:
+    """Width of one attention head: ``config.head_dim`` when set (Qwen3, Gemma: heads x width
+    differs from the hidden size), else hidden size / heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def layer_matmul_params(config) -> int:
+    """Weights of one decoder layer's matmuls (q, k, v, o and a gated MLP), biases and norms left
+    out: the ``N / L`` of :func:`model_flops` for a Llama-shaped layer."""
+    d, ff, head_dim = config.hidden_size, config.intermediate_size, attention_head_dim(config)
+    q_and_o = 2 * d * config.num_attention_heads * head_dim
+    k_and_v = 2 * d * config.num_key_value_heads * head_dim
+    return q_and_o + k_and_v + 3 * d * ff
+
+
 def model_flops(config, micro_batches, tail: bool) -> float:
     """Model FLOPs of one training step (forward + backward) over ``micro_batches``.
 
     PaLM's count (Chowdhery et al., 2022, "PaLM: Scaling Language Modeling with Pathways",
     Appendix B): ``6 N`` per token for the weight matmuls plus ``12 L H Q T`` for attention
-    (``L`` layers, ``H Q`` = hidden size, ``T`` the padded sequence length). ``N`` here is the
+    (``L`` layers, ``H`` heads of width ``Q``, ``T`` the padded sequence length). ``N`` here is the
     decoder's non-embedding parameters; the LM head's ``6 d V`` is counted on the positions it
     runs over (only the completion tail with ``tail``). Every real token counts, so the
     figure is the work of an unshared forward: with ``--shared-prefix`` the step does less
     work for the same tokens, and the utilisation it implies is an effective one.
     """
     d, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    ff = config.intermediate_size
-    per_layer = d * d * 2 + 2 * d * (d // heads) * kv_heads + 3 * d * ff  # q,o + k,v + gated MLP
+    heads, head_dim = config.num_attention_heads, attention_head_dim(config)
+    per_layer = layer_matmul_params(config)
     flops = 0.0
     for mb in micro_batches:
         tokens = int(mb.attention_mask.sum())
         seq = mb.input_ids.shape[1]
         head_positions = mb.input_ids.shape[0] * (mb.trained_tail()[0] if tail else seq)
-        flops += 6 * layers * per_layer * tokens + 12 * layers * d * seq * tokens + 6 * d * vocab * head_positions
+        flops += (6 * layers * per_layer * tokens + 12 * layers * heads * head_dim * seq * tokens
+                  + 6 * d * vocab * head_positions)
     return flops
 
 
