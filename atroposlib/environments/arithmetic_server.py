@@ -284,6 +284,25 @@ class ArithmeticEnv(SingleTurnEnv):
                 low=CURRICULUM_MIN_OPERAND, high=DIFFICULTIES[cfg.difficulty][1])
         return group
 
+    def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:
+        """Save the curriculum's target too, so a restarted env resumes it (see :meth:`load_checkpoint`)."""
+        extra = {} if self.max_operand is None else {"max_operand": self.max_operand}
+        super().save_checkpoint(step, {**extra, **(data or {})})
+
+    def load_checkpoint(self) -> None:
+        """Restore the cursor and the curriculum's target, kept within this config's bounds.
+
+        A saved target is ignored when the curriculum is now off; with the curriculum now on and
+        no saved target, the target stays at ``curriculum_start``.
+        """
+        super().load_checkpoint()
+        cfg = self.config
+        if not cfg.curriculum:
+            self.max_operand = None
+        elif self.max_operand is not None:
+            high = DIFFICULTIES[cfg.difficulty][1]
+            self.max_operand = min(max(float(self.max_operand), CURRICULUM_MIN_OPERAND), high)
+
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         """Add ``train/curriculum_max_operand`` when the curriculum is on."""
         metrics = dict(metrics or {})

@@ -19,6 +19,7 @@ from atroposlib.environments.arithmetic_server import (
     make_problem,
     score_reply,
 )
+from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 
 BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
@@ -142,3 +143,33 @@ async def test_the_curriculum_widens_while_groups_are_solved_and_narrows_while_t
     assert env.max_operand == pytest.approx(20 + 5 * 2.0 * math.tanh(1.0))
     # held-out problems keep the whole range
     assert max(max(p["a"], p["b"]) for p in env.eval_items) > 90
+
+
+@needs_tokenizer
+async def test_a_restarted_env_resumes_the_curriculum_from_its_checkpoint(tmp_path):
+    def env_at(step: int, **overrides) -> ArithmeticEnv:
+        config = ArithmeticEnvConfig(**{
+            **ArithmeticEnv.config_init()[0].model_dump(), "use_wandb": False,
+            "tokenizer_name": str(BUNDLED), "difficulty": 4, "curriculum": True, **overrides})
+        env = ArithmeticEnv(config, [FakeServer()])
+        env.bind_run_state(RunState.for_config(config, checkpoint_dir=str(tmp_path),
+                                               wandb_prepend="arithmetic_0", curr_step=step))
+        return env
+
+    first = env_at(0)
+    await first.setup()
+    first.max_operand, first.iter = 57.25, 12
+    first.save_checkpoint(10)
+    restarted = env_at(15)
+    await restarted.setup()
+    assert restarted.max_operand == 20  # curriculum_start, before the checkpoint is read
+    restarted.load_checkpoint()
+    assert (restarted.max_operand, restarted.iter) == (57.25, 12)
+    narrower = env_at(15, difficulty=3)  # a smaller range now: the target is clipped to it
+    await narrower.setup()
+    narrower.load_checkpoint()
+    assert narrower.max_operand == DIFFICULTIES[3][1]
+    off = env_at(15, curriculum=False)  # the curriculum turned off: the saved target is ignored
+    await off.setup()
+    off.load_checkpoint()
+    assert off.max_operand is None and off.iter == 12
