@@ -37,6 +37,9 @@ every budget.
   accuracy) under ``trl_sweep``.
 * ``--pairs N --alternate``: the contender list runs N times, every other pass in reverse
   order; each row then gives the mean and the spread [min-max] over its N runs.
+* ``--merge A.json B.json ...``: runs nothing; one table from the runs of several JSONs of the
+  same task and budget (pairs measured on different days, a sweep run in parts). A merged
+  sweep's best is recomputed over all its TRL rows, so ``--trl-best-from`` takes it too.
 
 Reported per contender: accuracy at each wall point, steps, samples (sequences) trained per
 second, peak RSS of its whole process tree and of each part (trainer, vllm-api, vllm-engine,
@@ -120,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ours-trainer-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a trainer setting for our contenders (repeatable, YAML value), "
                              "e.g. vllm_kv_cache_gib=2")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="run nothing: combine the runs of these bench JSONs (the same task and "
+                             "minutes, e.g. pairs measured on different days, or a sweep in parts) "
+                             "into one table at --json-out")
     parser.add_argument("--trl-worker", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -138,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         setting = TrlSetting.parse(args.trl_setting)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.merge is not None:
+        return merge_jsons(parser, args)
     if args.trl_worker is not None:
         from benchmarks.learning.trl_side import trl_worker
 
@@ -198,6 +207,21 @@ def main(argv: list[str] | None = None) -> int:
                               "best": {"label": label, "setting": row["trl_setting"],
                                        "final_accuracy": list(row["accuracy"].values())[-1]}}
         print(f"[bench] TRL's best setting: {label}", flush=True)
+    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra)
+    return 0
+
+
+def merge_jsons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--merge``: one table (JSON and PNG at ``--json-out``) from the runs of several JSONs."""
+    import json
+
+    from benchmarks.learning.report import merge, report
+
+    try:
+        payloads = [(path.name, json.loads(path.read_text())) for path in args.merge]
+        runs, task, extra = merge(payloads)
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        parser.error(f"--merge: {exc}")
     report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra)
     return 0
 

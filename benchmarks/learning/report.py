@@ -1,5 +1,8 @@
 """The side-by-side table: per contender, accuracy over the wall points (mean and spread over its
-runs), steps, samples/s, peak RSS (total and per part), dropped groups; the JSON and the PNG."""
+runs), steps, samples/s, peak RSS (total and per part), dropped groups; the JSON and the PNG.
+
+:func:`merge` combines the runs of several bench JSONs of the same task (pairs measured on
+different days) into one table."""
 
 from __future__ import annotations
 
@@ -107,3 +110,56 @@ def best_trl(table: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     last = lambda row: list(row["accuracy"].values())[-1]["mean"]  # noqa: E731
     return max(rows, key=lambda lr: (last(lr[1]), -rows.index(lr)))
 
+
+
+#: task keys that must agree between merged JSONs (the others say how the runs were ordered)
+SAME_TASK_KEYS = ("model", "env", "difficulty", "max_tokens", "group_size", "batch_size",
+                  "trainable_layers", "eval_problems", "minutes")
+
+
+def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                               dict[str, Any]]:
+    """The runs, task and extras of one table made from several bench JSONs.
+
+    Args:
+        payloads: ``(name, payload)`` per JSON, in order; ``payload`` as :func:`report` wrote it.
+
+    Returns:
+        ``(runs, task, extra)`` for :func:`report`. Runs keep their order; their ``pass`` is
+        renumbered to follow the previous file's last pass, and ``source`` names their file.
+        ``task`` is the first file's, with ``pairs`` the number of passes in all, ``order``
+        every file's order and ``merged_from`` the names. ``extra`` has ``trl_sweep``, its best
+        recomputed over every TRL row, when any file had one.
+
+    Raises:
+        ValueError: fewer than two files, a file without runs, or a task key of
+            :data:`SAME_TASK_KEYS` that differs (the message names the key and both values).
+    """
+    if len(payloads) < 2:
+        raise ValueError(f"merge needs at least two JSONs, got {len(payloads)}")
+    first_name, first = payloads[0]
+    runs: list[dict[str, Any]] = []
+    orders, settings = [], []
+    for name, payload in payloads:
+        if not payload.get("runs"):
+            raise ValueError(f"{name} has no runs: is it a bench_learning.py JSON?")
+        for key in SAME_TASK_KEYS:
+            ours, theirs = first["task"].get(key), payload["task"].get(key)
+            if ours != theirs:
+                raise ValueError(f"task {key!r} differs: {ours!r} in {first_name}, {theirs!r} in "
+                                 f"{name}; only runs of the same task make one table")
+        offset = max((r["pass"] for r in runs), default=0)
+        runs += [{**r, "pass": r["pass"] + offset, "source": name} for r in payload["runs"]]
+        orders.append(payload["task"].get("order"))
+        settings += [s for s in (payload.get("trl_sweep") or {}).get("settings", []) if s not in settings]
+    task = {**first["task"], "pairs": max(r["pass"] for r in runs), "order": orders,
+            "merged_from": [name for name, _ in payloads]}
+    extra: dict[str, Any] = {}
+    if settings:
+        labels = list(dict.fromkeys(r["label"] for r in runs if r.get("trl_setting") in settings))
+        table = {label: summarise([r for r in runs if r["label"] == label]) for label in labels}
+        label, row = best_trl(table)
+        extra["trl_sweep"] = {"settings": settings,
+                              "best": {"label": label, "setting": row["trl_setting"],
+                                       "final_accuracy": list(row["accuracy"].values())[-1]}}
+    return runs, task, extra

@@ -1,0 +1,81 @@
+"""``bench_learning.py --merge``: one table from pairs or sweep parts measured separately."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import benchmarks.bench_learning as module
+
+    return module
+
+
+def _run(label, passno, final, steps, trl=None):
+    return {"label": label, "pass": passno, "budget_minutes": 7.0, "steps": steps,
+            "sequences": steps * 16, "train_seconds": 420.0, "peak_rss_bytes": 3 * 2**30,
+            "peak_rss_by_part": {"trainer": 2**30}, "peak_pss_bytes": 2 * 2**30, "lr": 6e-5,
+            "env_args": {}, "trl_setting": trl,
+            "curve": [{"minute": 0.0, "accuracy": 0.1}, {"minute": 7.0, "accuracy": final}]}
+
+
+def _write(path: Path, runs, sweep=None, **task):
+    payload = {"task": {"model": "m", "env": "arithmetic", "difficulty": 4, "max_tokens": 24,
+                        "group_size": 8, "batch_size": 16, "trainable_layers": 10,
+                        "eval_problems": 200, "minutes": 7.0, "pairs": 1, "order": [], **task},
+               "runs": runs, **({"trl_sweep": sweep} if sweep else {})}
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def test_pairs_from_two_days_make_one_table(bench, tmp_path):
+    day1 = _write(tmp_path / "day1.json", [_run("ours-gspo", 1, 0.5, 300), _run("trl", 1, 0.2, 150)])
+    day2 = _write(tmp_path / "day2.json", [_run("trl", 1, 0.3, 160), _run("ours-gspo", 1, 0.4, 310),
+                                           _run("trl", 2, 0.25, 155), _run("ours-gspo", 2, 0.6, 290)])
+    out = tmp_path / "merged.json"
+    assert bench.main(["--merge", str(day1), str(day2), "--json-out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    ours = merged["contenders"]["ours-gspo"]
+    assert ours["runs"] == 3 and ours["accuracy"]["7"]["mean"] == pytest.approx(0.5)
+    assert ours["accuracy"]["7"]["min"] == 0.4 and ours["steps"]["max"] == 310
+    assert [(r["pass"], r["source"]) for r in merged["runs"]] == [
+        (1, "day1.json"), (1, "day1.json"), (2, "day2.json"), (2, "day2.json"), (3, "day2.json"),
+        (3, "day2.json")]
+    assert merged["task"]["pairs"] == 3 and merged["task"]["merged_from"] == ["day1.json", "day2.json"]
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_a_sweep_in_parts_names_the_best_over_all_parts(bench, tmp_path):
+    a = {"lr": 3e-5, "bf16": True, "level": "token"}
+    b = {"lr": 6e-5, "bf16": True, "level": "sequence"}
+    part1 = _write(tmp_path / "p1.json", [_run("trl-a", 1, 0.2, 100, a)],
+                   sweep={"settings": [a], "best": {"label": "trl-a", "setting": a}})
+    part2 = _write(tmp_path / "p2.json", [_run("trl-b", 1, 0.35, 120, b)],
+                   sweep={"settings": [b], "best": {"label": "trl-b", "setting": b}})
+    out = tmp_path / "sweep.json"
+    assert bench.main(["--merge", str(part1), str(part2), "--json-out", str(out)]) == 0
+    sweep = json.loads(out.read_text())["trl_sweep"]
+    assert sweep["settings"] == [a, b] and sweep["best"]["setting"] == b
+    from benchmarks.learning.trl_side import TrlSetting, best_setting
+
+    assert best_setting(out) == TrlSetting(**b)
+
+
+def test_different_tasks_are_refused_with_the_key_named(bench, tmp_path, capsys):
+    d4 = _write(tmp_path / "d4.json", [_run("ours-gspo", 1, 0.5, 300)])
+    d2 = _write(tmp_path / "d2.json", [_run("ours-gspo", 1, 0.8, 300)], difficulty=2)
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--merge", str(d4), str(d2), "--json-out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "'difficulty' differs: 4 in d4.json, 2 in d2.json" in err
+    assert not (tmp_path / "x.json").exists()
