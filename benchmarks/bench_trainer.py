@@ -358,7 +358,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker_out:
         return worker(args)
-    shape_dir = None
+    shape_dir, model_arg = None, args.model  # the JSON names --model, not the temporary shape dir
     if args.model_shape:
         shape_dir = tempfile.TemporaryDirectory()
         args.model = shaped_model_dir(args.model_shape, args.model, Path(shape_dir.name))
@@ -373,7 +373,7 @@ def main() -> None:
     if args.json_out:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         Path(args.json_out).write_text(json.dumps({
-            "settings": vars(args), "device": device, "torch": torch.__version__, "baseline": base["name"],
+            "settings": {**vars(args), "model": model_arg}, "device": device, "torch": torch.__version__, "baseline": base["name"],
             "rows": rows, "weight_sync": sync_rows}, indent=2) + "\n")
     if shape_dir is not None:
         shape_dir.cleanup()
