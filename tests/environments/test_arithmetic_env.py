@@ -17,6 +17,7 @@ from atroposlib.environments.arithmetic_server import (
     heldout_problems,
     is_heldout,
     make_problem,
+    problem_shape,
     score_reply,
 )
 from atroposlib.envs.run_state import RunState
@@ -173,3 +174,38 @@ async def test_a_restarted_env_resumes_the_curriculum_from_its_checkpoint(tmp_pa
     await off.setup()
     off.load_checkpoint()
     assert off.max_operand is None and off.iter == 12
+
+
+@pytest.mark.parametrize(("a", "op", "b", "shape"), [
+    (12, "+", 34, "2+2 c00"), (17, "+", 5, "2+1 c10"), (75, "+", 31, "2+2 c01"),
+    (95, "+", 5, "2+1 c11"), (4, "+", 3, "1+1 c00"), (8, "+", 9, "1+1 c10"),
+    (57, "-", 23, "2-2 b00"), (52, "-", 7, "2-1 b10"), (30, "-", 25, "2-2 b10"),
+    (14, "-", 9, "2-1 b10"), (9, "-", 4, "1-1 b00"), (23, "*", 4, "2*1"),
+])
+def test_problem_shape_names_digits_and_carries(a, op, b, shape):
+    assert problem_shape(a, op, b) == shape
+
+
+def test_shape_classes_recur_where_problems_do_not():
+    rng = random.Random(0)
+    problems = [make_problem(rng, 4, False, 0.25) for _ in range(2000)]
+    shapes = {problem_shape(p["a"], p["op"], p["b"]) for p in problems}
+    distinct = {(p["a"], p["op"], p["b"]) for p in problems}
+    assert 10 <= len(shapes) <= 40 and len(distinct) > 1500
+    for p in problems:  # the flags, checked against the answer's digits
+        flags = problem_shape(p["a"], p["op"], p["b"]).split()[1]
+        if p["op"] == "+":  # a units carry leaves a smaller units digit; a tens carry, 3 digits
+            assert flags == f"c{p['answer'] % 10 < p['a'] % 10:d}{p['answer'] >= 100:d}"
+        else:  # a units borrow leaves a larger units digit; operands < 100 never borrow twice
+            assert flags == f"b{p['answer'] % 10 > p['a'] % 10:d}0"
+
+
+@pytest.mark.parametrize("by", ["problem", "shape"])
+def test_item_id_follows_difficulty_filter_by(by):
+    config = ArithmeticEnvConfig(**{**ArithmeticEnv.config_init()[0].model_dump(), "use_wandb": False,
+                                    "difficulty": 4, "difficulty_filter_by": by})
+    env = ArithmeticEnv(config, [FakeServer()])
+    one, other = ({"a": 17, "op": "+", "b": 5}, {"a": 28, "op": "+", "b": 3})  # same shape
+    same = env.item_id(one) == env.item_id(other)
+    assert same == (by == "shape")
+    assert env.item_id(one) == env.item_id(dict(one))
