@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if runs is None:
         return 130
     from benchmarks.learning.evaluate import EVAL_SIZE, evaluate_all
-    from benchmarks.learning.report import best_trl, report, summarise
+    from benchmarks.learning.report import report, sweep_summary
 
     eval_size = evaluate_all(runs, args.task_difficulty, args.eval_batch, args.eval_size or EVAL_SIZE)
     task = {"model": "SmolLM2-135M-Instruct (bundled)", "env": "arithmetic",
@@ -201,12 +201,11 @@ def main(argv: list[str] | None = None) -> int:
             "order": [label for label, _ in plan]}
     extra: dict[str, Any] = {}
     if args.trl_sweep:
-        rows = {s.name: summarise([r for r in runs if r["label"] == s.name]) for s in sweep}
-        label, row = best_trl(rows)
-        extra["trl_sweep"] = {"settings": [s.__dict__ for s in sweep],
-                              "best": {"label": label, "setting": row["trl_setting"],
-                                       "final_accuracy": list(row["accuracy"].values())[-1]}}
-        print(f"[bench] TRL's best setting: {label}", flush=True)
+        try:
+            extra["trl_sweep"] = sweep_summary(runs, [s.__dict__ for s in sweep])
+            print(f"[bench] TRL's best setting: {extra['trl_sweep']['best']['label']}", flush=True)
+        except ValueError as exc:  # every sweep run failed: the table still gets written
+            print(f"[bench] {exc}", flush=True)
     report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra)
     return 0
 

@@ -154,12 +154,28 @@ def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, An
         settings += [s for s in (payload.get("trl_sweep") or {}).get("settings", []) if s not in settings]
     task = {**first["task"], "pairs": max(r["pass"] for r in runs), "order": orders,
             "merged_from": [name for name, _ in payloads]}
-    extra: dict[str, Any] = {}
-    if settings:
-        labels = list(dict.fromkeys(r["label"] for r in runs if r.get("trl_setting") in settings))
-        table = {label: summarise([r for r in runs if r["label"] == label]) for label in labels}
-        label, row = best_trl(table)
-        extra["trl_sweep"] = {"settings": settings,
-                              "best": {"label": label, "setting": row["trl_setting"],
-                                       "final_accuracy": list(row["accuracy"].values())[-1]}}
+    extra = {"trl_sweep": sweep_summary(runs, settings)} if settings else {}
     return runs, task, extra
+
+
+def sweep_summary(runs: list[dict[str, Any]], settings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON's ``trl_sweep``: the settings swept and the best of their rows.
+
+    Args:
+        runs: every run; those whose ``trl_setting`` is one of ``settings`` are the sweep's.
+        settings: the swept :class:`~benchmarks.learning.trl_side.TrlSetting` s, as dicts.
+
+    Returns:
+        ``{"settings", "best": {"label", "setting", "final_accuracy"}}``, the best by
+        :func:`best_trl`.
+
+    Raises:
+        ValueError: no run of any of ``settings``.
+    """
+    labels = list(dict.fromkeys(r["label"] for r in runs if r.get("trl_setting") in settings))
+    best = best_trl({label: summarise([r for r in runs if r["label"] == label]) for label in labels})
+    if best is None:
+        raise ValueError("no TRL run of the sweep's settings finished")
+    label, row = best
+    return {"settings": settings, "best": {"label": label, "setting": row["trl_setting"],
+                                           "final_accuracy": list(row["accuracy"].values())[-1]}}
