@@ -107,10 +107,10 @@ def problem_shape(a: int, op: str, b: int) -> str:
     """A problem's class: its operator, its operands' digit counts and its carries or borrows.
 
     For ``+`` the carries out of the units and the tens column, for ``-`` (``a >= b``, as
-    :func:`make_problem` draws them) the borrows into them; ``*`` has no column flags. About
-    30 classes at difficulty 4 against about 11,000 training problems, so each class recurs
-    many times in a run: ``--env.difficulty_filter_by shape`` gives the difficulty filter these
-    classes as item ids.
+    :func:`make_problem` draws them) the borrows into them (below 100 only the units can
+    borrow); ``*`` has no column flags. Difficulty 4 has 17 classes against about 11,000
+    training problems, so each class recurs many times in a run: ``--env.difficulty_filter_by
+    shape`` gives the difficulty filter these classes as item ids.
 
     Args:
         a: first operand (>= 0).
@@ -119,7 +119,7 @@ def problem_shape(a: int, op: str, b: int) -> str:
 
     Returns:
         E.g. ``"2+1 c10"`` (two digits plus one, a carry out of the units only) or
-        ``"2-2 b01"`` (a borrow into the tens only).
+        ``"2-1 b10"`` (two digits minus one, a borrow into the units).
     """
     digits = f"{len(str(a))}{op}{len(str(b))}"
     if op == "+":
@@ -270,8 +270,8 @@ class ArithmeticEnvConfig(SingleTurnEnvConfig):
     difficulty_filter_by: Literal["problem", "shape"] = Field(
         default="problem", description="What --env.difficulty_filter keeps a record of: "
         "'problem' (each distinct problem; at difficulty 4 few recur within a run) or 'shape' "
-        "(the operator, the operands' digit counts and the carries or borrows: about 30 classes "
-        "that recur all the time).")
+        "(the operator, the operands' digit counts and the carries or borrows: 17 classes at "
+        "difficulty 4, that recur all the time).")
     curriculum_start: int = Field(default=20, ge=CURRICULUM_MIN_OPERAND,
                                   description="The curriculum's first largest operand.")
     curriculum_target: float = Field(default=0.5, gt=0, lt=1, description="The share of a "

@@ -115,6 +115,8 @@ def best_trl(table: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
 #: task keys that must agree between merged JSONs (the others say how the runs were ordered)
 SAME_TASK_KEYS = ("model", "env", "difficulty", "max_tokens", "group_size", "batch_size",
                   "trainable_layers", "eval_problems", "minutes")
+#: run keys that must agree between merged runs of one label (one row is one way of running)
+SAME_RUN_KEYS = ("lr", "env_args", "trl_setting")
 
 
 def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any],
@@ -132,8 +134,9 @@ def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, An
         recomputed over every TRL row, when any file had one.
 
     Raises:
-        ValueError: fewer than two files, a file without runs, or a task key of
-            :data:`SAME_TASK_KEYS` that differs (the message names the key and both values).
+        ValueError: fewer than two files, a file without runs, a task key of
+            :data:`SAME_TASK_KEYS` that differs, or runs of one label with different
+            :data:`SAME_RUN_KEYS` (the message names the key and both values).
     """
     if len(payloads) < 2:
         raise ValueError(f"merge needs at least two JSONs, got {len(payloads)}")
@@ -152,6 +155,13 @@ def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, An
         runs += [{**r, "pass": r["pass"] + offset, "source": name} for r in payload["runs"]]
         orders.append(payload["task"].get("order"))
         settings += [s for s in (payload.get("trl_sweep") or {}).get("settings", []) if s not in settings]
+    seen: dict[str, dict[str, Any]] = {}
+    for run in runs:  # one row averages runs of one contender, run the same way
+        earlier = seen.setdefault(run["label"], run)
+        for key in SAME_RUN_KEYS:
+            if earlier.get(key) != run.get(key):
+                raise ValueError(f"{run['label']}: {key} differs: {earlier.get(key)!r} in "
+                                 f"{earlier['source']}, {run.get(key)!r} in {run['source']}")
     task = {**first["task"], "pairs": max(r["pass"] for r in runs), "order": orders,
             "merged_from": [name for name, _ in payloads]}
     extra = {"trl_sweep": sweep_summary(runs, settings)} if settings else {}

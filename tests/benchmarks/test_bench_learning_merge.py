@@ -70,6 +70,18 @@ def test_a_sweep_in_parts_names_the_best_over_all_parts(bench, tmp_path):
     assert best_setting(out) == TrlSetting(**b)
 
 
+def test_runs_of_one_label_run_differently_are_refused(bench, tmp_path, capsys):
+    plain = _write(tmp_path / "plain.json", [_run("ours-gspo", 1, 0.5, 300)])
+    changed = _run("ours-gspo", 1, 0.3, 320)
+    changed["env_args"] = {"env.group_size": "16"}
+    group16 = _write(tmp_path / "group16.json", [changed])
+    with pytest.raises(SystemExit):
+        bench.main(["--merge", str(plain), str(group16), "--json-out", str(tmp_path / "x.json")])
+    assert ("ours-gspo: env_args differs: {} in plain.json, {'env.group_size': '16'} in "
+            "group16.json") in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_different_tasks_are_refused_with_the_key_named(bench, tmp_path, capsys):
     d4 = _write(tmp_path / "d4.json", [_run("ours-gspo", 1, 0.5, 300)])
     d2 = _write(tmp_path / "d2.json", [_run("ours-gspo", 1, 0.8, 300)], difficulty=2)
