@@ -290,7 +290,8 @@ def test_working_tree_and_host_files_are_absent(sandbox, tmp_path):
     # Reward hacking: the program must not read the data set's answers or the repository.
     repo = Path(__file__).resolve().parents[2]
     answers = tmp_path / "gsm8k_test.jsonl"
-    answers.write_text('{"answer": "#### 42"}\n')
+    secret = f"#### {uuid.uuid4().hex}"  # not "42": pytest's tmp path can hold pytest-42
+    answers.write_text(json.dumps({"answer": secret}) + "\n")
     os.chmod(tmp_path, 0o755)
     os.chmod(answers, 0o644)
     outside = [str(answers), str(repo / "pyproject.toml"), str(Path(__file__).resolve()),
@@ -308,7 +309,7 @@ def test_working_tree_and_host_files_are_absent(sandbox, tmp_path):
     allowed = {c.name for c in repo.iterdir() if any(n == c or c in n.parents for n in needed)}
     if seen[str(repo)] != "FileNotFoundError":
         assert set(seen[str(repo)]) <= allowed, seen[str(repo)]
-    assert "42" not in r.stdout
+    assert secret.split()[1] not in r.stdout
     root = set(seen["/"])
     assert not root & {"etc", "home", "run", "root" if not any(
         "/root/" in str(n) for n in needed) else "", "boot", "srv", "opt", "mnt"} - {""}, root
