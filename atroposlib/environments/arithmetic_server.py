@@ -156,8 +156,12 @@ def curriculum_update(target: float, mean_score: float, goal: float, step: float
     Returns:
         The new target, in ``[low, high]``.
     """
-    moved = target + step * math.tanh(sharpness * (mean_score - goal))
-    return min(high, max(low, moved))
+    return clip_target(target + step * math.tanh(sharpness * (mean_score - goal)), low, high)
+
+
+def clip_target(target: float, low: float, high: float) -> float:
+    """``target`` clipped to the curriculum's range ``[low, high]`` (operands)."""
+    return min(high, max(low, float(target)))
 
 
 def heldout_problems(difficulty: int, fraction: float, size: int, seed: int) -> list[dict[str, Any]]:
@@ -341,8 +345,8 @@ class ArithmeticEnv(SingleTurnEnv):
         if not cfg.curriculum:
             self.max_operand = None
         elif self.max_operand is not None:
-            high = DIFFICULTIES[cfg.difficulty][1]
-            self.max_operand = min(max(float(self.max_operand), CURRICULUM_MIN_OPERAND), high)
+            self.max_operand = clip_target(self.max_operand, CURRICULUM_MIN_OPERAND,
+                                           DIFFICULTIES[cfg.difficulty][1])
 
     async def wandb_log(self, metrics: dict[str, Any] | None = None) -> None:
         """Add ``train/curriculum_max_operand`` when the curriculum is on."""
