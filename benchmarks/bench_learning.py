@@ -191,12 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     if runs is None:
         return 130
     from benchmarks.learning.evaluate import EVAL_SIZE, evaluate_all
+    from benchmarks.learning.ours import task_shape
     from benchmarks.learning.report import report, sweep_summary
 
     eval_size = evaluate_all(runs, args.task_difficulty, args.eval_batch, args.eval_size or EVAL_SIZE)
     task = {"model": "SmolLM2-135M-Instruct (bundled)", "env": "arithmetic",
-            "difficulty": args.task_difficulty, "max_tokens": 24, "group_size": 8,
-            "batch_size": 16, "trainable_layers": 10, "eval_problems": eval_size,
+            "difficulty": args.task_difficulty, **task_shape(), "eval_problems": eval_size,
             "minutes": args.minutes, "pairs": args.pairs, "alternate": args.alternate,
             "order": [label for label, _ in plan]}
     extra: dict[str, Any] = {}

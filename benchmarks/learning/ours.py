@@ -28,6 +28,26 @@ POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # wall points, as fractions of the budget
 STARTUP_ALLOWANCE = 900.0
 
 
+def task_shape() -> dict[str, int]:
+    """The task's shape every contender trains with, read from the quickstart config (its one home).
+
+    Returns:
+        ``{"group_size", "max_tokens", "batch_size", "trainable_layers"}``: rollouts per group,
+        reply tokens at most, sequences per step, and the top layers trained. TRL gets these
+        same values, so the two sides cannot drift apart.
+
+    Raises:
+        KeyError: the config lacks one of them (``env.group_size``, ``env.max_tokens``,
+            ``trainer.batch_size``, ``trainer.train_last_layers``).
+    """
+    from atroposlib.utils.yaml_file import load_yaml
+
+    config = load_yaml(QUICKSTART)
+    env_args, trainer = config["envs"][0]["args"], config["trainer"]
+    return {"group_size": int(env_args["env.group_size"]), "max_tokens": int(env_args["env.max_tokens"]),
+            "batch_size": int(trainer["batch_size"]), "trainable_layers": int(trainer["train_last_layers"])}
+
+
 def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | None = None,
              env_args: dict[str, str] | None = None,
              trainer_args: dict[str, Any] | None = None) -> dict[str, Any]:

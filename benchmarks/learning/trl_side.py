@@ -15,10 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning.ours import POINTS, STARTUP_ALLOWANCE
+from benchmarks.learning.ours import POINTS, STARTUP_ALLOWANCE, task_shape
 from benchmarks.process_tree import Tree
 
-GROUP_SIZE, MAX_TOKENS, BATCH_SIZE, TRAIN_LAYERS = 8, 24, 16, 10
+_SHAPE = task_shape()  # the quickstart config's: ours trains with the same values
+GROUP_SIZE, MAX_TOKENS = _SHAPE["group_size"], _SHAPE["max_tokens"]
+BATCH_SIZE, TRAIN_LAYERS = _SHAPE["batch_size"], _SHAPE["trainable_layers"]
 
 
 @dataclass(frozen=True)
