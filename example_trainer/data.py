@@ -114,7 +114,8 @@ class MicroBatch:
         sampler_logprobs: ``[B, T]`` float32, ``nan`` where the sampler log-prob is unknown.
         ref_logprobs: ``[B, T]`` float32 (``nan`` where unknown) or None when no sequence
             carried them.
-        temperatures: ``[B]`` float32.
+        temperatures: ``[B]`` float32 (None: 1 for every sequence; the trainer's step drops an
+            all-ones tensor so that no device-side check waits for the GPU).
         distill_token_ids: ``[B, T, K]`` long teacher candidate ids (0 where padded), or None
             when no sequence carried teacher arrays; ``K`` = widest position in the micro-batch.
         distill_logprobs: ``[B, T, K]`` float32 teacher log-probs, ``-inf`` where padded.
@@ -126,7 +127,7 @@ class MicroBatch:
     advantages: torch.Tensor
     sampler_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None
-    temperatures: torch.Tensor
+    temperatures: torch.Tensor | None
     distill_token_ids: torch.Tensor | None = None
     distill_logprobs: torch.Tensor | None = None
 

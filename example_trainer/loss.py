@@ -77,18 +77,38 @@ IS_CORRECTIONS = ("none", "tis", "mis")
 """Accepted ``is_correction`` values."""
 
 
+#: Names of :attr:`LossOutput.sums`, in order (their meaning: :func:`grpo_loss`).
+METRIC_NAMES = (
+    "loss", "pg_loss", "kl", "ratio", "clip_fraction", "logprob", "tokens", "sampler_logprob_diff_sum",
+    "sampler_tokens", "is_corrected_tokens", "sampler_out_of_range_tokens", "distill_kl_sum",
+    "distill_tokens",
+)
+
+
 @dataclass
 class LossOutput:
     """Result of :func:`grpo_loss` for one micro-batch.
 
     Attributes:
         loss: scalar tensor to call ``backward()`` on (already divided by ``num_sequences``).
-        metrics: detached float sums over the micro-batch's sequences (divide by the step's
-            sequence count for means) or maxima; keys listed in :func:`grpo_loss`.
+        sums: detached float32 ``[len(METRIC_NAMES)]`` tensor on the loss's device: sums over
+            the micro-batch's sequences or tokens, named by :data:`METRIC_NAMES`. It stays on
+            the device so that a step can add up its micro-batches and read them back once:
+            each read (``.item()``, ``.tolist()``) waits for the GPU to finish all queued work.
     """
 
     loss: torch.Tensor
-    metrics: dict[str, float]
+    sums: torch.Tensor
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """:attr:`sums` as ``{name: float}`` (one read back from the device)."""
+        return metric_dict(self.sums)
+
+
+def metric_dict(sums: torch.Tensor) -> dict[str, float]:
+    """``{name: float}`` from a ``[len(METRIC_NAMES)]`` tensor of :class:`LossOutput` sums (or their total)."""
+    return dict(zip(METRIC_NAMES, sums.tolist(), strict=True))
 
 
 def ppo_clip(
@@ -425,7 +445,8 @@ def grpo_loss(
         is_cap: ``C`` of the correction (> 1).
 
     Returns:
-        :class:`LossOutput`; ``metrics`` has sums over sequences of ``pg_loss``, ``kl``,
+        :class:`LossOutput`; its ``sums`` (``metrics`` as a dict) hold ``loss`` (the returned
+        loss's value), sums over sequences of ``pg_loss``, ``kl``,
         ``ratio``, ``clip_fraction``, ``logprob`` (per-sequence token means), plus token sums:
         ``tokens`` (trained tokens), ``sampler_logprob_diff_sum`` / ``sampler_tokens`` (summed
         ``|logp - sampler_logp|`` over the trained tokens that have a sampler log-prob, and their
@@ -503,20 +524,21 @@ def grpo_loss(
         loss = (per_token * mask).sum() / (float(dr_grpo_length) * num_sequences)
     else:  # dapo, cispo: token mean over the whole step
         loss = (per_token * mask).sum() / float(num_tokens)
-    with torch.no_grad():
+    with torch.no_grad():  # one stacked tensor: nothing here waits for the device
         knownf = known.float()
-        metrics = {
-            "pg_loss": seq_mean(pg.detach()).sum().item(),
-            "kl": seq_mean(kl.detach()).sum().item(),
-            "ratio": seq_mean(ratio.detach()).sum().item(),
-            "clip_fraction": seq_mean(clipped.float()).sum().item(),
-            "logprob": seq_mean(detached).sum().item(),
-            "tokens": tokens.sum().item(),
-            "sampler_logprob_diff_sum": ((detached - sampler).abs() * knownf).sum().item(),
-            "sampler_tokens": knownf.sum().item(),
-            "is_corrected_tokens": corrected.float().sum().item(),
-            "sampler_out_of_range_tokens": out_of_range.float().sum().item(),
-            "distill_kl_sum": (kd.detach() * kd_known).sum().item(),
-            "distill_tokens": kd_known.sum().item(),
-        }
-    return LossOutput(loss=loss, metrics=metrics)
+        sums = torch.stack([
+            loss.detach().float(),
+            seq_mean(pg.detach()).sum(),
+            seq_mean(kl.detach()).sum(),
+            seq_mean(ratio.detach()).sum(),
+            seq_mean(clipped.float()).sum(),
+            seq_mean(detached).sum(),
+            tokens.sum(),
+            ((detached - sampler).abs() * knownf).sum(),
+            knownf.sum(),
+            corrected.float().sum(),
+            out_of_range.float().sum(),
+            (kd.detach() * kd_known).sum(),
+            kd_known.sum(),
+        ]).float()
+    return LossOutput(loss=loss, sums=sums)

@@ -8,6 +8,7 @@ arXiv:2402.03300, and the variants ``--loss-type`` names).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -56,7 +57,7 @@ class StepRunner:
 
         from example_trainer.data import batch_to_sequences, make_micro_batches
         from example_trainer.logprobs import token_logprobs
-        from example_trainer.loss import grpo_loss, objective_options
+        from example_trainer.loss import METRIC_NAMES, grpo_loss, metric_dict, objective_options
 
         config, dist, policy = self.config, self.dist, self.policy
         step_start = time.perf_counter()
@@ -83,10 +84,22 @@ class StepRunner:
         # step-wide normalisers (sequence or token counts) come from `sequences`/`stats` or
         # the whole list above; from here on each rank keeps only its share of micro-batches
         micro_batches = dist.my_share(micro_batches)  # all of them in a single process
-        sums: dict[str, float] = {}
+        # On a GPU every read of a device value (`.item()`, `nonzero`) and every copy from
+        # ordinary CPU memory waits for all queued work, leaving the GPU idle until the CPU
+        # queues more. So what needs the CPU happens before the first forward (each micro-batch's
+        # trained tail, its move to the device), and the loss's metrics are summed on the device
+        # and read back once, after the optimizer step.
+        staged = []
+        attended_tokens = 0.0
         for mb in micro_batches:
+            attended_tokens += float(mb.attention_mask.sum())
             # the LM head runs only where completions are: prompt positions carry no loss
-            keep, mb = mb.to(self.device).trained_tail() if self.keep_logits else (0, mb.to(self.device))
+            keep, mb = mb.trained_tail() if self.keep_logits else (0, mb)
+            if bool(((mb.temperatures == 1) | (mb.temperatures <= 0)).all()):
+                mb = dataclasses.replace(mb, temperatures=None)  # 1 everywhere: nothing to divide
+            staged.append((keep, mb.to(self.device)))
+        totals = None
+        for keep, mb in staged:
             logits = policy_logits(policy.model, mb, keep, self.autocast, self.share_prefix)
             ref_lp = mb.ref_logprobs
             # rows the env sent none for; sharded, every rank runs the (collective) forward
@@ -103,11 +116,7 @@ class StepRunner:
                             distill_logprobs=mb.distill_logprobs,
                             distill_coef=config.distill_coef, **objective_options(config))
             (out.loss * dist.grad_scale).backward()  # x N: FSDP averages over the N ranks
-            for key, value in out.metrics.items():
-                sums[key] = sums.get(key, 0.0) + value
-            sums["loss"] = sums.get("loss", 0.0) + out.loss.item()
-            sums["attended_tokens"] = sums.get("attended_tokens", 0.0) + float(mb.attention_mask.sum())
-        sums = dist.sum_metrics(sums)  # over ranks: each rank saw its share of the batch
+            totals = out.sums if totals is None else totals + out.sums
 
         # ---------------------------------------------------------- optimizer step
         lr = config.lr * min(1.0, step / config.warmup_steps) if config.warmup_steps else config.lr
@@ -116,6 +125,9 @@ class StepRunner:
         grad_norm = dist.scalar(torch.nn.utils.clip_grad_norm_(policy.trainable, config.max_grad_norm))
         policy.optimizer.step()
         policy.optimizer.zero_grad(set_to_none=True)
+        sums = metric_dict(totals) if totals is not None else dict.fromkeys(METRIC_NAMES, 0.0)
+        sums["attended_tokens"] = attended_tokens
+        sums = dist.sum_metrics(sums)  # over ranks: each rank saw its share of the batch
         compute_s = time.perf_counter() - step_start
 
         n = stats.num_sequences

@@ -183,20 +183,25 @@ def test_bad_shapes_raise_clear_error():
         grpo_loss(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2), None, num_sequences=0)
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                      reason="needs a CUDA GPU (its block size is its own)"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_token_logprobs_in_blocks_match_a_float32_log_softmax(monkeypatch, dtype):
+def test_token_logprobs_in_blocks_match_a_float32_log_softmax(monkeypatch, dtype, device):
     """Several blocks of rows, per-sequence temperatures, bf16 logits: the values and gradients of
     a float32 log-softmax of the whole tensor, the gradient in the logits' dtype, and the
     logits left as they were."""
     from example_trainer import logprobs
 
-    monkeypatch.setitem(logprobs.LOGPROB_BLOCK_ELEMENTS, "cpu", 3 * 13)  # 3 rows a block: 5 blocks
+    monkeypatch.setitem(logprobs.LOGPROB_BLOCK_ELEMENTS, device, 3 * 13)  # 3 rows a block: 5 blocks
     torch.manual_seed(0)
-    logits = (torch.randn(2, 7, 13) * 3).to(dtype).requires_grad_(True)
+    logits = (torch.randn(2, 7, 13) * 3).to(device=device, dtype=dtype).requires_grad_(True)
     before = logits.detach().clone()
-    labels = torch.tensor([[1, -100, 3, 12, 0, -100, 5], [-100, 6, 2, 2, 11, 9, -100]])
-    temperature = torch.tensor([0.7, 1.3])
-    weights = torch.randn(2, 7)
+    labels = torch.tensor([[1, -100, 3, 12, 0, -100, 5], [-100, 6, 2, 2, 11, 9, -100]], device=device)
+    temperature = torch.tensor([0.7, 1.3], device=device)
+    weights = torch.randn(2, 7).to(device)
     lp = token_logprobs(logits, labels, temperature)
     (grad,) = torch.autograd.grad((lp * weights).sum(), logits)
 
@@ -209,3 +214,20 @@ def test_token_logprobs_in_blocks_match_a_float32_log_softmax(monkeypatch, dtype
     torch.testing.assert_close(grad, ref_grad.to(dtype), atol=1e-6, rtol=1e-5 if dtype == torch.float32 else 1e-2)
     assert grad[0, 1].abs().sum() == 0 and grad[1, 6].abs().sum() == 0  # ignored rows
     assert torch.equal(logits.detach(), before)  # the backward computed its softmax in a copy
+
+
+def test_loss_sums_stay_on_the_device_and_name_every_metric():
+    """One ``[len(METRIC_NAMES)]`` tensor per micro-batch (nothing read back until asked), whose
+    ``loss`` entry is the loss returned and whose token count is the trained tokens."""
+    from example_trainer.loss import METRIC_NAMES, metric_dict
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 11, requires_grad=True)
+    labels = torch.tensor([[-100, 3, 4, -100], [-100, -100, 7, 1]])
+    out = grpo_loss(logits, labels, torch.ones(2, 4), None, num_sequences=2)
+    assert out.sums.shape == (len(METRIC_NAMES),) and out.sums.dtype == torch.float32
+    assert not out.sums.requires_grad
+    metrics = out.metrics
+    assert list(metrics) == list(METRIC_NAMES)
+    assert metrics["loss"] == pytest.approx(out.loss.item()) and metrics["tokens"] == 4.0
+    assert metric_dict(out.sums + out.sums)["tokens"] == 8.0  # a step's total of two micro-batches
