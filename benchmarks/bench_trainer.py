@@ -13,6 +13,10 @@ Prints tokens/s and seconds per step for each setting, and ratios against the fi
         --micro-batch-size 16 --attn eager --last-layers 10 --threads 1 --logits-tail 1 \
         --mixed-precision bf16 --shared-prefix 0,1 --repeats 3
 
+    # the trainer's blockwise per-token log-probs against one float32 log-softmax over [B*T, V]
+    python benchmarks/bench_trainer.py --batch-size 16 --seq-len 80 --prompt-len 45 --attn eager \
+        --last-layers 10 --threads 2 --logits-tail 1 --mixed-precision bf16 --logprobs blockwise,full
+
     # a GPU with a Qwen2.5-0.5B-shaped model (random weights: the speed does not depend on their
     # values, and nothing is downloaded): model FLOPs utilisation against the card's bf16 peak and
     # the trainer's side of a weight sync (bf16 copy + safetensors write)
@@ -26,7 +30,9 @@ Prints tokens/s and seconds per step for each setting, and ratios against the fi
         --micro-batch-size 2 --json-out bench.json
 
 Peak memory is the process's peak resident set (``ru_maxrss``: weights, optimizer state,
-activations and the Python runtime) on the CPU, and ``torch.cuda.max_memory_allocated`` on GPUs.
+activations and the Python runtime) on the CPU, and ``torch.cuda.max_memory_allocated`` on GPUs
+(reset for each setting). On a GPU each setting also counts the times one step made the CPU wait
+for the GPU (``torch.cuda.set_sync_debug_mode``).
 Sharded runs load the whole model on every rank's CPU before ``fully_shard`` splits it, so on the
 CPU that peak includes one full copy of the weights per process.
 """
@@ -34,6 +40,7 @@ CPU that peak includes one full copy of the weights per process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -165,25 +172,73 @@ def synthetic(batch_size: int, seq_len: int, prompt_len: int, vocab: int,
     return out
 
 
+def full_token_logprobs(logits: torch.Tensor, labels: torch.Tensor,
+                        temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """The baseline for ``--logprobs full``: one float32 log-softmax over the whole ``[B*T, V]``.
+
+    What :func:`~example_trainer.logprobs.token_logprobs` computed before it went a block of rows
+    at a time: same values, but its backward keeps the float32 logits and their log-softmax,
+    ``[B, T, V]`` each. Shapes: ``logits [B, T, V]``, ``labels [B, T]`` (``-100`` ignored) ->
+    ``[B, T]`` float32.
+    """
+    from example_trainer.logprobs import scaled_logits
+
+    x = scaled_logits(logits, temperature)
+    batch, steps, vocab = x.shape
+    index = labels.clamp(min=0).reshape(-1, 1)
+    out = torch.log_softmax(x.reshape(batch * steps, vocab), dim=-1).gather(1, index).view(batch, steps)
+    return out.masked_fill(labels == -100, 0.0)
+
+
 def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0,
-             mixed_precision: str = "no", tail: bool = False, shared_prefix: bool = False) -> float:
+             mixed_precision: str = "no", tail: bool = False, shared_prefix: bool = False,
+             logprobs: str = "blockwise") -> float:
     """One optimizer step over ``micro_batches`` as the trainer takes it; returns the seconds.
 
-    ``mixed_precision="bf16"`` runs forward and backward under bf16 autocast; ``tail`` runs the LM
-    head only from the first trained position on (``logits_to_keep``), as ``atropos-grpo`` does;
-    ``shared_prefix`` runs a group's shared prompt once (needs ``tail``).
+    ``micro_batches`` stay where they are (the CPU): as ``atropos-grpo`` does, each is cut to its
+    trained tail there and all are moved to the model's device before the first forward, and the
+    loss's metrics are read back once, after the optimizer step. ``mixed_precision="bf16"`` runs forward and backward
+    under bf16 autocast; ``tail`` runs the LM head only from the first trained position on
+    (``logits_to_keep``); ``shared_prefix`` runs a group's shared prompt once (needs ``tail``);
+    ``logprobs="full"`` swaps in :func:`full_token_logprobs` (the baseline).
     """
+    from unittest import mock
+
+    device = next(model.parameters()).device
+    swap = (mock.patch("example_trainer.loss.token_logprobs", full_token_logprobs) if logprobs == "full"
+            else contextlib.nullcontext())
     begin = time.perf_counter()
-    autocast = torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
-                              enabled=mixed_precision == "bf16")
-    for mb in micro_batches:
-        keep, mb = mb.trained_tail() if tail else (0, mb)
-        logits = policy_logits(model, mb, keep, autocast, shared_prefix)
-        (grpo_loss(logits, mb.labels, mb.advantages, mb.sampler_logprobs, num_sequences=n).loss * scale).backward()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
+    totals = None
+    staged = [(keep, mb.to(device)) for keep, mb in
+              (mb.trained_tail() if tail else (0, mb) for mb in micro_batches)]
+    with swap:
+        for keep, mb in staged:
+            logits = policy_logits(model, mb, keep, autocast, shared_prefix)
+            out = grpo_loss(logits, mb.labels, mb.advantages, mb.sampler_logprobs, num_sequences=n)
+            (out.loss * scale).backward()
+            totals = out.sums if totals is None else totals + out.sums
     torch.nn.utils.clip_grad_norm_(list(model.parameters()) if params is None else params, 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    totals.tolist()  # the trainer reads its step's metrics here (and so waits for the device)
     return time.perf_counter() - begin
+
+
+def count_syncs(step) -> int:
+    """How many times ``step()`` made the CPU wait for the GPU (``.item()``, ``nonzero``, copies
+    back), counted with ``torch.cuda.set_sync_debug_mode("warn")``: each such wait leaves the GPU
+    idle until the CPU queues more work."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def peak_memory_mib(device: torch.device) -> float:
@@ -213,28 +268,35 @@ def in_process(args: argparse.Namespace, sync_rows: list[dict]) -> list[dict]:
             freeze_all_but_last_layers(model, last)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-7)
         seqs = synthetic(args.batch_size, args.seq_len, args.prompt_len, len(tok), args.group_size)
-        runs = [(int(t), bool(int(tail)), mp, bool(int(sp))) for tail in args.logits_tail.split(",")
+        runs = [(int(t), bool(int(tail)), mp, bool(int(sp)), lp) for tail in args.logits_tail.split(",")
                 for mp in args.mixed_precision.split(",") for t in args.threads.split(",")
-                for sp in args.shared_prefix.split(",")]
-        for threads, tail, mp, shared in runs:
-            mbs = [mb.to(device) for mb in make_micro_batches(seqs, args.micro_batch_size, 0, 16,
-                                                              by_prefix=shared)]
+                for sp in args.shared_prefix.split(",") for lp in args.logprobs.split(",")]
+        for threads, tail, mp, shared, lp in runs:
+            mbs = make_micro_batches(seqs, args.micro_batch_size, 0, 16, by_prefix=shared)  # on the CPU
             tokens = sum(int(mb.attention_mask.sum()) for mb in mbs)  # the batch's real tokens
             torch.set_num_threads(threads)
-            kwargs = {"mixed_precision": mp, "tail": tail or shared, "shared_prefix": shared}
+            kwargs = {"mixed_precision": mp, "tail": tail or shared, "shared_prefix": shared, "logprobs": lp}
+            if device.type == "cuda":  # this setting's own peak, not the run's so far
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
             one_step(model, optimizer, mbs, len(seqs), **kwargs)  # warm-up (first call allocates)
             best = min(one_step(model, optimizer, mbs, len(seqs), **kwargs) for _ in range(args.repeats))
             name = (f"{attn} threads={threads} layers={last or 'all'} tail={int(tail or shared)} mp={mp}"
-                    f" shared_prefix={int(shared)}")
+                    f" shared_prefix={int(shared)} logprobs={lp}")
             row = {"name": name, "seconds_per_step": best, "tokens_per_second": tokens / best,
                    "peak_memory_mib": peak_memory_mib(device)}
+            if device.type == "cuda":
+                row["cuda_syncs_per_step"] = count_syncs(
+                    lambda: one_step(model, optimizer, mbs, len(seqs), **kwargs))  # noqa: B023
             mfu = ""
             if args.peak_tflops and not last:  # all layers trained: the count below holds
                 row["model_tflops_per_second"] = model_flops(model.config, mbs, tail or shared) / best / 1e12
                 row["mfu"] = row["model_tflops_per_second"] / args.peak_tflops
                 mfu = f", {row['model_tflops_per_second']:.1f} model TFLOP/s = {row['mfu']:.1%} MFU"
             rows.append(row)
-            print(f"{name}: {best:.3f} s/step, {tokens / best:.0f} tokens/s{mfu} "
+            syncs = f", {row['cuda_syncs_per_step']} waits for the GPU" if "cuda_syncs_per_step" in row else ""
+            print(f"{name}: {best:.3f} s/step, {tokens / best:.0f} tokens/s{mfu}, peak "
+                  f"{row['peak_memory_mib']:.0f} MiB{syncs} "
                   f"({args.batch_size}x{args.seq_len} tokens, micro {args.micro_batch_size})", flush=True)
     return rows
 
@@ -265,9 +327,10 @@ def worker(args: argparse.Namespace) -> None:
     seqs = synthetic(args.batch_size, args.seq_len, args.prompt_len, len(tok))
     mbs = make_micro_batches(seqs, args.micro_batch_size, 0, 16)
     tokens = sum(int(mb.attention_mask.sum()) for mb in mbs)  # the whole batch, all ranks
-    mine = [mb.to(device) for mb in dist.my_share(mbs)]
-    one_step(model, optimizer, mine, len(seqs), trainable, dist.grad_scale)  # warm-up
-    times = [one_step(model, optimizer, mine, len(seqs), trainable, dist.grad_scale)
+    mine = dist.my_share(mbs)  # moved to the device inside each step, as the trainer does
+    lp = args.logprobs.split(",")[0]
+    one_step(model, optimizer, mine, len(seqs), trainable, dist.grad_scale, logprobs=lp)  # warm-up
+    times = [one_step(model, optimizer, mine, len(seqs), trainable, dist.grad_scale, logprobs=lp)
              for _ in range(args.repeats)]
     peaks = [peak_memory_mib(device)]
     if dist.enabled:
@@ -338,6 +401,9 @@ def main() -> None:
     parser.add_argument("--mixed-precision", default="no", help="comma-separated no/bf16 (bf16 autocast)")
     parser.add_argument("--group-size", type=int, default=1, help="rows per group sharing a prompt "
                         "(the first --prompt-len tokens), as GRPO groups do")
+    parser.add_argument("--logprobs", default="blockwise", help="comma-separated blockwise/full: the "
+                        "trainer's per-token log-probs a block of rows at a time, or one float32 "
+                        "log-softmax over the whole [B*T, V] (the formulation before it)")
     parser.add_argument("--shared-prefix", default="0", help="comma-separated 0/1: run each "
                         "group's shared prompt once (atropos-grpo's default; implies the tail)")
     parser.add_argument("--processes", default=None,
