@@ -95,7 +95,7 @@ class StepRunner:
             attended_tokens += float(mb.attention_mask.sum())
             # the LM head runs only where completions are: prompt positions carry no loss
             keep, mb = mb.trained_tail() if self.keep_logits else (0, mb)
-            if bool(((mb.temperatures == 1) | (mb.temperatures <= 0)).all()):
+            if mb.temperatures is not None and bool(((mb.temperatures == 1) | (mb.temperatures <= 0)).all()):
                 mb = dataclasses.replace(mb, temperatures=None)  # 1 everywhere: nothing to divide
             staged.append((keep, mb.to(self.device)))
         totals = None
