@@ -130,7 +130,9 @@ def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, An
         ``(runs, task, extra)`` for :func:`report`. Runs keep their order; their ``pass`` is
         renumbered to follow the previous file's last pass, and ``source`` names their file.
         ``task`` is the first file's, with ``pairs`` the number of passes in all, ``order``
-        every file's order and ``merged_from`` the names. ``extra`` has ``trl_sweep``, its best
+        every file's order and ``merged_from`` the names. A file that is itself a merged table
+        adds the files it was merged from, their orders and its runs' sources, so a third pair
+        can join a two-pair table. ``extra`` has ``trl_sweep``, its best
         recomputed over every TRL row, when any file had one.
 
     Raises:
@@ -142,7 +144,7 @@ def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, An
         raise ValueError(f"merge needs at least two JSONs, got {len(payloads)}")
     first_name, first = payloads[0]
     runs: list[dict[str, Any]] = []
-    orders, settings = [], []
+    orders, settings, sources = [], [], []
     for name, payload in payloads:
         if not payload.get("runs"):
             raise ValueError(f"{name} has no runs: is it a bench_learning.py JSON?")
@@ -152,8 +154,15 @@ def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, An
                 raise ValueError(f"task {key!r} differs: {ours!r} in {first_name}, {theirs!r} in "
                                  f"{name}; only runs of the same task make one table")
         offset = max((r["pass"] for r in runs), default=0)
-        runs += [{**r, "pass": r["pass"] + offset, "source": name} for r in payload["runs"]]
-        orders.append(payload["task"].get("order"))
+        merged = "merged_from" in payload["task"]  # a table merged before: keep its runs' files
+        runs += [{**r, "pass": r["pass"] + offset, "source": r.get("source", name) if merged else name}
+                 for r in payload["runs"]]
+        if merged:
+            orders += payload["task"].get("order") or []
+            sources += payload["task"]["merged_from"]
+        else:
+            orders.append(payload["task"].get("order"))
+            sources.append(name)
         settings += [s for s in (payload.get("trl_sweep") or {}).get("settings", []) if s not in settings]
     seen: dict[str, dict[str, Any]] = {}
     for run in runs:  # one row averages runs of one contender, run the same way
@@ -163,7 +172,7 @@ def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, An
                 raise ValueError(f"{run['label']}: {key} differs: {earlier.get(key)!r} in "
                                  f"{earlier['source']}, {run.get(key)!r} in {run['source']}")
     task = {**first["task"], "pairs": max(r["pass"] for r in runs), "order": orders,
-            "merged_from": [name for name, _ in payloads]}
+            "merged_from": sources}
     extra = {"trl_sweep": sweep_summary(runs, settings)} if settings else {}
     return runs, task, extra
 

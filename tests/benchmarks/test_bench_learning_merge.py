@@ -54,6 +54,26 @@ def test_pairs_from_two_days_make_one_table(bench, tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_a_merged_table_merges_again_and_keeps_its_files(bench, tmp_path):
+    pair1 = _write(tmp_path / "pair1.json", [_run("ours-gspo", 1, 0.5, 300), _run("trl", 1, 0.2, 150)],
+                   order=["ours-gspo", "trl"])
+    pair2 = _write(tmp_path / "pair2.json", [_run("trl", 1, 0.3, 160), _run("ours-gspo", 1, 0.4, 310)],
+                   order=["trl", "ours-gspo"])
+    pair3 = _write(tmp_path / "pair3.json", [_run("ours-gspo", 1, 0.6, 290), _run("trl", 1, 0.25, 155)],
+                   order=["ours-gspo", "trl"])
+    two = tmp_path / "pairs2.json"
+    assert bench.main(["--merge", str(pair1), str(pair2), "--json-out", str(two)]) == 0
+    three = tmp_path / "pairs3.json"
+    assert bench.main(["--merge", str(two), str(pair3), "--json-out", str(three)]) == 0
+    merged = json.loads(three.read_text())
+    assert [(r["pass"], r["source"]) for r in merged["runs"]] == [
+        (1, "pair1.json"), (1, "pair1.json"), (2, "pair2.json"), (2, "pair2.json"), (3, "pair3.json"),
+        (3, "pair3.json")]
+    assert merged["task"]["merged_from"] == ["pair1.json", "pair2.json", "pair3.json"]
+    assert merged["task"]["order"] == [["ours-gspo", "trl"], ["trl", "ours-gspo"], ["ours-gspo", "trl"]]
+    assert merged["contenders"]["ours-gspo"]["accuracy"]["7"]["mean"] == pytest.approx(0.5)
+
+
 def test_a_sweep_in_parts_names_the_best_over_all_parts(bench, tmp_path):
     a = {"lr": 3e-5, "bf16": True, "level": "token"}
     b = {"lr": 6e-5, "bf16": True, "level": "sequence"}
