@@ -195,9 +195,9 @@ def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0
              logprobs: str = "blockwise") -> float:
     """One optimizer step over ``micro_batches`` as the trainer takes it; returns the seconds.
 
-    ``micro_batches`` stay where they are (the CPU): as ``atropos-grpo`` does, each is cut to its
-    trained tail there and all are moved to the model's device before the first forward, and the
-    loss's metrics are read back once, after the optimizer step. ``mixed_precision="bf16"`` runs forward and backward
+    ``micro_batches`` stay where they are (the CPU): as ``atropos-grpo`` does, all are staged
+    (:meth:`~example_trainer.data.MicroBatch.staged`) before the first forward, and the loss's
+    metrics are read back once, after the optimizer step. ``mixed_precision="bf16"`` runs forward and backward
     under bf16 autocast; ``tail`` runs the LM head only from the first trained position on
     (``logits_to_keep``); ``shared_prefix`` runs a group's shared prompt once (needs ``tail``);
     ``logprobs="full"`` swaps in :func:`full_token_logprobs` (the baseline).
@@ -210,12 +210,12 @@ def one_step(model, optimizer, micro_batches, n, params=None, scale: float = 1.0
     begin = time.perf_counter()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
     totals = None
-    staged = [(keep, mb.to(device)) for keep, mb in
-              (mb.trained_tail() if tail else (0, mb) for mb in micro_batches)]
+    staged = [mb.staged(device, tail) for mb in micro_batches]
     with swap:
         for keep, mb in staged:
             logits = policy_logits(model, mb, keep, autocast, shared_prefix)
-            out = grpo_loss(logits, mb.labels, mb.advantages, mb.sampler_logprobs, num_sequences=n)
+            out = grpo_loss(logits, mb.labels, mb.advantages, mb.sampler_logprobs, num_sequences=n,
+                            temperature=mb.temperatures)
             (out.loss * scale).backward()
             totals = out.sums if totals is None else totals + out.sums
     torch.nn.utils.clip_grad_norm_(list(model.parameters()) if params is None else params, 1.0)

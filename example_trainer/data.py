@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.api.models import IGNORE_INDEX
@@ -151,6 +151,31 @@ class MicroBatch:
                       and name not in ("input_ids", "attention_mask") else value)
                for name, value in self.__dict__.items()}
         return keep, MicroBatch(**cut)
+
+    def staged(self, device: Any, tail: bool) -> tuple[int, MicroBatch]:
+        """The micro-batch as a training step uses it: what needs the CPU is done here, once.
+
+        On a GPU every read of a device value (a ``nonzero``, a ``bool`` of a comparison) waits
+        for all queued work, so a step stages every micro-batch before its first forward: the
+        trained tail is found on the CPU copy (:meth:`trained_tail`), an all-ones temperature
+        tensor is dropped (a division by 1 would change nothing, and checking it on the device
+        would wait), and the tensors are moved to ``device``.
+
+        Args:
+            device: where the forward runs.
+            tail: cut to the trained tail (a model that accepts ``logits_to_keep``); False
+                keeps every position and returns ``keep`` 0 (the LM head runs everywhere).
+
+        Returns:
+            ``(keep, micro_batch)``: ``keep`` for ``logits_to_keep`` (0: all positions) and a
+            copy on ``device``, with ``temperatures`` None when every one is 1 (or <= 0, read
+            as 1).
+        """
+        keep, mb = self.trained_tail() if tail else (0, self)
+        temps = mb.temperatures
+        if temps is not None and bool(((temps == 1) | (temps <= 0)).all()):
+            mb = replace(mb, temperatures=None)
+        return keep, mb.to(device)
 
     def to(self, device: Any) -> MicroBatch:
         """Return a copy with every tensor moved to ``device``."""

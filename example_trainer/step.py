@@ -8,7 +8,6 @@ arXiv:2402.03300, and the variants ``--loss-type`` names).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -86,18 +85,12 @@ class StepRunner:
         micro_batches = dist.my_share(micro_batches)  # all of them in a single process
         # On a GPU every read of a device value (`.item()`, `nonzero`) and every copy from
         # ordinary CPU memory waits for all queued work, leaving the GPU idle until the CPU
-        # queues more. So what needs the CPU happens before the first forward (each micro-batch's
-        # trained tail, its move to the device), and the loss's metrics are summed on the device
-        # and read back once, after the optimizer step.
-        staged = []
-        attended_tokens = 0.0
-        for mb in micro_batches:
-            attended_tokens += float(mb.attention_mask.sum())
-            # the LM head runs only where completions are: prompt positions carry no loss
-            keep, mb = mb.trained_tail() if self.keep_logits else (0, mb)
-            if mb.temperatures is not None and bool(((mb.temperatures == 1) | (mb.temperatures <= 0)).all()):
-                mb = dataclasses.replace(mb, temperatures=None)  # 1 everywhere: nothing to divide
-            staged.append((keep, mb.to(self.device)))
+        # queues more. So what needs the CPU happens before the first forward (MicroBatch.staged),
+        # and the loss's metrics are summed on the device and read back once, after the
+        # optimizer step.
+        attended_tokens = sum(float(mb.attention_mask.sum()) for mb in micro_batches)
+        # the LM head runs only where completions are: prompt positions carry no loss
+        staged = [mb.staged(self.device, tail=self.keep_logits) for mb in micro_batches]
         totals = None
         for keep, mb in staged:
             logits = policy_logits(policy.model, mb, keep, self.autocast, self.share_prefix)

@@ -1,5 +1,6 @@
 """Batch -> padded, shifted tensors: advantages, overrides, placeholders, padding."""
 
+import dataclasses
 import math
 
 import pytest
@@ -134,3 +135,29 @@ def test_trained_tail_gives_the_same_loss_and_gradients_as_full_logits():
     tail_loss, tail_grads = loss_and_grads(tail, logits_to_keep=keep)
     assert torch.allclose(full_loss, tail_loss, atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full_grads, tail_grads, strict=True))
+
+
+def test_staged_cuts_the_tail_and_drops_only_all_ones_temperatures():
+    """What a step does on the CPU before its first forward, shared by the trainer and its bench."""
+    groups = [{"tokens": [list(range(1, 13)), list(range(20, 36))],
+               "masks": [[-100] * 5 + list(range(6, 13)), [-100] * 9 + list(range(29, 36))],
+               "scores": [1.0, 0.0], "inference_logprobs": [[0.0] * 5 + [-3.0] * 7, [0.0] * 9 + [-4.0] * 7]}]
+    seqs, _ = batch_to_sequences(groups)
+    (mb,) = make_micro_batches(seqs, micro_batch_size=2, pad_token_id=0, pad_multiple=16)
+    assert mb.temperatures is not None and mb.temperatures.tolist() == [1.0, 1.0]
+
+    keep, staged = mb.staged(torch.device("cpu"), tail=True)
+    tail_keep, tail = mb.trained_tail()
+    assert keep == tail_keep == 12 and staged.temperatures is None
+    assert torch.equal(staged.labels, tail.labels) and torch.equal(staged.input_ids, mb.input_ids)
+
+    keep, whole = mb.staged(torch.device("cpu"), tail=False)
+    assert keep == 0 and torch.equal(whole.labels, mb.labels) and whole.temperatures is None
+
+    # a temperature other than 1 is kept (a value <= 0 reads as 1 and is no reason to keep it)
+    for temps, kept in (([0.7, 1.0], True), ([0.0, 1.0], False)):
+        mixed = dataclasses.replace(mb, temperatures=torch.tensor(temps))
+        _, out = mixed.staged(torch.device("cpu"), tail=True)
+        assert (out.temperatures is not None) == kept
+        if kept:
+            assert out.temperatures.tolist() == pytest.approx(temps)
