@@ -145,8 +145,8 @@ def policy_logits(model: Any, mb: Any, keep: int, autocast: Any, shared_prefix: 
         from example_trainer.shared_prefix import shared_prefix_logits
 
         return shared_prefix_logits(model, mb, keep, autocast)
-    with autocast:
-        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+    with autocast:  # use_cache=False: a training forward builds no KV cache it never reads
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False,
                     **({"logits_to_keep": keep} if keep else {}))
     return out.logits
 
