@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 import yaml
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_step_memory.py"
+from tests.fixtures.bench_scripts import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_step_memory_under_test", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_step_memory.py")
 
 
 def test_settings_parse_as_yaml_values_and_a_bad_one_says_how_to_write_it(bench):

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_trainer.py"
+from tests.fixtures.bench_scripts import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_trainer_under_test", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_trainer.py")
 
 
 @pytest.mark.parametrize("head_dim", [None, 48])  # 48 x 4 heads != hidden 128 (Qwen3-style)
