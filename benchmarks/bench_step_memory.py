@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from atroposlib.utils.heap import resident_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 #: trainer keys that start or talk to other parts (vLLM, evaluations, the time budget): a bench
 #: step needs none of them
@@ -88,18 +90,13 @@ class RssPeak:
         self._stop = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
 
-    @staticmethod
-    def now() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-
     def reset(self) -> int:
-        self.peak = self.now()
+        self.peak = resident_bytes()
         return self.peak
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.now())
+            self.peak = max(self.peak, resident_bytes())
             time.sleep(0.001)
 
     def close(self) -> None:
