@@ -13,7 +13,11 @@ time (which does). Variants run one after another, in the order given, alternati
 * ``default``: vLLM as before sizing: ``VLLM_CPU_KVCACHE_SPACE=2`` (2 GiB), 3 processes.
 * ``sized``: the KV cache of :func:`~atroposlib.inference.sizing.size_for_training` for the
   quickstart (batch 16, max_token_len 256) and ``--max-num-seqs`` 64; 3 processes.
-* ``sized-inproc``: ``sized`` with the worker inside the engine core (2 processes).
+* ``sized-inproc``: ``sized`` with the worker inside the engine core (2 processes): how
+  :class:`VLLMProcess` runs vLLM by default, with oneDNN's primitive cache bounded.
+* ``sized-inproc-onednn1024``: ``sized-inproc`` with oneDNN's own primitive-cache capacity
+  (1024): the engine's heap then grows with every new batch shape; run a few hundred requests
+  (``--requests 600``, about 4 minutes here) to see it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("default", "sized", "sized-inproc")
+VARIANTS = ("default", "sized", "sized-inproc", "sized-inproc-onednn1024")
 
 
 def _part(proc: Any) -> str:
@@ -130,8 +134,10 @@ def run_variant(name: str, requests: int, concurrency: int, log_dir: Path,
     from atroposlib.inference.vllm_process import DEFAULT_CPU_BLOCK_SIZE, VLLMProcess
 
     model = prepare_bundled_model()
-    kwargs: dict[str, Any] = {"worker_in_engine": name == "sized-inproc"}
+    kwargs: dict[str, Any] = {"worker_in_engine": name.startswith("sized-inproc")}
     kwargs["env"] = dict(env or {})
+    if name == "sized-inproc-onednn1024":
+        kwargs["env"].setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
     if name == "default":
         kwargs["env"]["VLLM_CPU_KVCACHE_SPACE"] = "2"
     else:
@@ -162,7 +168,7 @@ def run_variant(name: str, requests: int, concurrency: int, log_dir: Path,
             "peak_rss_gib": round(sampler.total_peak / gib, 3),
             "peak_rss_gib_by_process": {k: round(v / gib, 3) for k, v in sorted(sampler.peaks.items())},
             "kv_cache_bytes": kwargs.get("kv_cache_bytes"), "max_num_seqs": kwargs.get("max_num_seqs"),
-            "env": env or {}, "extra_args": extra_args or []}
+            "env": kwargs["env"], "extra_args": extra_args or []}
 
 
 def main(argv: list[str] | None = None) -> int:

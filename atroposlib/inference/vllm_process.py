@@ -41,6 +41,7 @@ from atroposlib.errors import InferenceError, InferenceUnavailableError
 from atroposlib.inference.cpu_build import (  # noqa: F401 - importable from here as before
     DEFAULT_CPU_BLOCK_SIZE,
     DEFAULT_CPU_KVCACHE_GIB,
+    DEFAULT_CPU_ONEDNN_PRIMITIVE_CACHE,
     cpu_worker_threads,
     vllm_is_cpu_build,
 )
@@ -294,7 +295,10 @@ class VLLMProcess(WeightReload):
             # the legacy variable overrides --kv-cache-memory-bytes: only without a size
             "VLLM_CPU_KVCACHE_SPACE": "" if self.kv_cache_bytes is not None else str(DEFAULT_CPU_KVCACHE_GIB),
         }
-        if self.worker_in_engine and vllm_is_cpu_build() and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env:
+        cpu = vllm_is_cpu_build()
+        if cpu:  # a bounded oneDNN cache: the engine's heap stops growing with each new batch shape
+            defaults["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(DEFAULT_CPU_ONEDNN_PRIMITIVE_CACHE)
+        if self.worker_in_engine and cpu and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env:
             defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             defaults["OMP_NUM_THREADS"] = str(cpu_worker_threads())
         for key, value in defaults.items():

@@ -79,6 +79,7 @@ def _alive(pid: int) -> bool:
 def test_cpu_command_line_and_environment(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_process, "vllm_is_cpu_build", lambda: True)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     proc = VLLMProcess(tmp_path, port=1234, extra_args=["--seed", "7"], env={"FOO": "bar"})
     cmd = proc.command()
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
@@ -96,6 +97,15 @@ def test_cpu_command_line_and_environment(tmp_path, monkeypatch):
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_NO_USAGE_STATS"] == "1"
     assert env["FOO"] == "bar"
+    # oneDNN's primitive cache is bounded on CPU (its own 1024 lets the engine's heap grow with
+    # every new batch shape); a value the user sets wins
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(vllm_process.DEFAULT_CPU_ONEDNN_PRIMITIVE_CACHE)
+    assert int(env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]) < 1024
+    assert VLLMProcess(tmp_path, port=1, env={"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+                       ).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
+    assert VLLMProcess(tmp_path, port=1).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
     assert proc.base_url == "http://127.0.0.1:1234/v1"
     no_dev = VLLMProcess(tmp_path, port=1, dev_mode=False, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert "VLLM_SERVER_DEV_MODE" not in no_dev.environment() or os.environ.get(
