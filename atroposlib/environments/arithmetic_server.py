@@ -246,6 +246,31 @@ def score_reply(text: str, answer: int, finish_reason: str | None) -> float:
     return 1.0 if verify(gold, predicted, **vkw) else 0.0
 
 
+def digit_credit(final: str | None, answer: int) -> float:
+    """The share of the answer's digits a wrong final number gets right, place by place.
+
+    The two numbers are aligned at the ones place and compared digit by digit (ones with ones,
+    tens with tens); the share is the matching places over the longer number's digit count. A
+    number of the wrong sign, a non-integer or no number at all gets 0. For 57: 47 -> 0.5,
+    157 -> 2/3 (three places, two match), 75 -> 0, -57 -> 0, 57 -> 1.
+
+    Args:
+        final: the reply's final number as written (:func:`final_number`), or None.
+        answer: the true result.
+
+    Returns:
+        A share in [0, 1].
+    """
+    if final is None or not re.fullmatch(r"-?\d+", final):
+        return 0.0
+    predicted = int(final)
+    if (predicted < 0) != (answer < 0):
+        return 0.0
+    said, true = str(abs(predicted))[::-1], str(abs(answer))[::-1]
+    matches = sum(a == b for a, b in zip(said, true, strict=False))
+    return matches / max(len(said), len(true))
+
+
 class ArithmeticEnvConfig(SingleTurnEnvConfig):
     """Settings of :class:`ArithmeticEnv`."""
 
@@ -276,6 +301,13 @@ class ArithmeticEnvConfig(SingleTurnEnvConfig):
         "'problem' (each distinct problem; at difficulty 4 few recur within a run) or 'shape' "
         "(the operator, the operands' digit counts and the carries or borrows: 17 classes at "
         "difficulty 4, that recur all the time).")
+    partial_credit: float = Field(default=0.0, ge=0, lt=1, description="The most a wrong "
+                                  "reply that stopped by itself scores: this times the share of "
+                                  "the answer's digits it gets right, place by place (57: 47 gets "
+                                  "half). It gives groups whose replies all fail a reward that still "
+                                  "ranks them, so fewer groups are dropped as all-same. 0 = "
+                                  "exact-match rewards only. Accuracy (eval/accuracy, "
+                                  "train/percent_correct) still counts only rewards of 1.")
     curriculum_start: int = Field(default=20, ge=CURRICULUM_MIN_OPERAND,
                                   description="The curriculum's first largest operand.")
     curriculum_target: float = Field(default=0.5, gt=0, lt=1, description="The share of a "
@@ -365,8 +397,16 @@ class ArithmeticEnv(SingleTurnEnv):
         return self.messages(item)
 
     def score(self, item: dict[str, Any], completion: str) -> float:
-        """:func:`score_reply` of a reply that stopped by itself."""
-        return score_reply(completion, item["answer"], "stop")
+        """:func:`score_reply` of a reply that stopped by itself.
+
+        With ``partial_credit`` set, a wrong reply scores ``partial_credit`` times its
+        :func:`digit_credit` instead of 0.
+        """
+        reward = score_reply(completion, item["answer"], "stop")
+        credit = self.config.partial_credit
+        if reward < 1.0 and credit > 0:
+            reward = credit * digit_credit(final_number(completion), item["answer"])
+        return reward
 
     def answer(self, item: dict[str, Any]) -> int:
         """The true result."""

@@ -14,6 +14,7 @@ from atroposlib.environments.arithmetic_server import (
     ArithmeticEnv,
     ArithmeticEnvConfig,
     curriculum_update,
+    digit_credit,
     heldout_problems,
     is_heldout,
     make_problem,
@@ -209,3 +210,40 @@ def test_item_id_follows_difficulty_filter_by(by):
     same = env.item_id(one) == env.item_id(other)
     assert same == (by == "shape")
     assert env.item_id(one) == env.item_id(dict(one))
+
+
+@pytest.mark.parametrize(("final", "answer", "credit"), [
+    ("57", 57, 1.0), ("47", 57, 0.5), ("157", 57, 2 / 3), ("75", 57, 0.0), ("7", 57, 0.5),
+    ("-57", 57, 0.0), ("-13", -23, 0.5), ("57.5", 57, 0.0), (None, 57, 0.0), ("0", 0, 1.0),
+])
+def test_digit_credit_matches_places_from_the_ones(final, answer, credit):
+    assert digit_credit(final, answer) == pytest.approx(credit)
+
+
+@needs_tokenizer
+async def test_partial_credit_ranks_an_all_wrong_group_and_leaves_accuracy_exact():
+    """All replies wrong: without partial credit the group is all-same; with it, nearer misses
+    score more, a right reply still scores 1, and eval accuracy counts only the right ones."""
+    def reply(request):
+        a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", request.prompt)[-1])
+        return str(a + b + (10, 1, 100, 0)[request.index % 4])  # tens wrong, ones wrong, 3 digits, right
+
+    overrides = {"tokenizer_name": str(BUNDLED), "group_size": 4, "partial_credit": 0.3}
+    groups = await check_env(ArithmeticEnv, server=FakeServer(reply), config_overrides=overrides,
+                             num_groups=2)
+    for group in groups:
+        off_by_ten, off_by_one, off_by_hundred, right = group["scores"]
+        assert right == 1.0
+        assert 0.0 < off_by_hundred <= 0.3 and 0.0 <= off_by_one <= 0.3 and 0.0 <= off_by_ten <= 0.3
+        assert len(set(group["scores"])) > 1
+
+    config = ArithmeticEnvConfig(**{**ArithmeticEnv.config_init()[0].model_dump(), "use_wandb": False,
+                                    "partial_credit": 0.3})
+    env = ArithmeticEnv(config, [FakeServer()])
+    item = {"a": 47, "op": "+", "b": 10, "answer": 57, "question": "What is 47 + 10?"}
+    assert env.score(item, "57") == 1.0
+    assert env.score(item, "The answer is 47.") == pytest.approx(0.15)
+    assert env.score(item, "no idea") == 0.0
+    exact = ArithmeticEnv(ArithmeticEnvConfig(**{**config.model_dump(), "partial_credit": 0.0}),
+                          [FakeServer()])
+    assert exact.score(item, "The answer is 47.") == 0.0
