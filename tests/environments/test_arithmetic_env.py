@@ -222,8 +222,9 @@ def test_digit_credit_matches_places_from_the_ones(final, answer, credit):
 
 @needs_tokenizer
 async def test_partial_credit_ranks_an_all_wrong_group_and_leaves_accuracy_exact():
-    """All replies wrong: without partial credit the group is all-same; with it, nearer misses
-    score more, a right reply still scores 1, and eval accuracy counts only the right ones."""
+    """With partial credit, wrong replies score between 0 and the credit by their digits (so a
+    group's wrong replies are no longer all 0), a right reply still scores 1, and without it a
+    near miss scores 0."""
     def reply(request):
         a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", request.prompt)[-1])
         return str(a + b + (10, 1, 100, 0)[request.index % 4])  # tens wrong, ones wrong, 3 digits, right
