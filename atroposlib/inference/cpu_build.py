@@ -15,15 +15,6 @@ DEFAULT_CPU_KVCACHE_GIB = 2
 #: arithmetic prompts of ~48 tokens went from 0% to 67% prefix-cache hits and about 1.6x more
 #: groups per second (``benchmarks/bench_vllm_blocks.py``).
 DEFAULT_CPU_BLOCK_SIZE = 32
-#: Capacity of oneDNN's process-wide primitive cache in vLLM's CPU engine
-#: (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; oneDNN's default is 1024). vLLM's CPU linear layers
-#: run oneDNN matmuls whose primitives are built per batch shape, and sampling meets a new
-#: token count at almost every forward, so with the default the cache keeps filling: in 4
-#: minutes of GRPO-style requests (n=8, 24 tokens) the engine's live heap grew 89 MiB with
-#: 1024, 23 MiB with 64 and 14 MiB with 1, at 320, 312 and 300 requests; over a 14-minute
-#: quickstart the engine's RSS grew by about 0.5 GiB. Each linear layer also keeps its own 32
-#: most recent primitives, so a forward rarely needs the shared cache.
-DEFAULT_CPU_ONEDNN_PRIMITIVE_CACHE = 64
 
 
 def vllm_is_cpu_build() -> bool:

@@ -97,12 +97,11 @@ def test_cpu_command_line_and_environment(tmp_path, monkeypatch):
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_NO_USAGE_STATS"] == "1"
     assert env["FOO"] == "bar"
-    # oneDNN's primitive cache is bounded on CPU (its own 1024 lets the engine's heap grow with
-    # every new batch shape); a value the user sets wins
-    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(vllm_process.DEFAULT_CPU_ONEDNN_PRIMITIVE_CACHE)
-    assert int(env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]) < 1024
-    assert VLLMProcess(tmp_path, port=1, env={"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
-                       ).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+    # oneDNN's primitive cache keeps oneDNN's own capacity (a cap of 64 cost the quickstart
+    # accuracy); a capacity the caller or the environment sets reaches the server
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in env
+    assert VLLMProcess(tmp_path, port=1, env={"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+                       ).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     assert VLLMProcess(tmp_path, port=1).environment()["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
