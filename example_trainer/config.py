@@ -79,7 +79,14 @@ class TrainerConfig(BaseSettings):
         default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="Module names that get LoRA adapters (the default: every attention and MLP "
         "projection of Llama-style models); a JSON list or comma-separated names.")
-    gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
+    gradient_checkpointing: bool = Field(default=False, description="Recompute the decoder "
+                                         "layers' activations in backward instead of keeping "
+                                         "them: less memory, slower steps.")
+    gradient_checkpointing_mode: Literal["full", "selective"] = Field(
+        default="full", description="With gradient_checkpointing: full keeps only each decoder "
+        "layer's input and reruns the layer (Hugging Face's); selective keeps the matmul and "
+        "attention outputs and recomputes the cheap ops between them (torch's selective "
+        "activation checkpointing: more memory than full, far less recompute).")
     shared_prefix: bool = Field(default=False, description="Run the prompt that a group's "
                                 "rollouts share through the policy once per micro-batch (KV "
                                 "cache repeated for the group) instead of once per rollout: "

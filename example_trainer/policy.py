@@ -69,7 +69,9 @@ def load_training_policy(config: Any, dist: Any, resume: Any, device: Any) -> Po
     elif config.train_last_layers:
         freeze_all_but_last_layers(model, config.train_last_layers)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        from example_trainer.checkpointing import enable_checkpointing
+
+        enable_checkpointing(model, config.gradient_checkpointing_mode)
         if config.lora_r:  # frozen embeddings: inputs must carry grad for checkpointed blocks
             model.enable_input_require_grads()
     if config.mixed_precision == "bf16" and not config.lora_r and not dist.enabled:
