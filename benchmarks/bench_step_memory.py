@@ -15,7 +15,9 @@ the same run)::
 
 ``--settings``: semicolon-separated settings, each a comma-separated list of trainer keys
 (``key=value``, YAML values) over the config's; only keys a step reads (``micro_batch_size``,
-``pad_multiple``, ``loss_type`` ...) can differ, since every setting shares the loaded policy.
+``pad_multiple``, ``loss_type`` ...) and ``gradient_checkpointing`` /
+``gradient_checkpointing_mode`` (switched on the shared policy before each of its steps) can
+differ, since every setting shares the loaded policy.
 ``--profile`` also runs one step per setting under torch's profiler and splits the live
 tensor memory at the step's peak into torch's categories (parameters, optimizer state,
 gradients, activations, temporaries ...): the part of the RSS rise that is not there is
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from atroposlib.utils.heap import release_free_heap
     from example_trainer import distributed
+    from example_trainer.checkpointing import enable_checkpointing
     from example_trainer.config import TrainerConfig
     from example_trainer.policy import load_training_policy
     from example_trainer.step import StepRunner
@@ -170,11 +173,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return [synthetic_group(rnd, args.group_size, args.prompt_len, args.max_completion, vocab)
                 for _ in range(args.groups)]
 
+    def checkpointing(config: TrainerConfig) -> None:
+        """Switch the shared policy's activation checkpointing to ``config``'s."""
+        if config.gradient_checkpointing:
+            enable_checkpointing(policy.model, config.gradient_checkpointing_mode)
+        else:
+            policy.model.gradient_checkpointing_disable()
+
     step = 0
     for round_ in range(args.warmup + args.steps):
         for runner, row in zip(runners, rows, strict=True):
             step += 1
             groups = batch()
+            checkpointing(runner.config)
             release_free_heap()  # as the trainer does after each step: every step starts at rest
             resting = rss.reset()
             begin = time.perf_counter()
@@ -188,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for runner, row in zip(runners, rows, strict=True):
             step += 1
             groups = batch()
+            checkpointing(runner.config)
             release_free_heap()
             row["live_at_peak_mib"] = live_memory_at_peak(lambda r=runner, g=groups, k=step: r.run(k, g))
     rss.close()

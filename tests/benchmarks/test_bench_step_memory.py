@@ -20,12 +20,12 @@ def test_settings_parse_as_yaml_values_and_a_bad_one_says_how_to_write_it(bench)
         bench.parse_settings("micro_batch_size")
 
 
-def test_each_setting_gets_its_steps_and_the_profile_finds_gradients_and_activations(bench, tmp_path):
+def _tiny_launch_config(tmp_path):
+    """A 2-layer Llama, a word-level tokenizer of its 256 ids and a launch config: nothing from the Hub."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    # a 2-layer Llama and a word-level tokenizer of its 256 ids: nothing read from the Hub
     vocab = {f"t{i}": i for i in range(256)}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -39,7 +39,11 @@ def test_each_setting_gets_its_steps_and_the_profile_finds_gradients_and_activat
     config.write_text(yaml.safe_dump({"trainer": {
         "model": str(tmp_path / "model"), "batch_size": 4, "micro_batch_size": 4,
         "train_last_layers": 1, "torch_threads": 1, "weight_sync": "reload", "eval_interval": 5}}))
+    return config
 
+
+def test_each_setting_gets_its_steps_and_the_profile_finds_gradients_and_activations(bench, tmp_path):
+    config = _tiny_launch_config(tmp_path)
     result = bench.main(["--config", str(config), "--settings", "micro_batch_size=4;micro_batch_size=2",
                          "--steps", "2", "--warmup", "0", "--groups", "1", "--group-size", "4",
                          "--prompt-len", "6", "--max-completion", "5", "--profile",
@@ -56,3 +60,16 @@ def test_each_setting_gets_its_steps_and_the_profile_finds_gradients_and_activat
         assert live["total"] > live["total_before_step"]
     assert rows[0]["seconds_ratio"] == 1.0
     assert (tmp_path / "out.json").exists()
+
+
+def test_checkpointing_is_switched_per_setting_and_keeps_fewer_activations(bench, tmp_path):
+    config = _tiny_launch_config(tmp_path)
+    result = bench.main(["--config", str(config), "--settings",
+                         "micro_batch_size=4;micro_batch_size=4,gradient_checkpointing=true,"
+                         "gradient_checkpointing_mode=selective;micro_batch_size=4",
+                         "--steps", "1", "--warmup", "0", "--groups", "1", "--group-size", "4",
+                         "--prompt-len", "6", "--max-completion", "5", "--profile"])
+    plain, selective, plain_again = (row["live_at_peak_mib"]["max"]["activation"] for row in result["rows"])
+    # the shared policy checkpoints only for the setting that asks for it, and back off after it
+    assert selective < plain
+    assert plain_again == pytest.approx(plain, rel=0.05)
