@@ -11,9 +11,17 @@ in backward: memory for compute.
   (``torch.utils.checkpoint.create_selective_checkpoint_contexts``), with the op choice used by
   torchtitan's "op" mode: save what is expensive to recompute, drop what is large and cheap.
 
-Measured on a quickstart-shaped step (SmolLM2-135M, top 10 of 30 layers trained, bf16 autocast,
-micro-batch 8): selective saved 0.17 GiB of the step's peak at 1.15x its time; full saved less
-at 1.6-2x (``benchmarks/bench_step_memory.py``; docs: Benchmarks, Memory).
+Measured on the quickstart's step (SmolLM2-135M, top 10 of 30 layers trained, bf16 autocast,
+micro-batch 4, one CPU thread; ``benchmarks/bench_step_memory.py``, docs: Benchmarks, Memory):
+full cut the step's rise over the resting trainer from 447 to 341 MiB at 1.12x the step time;
+selective cut it to 379 MiB at 1.41x. A likely reason, not measured: on a small model on a CPU,
+the Python policy call selective checkpointing makes for every op costs more than the matmuls
+it spares. It is meant for larger models, where recomputing a matmul is the expensive part.
+
+Both modes drop the hook Hugging Face adds to make the input embeddings' output require grad.
+Reentrant checkpointing needed it; these modes are non-reentrant, and with frozen bottom layers
+(``train_last_layers``) the hook made backward run through every frozen layer too (an earlier
+measurement of full checkpointing with the hook in place gave 1.6-2x the step time).
 """
 
 from __future__ import annotations
@@ -90,9 +98,7 @@ def enable_checkpointing(model: Any, mode: str) -> None:
         model.gradient_checkpointing_enable()
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    # Hugging Face also makes the input embeddings' output require grad, which reentrant
-    # checkpointing needed; both modes here are non-reentrant (its default), and with frozen
-    # bottom layers (train_last_layers) that hook would run backward through every frozen layer.
+    # not needed without reentrant checkpointing, and it backpropagates through frozen layers
     if hasattr(model, "disable_input_require_grads"):
         model.disable_input_require_grads()
 

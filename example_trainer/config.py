@@ -86,7 +86,7 @@ class TrainerConfig(BaseSettings):
         default="full", description="With gradient_checkpointing: full keeps only each decoder "
         "layer's input and reruns the layer (Hugging Face's); selective keeps the matmul and "
         "attention outputs and recomputes the cheap ops between them (torch's selective "
-        "activation checkpointing: more memory than full, far less recompute).")
+        "activation checkpointing; on a small model on CPU it was slower than full and saved less).")
     shared_prefix: bool = Field(default=False, description="Run the prompt that a group's "
                                 "rollouts share through the policy once per micro-batch (KV "
                                 "cache repeated for the group) instead of once per rollout: "
