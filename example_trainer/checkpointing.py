@@ -60,15 +60,19 @@ def keep_matmul_outputs(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return CheckpointPolicy.MUST_SAVE if op in _saved_ops() else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def checkpoint_kwargs(mode: str) -> dict[str, Any] | None:
+def checkpoint_kwargs(mode: str) -> dict[str, Any]:
     """The ``gradient_checkpointing_kwargs`` for Hugging Face's ``gradient_checkpointing_enable``.
+
+    Both modes are non-reentrant ``torch.utils.checkpoint``, named explicitly: gradients then
+    reach a checkpointed layer's weights even when its input does not require grad (frozen
+    layers below it), which reentrant checkpointing would not do.
 
     Args:
         mode: ``full`` or ``selective`` (:data:`CHECKPOINT_MODES`).
 
     Returns:
-        None for ``full`` (Hugging Face's defaults); for ``selective``, non-reentrant
-        ``torch.utils.checkpoint`` with a ``context_fn`` applying :func:`keep_matmul_outputs`.
+        ``{"use_reentrant": False}``, plus for ``selective`` a ``context_fn`` applying
+        :func:`keep_matmul_outputs`.
 
     Raises:
         ValueError: an unknown ``mode``.
@@ -76,7 +80,7 @@ def checkpoint_kwargs(mode: str) -> dict[str, Any] | None:
     if mode not in CHECKPOINT_MODES:
         raise ValueError(f"gradient checkpointing mode {mode!r} is not one of {', '.join(CHECKPOINT_MODES)}")
     if mode == "full":
-        return None
+        return {"use_reentrant": False}
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     return {"use_reentrant": False,
@@ -93,11 +97,7 @@ def enable_checkpointing(model: Any, mode: str) -> None:
     Raises:
         ValueError: an unknown ``mode``.
     """
-    kwargs = checkpoint_kwargs(mode)
-    if kwargs is None:
-        model.gradient_checkpointing_enable()
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(mode))
     # not needed without reentrant checkpointing, and it backpropagates through frozen layers
     if hasattr(model, "disable_input_require_grads"):
         model.disable_input_require_grads()

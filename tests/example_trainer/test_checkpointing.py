@@ -96,7 +96,7 @@ def test_the_policy_keeps_matmuls_and_recomputes_the_rest():
     assert keep_matmul_outputs(None, aten.bmm.default) == CheckpointPolicy.MUST_SAVE
     assert keep_matmul_outputs(None, aten.silu.default) == CheckpointPolicy.PREFER_RECOMPUTE
     assert keep_matmul_outputs(None, aten._softmax.default) == CheckpointPolicy.PREFER_RECOMPUTE
-    assert checkpoint_kwargs("full") is None
+    assert checkpoint_kwargs("full") == {"use_reentrant": False}
     assert checkpoint_kwargs("selective")["use_reentrant"] is False
     with pytest.raises(ValueError, match="not one of full, selective"):
         checkpoint_kwargs("some")
