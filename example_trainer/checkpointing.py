@@ -34,15 +34,20 @@ CHECKPOINT_MODES = ("full", "selective")
 
 
 @functools.lru_cache(maxsize=1)
-def _saved_ops() -> frozenset:
-    """The aten ops whose outputs selective checkpointing keeps (matmuls and fused attention)."""
+def _saved_ops() -> tuple[frozenset, Any, Any]:
+    """The ops selective checkpointing keeps (matmuls, fused attention), and the two policy values.
+
+    Looked up once: the policy runs for every op.
+    """
     import torch
+    from torch.utils.checkpoint import CheckpointPolicy
 
     aten = torch.ops.aten
     names = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
              "_scaled_dot_product_cudnn_attention")
-    return frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))
+    saved = frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))
+    return saved, CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def keep_matmul_outputs(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -55,9 +60,8 @@ def keep_matmul_outputs(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         ``CheckpointPolicy.MUST_SAVE`` for a matmul or fused attention op,
         ``CheckpointPolicy.PREFER_RECOMPUTE`` for any other.
     """
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    return CheckpointPolicy.MUST_SAVE if op in _saved_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+    saved, must_save, prefer_recompute = _saved_ops()
+    return must_save if op in saved else prefer_recompute
 
 
 def checkpoint_kwargs(mode: str) -> dict[str, Any]:
