@@ -156,8 +156,10 @@ FEED = """
 import sys, time
 from atroposlib.api.client import AtroposClient
 from tests.example_trainer.test_grpo_loop import _group
-with AtroposClient(sys.argv[1]) as client:
-    deadline = time.monotonic() + 600
+# the API comes up only once Ray has placed it, which can take minutes on a slow machine: retry
+# a refused connection for as long as the trainer waits for a batch
+with AtroposClient(sys.argv[1], max_attempts=10**6, max_retry_seconds=540) as client:
+    deadline = time.monotonic() + 540
     while (client.info() or {}).get("batch_size", -1) <= 0:
         assert time.monotonic() < deadline, "the trainer never registered"
         time.sleep(1)
@@ -186,8 +188,10 @@ def test_a_trainer_over_two_ray_nodes_meets_at_a_static_rendezvous(tmp_path):
     feed = tmp_path / "feed.py"
     feed.write_text(FEED)
     proc, nodes = _on_cluster(tmp_path, (
+        # a feeder that gives up stops the launcher at once, not after the trainer's batch timeout
         f'"$PY" {feed} http://127.0.0.1:{port} & FEEDER=$!; '
-        f'"$PY" -m atroposlib.cli.launch {config} --ray; code=$?; wait $FEEDER; exit $code'), timeout=800)
+        f'"$PY" -m atroposlib.cli.launch {config} --ray & LAUNCHER=$!; '
+        'wait $FEEDER || { kill -TERM $LAUNCHER; wait $LAUNCHER; exit 1; }; wait $LAUNCHER'), timeout=800)
     out = proc.stdout
     assert proc.returncode == 0, out[-6000:] + proc.stderr[-3000:]
     assert "fed 4 groups" in out
