@@ -27,10 +27,12 @@ measurement of full checkpointing with the hook in place gave 1.6-2x the step ti
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Literal, get_args
 
-#: The checkpointing modes ``--gradient-checkpointing-mode`` accepts.
-CHECKPOINT_MODES = ("full", "selective")
+#: A checkpointing mode, as ``--gradient-checkpointing-mode`` takes it (the trainer config's type).
+CheckpointMode = Literal["full", "selective"]
+#: The checkpointing modes, in order.
+CHECKPOINT_MODES: tuple[str, ...] = get_args(CheckpointMode)
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,4 +109,4 @@ def enable_checkpointing(model: Any, mode: str) -> None:
         model.disable_input_require_grads()
 
 
-__all__ = ["CHECKPOINT_MODES", "checkpoint_kwargs", "enable_checkpointing", "keep_matmul_outputs"]
+__all__ = ["CHECKPOINT_MODES", "CheckpointMode", "checkpoint_kwargs", "enable_checkpointing", "keep_matmul_outputs"]

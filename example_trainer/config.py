@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from atroposlib.defaults import DEFAULT_API_URL, DEFAULT_INFERENCE_MODEL
+from example_trainer.checkpointing import CheckpointMode
 
 
 def default_model_dir() -> str:
@@ -82,7 +83,7 @@ class TrainerConfig(BaseSettings):
     gradient_checkpointing: bool = Field(default=False, description="Recompute the decoder "
                                          "layers' activations in backward instead of keeping "
                                          "them: less memory, slower steps.")
-    gradient_checkpointing_mode: Literal["full", "selective"] = Field(
+    gradient_checkpointing_mode: CheckpointMode = Field(
         default="full", description="With gradient_checkpointing: full keeps only each decoder "
         "layer's input and reruns the layer (Hugging Face's); selective keeps the matmul and "
         "attention outputs and recomputes the cheap ops between them (torch's selective "

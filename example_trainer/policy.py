@@ -71,9 +71,9 @@ def load_training_policy(config: Any, dist: Any, resume: Any, device: Any) -> Po
     if config.gradient_checkpointing:
         from example_trainer.checkpointing import enable_checkpointing
 
+        # non-reentrant, so LoRA adapters get gradients without making the (frozen) input
+        # embeddings' output require grad, which would drag backward through frozen layers
         enable_checkpointing(model, config.gradient_checkpointing_mode)
-        if config.lora_r:  # frozen embeddings: inputs must carry grad for checkpointed blocks
-            model.enable_input_require_grads()
     if config.mixed_precision == "bf16" and not config.lora_r and not dist.enabled:
         from example_trainer.memory import compact_frozen_linears, round_frozen_embeddings
 

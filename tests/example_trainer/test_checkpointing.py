@@ -86,6 +86,26 @@ def test_selective_recomputes_the_cheap_ops_but_not_the_matmuls():
     assert counts["full"]["silu"] == counts["selective"]["silu"] == 2
 
 
+def test_lora_on_the_top_layers_checkpoints_without_backpropagating_through_the_frozen_ones():
+    pytest.importorskip("peft")
+    from example_trainer.checkpointing import enable_checkpointing
+    from example_trainer.lora import apply_lora
+
+    base = _tiny_llama()
+    base.requires_grad_(False)
+    plain = apply_lora(base, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"], last_layers=2)
+    checkpointed = copy.deepcopy(plain)
+    enable_checkpointing(checkpointed, "full")
+    logits, grads, counts = _train_once(plain)
+    logits_c, grads_c, counts_c = _train_once(checkpointed)
+    assert torch.equal(logits, logits_c)
+    assert grads.keys() == grads_c.keys() and grads and all("lora_" in name for name in grads)
+    for name in grads:
+        torch.testing.assert_close(grads_c[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    # the adapted top 2 layers are rerun in backward; the frozen bottom layer is never entered
+    assert counts.get("silu", 0) == 0 and counts_c["silu"] == 2
+
+
 def test_the_policy_keeps_matmuls_and_recomputes_the_rest():
     from torch.utils.checkpoint import CheckpointPolicy
 
