@@ -18,7 +18,7 @@ class Policy:
     Attributes:
         model: the causal LM (peft-wrapped with LoRA, FSDP-sharded under torchrun).
         tokenizer: its tokenizer.
-        optimizer: AdamW over ``trainable``.
+        optimizer: AdamW over ``trainable`` (``--optim``: fp32 or 8-bit moments).
         trainable: the parameters with ``requires_grad``.
         start_step: the step the run resumes after (0 for a new run).
         vocab_size: embedding rows; token ids at or above it would crash the forward.
@@ -52,6 +52,7 @@ def load_training_policy(config: Any, dist: Any, resume: Any, device: Any) -> Po
 
     from example_trainer import checkpoint as ckpt_io
     from example_trainer import lora
+    from example_trainer.optimizer import build_optimizer
 
     torch.manual_seed(config.seed)
     if config.torch_threads:
@@ -91,8 +92,8 @@ def load_training_policy(config: Any, dist: Any, resume: Any, device: Any) -> Po
         print(f"[grpo] training {_numel(trainable) / 1e6:.1f}M of {_numel(model.parameters()) / 1e6:.1f}M "
               f"parameters on {device}" + (f" x {dist.world_size} ranks (FSDP)" if dist.enabled else ""),
               flush=True)
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.adam_betas,
-                                  weight_decay=config.weight_decay)
+    optimizer = build_optimizer(config.optim, trainable, lr=config.lr, betas=config.adam_betas,
+                                weight_decay=config.weight_decay, sharded=dist.enabled)
     start_step = 0
     if resume is not None:
         start_step = ckpt_io.load_training_state(model, optimizer, resume)
