@@ -165,7 +165,8 @@ class TrainerConfig(BaseSettings):
         default="adamw_torch", description="adamw_torch: torch's AdamW, moments in fp32 (8 bytes "
         "per trained parameter). adamw_bnb_8bit: bitsandbytes' 8-bit AdamW (about 2 bytes; "
         "-200 MiB on the quickstart's 35M trained parameters, at about 4x the optimizer's "
-        "step time on one CPU thread); single-rank runs only. Names as in Hugging Face's "
+        "step time on one CPU thread, which cost the CPU quickstart a third of its steps); "
+        "single-rank runs only. Names as in Hugging Face's "
         "TrainingArguments.optim.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas.")

@@ -11,7 +11,10 @@ parameters) that is 270 MiB, the trainer's largest tensor after the weights.
   per parameter plus one fp32 scale per block of 256 (bitsandbytes' CPU block size), so about
   a quarter of the state. Tensors under 4,096 elements (norms) keep fp32 moments, as
   bitsandbytes does by default. It runs on CPU and CUDA; on one CPU thread its step is
-  about 4x torch's (about 1.1 s against 0.27 s for the quickstart's 35.4M parameters).
+  about 4x torch's (about 1.1 s against 0.27 s for the quickstart's 35.4M parameters). In the
+  quickstart's loop on a 2-core CPU that made the trainer set the pace: 115 steps in 14 minutes
+  against 161-169 with ``adamw_torch``, and lower accuracy, for 0.16 GiB less at the trainer's
+  peak (docs: Benchmarks, Memory). It is for a machine short of memory, not of time.
 
 The names are those of Hugging Face's ``TrainingArguments.optim`` (which TRL uses), so a
 setting carries over.
@@ -61,7 +64,7 @@ def build_optimizer(name: str, params: list[Any], *, lr: float, betas: tuple[flo
         import bitsandbytes as bnb
     except ImportError as exc:
         raise ImportError("--optim adamw_bnb_8bit needs bitsandbytes: pip install "
-                          "'atroposlib[trainer]' (or pip install 'bitsandbytes>=0.48')") from exc
+                          "'atroposlib[trainer]' (or pip install 'bitsandbytes>=0.50')") from exc
     return bnb.optim.AdamW8bit(params, lr=lr, betas=betas, weight_decay=weight_decay)
 
 
