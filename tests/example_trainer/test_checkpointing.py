@@ -9,13 +9,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def _tiny_llama():
+def _tiny_llama(hidden_size=32, intermediate_size=64):
+    """A 3-layer Llama (vocab 97, seed 0) with only its top 2 layers and final norm trained."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from example_trainer.policy import freeze_all_but_last_layers
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    config = LlamaConfig(vocab_size=97, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                         num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
     model = LlamaForCausalLM(config).float()
     freeze_all_but_last_layers(model, 2)

@@ -10,16 +10,10 @@ torch = pytest.importorskip("torch")
 
 
 def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The checkpointing tests' tiny Llama, wide enough that every matrix gets 8-bit moments."""
+    from tests.example_trainer.test_checkpointing import _tiny_llama as tiny
 
-    from example_trainer.policy import freeze_all_but_last_layers
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
-    model = LlamaForCausalLM(config).float()
-    freeze_all_but_last_layers(model, 2)
-    return model
+    return tiny(hidden_size=128, intermediate_size=256)
 
 
 def _train(model, optimizer, steps, seed=1):
