@@ -45,8 +45,10 @@ def compact_frozen_linears(model: Any, dtype: Any) -> int:
     """
     import torch
 
+    # a peft LoRA wrapper exposes its base Linear's weight as ``.weight``: not a sharer
     shared = {id(m.weight) for m in model.modules()
-              if not isinstance(m, torch.nn.Linear) and isinstance(getattr(m, "weight", None), torch.Tensor)}
+              if not isinstance(m, torch.nn.Linear) and not hasattr(m, "base_layer")
+              and isinstance(getattr(m, "weight", None), torch.Tensor)}
     freed = 0
     compacted: set[int] = set()
     for module in model.modules():

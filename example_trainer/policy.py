@@ -75,7 +75,8 @@ def load_training_policy(config: Any, dist: Any, resume: Any, device: Any) -> Po
         # non-reentrant, so LoRA adapters get gradients without making the (frozen) input
         # embeddings' output require grad, which would drag backward through frozen layers
         enable_checkpointing(model, config.gradient_checkpointing_mode)
-    if config.mixed_precision == "bf16" and not config.lora_r and not dist.enabled:
+    # with LoRA every base Linear is frozen, the top layers' too: all of them go to bf16
+    if config.mixed_precision == "bf16" and not dist.enabled:
         from example_trainer.memory import compact_frozen_linears, round_frozen_embeddings
 
         if config.round_frozen_embeddings:  # before: compact_frozen_linears skips a shared table

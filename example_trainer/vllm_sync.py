@@ -207,12 +207,21 @@ class VLLMSync:
         hf_model, weights = export(model, state_dict)  # LoRA: the adapter merged in
         weights = weights if weights is not None else hf_model.state_dict()
         # reload: once vLLM holds the frozen weights, only what training changed is written
-        # (LoRA's merged weights are all new); bf16/fp16 vLLM: half the bytes of fp32
-        partial = mode == "reload" and self._holds_frozen and not is_lora(model)
+        # (with LoRA: the merged weights of the adapted blocks); bf16/fp16 vLLM: half the bytes of fp32
+        partial = mode == "reload" and self._holds_frozen
+        lora_policy = is_lora(model)
+        if lora_policy:
+            from example_trainer.weight_select import names_to_send
+
+            changed = set(names_to_send(weights, trained_names(model)))
+        else:
+            changed = trained_names(model)
         weights = sync_tensors(
-            weights, set(weights) if is_lora(model) else trained_names(model), partial,
+            weights, changed, partial,
             self.config.vllm_dtype if mode == "reload" and self.config.vllm_dtype in ("bfloat16", "float16")
-            else None, snapshot=background)
+            else None,
+            # merged LoRA weights are new tensors the optimizer never touches: no snapshot copy
+            snapshot=background and not lora_policy)
         self._holds_frozen = self._holds_frozen or mode == "reload"
         if background:
             from concurrent.futures import ThreadPoolExecutor

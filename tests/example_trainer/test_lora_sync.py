@@ -96,3 +96,53 @@ def test_stop_reports_a_failed_background_sync_instead_of_dropping_it(tmp_path, 
     assert "background weight sync failed while stopping: vLLM at 127.0.0.1:9 refused" \
         in capsys.readouterr().err
     assert sync._pending is None
+
+
+class _ReloadRecorder:
+    """Stands in for the trainer's own VLLMProcess: records what each reload would read."""
+
+    heap_released_bytes = None
+
+    def __init__(self) -> None:
+        self.files: list[dict] = []
+
+    def reload_weights(self, weights_dir: Path) -> float:
+        from safetensors.torch import load_file
+
+        self.files.append(load_file(str(weights_dir / "model.safetensors")))
+        return 0.0
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_lora_reload_writes_only_the_adapted_blocks_merged(tmp_path, background):
+    """vLLM already holds the frozen weights it started on: a LoRA reload writes the merged
+    weights of the adapted decoder blocks (whole blocks: vLLM fuses q/k/v), nothing else."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from example_trainer.lora import merged_state_dict
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=3, num_attention_heads=2,
+                                        num_key_value_heads=2, max_position_embeddings=32))
+    model = apply_lora(base, r=4, alpha=8, dropout=0.0,
+                       target_modules=TrainerConfig(lora_r=4).lora_target_modules, last_layers=1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    sync = VLLMSync(TrainerConfig(lora_r=4, vllm_dtype="bfloat16"), tmp_path)
+    sync.process = recorder = _ReloadRecorder()
+    sync.sync(model, tokenizer=None, background=background)
+    sync.wait()
+    (written,) = recorder.files
+    assert written and all(name.startswith("model.layers.2.") for name in written)
+    assert {n.rsplit(".", 2)[-2] for n in written} >= {"q_proj", "down_proj", "input_layernorm"}
+    merged = merged_state_dict(model)
+    for name, tensor in written.items():
+        assert tensor.dtype == torch.bfloat16
+        assert torch.equal(tensor, merged[name].to(torch.bfloat16))
+    # the update is really in there: the adapted weights moved off the base ones
+    q = "model.layers.2.self_attn.q_proj.weight"
+    base_q = model.get_base_model().state_dict()["model.layers.2.self_attn.q_proj.base_layer.weight"]
+    assert not torch.equal(written[q], base_q.to(torch.bfloat16))

@@ -166,3 +166,34 @@ def test_a_trained_embedding_is_left_alone():
     model.model.embed_tokens.weight.requires_grad_(True)
     assert round_frozen_embeddings(model, torch.bfloat16) == 0
     assert model.model.embed_tokens.weight.dtype == torch.float32
+
+
+def test_lora_base_linears_go_to_bf16_with_the_same_logits_and_adapter_gradients():
+    """With LoRA every base Linear is frozen, the adapted ones' too: stored in bf16 they
+    compute bit for bit what autocast computed from fp32, and the adapter trains as before."""
+    pytest.importorskip("peft")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from example_trainer.lora import apply_lora
+    from example_trainer.memory import compact_frozen_linears
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = apply_lora(LlamaForCausalLM(config).float(), r=4, alpha=8, dropout=0.0,
+                       target_modules=["q_proj", "v_proj", "down_proj"], last_layers=2)
+    with torch.no_grad():  # B starts at zero: make the adapter's path count
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.1)
+    compacted = copy.deepcopy(model)
+    freed = compact_frozen_linears(compacted, torch.bfloat16)
+    adapted = [m.base_layer for m in compacted.modules() if hasattr(m, "base_layer")]
+    assert len(adapted) == 6 and all(m.weight.dtype == torch.bfloat16 for m in adapted)
+    assert freed > sum(m.weight.numel() * 2 for m in adapted)  # the plain frozen Linears too
+    assert all(p.dtype == torch.float32 for p in compacted.parameters() if p.requires_grad)
+    logits, grads = _loss_and_grads(model)
+    logits_c, grads_c = _loss_and_grads(compacted)
+    assert grads and all("lora_" in n for n in grads)
+    assert torch.equal(logits, logits_c)
+    assert grads.keys() == grads_c.keys() and all(torch.equal(grads[n], grads_c[n]) for n in grads)
