@@ -256,8 +256,12 @@ def run_passes(plan: list[tuple[str, Any]], args: argparse.Namespace, work: Path
                 print(f"[bench] {label}: {result['steps']} steps, {result['sequences']} sequences in "
                       f"{result['train_seconds']:.0f}s of training ({time.monotonic() - begin:.0f}s "
                       f"with start-up); peak RSS {result['peak_rss_bytes'] / 2**30:.2f} GiB "
-                      f"{ {k: round(v / 2**30, 2) for k, v in result['peak_rss_by_part'].items()} }",
+                      f"{ {k: round(v / 2**30, 2) for k, v in result['peak_rss_by_part'].items()} }; "
+                      f"at the peak: { {k: round(v / 2**30, 2) for k, v in result['rss_by_part_at_peak'].items()} }",
                       flush=True)
+                if result.get("other_cmdlines"):
+                    print(f"[bench] {label}: processes counted as other (peak GiB): "
+                          f"{ {k: round(v / 2**30, 2) for k, v in result['other_cmdlines'].items()} }", flush=True)
     except KeyboardInterrupt:
         print("[bench] interrupted: stopping the running contender", flush=True)
         return None

@@ -40,7 +40,9 @@ class Tree:
     the tree's total (``peak_rss``) and, per part (:func:`part_of`: trainer, vllm-api,
     vllm-engine, vllm-worker, env, run-api, launcher, trl ...), the peak of that part's sum
     (``peak_rss_by_part``). A part's peak and the total's need not fall in the same sample,
-    so the parts' peaks may add up to more than the total's.
+    so the parts' peaks may add up to more than the total's: ``rss_by_part_at_peak`` is the
+    sample that set the total's peak, and ``other_cmdlines`` names the processes counted as
+    ``other`` (a fork that has not exec'd yet shows its parent's whole resident set).
 
     Use it as a context manager (the tree is stopped on exit); every tree started and not
     stopped yet is in :data:`LIVE`, so a bench can stop them all when it is interrupted.
@@ -69,6 +71,8 @@ class Tree:
         self.parents: dict[int, int] = {}
         self.peak_rss = 0
         self.peak_rss_by_part: dict[str, int] = {}
+        self.rss_by_part_at_peak: dict[str, int] = {}
+        self.other_cmdlines: dict[str, int] = {}  # command line (first 200 chars) -> its peak RSS
         self.peak_pss = 0
         self.interval = interval
         self.pss_every = pss_every
@@ -115,7 +119,14 @@ class Tree:
                 continue
             part = self._part(pid, proc)
             now[part] = now.get(part, 0) + rss
-        self.peak_rss = max(self.peak_rss, sum(now.values()))
+            if part == "other":
+                try:
+                    name = (" ".join(proc.cmdline()) or proc.name())[:200]
+                except psutil.Error:
+                    name = f"pid {pid} (gone)"
+                self.other_cmdlines[name] = max(self.other_cmdlines.get(name, 0), rss)
+        if sum(now.values()) > self.peak_rss:
+            self.peak_rss, self.rss_by_part_at_peak = sum(now.values()), dict(now)
         self.peak_pss = max(self.peak_pss, pss)
         for part, rss in now.items():
             self.peak_rss_by_part[part] = max(self.peak_rss_by_part.get(part, 0), rss)

@@ -108,7 +108,9 @@ def run_trl(setting: TrlSetting, minutes: float, out: Path, difficulty: int,
     points = {float(k): v for k, v in result["points"].items()}
     return {"points": points, "steps": result["steps"], "sequences": result["sequences"],
             "train_seconds": result["train_seconds"], "peak_rss_bytes": tree.peak_rss,
-            "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss, "lr": setting.lr,
+            "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss,
+            "rss_by_part_at_peak": dict(tree.rss_by_part_at_peak), "other_cmdlines": dict(tree.other_cmdlines),
+            "lr": setting.lr,
             "trl_setting": asdict(setting)}
 
 
