@@ -10,7 +10,7 @@ runs ONE evaluator (HF generate, greedy, fp32, eager attention) scores every kep
 to 200 held-out problems with the environment's own ``score_reply``. Evaluation time is outside
 every budget.
 
-* ``ours-<loss>`` (and ``ours-grpo-tis``; ``ours-grpo-lora`` runs ``configs/quickstart-cpu-lora.yaml``):
+* ``ours-<loss>`` (and ``ours-grpo-tis``; ``ours-<loss>-lora`` runs ``configs/quickstart-cpu-lora.yaml``):
   ``atropos-launch`` with ``configs/quickstart-cpu.yaml`` (run-api, the trainer with its vLLM,
   the arithmetic env), ``--loss-type <loss>``, ``--max-train-seconds 60*M``, no periodic
   evaluations. The clock starts when the trainer registers with run-api (model loading and vLLM

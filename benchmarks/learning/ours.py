@@ -20,7 +20,7 @@ from benchmarks.process_tree import ROOT, Tree
 QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"
 QUICKSTART_LORA = ROOT / "configs" / "quickstart-cpu-lora.yaml"
 LOSSES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
-OURS = (*(f"ours-{loss}" for loss in LOSSES), "ours-grpo-tis", "ours-grpo-lora", "ours-gspo-node")
+OURS = (*(f"ours-{loss}" for loss in LOSSES), "ours-grpo-tis", "ours-grpo-lora", "ours-gspo-lora", "ours-gspo-node")
 #: the bearer token of the ``-node`` contender's inference node (127.0.0.1 only)
 NODE_KEY = "bench-node-key"
 POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # wall points, as fractions of the budget
