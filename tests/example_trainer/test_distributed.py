@@ -277,9 +277,12 @@ def test_two_fsdp_ranks_train_a_lora_adapter_like_one_process(tiny_model, tmp_pa
     finally:
         vllm.stop()
     assert "x 2 ranks (FSDP)" in sharded.stdout
-    # every reload wrote the merged full model (plain HF names, no adapter tensors)
+    # the first reload wrote the merged full model (plain HF names, no adapter tensors); once
+    # the server held it, the later ones wrote only the adapted decoder blocks, merged
     assert len(single_reloads) == len(sharded_reloads) == 3 and sharded_reloads == single_reloads
     assert not any("lora_" in k for k in sharded_reloads[0])
+    assert sharded_reloads[1] == sharded_reloads[2] and set(sharded_reloads[1]) < set(sharded_reloads[0])
+    assert all(k.startswith("model.layers.") for k in sharded_reloads[1])
 
     one, start = _adapter(tmp_path / "one"), _load_state(tiny_model)
     assert one.keys() == two_final.keys() and all("lora_" in k for k in one)
