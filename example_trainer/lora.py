@@ -7,8 +7,14 @@ starts at zero, so the wrapped model starts equal to the base one).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
+
+# peft imports bitsandbytes when it is installed (it is: `--optim adamw_bnb_8bit`), and on CPUs with
+# AVX512_BF16 bitsandbytes warns at import that it cannot load its 4-bit (QLoRA) matmul kernel from
+# the `kernels` package. LoRA here never quantizes, so the warning only alarms: keep that one logger quiet.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 #: Every linear projection of attention and MLP in Llama-style decoders (Llama, Qwen, Mistral, SmolLM).
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -146,3 +146,19 @@ def test_a_lora_reload_writes_only_the_adapted_blocks_merged(tmp_path, backgroun
     q = "model.layers.2.self_attn.q_proj.weight"
     base_q = model.get_base_model().state_dict()["model.layers.2.self_attn.q_proj.base_layer.weight"]
     assert not torch.equal(written[q], base_q.to(torch.bfloat16))
+
+
+def test_importing_peft_through_the_trainer_shows_no_qlora_kernel_warning():
+    # on CPUs with AVX512_BF16, bitsandbytes (imported by peft) warns that it cannot load a 4-bit
+    # kernel LoRA never uses; the trainer's LoRA module keeps that warning out of the logs
+    import subprocess
+    import sys
+
+    def stderr_of(code: str) -> str:
+        code = "import logging; logging.basicConfig(level=logging.WARNING); " + code
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stderr
+
+    if "kernels-community" not in stderr_of("import peft"):
+        pytest.skip("bitsandbytes does not warn on this CPU (no AVX512_BF16, or `kernels` installed)")
+    after = stderr_of("import example_trainer.lora; import peft")
+    assert "kernels-community" not in after and "Error" not in after, after
