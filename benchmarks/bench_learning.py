@@ -10,9 +10,10 @@ runs ONE evaluator (HF generate, greedy, fp32, eager attention) scores every kep
 to 200 held-out problems with the environment's own ``score_reply``. Evaluation time is outside
 every budget.
 
-* ``ours-<loss>`` (and ``ours-grpo-tis``; ``ours-<loss>-lora`` runs ``configs/quickstart-cpu-lora.yaml``):
-  ``atropos-launch`` with ``configs/quickstart-cpu.yaml`` (run-api, the trainer with its vLLM,
-  the arithmetic env), ``--loss-type <loss>``, ``--max-train-seconds 60*M``, no periodic
+* ``ours-<loss>`` (and ``ours-grpo-tis``; ``ours-<loss>-lora`` runs the quickstart itself,
+  ``configs/quickstart-cpu.yaml``, LoRA adapters on the top 10 layers):
+  ``atropos-launch`` with ``configs/quickstart-cpu-full.yaml`` (the quickstart fully fine-tuned:
+  run-api, the trainer with its vLLM, the arithmetic env), ``--loss-type <loss>``, ``--max-train-seconds 60*M``, no periodic
   evaluations. The clock starts when the trainer registers with run-api (model loading and vLLM
   start-up are outside it, as TRL's model loading is). At each wall point the bench copies the
   weights the trainer last pushed to vLLM (the final checkpoint after the trainer stopped).

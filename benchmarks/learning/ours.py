@@ -17,8 +17,8 @@ from typing import Any
 from benchmarks.learning.procs import read
 from benchmarks.process_tree import ROOT, Tree
 
-QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"
-QUICKSTART_LORA = ROOT / "configs" / "quickstart-cpu-lora.yaml"
+QUICKSTART = ROOT / "configs" / "quickstart-cpu.yaml"  # LoRA adapters on the top layers
+QUICKSTART_FULL = ROOT / "configs" / "quickstart-cpu-full.yaml"  # the same, fully fine-tuned
 LOSSES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
 OURS = (*(f"ours-{loss}" for loss in LOSSES), "ours-grpo-tis", "ours-grpo-lora", "ours-gspo-lora", "ours-gspo-node")
 #: the bearer token of the ``-node`` contender's inference node (127.0.0.1 only)
@@ -84,7 +84,7 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "points").mkdir(parents=True)
-    config = load_yaml(QUICKSTART_LORA if name.endswith("-lora") else QUICKSTART)
+    config = load_yaml(QUICKSTART if name.endswith("-lora") else QUICKSTART_FULL)
     budget = 60.0 * minutes
     config["trainer"].update(training_steps=100_000, max_train_seconds=budget, loss_type=loss,
                              is_correction="tis" if name.endswith("-tis") else "none",

@@ -40,6 +40,15 @@ def test_quickstart_config_is_valid():
     assert config.trainer["weight_sync"] == "reload"
 
 
+def test_the_full_fine_tuning_quickstart_differs_only_in_lora_and_its_learning_rate():
+    lora = load_config(REPO / "configs/quickstart-cpu.yaml")
+    full = load_config(REPO / "configs/quickstart-cpu-full.yaml")
+    assert lora.trainer["lora_r"] > 0 and "lora_r" not in full.trainer
+    different = {k for k in lora.trainer.keys() | full.trainer.keys() if lora.trainer.get(k) != full.trainer.get(k)}
+    assert different == {"lora_r", "lora_alpha", "lr"}
+    assert [e.model_dump() for e in lora.envs] == [e.model_dump() for e in full.envs]
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
