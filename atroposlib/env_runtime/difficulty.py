@@ -38,15 +38,38 @@ Foerster (2025, "Learning to Reason at the Frontier of Learnability", arXiv:2502
 advantages come from. A share ``replay`` of the items handed out is then drawn
 from that set in proportion to priority; an item leaves it after ``replay_times`` replays, when
 a group of it comes back all-same, or when a more learnable item needs its place.
+
+It can also **screen candidates by a predicted solve rate** (``screen > 1``), for tasks whose
+items rarely recur and carry a reference answer. Per item handed out it draws ``screen``
+candidates (through the weights above) and asks the env for a signal of how likely the policy
+is to solve each (``answer_logprob``: the policy's log-probability of the reference answer,
+after the working the env writes before it; one prompt-scoring request to the inference
+server, no sampling). A
+small logistic model, refitted after every group on the last groups' outcomes
+(:class:`SolveRateModel`), turns the signal into a solve rate ``p``; the candidate whose group
+of ``G`` is most likely to come back mixed, ``1 - p^G - (1 - p)^G``, is handed out. This is
+the selection rule of Prompt Curriculum Learning (Gao et al. 2025, "Prompt Curriculum
+Learning for Efficient LLM Post-Training", arXiv:2510.01135: prompts of intermediate
+predicted difficulty, from a value model) with the policy's own likelihood of the reference
+answer as the predictor instead of a separately trained value model.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
 import random
 import statistics
+from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Most signals of screened items held until their groups come back.
+SIGNALS_HELD = 4096
 
 
 @dataclass(frozen=True)
@@ -65,6 +88,9 @@ class DifficultySettings:
         replay: share of the items handed out that are replays of learnable items, in [0, 1).
         replay_size: most items held for replay.
         replay_times: most replays of one item after the group that made it learnable.
+        screen: candidates scored per item handed out by their predicted solve rate (1 = no
+            screening; see :class:`SolveRateModel`).
+        screen_window: groups the solve-rate model is fitted on (the most recent).
     """
 
     solved_keep: float
@@ -75,13 +101,16 @@ class DifficultySettings:
     replay: float = 0.0
     replay_size: int = 256
     replay_times: int = 2
+    screen: int = 1
+    screen_window: int = 256
 
     def __post_init__(self) -> None:
         """Check the ranges.
 
         Raises:
             ValueError: a factor or the floor outside (0, 1], ``replay`` outside [0, 1), or
-                ``max_draws``, ``replay_size`` or ``replay_times`` < 1.
+                ``max_draws``, ``replay_size``, ``replay_times``, ``screen`` or
+                ``screen_window`` < 1.
         """
         for name in ("solved_keep", "failed_keep", "floor"):
             value = getattr(self, name)
@@ -89,7 +118,7 @@ class DifficultySettings:
                 raise ValueError(f"difficulty filter {name} must be in (0, 1], got {value}")
         if not 0.0 <= self.replay < 1.0:
             raise ValueError(f"difficulty filter replay must be in [0, 1), got {self.replay}")
-        for name in ("max_draws", "replay_size", "replay_times"):
+        for name in ("max_draws", "replay_size", "replay_times", "screen", "screen_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"difficulty filter {name} must be >= 1, got {getattr(self, name)}")
 
@@ -108,6 +137,104 @@ class HeldItem:
     item: Any
     priority: float
     replays_left: int
+
+
+def mixed_chance(p: float, group_size: int) -> float:
+    """The chance that a group of ``group_size`` pass/fail rollouts comes back mixed.
+
+    With each rollout solved independently with probability ``p``, a group is all-solved with
+    probability ``p^G`` and all-failed with ``(1 - p)^G``; the rest of the time its scores
+    differ and GRPO's advantages are not all zero.
+
+    Args:
+        p: solve rate, in [0, 1].
+        group_size: rollouts per group, ``G`` >= 1.
+
+    Returns:
+        ``1 - p^G - (1 - p)^G``, in [0, 1] (0 for a group of one).
+    """
+    return max(0.0, 1.0 - p ** group_size - (1.0 - p) ** group_size)
+
+
+def reply_log_odds(logprob: float) -> float:
+    """The log-odds ``log(q / (1 - q))`` of a reply of log-probability ``logprob`` (nats, <= 0).
+
+    The feature of :class:`SolveRateModel`: with its prior coefficients the predicted solve
+    rate is ``q = exp(logprob)`` itself. Log-probabilities at or above about -1e-9 are treated
+    as -1e-9, so a certain reply gets a large finite log-odds instead of infinity.
+    """
+    lp = min(float(logprob), -1e-9)
+    return lp - math.log(-math.expm1(lp))
+
+
+def _sigmoid(z: float) -> float:
+    """``1 / (1 + e^-z)`` without overflow for large ``|z|``."""
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
+class SolveRateModel:
+    """A solve rate from a signal: ``p = sigmoid(a + b x)``, refitted to the last groups.
+
+    ``x`` is :func:`reply_log_odds` of the signal (the policy's log-probability of the reference
+    answer), so the prior ``a = 0, b = 1`` predicts that the policy solves an item exactly as
+    often as it would write the reference answer. Replies that say the answer in other words,
+    and the policy moving between the signal and the group, pull the truth away
+    from that; the model follows by maximum likelihood over the last ``window`` groups (each
+    group: its signal, ``k`` solved of ``n``), with a ridge penalty ``ridge / 2 * |theta -
+    prior|^2`` that keeps a fit on few groups near the prior. The fit is Newton's method on the
+    penalized binomial log-likelihood (logistic regression by IRLS), a few iterations from the
+    last solution after every group.
+
+    Args:
+        window: groups kept for the fit (the most recent).
+        ridge: strength of the pull toward the prior coefficients.
+        prior: ``(a, b)`` before any group is seen.
+    """
+
+    def __init__(self, window: int = 256, ridge: float = 1.0,
+                 prior: tuple[float, float] = (0.0, 1.0)):
+        self.prior = prior
+        self.ridge = ridge
+        self.coef: tuple[float, float] = prior
+        #: ``(x, solved, total)`` of the last ``window`` groups
+        self.groups: deque[tuple[float, int, int]] = deque(maxlen=window)
+
+    def predict(self, logprob: float) -> float:
+        """The predicted solve rate of an item whose signal is ``logprob`` (nats)."""
+        a, b = self.coef
+        return _sigmoid(a + b * reply_log_odds(logprob))
+
+    def observe(self, logprob: float, solved: int, total: int, iterations: int = 4) -> None:
+        """Add one group (``solved`` of ``total`` rollouts) with signal ``logprob``, then refit.
+
+        Raises:
+            ValueError: ``total`` < 1 or ``solved`` outside ``[0, total]``.
+        """
+        if total < 1 or not 0 <= solved <= total:
+            raise ValueError(f"a group needs 0 <= solved <= total and total >= 1, got {solved} of {total}")
+        self.groups.append((reply_log_odds(logprob), solved, total))
+        a, b = self.coef
+        a0, b0 = self.prior
+        lam = self.ridge
+        for _ in range(iterations):
+            # gradient and Hessian of the penalized negative log-likelihood
+            ga, gb = lam * (a - a0), lam * (b - b0)
+            haa, hab, hbb = lam, 0.0, lam
+            for x, k, n in self.groups:
+                p = _sigmoid(a + b * x)
+                r = n * p - k
+                w = n * p * (1.0 - p)
+                ga += r
+                gb += r * x
+                haa += w
+                hab += w * x
+                hbb += w * x * x
+            det = haa * hbb - hab * hab
+            if det <= 0:
+                break
+            a -= (hbb * ga - hab * gb) / det
+            b -= (haa * gb - hab * ga) / det
+        self.coef = (a, b)
 
 
 class DifficultySampler:
@@ -224,9 +351,24 @@ class DifficultyFilter:
     """
 
     def __init__(self, env: Any, settings: DifficultySettings):
-        """Filter ``env``'s items; the draws are seeded by its config's ``seed`` (0 if none)."""
+        """Filter ``env``'s items; the draws are seeded by its config's ``seed`` (0 if none).
+
+        Raises:
+            ValueError: ``settings.screen`` > 1 but the env has no ``answer_logprob`` (only
+                single-turn envs with a reference answer can be screened).
+        """
         self.env = env
         self.sampler = DifficultySampler(settings, seed=int(getattr(env.config, "seed", 0) or 0))
+        self.model: SolveRateModel | None = None
+        #: the signal of each screened item handed out and not yet noted, by item id
+        self.signals: dict[Hashable, float] = {}
+        if settings.screen > 1:
+            if not callable(getattr(env, "answer_logprob", None)):
+                raise ValueError(
+                    f"difficulty_filter_screen={settings.screen} needs an env with "
+                    f"answer_logprob(item) (SingleTurnEnv and its subclasses); "
+                    f"{type(env).__name__} has none: set difficulty_filter_screen to 1")
+            self.model = SolveRateModel(window=settings.screen_window)
 
     @classmethod
     def for_env(cls, env: Any) -> DifficultyFilter | None:
@@ -235,18 +377,79 @@ class DifficultyFilter:
         return None if settings is None else cls(env, settings)
 
     async def next_item(self) -> Any:
-        """The next item to roll out (see :meth:`DifficultySampler.next_item`)."""
+        """The next item to roll out (see :meth:`DifficultySampler.next_item`).
+
+        With screening on, the best of ``screen`` candidates drawn that way (:meth:`screen`).
+        """
         try:
-            return await self.sampler.next_item(self.env.get_next_item, self.env.item_id)
+            if self.model is None:
+                return await self.sampler.next_item(self.env.get_next_item, self.env.item_id)
+            candidates = []
+            for _ in range(self.sampler.settings.screen):
+                item = await self.sampler.next_item(self.env.get_next_item, self.env.item_id)
+                if item is None:
+                    break
+                candidates.append(item)
+            return await self.screen(candidates) if candidates else None
         finally:
             self._count()
 
+    async def screen(self, candidates: Sequence[Any]) -> Any:
+        """The candidate whose group is most likely to come back mixed (:func:`mixed_chance`).
+
+        Each candidate's signal is the env's ``answer_logprob`` (requested concurrently); a
+        candidate without one (None, or the request failed) ranks last, and with no signal at
+        all the first candidate is handed out. Counts ``difficulty_screened`` (candidates
+        scored) in ``env.stats``.
+        """
+        assert self.model is not None
+        signals = await asyncio.gather(*(self._signal(c) for c in candidates))
+        self.env.stats["difficulty_screened"] += len(candidates)
+        group_size = int(getattr(self.env.config, "group_size", 1) or 1)
+        best, best_chance = 0, -1.0
+        for index, signal in enumerate(signals):
+            if signal is None:
+                continue
+            chance = mixed_chance(self.model.predict(signal), group_size)
+            if chance > best_chance:
+                best, best_chance = index, chance
+        chosen = candidates[best]
+        if signals[best] is not None:
+            key = self.env.item_id(chosen)
+            if key is not None:
+                self.signals[key] = signals[best]
+                while len(self.signals) > SIGNALS_HELD:  # items never noted (a crashed rollout)
+                    del self.signals[next(iter(self.signals))]
+        return chosen
+
+    async def _signal(self, item: Any) -> float | None:
+        try:
+            return await self.env.answer_logprob(item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unscored candidate ranks last, the run goes on
+            self.env.stats["difficulty_screen_failed"] += 1
+            failed = self.env.stats["difficulty_screen_failed"]
+            if failed == 1 or failed % 1000 == 0:  # a server without prompt log-probs fails every time
+                logger.warning("difficulty screen: answer_logprob failed %d time(s), last with %s: "
+                               "%s; such candidates rank last", failed, type(exc).__name__, exc)
+            return None
+
     def note(self, item: Any, groups_scores: Sequence[Sequence[float]]) -> None:
-        """Record the scores of each group the env returned for ``item``."""
+        """Record the scores of each group the env returned for ``item``.
+
+        A screened item's groups also refit the solve-rate model (a rollout scoring at least
+        ``solved_score`` counts as solved).
+        """
         key = self.env.item_id(item)
         if key is not None:
+            # an item re-queued without a group (inference down) keeps its signal for its retry
+            signal = self.signals.pop(key, None) if groups_scores else self.signals.get(key)
             for scores in groups_scores:
                 self.sampler.record(key, scores, item)
+                if signal is not None and self.model is not None and scores:
+                    solved = sum(score >= self.sampler.settings.solved_score for score in scores)
+                    self.model.observe(signal, solved, len(scores))
             self._count()
 
     def _count(self) -> None:
@@ -265,7 +468,9 @@ def settings_from_config(config: Any) -> DifficultySettings | None:
                               solved_score=config.difficulty_filter_solved_score,
                               replay=config.difficulty_filter_replay,
                               replay_size=config.difficulty_filter_replay_size,
-                              replay_times=config.difficulty_filter_replay_times)
+                              replay_times=config.difficulty_filter_replay_times,
+                              screen=getattr(config, "difficulty_filter_screen", 1))
 
 
-__all__ = ["DifficultyFilter", "DifficultySampler", "DifficultySettings", "settings_from_config"]
+__all__ = ["DifficultyFilter", "DifficultySampler", "DifficultySettings", "SolveRateModel",
+           "mixed_chance", "reply_log_odds", "settings_from_config"]

@@ -412,6 +412,16 @@ class ArithmeticEnv(SingleTurnEnv):
         """The true result."""
         return item["answer"]
 
+    def reference_reply(self, item: dict[str, Any]) -> tuple[str, str]:
+        """``("57 + 12 =", " 69")``: the working the way trained policies write it, then the result.
+
+        The difficulty filter's screen (``--env.difficulty_filter_screen``) scores the result's
+        tokens after the working. Measured on a policy trained at difficulty 4 (it replies
+        ``"57 + 12 = 69"``): with the bare result as the reference reply the signal did not
+        predict a group's solve rate at all, and with this one it did.
+        """
+        return f"{item['a']} {item['op']} {item['b']} =", f" {item['answer']}"
+
 
 if __name__ == "__main__":
     ArithmeticEnv.cli()

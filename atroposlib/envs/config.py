@@ -126,6 +126,15 @@ class BaseEnvConfig(BaseModel):
     difficulty_filter_replay_times: int = Field(
         default=2, ge=1, description="Most replays of an item after the group that made it learnable."
     )
+    difficulty_filter_screen: int = Field(
+        default=1, ge=1,
+        description="With difficulty_filter: candidates drawn per item handed out, of which the "
+        "one whose group is most likely to come back mixed is rolled out, by a solve rate "
+        "predicted from the policy's log-probability of the reference answer (one prompt-scoring "
+        "request per candidate, no sampling; the selection rule of Prompt Curriculum Learning, "
+        "arXiv:2510.01135). Needs a single-turn env with a reference answer and a vLLM server. "
+        "1 disables.",
+    )
     tokenizer_name: str | None = Field(
         default=None,
         validate_default=True,

@@ -124,6 +124,52 @@ class SingleTurnEnv(MultiTurnEnv):
             return float(self.truncated_reward), {}
         return await resolve_score(self.score(item, text))
 
+    def reference_reply(self, item: Item) -> tuple[str, str] | None:
+        """The reply of a policy that solves ``item``, as ``(working, answer)``.
+
+        :meth:`answer_logprob` scores the answer's tokens after the working. Default:
+        ``("", str(answer(item)))``, the bare reference answer; None when the item has none.
+        Override it to write the working the way the policy does (the arithmetic env: ``"57 +
+        12 ="`` then ``" 69"``), so the signal measures the answer, not the reply's format.
+        """
+        answer = self.answer(item)
+        return None if answer is None else ("", str(answer))
+
+    async def answer_logprob(self, item: Item) -> float | None:
+        """The policy's log-probability (nats, <= 0) of the reference answer to ``item``.
+
+        The reply :meth:`reference_reply` gives is appended to the prompt (rendered and
+        tokenized as training groups are: chat template with the generation prompt, no added
+        special tokens) and the log-probs of the answer's tokens and the template's end of turn
+        under the serving policy are summed, given the prompt and the working before the answer.
+        One prompt-scoring request to the inference server (vLLM's ``prompt_logprobs``), no
+        sampling: the difficulty filter's screen uses it to predict how often a group would
+        solve the item (``--env.difficulty_filter_screen``).
+
+        Returns:
+            The summed log-probability, or None when the item has no reference reply or the
+            template does not render it as an extension of the prompt.
+
+        Raises:
+            InferenceError: the server returned no prompt log-probs (not a vLLM server).
+        """
+        reference = self.reference_reply(item)
+        if reference is None:
+            return None
+        tokens = _reply_tokens(self.tokenizer, self.prompt(item), *reference)
+        if tokens is None:
+            return None
+        prompt_ids, reply_ids, answer_start = tokens
+        ids = prompt_ids + reply_ids
+        result = await self.server.get_logprobs(input_ids=ids, top_k=1)
+        total = 0.0
+        for position in range(len(prompt_ids) + answer_start, len(ids)):
+            ranked = result["prompt_topk_token_ids"][position]
+            if ids[position] not in ranked:
+                return None
+            total += float(result["prompt_topk_logprobs"][position][ranked.index(ids[position])])
+        return total
+
     async def play_episode(
         self, item: Item, *, temperature: float, split: str
     ) -> tuple[Episode, float, Mapping[str, Any]]:
@@ -187,6 +233,32 @@ class SingleTurnEnv(MultiTurnEnv):
             max_tokens=self.max_tokens_for, temperature=self.config.eval_temperature,
             answer_fn=self.answer,
         )
+
+
+def _reply_tokens(tokenizer: Any, messages: list[Message], working: str, answer: str
+                  ) -> tuple[list[int], list[int], int] | None:
+    """``(prompt token ids, reply token ids, where the answer starts in the reply)``.
+
+    The reply is ``working + answer``; its tokens run up to and including the template's end of
+    turn (its first special token). None when the template does not render the conversation
+    with the reply as an extension of the prompt with the generation prompt, or when the
+    working's own tokens are not the start of the reply's (a token spans the boundary).
+    """
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(
+        [*messages, {"role": "assistant", "content": working + answer}], tokenize=False)
+    if not full.startswith(prompt) or len(full) == len(prompt):
+        return None
+    reply_ids = list(tokenizer.encode(full[len(prompt):], add_special_tokens=False))
+    special = set(tokenizer.all_special_ids)
+    for index, token in enumerate(reply_ids):
+        if token in special:
+            reply_ids = reply_ids[:index + 1]
+            break
+    working_ids = list(tokenizer.encode(working, add_special_tokens=False)) if working else []
+    if reply_ids[:len(working_ids)] != working_ids or len(working_ids) >= len(reply_ids):
+        return None
+    return list(tokenizer.encode(prompt, add_special_tokens=False)), reply_ids, len(working_ids)
 
 
 __all__ = ["SingleTurnEnv", "SingleTurnEnvConfig"]

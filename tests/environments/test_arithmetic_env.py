@@ -248,3 +248,24 @@ async def test_partial_credit_ranks_an_all_wrong_group_and_leaves_accuracy_exact
     exact = ArithmeticEnv(ArithmeticEnvConfig(**{**config.model_dump(), "partial_credit": 0.0}),
                           [FakeServer()])
     assert exact.score(item, "The answer is 47.") == 0.0
+
+
+@needs_tokenizer
+def test_the_screens_reference_reply_is_the_working_then_the_result():
+    """The difficulty screen scores the result's tokens (and the end of turn) after the working."""
+    from atroposlib.envs.single_turn import SingleTurnEnv, _reply_tokens
+
+    config = ArithmeticEnvConfig(**{**ArithmeticEnv.config_init()[0].model_dump(), "use_wandb": False,
+                                    "tokenizer_name": str(BUNDLED)})
+    env = ArithmeticEnv(config, [FakeServer()])
+    item = {"a": 87, "op": "-", "b": 49, "answer": 38, "question": "What is 87 - 49? Answer with just the number."}
+    assert env.reference_reply(item) == ("87 - 49 =", " 38")
+    prompt_ids, reply_ids, start = _reply_tokens(env.tokenizer, env.prompt(item), *env.reference_reply(item))
+    assert env.tokenizer.decode(prompt_ids).endswith("assistant\n")
+    assert env.tokenizer.decode(reply_ids[:start]) == "87 - 49 ="
+    assert env.tokenizer.decode(reply_ids[start:]) == " 38<|im_end|>"
+    # SingleTurnEnv's own reference reply is the bare answer: every reply token is scored
+    assert SingleTurnEnv.reference_reply(env, item) == ("", "38")
+    assert _reply_tokens(env.tokenizer, env.prompt(item), "", "38")[2] == 0
+    # a working whose last token merges with the answer's first cannot be split: no signal
+    assert _reply_tokens(env.tokenizer, env.prompt(item), "hello wor", "ld") is None

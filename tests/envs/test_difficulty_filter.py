@@ -8,7 +8,14 @@ from collections import Counter
 
 import pytest
 
-from atroposlib.env_runtime.difficulty import DifficultySampler, DifficultySettings
+from atroposlib.env_runtime.difficulty import (
+    DifficultyFilter,
+    DifficultySampler,
+    DifficultySettings,
+    SolveRateModel,
+    mixed_chance,
+    reply_log_odds,
+)
 
 SETTINGS = DifficultySettings(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0)
 
@@ -134,7 +141,8 @@ async def test_replays_are_a_share_of_what_is_handed_out_and_end():
 
 @pytest.mark.parametrize("bad", [dict(solved_keep=0.0), dict(failed_keep=1.5), dict(floor=0.0),
                                  dict(max_draws=0), dict(replay=1.0), dict(replay=-0.1),
-                                 dict(replay_size=0), dict(replay_times=0)])
+                                 dict(replay_size=0), dict(replay_times=0), dict(screen=0),
+                                 dict(screen_window=0)])
 def test_bad_settings_are_refused(bad):
     values = dict(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0) | bad
     with pytest.raises(ValueError, match="difficulty filter"):
@@ -153,6 +161,123 @@ def test_settings_come_from_the_env_config():
                                                 difficulty_filter_replay_size=8,
                                                 difficulty_filter_replay_times=4))
     assert (replay.replay, replay.replay_size, replay.replay_times) == (0.5, 8, 4)
+    assert on.screen == 1
+    screened = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_screen=4))
+    assert screened.screen == 4
+
+
+# ------------------------------------------------------------------- screening by predicted solve rate
+def test_mixed_chance_is_highest_at_even_odds():
+    assert mixed_chance(0.5, 8) == pytest.approx(1 - 2 / 256)
+    assert mixed_chance(0.0, 8) == mixed_chance(1.0, 8) == 0.0
+    assert mixed_chance(0.2, 8) == pytest.approx(mixed_chance(0.8, 8))
+    assert mixed_chance(0.3, 8) > mixed_chance(0.1, 8) > mixed_chance(0.01, 8)
+    assert mixed_chance(0.5, 1) == 0.0  # a group of one never has two scores
+
+
+def test_the_prior_predicts_the_reply_probability_itself():
+    import math
+
+    model = SolveRateModel()
+    for q in (0.001, 0.1, 0.5, 0.9, 0.999):
+        assert model.predict(math.log(q)) == pytest.approx(q, rel=1e-6)
+    assert reply_log_odds(0.0) > 20  # a certain reply: large and finite
+    assert 0.999 < model.predict(0.0) <= 1.0
+
+
+def test_the_model_learns_the_true_solve_rate_from_groups():
+    import math
+    import random
+
+    rng = random.Random(0)
+    # the truth: solved less often than the exact reply's probability says (a = -1, b = 0.7)
+    truth = lambda lp: 1 / (1 + math.exp(-(-1.0 + 0.7 * reply_log_odds(lp))))  # noqa: E731
+    model = SolveRateModel(window=256)
+    for _ in range(400):
+        lp = math.log(rng.uniform(0.01, 0.99))
+        solved = sum(rng.random() < truth(lp) for _ in range(8))
+        model.observe(lp, solved, 8)
+    a, b = model.coef
+    assert a == pytest.approx(-1.0, abs=0.25) and b == pytest.approx(0.7, abs=0.2)
+    for q in (0.05, 0.3, 0.7, 0.95):
+        assert model.predict(math.log(q)) == pytest.approx(truth(math.log(q)), abs=0.06)
+    assert len(model.groups) == 256  # only the last window is kept
+    with pytest.raises(ValueError, match="solved"):
+        model.observe(-1.0, 9, 8)
+
+
+class ScreenedEnv:
+    """Just what the filter uses: items with a known answer log-prob, a config, stats."""
+
+    def __init__(self, logprobs, group_size=8, fail=()):
+        import itertools
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(seed=0, group_size=group_size)
+        self.stats = Counter()
+        self.items = itertools.cycle(logprobs)
+        self.fail = set(fail)
+        self.asked = []
+
+    async def get_next_item(self):
+        return next(self.items)
+
+    def item_id(self, item):
+        return item
+
+    async def answer_logprob(self, item):
+        self.asked.append(item)
+        if item in self.fail:
+            raise RuntimeError("server down")
+        return item  # the item is its own log-prob
+
+
+def _settings(**kw):
+    return DifficultySettings(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0, **kw)
+
+
+async def test_screening_hands_out_the_candidate_most_likely_to_come_back_mixed():
+    import math
+
+    env = ScreenedEnv([math.log(0.99), math.log(0.01), math.log(0.4), math.log(0.9)])
+    screen = DifficultyFilter(env, _settings(screen=4))
+    assert await screen.next_item() == math.log(0.4)  # 0.4 beats 0.9, 0.99 and 0.01
+    assert env.asked == [math.log(q) for q in (0.99, 0.01, 0.4, 0.9)]  # one request per candidate
+    assert env.stats["difficulty_screened"] == 4
+    # the group that comes back refits the model: 0.4's replies were all solved
+    screen.note(math.log(0.4), [[1.0] * 8])
+    assert screen.model.predict(math.log(0.4)) > 0.4
+    assert not screen.signals  # the signal was used once
+
+
+async def test_without_screening_no_answer_is_scored():
+    import math
+
+    env = ScreenedEnv([math.log(0.99), math.log(0.4)])
+    plain = DifficultyFilter(env, _settings())
+    assert plain.model is None
+    assert await plain.next_item() == math.log(0.99)
+    assert env.asked == [] and "difficulty_screened" not in env.stats
+
+
+async def test_a_candidate_whose_answer_cannot_be_scored_ranks_last():
+    import math
+
+    good, broken = math.log(0.01), math.log(0.5)
+    env = ScreenedEnv([broken, good], fail={broken})
+    screen = DifficultyFilter(env, _settings(screen=2))
+    assert await screen.next_item() == good
+    assert env.stats["difficulty_screen_failed"] == 1
+    every_one_broken = DifficultyFilter(ScreenedEnv([broken], fail={broken}), _settings(screen=3))
+    assert await every_one_broken.next_item() == broken  # the run goes on with the first draw
+
+
+def test_screening_needs_an_env_that_scores_answers():
+    class NoAnswers(ScreenedEnv):
+        answer_logprob = None
+
+    with pytest.raises(ValueError, match="difficulty_filter_screen=4 needs an env with answer_logprob"):
+        DifficultyFilter(NoAnswers([0.0]), _settings(screen=4))
 
 
 # ---------------------------------------------------------------------------- a real serve run

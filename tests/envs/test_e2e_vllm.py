@@ -103,3 +103,39 @@ def test_serve_managed_env_with_real_vllm_delivers_aligned_logprobs(vllm_server,
                     assert (mask == -100 and lp == 1.0) or (mask == tok and lp <= 0)
     finally:
         api.stop()
+
+
+async def test_answer_logprob_is_the_policys_log_probability_of_the_reference_reply(vllm_server):
+    """The difficulty screen's signal, from real vLLM, equals transformers' log-prob of the same tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from atroposlib.environments.arithmetic_server import ArithmeticEnv as Arithmetic
+    from atroposlib.environments.arithmetic_server import ArithmeticEnvConfig
+    from atroposlib.envs.single_turn import _reply_tokens
+
+    config = ArithmeticEnvConfig(tokenizer_name=str(vllm_server.model_dir), use_wandb=False)
+    env = Arithmetic(config, [APIServerConfig(
+        server_type="vllm", base_url=vllm_server.base_url, model_name=vllm_server.model_name,
+        tokenizer_name=str(vllm_server.model_dir), api_key="x")])
+    easy = {"a": 2, "op": "+", "b": 3, "answer": 5, "question": "What is 2 + 3? Answer with just the number."}
+    hard = {"a": 87, "op": "-", "b": 49, "answer": 38,
+            "question": "What is 87 - 49? Answer with just the number."}
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, torch_dtype=torch.float32)
+    signals = {}
+    for name, item in (("easy", easy), ("hard", hard)):
+        signal = await env.answer_logprob(item)
+        prompt_ids, reply_ids, answer_start = _reply_tokens(
+            env.tokenizer, env.prompt(item), *env.reference_reply(item))
+        ids = torch.tensor([prompt_ids + reply_ids])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+        targets = ids[0, 1:]
+        # the answer's tokens and the end of turn, after the prompt and the working ("2 + 3 =")
+        first = len(prompt_ids) + answer_start - 1
+        expected = logprobs[torch.arange(len(targets)), targets][first:].sum().item()
+        assert signal == pytest.approx(expected, abs=0.05), name
+        assert answer_start == len(env.tokenizer.encode(env.reference_reply(item)[0])) and signal < 0
+        signals[name] = signal
+    assert signals["easy"] > signals["hard"]  # the bundled model says 2 + 3 = 5 far more readily
+    await env.server.aclose()
