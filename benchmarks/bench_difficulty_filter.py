@@ -6,10 +6,13 @@ checkpoint such as a run's ``checkpoints/final``), ``--concurrency`` groups at a
 the same steps the serve loop takes (``run_item``, and :class:`DifficultyFilter` when on). Both
 arms use the same seed, so they draw the same stream of problems; the filter only skips some.
 For each arm: groups sampled, dropped as same scores (all solved / all failed), the share
-dropped overall and per window of ``--window`` groups, and items skipped by the filter::
+dropped overall and per window of ``--window`` groups, items skipped by the filter, candidates
+scored by its screen (``--env-arg difficulty_filter_screen=8``) and the arm's wall seconds::
 
     python benchmarks/bench_difficulty_filter.py --groups 900 --difficulty 2
     python benchmarks/bench_difficulty_filter.py --groups 900 --model runs/x/checkpoints/final
+    python benchmarks/bench_difficulty_filter.py --groups 300 --difficulty 4 --model runs/x/checkpoints/final \
+        --arms off,on,signal --env-arg difficulty_filter_screen=8
 
 A fixed policy is the filter's hard case for all-failed items (they never become learnable)
 and its easy case for all-solved ones (they never stop being solved); a training run moves
@@ -22,6 +25,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +34,40 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def signal_fifths(pairs: list[tuple[float, int, int]]) -> list[dict[str, Any]]:
+    """The screen's signal against what groups did, by fifths of the signal.
+
+    Args:
+        pairs: ``(answer log-prob in nats, replies solved, replies)`` per group.
+
+    Returns:
+        Per fifth, lowest signal first: the range of ``exp(signal)``, the share of replies
+        solved and the share of groups that came back all-same.
+    """
+    import math
+
+    ranked = sorted(pairs)
+    size = len(ranked) // 5
+    fifths = []
+    for index in range(5):
+        part = ranked[index * size:(index + 1) * size]
+        if not part:
+            continue
+        fifths.append({
+            "answer_probability": [float(f"{math.exp(part[0][0]):.2g}"), float(f"{math.exp(part[-1][0]):.2g}")],
+            "solved_share": round(sum(p[1] for p in part) / sum(p[2] for p in part), 3),
+            "all_same_share": round(sum(p[1] in (0, p[2]) for p in part) / len(part), 3)})
+    return fifths
+
+
 async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, concurrency: int,
-                 window: int, filtered: bool, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Sample ``groups`` groups through ``run_item``; return the counts (see module docstring)."""
+                 window: int, filtered: bool, overrides: dict[str, Any],
+                 signal: bool = False) -> dict[str, Any]:
+    """Sample ``groups`` groups through ``run_item``; return the counts (see module docstring).
+
+    With ``signal``, also the screen's signal of every (unscreened) item against its group
+    (:func:`signal_fifths`).
+    """
     from atroposlib.env_runtime.difficulty import DifficultyFilter
     from atroposlib.env_runtime.step import run_item
     from atroposlib.environments.arithmetic_server import ArithmeticEnv
@@ -55,7 +90,11 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
                     return
                 started[0] += 1
                 item = await (chooser.next_item() if chooser else env.get_next_item())
+            answer_logprob = await env.answer_logprob(item) if signal else None
             outcome = await run_item(env, item, check_length=False)
+            if answer_logprob is not None and outcome.scores:
+                scores = outcome.scores[0]
+                pairs.append((answer_logprob, sum(x >= 1.0 for x in scores), len(scores)))
             if chooser:
                 chooser.note(item, outcome.scores)
             for scores in outcome.scores:
@@ -63,7 +102,10 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
                 kinds.append(("solved" if scores[0] >= 1.0 else "failed") if same else "mixed")
 
     started = [0]
+    pairs: list[tuple[float, int, int]] = []
+    began = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
+    seconds = time.monotonic() - began
     await env.server.aclose()
     dropped = [k != "mixed" for k in kinds]
     windows = [round(sum(dropped[i:i + window]) / len(dropped[i:i + window]), 3)
@@ -73,6 +115,9 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
             "dropped_share": round(sum(dropped) / max(1, len(dropped)), 3),
             "dropped_share_by_window": windows, "window": window,
             "skipped_items": int(env.stats.get("difficulty_skipped", 0)),
+            "screened_items": int(env.stats.get("difficulty_screened", 0)),
+            "seconds": round(seconds, 1),
+            **({"signal_by_fifth": signal_fifths(pairs)} if signal else {}),
             "settings": {k: getattr(config, k) for k in type(config).model_fields
                          if k.startswith("difficulty_filter")}}
 
@@ -85,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="policy directory (default: the bundled model)")
     parser.add_argument("--concurrency", type=int, default=8, help="groups in flight")
     parser.add_argument("--window", type=int, default=100, help="groups per reported window")
-    parser.add_argument("--arms", default="off,on", help="comma-separated: off, on")
+    parser.add_argument("--arms", default="off,on", help="comma-separated: off, on, signal (off, "
+                        "plus the screen's signal of each item against its group, by fifths)")
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an env config override for the 'on' arm, e.g. difficulty_filter_floor=0.1")
     parser.add_argument("--json-out", type=Path, default=Path("runs/bench_difficulty_filter.json"))
@@ -107,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm in [a.strip() for a in args.arms.split(",") if a.strip()]:
             result = asyncio.run(sample(vllm.base_url, model, args.difficulty, args.groups,
                                         args.concurrency, args.window, arm == "on",
-                                        overrides if arm == "on" else {}))
+                                        overrides if arm == "on" else {}, signal=arm == "signal"))
             result.update(model=model, difficulty=args.difficulty)
             print(json.dumps(result), flush=True)
             results.append(result)
