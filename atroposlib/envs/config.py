@@ -133,7 +133,9 @@ class BaseEnvConfig(BaseModel):
         "predicted from the policy's log-probability of the reference answer (one prompt-scoring "
         "request per candidate, no sampling; the selection rule of Prompt Curriculum Learning, "
         "arXiv:2510.01135). Needs a single-turn env with a reference answer and a vLLM server. "
-        "1 disables.",
+        "1 disables. At 8 on arithmetic difficulty 4 it cut the groups dropped as all-same from "
+        "67% to 21% but held-out accuracy came out lower (45.0% vs 59.5% at 14 min, one run "
+        "each, a trainer-bound loop): measure first.",
     )
     tokenizer_name: str | None = Field(
         default=None,
