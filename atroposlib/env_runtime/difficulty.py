@@ -90,6 +90,8 @@ class DifficultySettings:
         replay_times: most replays of one item after the group that made it learnable.
         screen: candidates scored per item handed out by their predicted solve rate (1 = no
             screening; see :class:`SolveRateModel`).
+        screen_rule: ``"best"`` hands out the candidate with the highest chance of a mixed
+            group; ``"weighted"`` draws one in proportion to that chance.
         screen_window: groups the solve-rate model is fitted on (the most recent).
     """
 
@@ -102,6 +104,7 @@ class DifficultySettings:
     replay_size: int = 256
     replay_times: int = 2
     screen: int = 1
+    screen_rule: str = "best"
     screen_window: int = 256
 
     def __post_init__(self) -> None:
@@ -110,7 +113,7 @@ class DifficultySettings:
         Raises:
             ValueError: a factor or the floor outside (0, 1], ``replay`` outside [0, 1), or
                 ``max_draws``, ``replay_size``, ``replay_times``, ``screen`` or
-                ``screen_window`` < 1.
+                ``screen_window`` < 1, or ``screen_rule`` neither ``"best"`` nor ``"weighted"``.
         """
         for name in ("solved_keep", "failed_keep", "floor"):
             value = getattr(self, name)
@@ -121,6 +124,9 @@ class DifficultySettings:
         for name in ("max_draws", "replay_size", "replay_times", "screen", "screen_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"difficulty filter {name} must be >= 1, got {getattr(self, name)}")
+        if self.screen_rule not in ("best", "weighted"):
+            raise ValueError(f"difficulty filter screen_rule must be 'best' or 'weighted', "
+                             f"got {self.screen_rule!r}")
 
 
 @dataclass(slots=True)
@@ -397,22 +403,24 @@ class DifficultyFilter:
     async def screen(self, candidates: Sequence[Any]) -> Any:
         """The candidate whose group is most likely to come back mixed (:func:`mixed_chance`).
 
-        Each candidate's signal is the env's ``answer_logprob`` (requested concurrently); a
-        candidate without one (None, or the request failed) ranks last, and with no signal at
-        all the first candidate is handed out. Counts ``difficulty_screened`` (candidates
+        With ``screen_rule="weighted"``, a candidate drawn at random with probability
+        proportional to that chance instead. Each candidate's signal is the env's
+        ``answer_logprob`` (requested concurrently); a candidate without one (None, or the
+        request failed) ranks last (is never drawn), and with no signal at all the first
+        candidate is handed out. Counts ``difficulty_screened`` (candidates
         scored) in ``env.stats``.
         """
         assert self.model is not None
         signals = await asyncio.gather(*(self._signal(c) for c in candidates))
         self.env.stats["difficulty_screened"] += len(candidates)
         group_size = int(getattr(self.env.config, "group_size", 1) or 1)
-        best, best_chance = 0, -1.0
-        for index, signal in enumerate(signals):
-            if signal is None:
-                continue
-            chance = mixed_chance(self.model.predict(signal), group_size)
-            if chance > best_chance:
-                best, best_chance = index, chance
+        chances = [-1.0 if signal is None else mixed_chance(self.model.predict(signal), group_size)
+                   for signal in signals]
+        if self.sampler.settings.screen_rule == "weighted" and sum(c for c in chances if c > 0):
+            best = self.sampler.rng.choices(range(len(candidates)),
+                                            weights=[max(c, 0.0) for c in chances])[0]
+        else:
+            best = max(range(len(candidates)), key=chances.__getitem__)  # the first on ties
         chosen = candidates[best]
         if signals[best] is not None:
             key = self.env.item_id(chosen)
@@ -469,7 +477,8 @@ def settings_from_config(config: Any) -> DifficultySettings | None:
                               replay=config.difficulty_filter_replay,
                               replay_size=config.difficulty_filter_replay_size,
                               replay_times=config.difficulty_filter_replay_times,
-                              screen=getattr(config, "difficulty_filter_screen", 1))
+                              screen=config.difficulty_filter_screen,
+                              screen_rule=config.difficulty_filter_screen_rule)
 
 
 __all__ = ["DifficultyFilter", "DifficultySampler", "DifficultySettings", "SolveRateModel",

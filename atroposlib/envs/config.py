@@ -137,6 +137,13 @@ class BaseEnvConfig(BaseModel):
         "67% to 21% but held-out accuracy came out lower (45.0% vs 59.5% at 14 min, one run "
         "each, a trainer-bound loop): measure first.",
     )
+    difficulty_filter_screen_rule: Literal["best", "weighted"] = Field(
+        default="best",
+        description="With difficulty_filter_screen > 1: 'best' rolls out the candidate most "
+        "likely to come back mixed; 'weighted' draws one at random in proportion to that chance, "
+        "so items predicted near-certain (solved or failed) are still skipped but the candidates "
+        "in between keep their mix of problem types.",
+    )
     tokenizer_name: str | None = Field(
         default=None,
         validate_default=True,

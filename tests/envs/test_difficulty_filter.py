@@ -142,7 +142,7 @@ async def test_replays_are_a_share_of_what_is_handed_out_and_end():
 @pytest.mark.parametrize("bad", [dict(solved_keep=0.0), dict(failed_keep=1.5), dict(floor=0.0),
                                  dict(max_draws=0), dict(replay=1.0), dict(replay=-0.1),
                                  dict(replay_size=0), dict(replay_times=0), dict(screen=0),
-                                 dict(screen_window=0)])
+                                 dict(screen_window=0), dict(screen_rule="softmax")])
 def test_bad_settings_are_refused(bad):
     values = dict(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0) | bad
     with pytest.raises(ValueError, match="difficulty filter"):
@@ -163,7 +163,10 @@ def test_settings_come_from_the_env_config():
     assert (replay.replay, replay.replay_size, replay.replay_times) == (0.5, 8, 4)
     assert on.screen == 1
     screened = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_screen=4))
-    assert screened.screen == 4
+    assert screened.screen == 4 and screened.screen_rule == "best"
+    weighted = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_screen=4,
+                                                  difficulty_filter_screen_rule="weighted"))
+    assert weighted.screen_rule == "weighted"
 
 
 # ------------------------------------------------------------------- screening by predicted solve rate
@@ -248,6 +251,24 @@ async def test_screening_hands_out_the_candidate_most_likely_to_come_back_mixed(
     screen.note(math.log(0.4), [[1.0] * 8])
     assert screen.model.predict(math.log(0.4)) > 0.4
     assert not screen.signals  # the signal was used once
+
+
+async def test_the_weighted_rule_draws_candidates_in_proportion_to_their_mixed_chance():
+    import math
+
+    solve_rates = (0.99, 0.01, 0.4, 0.9)
+    env = ScreenedEnv([math.log(q) for q in solve_rates])
+    screen = DifficultyFilter(env, _settings(screen=4, screen_rule="weighted"))
+    draws = 4000
+    picked = Counter()
+    for _ in range(draws):
+        picked[await screen.next_item()] += 1
+    chances = {math.log(q): mixed_chance(q, 8) for q in solve_rates}  # the prior predicts q itself
+    total = sum(chances.values())
+    for signal, chance in chances.items():
+        expected = draws * chance / total
+        assert abs(picked[signal] - expected) < 4 * math.sqrt(expected) + 1, (signal, picked)
+    assert 0 < picked[math.log(0.9)] < picked[math.log(0.4)] < draws  # not always the best
 
 
 async def test_without_screening_no_answer_is_scored():
