@@ -47,7 +47,8 @@ after the working the env writes before it; one prompt-scoring request to the in
 server, no sampling). A
 small logistic model, refitted after every group on the last groups' outcomes
 (:class:`SolveRateModel`), turns the signal into a solve rate ``p``; the candidate whose group
-of ``G`` is most likely to come back mixed, ``1 - p^G - (1 - p)^G``, is handed out. This is
+of ``G`` is most likely to come back mixed, ``1 - p^G - (1 - p)^G``, is handed out (or, with
+``screen_rule="weighted"``, one drawn in proportion to that chance). This is
 the selection rule of Prompt Curriculum Learning (Gao et al. 2025, "Prompt Curriculum
 Learning for Efficient LLM Post-Training", arXiv:2510.01135: prompts of intermediate
 predicted difficulty, from a value model) with the policy's own likelihood of the reference
@@ -64,7 +65,7 @@ import statistics
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class DifficultySettings:
     replay_size: int = 256
     replay_times: int = 2
     screen: int = 1
-    screen_rule: str = "best"
+    screen_rule: Literal["best", "weighted"] = "best"
     screen_window: int = 256
 
     def __post_init__(self) -> None:
@@ -385,7 +386,8 @@ class DifficultyFilter:
     async def next_item(self) -> Any:
         """The next item to roll out (see :meth:`DifficultySampler.next_item`).
 
-        With screening on, the best of ``screen`` candidates drawn that way (:meth:`screen`).
+        With screening on, one of ``screen`` candidates drawn that way, chosen by
+        :meth:`screen`.
         """
         try:
             if self.model is None:
