@@ -24,6 +24,7 @@ from atroposlib.envs.eval import eval_samples
 from atroposlib.envs.groups import add_rollout, new_group, set_reference_answer
 from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
 from atroposlib.envs.scoring import ScoreResult, resolve_score
+from atroposlib.inference.clients.base import actual_token_logprob
 from atroposlib.type_definitions import Item, Message
 
 
@@ -164,10 +165,10 @@ class SingleTurnEnv(MultiTurnEnv):
         result = await self.server.get_logprobs(input_ids=ids, top_k=1)
         total = 0.0
         for position in range(len(prompt_ids) + answer_start, len(ids)):
-            ranked = result["prompt_topk_token_ids"][position]
-            if ids[position] not in ranked:
+            logprob = actual_token_logprob(result, position, ids[position])
+            if logprob is None:
                 return None
-            total += float(result["prompt_topk_logprobs"][position][ranked.index(ids[position])])
+            total += logprob
         return total
 
     async def play_episode(

@@ -47,7 +47,7 @@ from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.groups import CheckedGroups
 from atroposlib.errors import AtroposError, ConfigError
-from atroposlib.inference.clients.base import APIServer
+from atroposlib.inference.clients.base import APIServer, actual_token_logprob
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
 from atroposlib.inference.clients.manager import ServerManager, server_class_for
 from atroposlib.inference.clients.openai_client import resolve_openai_configs
@@ -149,13 +149,12 @@ def align_teacher_logprobs(
             out_lps.append([])
             continue
         if top_k == 0:
-            try:
-                j = [int(t) for t in pos_ids].index(int(tokens[pos]))
-            except ValueError:
+            actual = actual_token_logprob(result, pos, tokens[pos])
+            if actual is None:
                 raise TeacherDistillationError(
                     f"position {pos}: the actual token {tokens[pos]} is not in the teacher answer"
-                ) from None
-            keep_ids, keep_lps = [int(pos_ids[j])], [float(pos_lps[j])]
+                )
+            keep_ids, keep_lps = [int(tokens[pos])], [actual]
         else:
             if len(pos_ids) < top_k:
                 raise TeacherDistillationError(

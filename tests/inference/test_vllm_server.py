@@ -10,6 +10,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from atroposlib.errors import InferenceError
+from atroposlib.inference.clients.base import actual_token_logprob
 from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.manager import ServerManager
 from atroposlib.inference.clients.vllm_client import VLLMServer, parse_token_id, root_url
@@ -132,6 +133,18 @@ async def test_get_logprobs_uses_prompt_logprobs():
     assert requests[-1]["prompt_logprobs"] == 0
     await server.get_logprobs(input_ids=[4, 8, 9])
     assert requests[-1]["prompt_logprobs"] == 1
+
+
+async def test_actual_token_logprob_reads_the_scored_token_from_an_answer():
+    server = _server_on(_fake_vllm([]))
+    result = await server.get_logprobs(input_ids=[4, 8, 9], top_k=1)
+    assert actual_token_logprob(result, 1, 8) == -0.5
+    assert actual_token_logprob(result, 2, 8) is None  # 8 is not ranked at position 2
+    assert actual_token_logprob(result, 0, 4) is None  # nothing precedes the first token
+    ranked = {"prompt_topk_token_ids": [[], [3, 8]], "prompt_topk_logprobs": [[], [-0.1, -2.5]]}
+    assert actual_token_logprob(ranked, 1, 8) == -2.5  # outside the top 1, added by vLLM
+    with pytest.raises(IndexError):
+        actual_token_logprob(result, 3, 9)
 
 
 # ---------------------------------------------------------------------- real vLLM (e2e)

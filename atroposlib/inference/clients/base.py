@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 from tenacity import (
@@ -320,8 +321,37 @@ __all__ = [
     "ReasoningConfig",
     "VALID_REASONING_EFFORTS",
     "ServerBaseline",
+    "actual_token_logprob",
     "is_transient_error",
 ]
+
+
+def actual_token_logprob(result: Mapping[str, Any], position: int, token: int) -> float | None:
+    """The log-probability (nats, <= 0) that a ``get_logprobs`` answer gives ``token`` at ``position``.
+
+    vLLM ranks the top ``k`` candidates at each prompt position and adds the prompt's actual token
+    when it falls outside them, so the actual token is normally among the candidates whatever
+    ``top_k`` was asked; other backends may leave it out.
+
+    Args:
+        result: a :meth:`InferenceClient.get_logprobs` answer, ``{"prompt_topk_token_ids":
+            [P][<=k+1], "prompt_topk_logprobs": [P][<=k+1], ...}``.
+        position: index into the scored sequence (``0 <= position < P``).
+        token: the token id that sits at ``position`` in the scored sequence.
+
+    Returns:
+        The candidate's log-prob, or None when ``token`` is not among the candidates at
+        ``position`` (position 0 has none: nothing precedes it).
+
+    Raises:
+        IndexError: ``position`` is past the end of the answer.
+    """
+    ranked = [int(t) for t in (result["prompt_topk_token_ids"][position] or [])]
+    try:
+        index = ranked.index(int(token))
+    except ValueError:
+        return None
+    return float(result["prompt_topk_logprobs"][position][index])
 
 
 def merge_choices(results: list[Any]) -> Any:
