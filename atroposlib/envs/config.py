@@ -135,7 +135,10 @@ class BaseEnvConfig(BaseModel):
         "arXiv:2510.01135). Needs a single-turn env with a reference answer and a vLLM server. "
         "1 disables. At 8 on arithmetic difficulty 4 it cut the groups dropped as all-same from "
         "67-69% to 21% but held-out accuracy came out lower (43.5-46.0% in three screened runs "
-        "vs 47.0-59.5% in three without, 14 min, a trainer-bound loop): measure first.",
+        "vs 47.0-59.5% in three without, 14 min, a trainer-bound loop). Each candidate costs the "
+        "sampler a prefill: on a CPU a screened group of 8 took 2.8x the sampling time of an "
+        "unscreened one, and with groups of 4 the screen halved the mixed groups per second: "
+        "measure first.",
     )
     difficulty_filter_screen_rule: Literal["best", "weighted"] = Field(
         default="best",
