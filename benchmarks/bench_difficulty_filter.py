@@ -1,13 +1,15 @@
 """Share of sampled groups dropped as all-same scores, with and without online difficulty filtering.
 
 Counted in groups, not minutes, so a busy machine does not change it: the arithmetic env samples
-``--groups`` groups of 8 from a real vLLM serving a FIXED policy (the bundled model, or a
+``--groups`` groups (of 8 unless ``group_size`` is overridden) from a real vLLM serving a FIXED policy (the bundled model, or a
 checkpoint such as a run's ``checkpoints/final``), ``--concurrency`` groups at a time, through
 the same steps the serve loop takes (``run_item``, and :class:`DifficultyFilter` when on). Both
 arms use the same seed, so they draw the same stream of problems; the filter only skips some.
 For each arm: groups sampled, dropped as same scores (all solved / all failed), the share
 dropped overall and per window of ``--window`` groups, items skipped by the filter, candidates
-scored by its screen (``--env-arg difficulty_filter_screen=8``) and the arm's wall seconds::
+scored by its screen (``--env-arg difficulty_filter_screen=8``), the arm's wall seconds and
+its group size. ``--env-arg`` overrides the env config of the 'on' arm only; ``--all-arms-arg``
+overrides it in every arm (``--all-arms-arg group_size=4`` compares both arms with groups of 4)::
 
     python benchmarks/bench_difficulty_filter.py --groups 900 --difficulty 2
     python benchmarks/bench_difficulty_filter.py --groups 900 --model runs/x/checkpoints/final
@@ -116,10 +118,35 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
             "dropped_share_by_window": windows, "window": window,
             "skipped_items": int(env.stats.get("difficulty_skipped", 0)),
             "screened_items": int(env.stats.get("difficulty_screened", 0)),
-            "seconds": round(seconds, 1),
+            "seconds": round(seconds, 1), "group_size": int(config.group_size),
             **({"signal_by_fifth": signal_fifths(pairs)} if signal else {}),
             "settings": {k: getattr(config, k) for k in type(config).model_fields
                          if k.startswith("difficulty_filter")}}
+
+
+def arm_overrides(arm: str, env_args: list[str], all_arms_args: list[str]) -> dict[str, Any]:
+    """The env config overrides of one arm: ``all_arms_args``, then (the 'on' arm only) ``env_args``.
+
+    Args:
+        arm: ``off``, ``on`` or ``signal``.
+        env_args, all_arms_args: ``KEY=VALUE`` strings; each value is read as YAML (``4`` an
+            int, ``true`` a bool, ``best`` a string).
+
+    Returns:
+        ``{key: value}``; an ``env_args`` key wins over the same key in ``all_arms_args``.
+
+    Raises:
+        ValueError: an argument has no ``=``.
+    """
+    import yaml
+
+    def parse(items: list[str]) -> dict[str, Any]:
+        bad = [a for a in items if "=" not in a]
+        if bad:
+            raise ValueError(f"expected KEY=VALUE, got {bad[0]!r} (e.g. group_size=4)")
+        return {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in items)}
+
+    return {**parse(all_arms_args), **(parse(env_args) if arm == "on" else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,15 +161,19 @@ def main(argv: list[str] | None = None) -> int:
                         "plus the screen's signal of each item against its group, by fifths)")
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an env config override for the 'on' arm, e.g. difficulty_filter_floor=0.1")
+    parser.add_argument("--all-arms-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="an env config override for every arm, e.g. group_size=4")
     parser.add_argument("--json-out", type=Path, default=Path("runs/bench_difficulty_filter.json"))
     args = parser.parse_args(argv)
-    import yaml
-
     from atroposlib.inference.bundled import prepare_bundled_model
     from atroposlib.inference.sizing import size_for_training
     from atroposlib.inference.vllm_process import DEFAULT_CPU_BLOCK_SIZE, VLLMProcess
 
-    overrides = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in args.env_arg)}
+    try:
+        overrides = {arm: arm_overrides(arm, args.env_arg, args.all_arms_arg)
+                     for arm in ("off", "on", "signal")}
+    except ValueError as exc:
+        parser.error(str(exc))
     model = str(args.model or prepare_bundled_model())
     sizing = size_for_training(model, "bfloat16", 16, 256, 512, DEFAULT_CPU_BLOCK_SIZE)
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm in [a.strip() for a in args.arms.split(",") if a.strip()]:
             result = asyncio.run(sample(vllm.base_url, model, args.difficulty, args.groups,
                                         args.concurrency, args.window, arm == "on",
-                                        overrides if arm == "on" else {}, signal=arm == "signal"))
+                                        overrides.get(arm, {}), signal=arm == "signal"))
             result.update(model=model, difficulty=args.difficulty)
             print(json.dumps(result), flush=True)
             results.append(result)

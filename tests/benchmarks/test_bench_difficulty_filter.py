@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tests.fixtures.bench_scripts import load_bench
 
 
@@ -18,3 +20,15 @@ def test_signal_fifths_rank_groups_by_their_answer_probability():
         [1e-6, 1e-4], [0.01, 0.05], [0.3, 0.5], [0.6, 0.7], [0.9, 0.99]]
     assert [f["solved_share"] for f in fifths] == [0.0, 0.062, 0.375, 0.75, 1.0]
     assert [f["all_same_share"] for f in fifths] == [1.0, 0.5, 0.0, 0.0, 1.0]
+
+
+def test_arm_overrides_apply_all_arms_args_everywhere_and_env_args_to_the_on_arm():
+    bench = load_bench("bench_difficulty_filter.py")
+    env_args = ["difficulty_filter_screen=8", "group_size=16"]
+    common = ["group_size=4", "temperature=0.8"]
+    assert bench.arm_overrides("off", env_args, common) == {"group_size": 4, "temperature": 0.8}
+    assert bench.arm_overrides("signal", env_args, []) == {}
+    assert bench.arm_overrides("on", env_args, common) == {
+        "group_size": 16, "temperature": 0.8, "difficulty_filter_screen": 8}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        bench.arm_overrides("off", [], ["group_size"])
