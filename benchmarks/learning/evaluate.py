@@ -12,6 +12,37 @@ from benchmarks.learning.trl_side import MAX_TOKENS, eos_token_ids
 EVAL_SIZE = 200
 
 
+def greedy_replies(model: Any, tokenizer: Any, prompts: list[str], eval_batch: int) -> list[tuple[str, str]]:
+    """Greedy replies of ``model`` to rendered ``prompts``, at most ``MAX_TOKENS`` tokens each.
+
+    Args:
+        model: a HF causal LM.
+        tokenizer: its tokenizer, padding on the left.
+        prompts: ``[N]`` chat-rendered prompts (generation prompt included).
+        eval_batch: prompts per ``generate`` call.
+
+    Returns:
+        ``[N]`` ``(text, finish_reason)``: the reply up to its first end-of-turn token,
+        ``"stop"``, or the whole reply and ``"length"`` when it has none.
+    """
+    import torch
+
+    eos_ids = eos_token_ids(model, tokenizer)
+    replies: list[tuple[str, str]] = []
+    for i in range(0, len(prompts), eval_batch):
+        enc = tokenizer(prompts[i:i + eval_batch], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=MAX_TOKENS,
+                                 pad_token_id=tokenizer.pad_token_id or 0,
+                                 eos_token_id=sorted(eos_ids))
+        for row in out[:, enc["input_ids"].shape[1]:].tolist():
+            cut = next((j for j, t in enumerate(row) if t in eos_ids), None)
+            replies.append((tokenizer.decode(row[:cut], skip_special_tokens=True),
+                            "length" if cut is None else "stop"))
+    return replies
+
+
 def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int,
                  eval_size: int = EVAL_SIZE) -> int:
     """Score every kept policy of ``runs`` with ONE evaluator; fill each run's ``curve``.
@@ -62,20 +93,9 @@ def evaluate_all(runs: list[dict[str, Any]], difficulty: int, eval_batch: int,
                 raise RuntimeError(f"{file} holds weights the model lacks: {unexpected[:3]}")
             if model.config.tie_word_embeddings:
                 model.tie_weights()
-        eos_ids = eos_token_ids(model, tokenizer)
-        correct = 0.0
-        for i in range(0, len(prompts), eval_batch):
-            enc = tokenizer(prompts[i:i + eval_batch], return_tensors="pt", padding=True,
-                            add_special_tokens=False)
-            with torch.no_grad():
-                out = model.generate(**enc, do_sample=False, max_new_tokens=MAX_TOKENS,
-                                     pad_token_id=tokenizer.pad_token_id or 0,
-                                     eos_token_id=sorted(eos_ids))
-            for row, prob in zip(out[:, enc["input_ids"].shape[1]:].tolist(), problems[i:i + eval_batch],
-                                 strict=True):
-                cut = next((j for j, t in enumerate(row) if t in eos_ids), None)
-                text = tokenizer.decode(row[:cut], skip_special_tokens=True)
-                correct += score_reply(text, prob["answer"], "length" if cut is None else "stop")
+        replies = greedy_replies(model, tokenizer, prompts, eval_batch)
+        correct = sum(score_reply(text, prob["answer"], finish)
+                      for (text, finish), prob in zip(replies, problems, strict=True))
         cache[path] = correct / len(problems)
         return cache[path]
 
