@@ -115,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [error_kind(p["answer"], final_number(text), finish, score_reply(text, p["answer"], finish))
              for p, (text, finish) in zip(problems, replies, strict=True)]
     result = {"model": args.model, "difficulty": args.difficulty, "problems": len(problems),
-              "accuracy": round(kinds.count("right") / len(problems), 3), **tally(problems, kinds),
+              "accuracy_overall": round(kinds.count("right") / len(problems), 3), **tally(problems, kinds),
               "examples": [{"question": p["question"], "reply": text, "kind": kind}
                            for p, (text, _), kind in list(zip(problems, replies, kinds, strict=True))[:20]]}
+    print(f"{result['accuracy_overall']:.1%} of {len(problems)} held-out problems right")
     for op, counts in result["counts"].items():
         print(f"{op}: {result['n'][op]} problems, {result['accuracy'][op]:.1%} right; {counts}")
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
