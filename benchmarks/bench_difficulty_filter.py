@@ -1,10 +1,11 @@
 """Share of sampled groups dropped as all-same scores, with and without online difficulty filtering.
 
 Counted in groups, not minutes, so a busy machine does not change it: the arithmetic env samples
-``--groups`` groups (of 8 unless ``group_size`` is overridden) from a real vLLM serving a FIXED policy (the bundled model, or a
-checkpoint such as a run's ``checkpoints/final``), ``--concurrency`` groups at a time, through
-the same steps the serve loop takes (``run_item``, and :class:`DifficultyFilter` when on). Both
-arms use the same seed, so they draw the same stream of problems; the filter only skips some.
+``--groups`` groups (of 8 unless ``group_size`` is overridden) from a real vLLM serving a FIXED
+policy (the bundled model, or a checkpoint such as a run's ``checkpoints/final``),
+``--concurrency`` groups at a time, through the same steps the serve loop takes (``run_item``,
+and :class:`DifficultyFilter` when on). Both arms use the same seed, so they draw the same
+stream of problems; the filter only skips some.
 For each arm: groups sampled, dropped as same scores (all solved / all failed), the share
 dropped overall and per window of ``--window`` groups, items skipped by the filter, candidates
 scored by its screen (``--env-arg difficulty_filter_screen=8``), the arm's wall seconds and
