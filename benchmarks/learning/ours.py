@@ -69,8 +69,11 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
 
     Returns:
         ``{"points": {fraction: model path}, "steps", "sequences", "train_seconds",
-        "peak_rss_bytes", "peak_rss_by_part", "lr", "env_args", "groups"}``; ``groups`` is the
-        env's count of sampled and dropped groups when its log has them.
+        "peak_rss_bytes", "peak_rss_by_part", "batch_wait_seconds", "lr", "env_args",
+        "trainer_args", "groups"}``: ``batch_wait_seconds`` is the time the trainer spent waiting
+        for batches within the budget (a loop bound by sampling waits long), ``trainer_args`` the
+        overrides given here (``{}`` if none), ``groups`` the env's count of sampled and dropped
+        groups when its log has them.
 
     Raises:
         RuntimeError: the launch failed (message names its log).
@@ -106,7 +109,7 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
                 env["args"]["openai.api_key"] = NODE_KEY
         cfg_path.write_text(yaml.safe_dump(config))
         result = _launch(name, cfg_path, run_dir, budget, points_wanted=POINTS[1:] if not node else ())
-    result.update(lr=config["trainer"]["lr"], env_args=env_args)
+    result.update(lr=config["trainer"]["lr"], env_args=env_args, trainer_args=dict(trainer_args or {}))
     return result
 
 
@@ -149,6 +152,7 @@ def _launch(name: str, cfg_path: Path, run_dir: Path, budget: float,
         seconds = min(summary["train_loop_seconds"], budget)
     return {"points": points, "steps": len(history),
             "sequences": sum(h.get("sequences", 0) for h in history),
+            "batch_wait_seconds": sum(h.get("batch_wait_seconds") or 0.0 for h in history),
             "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss,
             "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss,
             "rss_by_part_at_peak": dict(tree.rss_by_part_at_peak), "other_cmdlines": dict(tree.other_cmdlines),

@@ -36,8 +36,11 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "peak_rss_gib_by_part": {p: spread([r.get("peak_rss_by_part", {}).get(p, 0) / GiB for r in runs])
                                  for p in parts},
         "lr": runs[0].get("lr"), "env_args": runs[0].get("env_args", {}),
-        "trl_setting": runs[0].get("trl_setting"),
+        "trainer_args": runs[0].get("trainer_args", {}), "trl_setting": runs[0].get("trl_setting"),
     }
+    waits = [r["batch_wait_seconds"] for r in runs if "batch_wait_seconds" in r]
+    if waits:
+        row["batch_wait_seconds"] = spread(waits)
     finals = [r["groups"]["final"] for r in runs if (r.get("groups") or {}).get("final")]
     if finals:
         row["dropped_same_scores_share"] = spread(
@@ -75,7 +78,9 @@ def print_table(table: dict[str, Any]) -> None:
               f"    steps {row['steps']['mean']:.0f} [{row['steps']['min']:.0f}-{row['steps']['max']:.0f}]"
               f"  samples/s {row['samples_per_second']['mean']:.2f}"
               f"  peak RSS {row['peak_rss_gib']['max']:.2f} GiB ({parts}), PSS {row['peak_pss_gib']['max']:.2f}"
-              + (f"  dropped as same scores {dropped['mean']:.0%}" if dropped else ""), flush=True)
+              + (f"  dropped as same scores {dropped['mean']:.0%}" if dropped else "")
+              + (f"  trainer waited {row['batch_wait_seconds']['mean']:.0f} s" if "batch_wait_seconds" in row else ""),
+              flush=True)
 
 
 def plot(runs: list[dict[str, Any]], labels: list[str], task: dict[str, Any], plot_out: Path) -> None:
@@ -115,8 +120,9 @@ def best_trl(table: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
 #: task keys that must agree between merged JSONs (the others say how the runs were ordered)
 SAME_TASK_KEYS = ("model", "env", "difficulty", "max_tokens", "group_size", "batch_size",
                   "trainable_layers", "eval_problems", "minutes")
-#: run keys that must agree between merged runs of one label (one row is one way of running)
-SAME_RUN_KEYS = ("lr", "env_args", "trl_setting")
+#: run keys that must agree between merged runs of one label (one row is one way of running);
+#: a run that predates ``trainer_args`` counts as having none
+SAME_RUN_KEYS = ("lr", "env_args", "trainer_args", "trl_setting")
 
 
 def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any],
@@ -168,13 +174,19 @@ def merge(payloads: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, An
     for run in runs:  # one row averages runs of one contender, run the same way
         earlier = seen.setdefault(run["label"], run)
         for key in SAME_RUN_KEYS:
-            if earlier.get(key) != run.get(key):
-                raise ValueError(f"{run['label']}: {key} differs: {earlier.get(key)!r} in "
-                                 f"{earlier['source']}, {run.get(key)!r} in {run['source']}")
+            before, now = _setting(earlier, key), _setting(run, key)
+            if before != now:
+                raise ValueError(f"{run['label']}: {key} differs: {before!r} in "
+                                 f"{earlier['source']}, {now!r} in {run['source']}")
     task = {**first["task"], "pairs": max(r["pass"] for r in runs), "order": orders,
             "merged_from": sources}
     extra = {"trl_sweep": sweep_summary(runs, settings)} if settings else {}
     return runs, task, extra
+
+
+def _setting(run: dict[str, Any], key: str) -> Any:
+    """``run[key]``; a missing ``trainer_args`` (a JSON from before it was recorded) is ``{}``."""
+    return run.get(key, {} if key == "trainer_args" else None)
 
 
 def sweep_summary(runs: list[dict[str, Any]], settings: list[dict[str, Any]]) -> dict[str, Any]:

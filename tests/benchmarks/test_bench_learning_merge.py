@@ -111,3 +111,32 @@ def test_different_tasks_are_refused_with_the_key_named(bench, tmp_path, capsys)
     err = capsys.readouterr().err
     assert "'difficulty' differs: 4 in d4.json, 2 in d2.json" in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_runs_with_other_trainer_overrides_are_refused_and_old_runs_count_as_none(bench, tmp_path, capsys):
+    old = _run("ours-gspo-lora", 1, 0.5, 300)  # a JSON from before trainer_args was recorded
+    plain = _run("ours-gspo-lora", 1, 0.55, 310)
+    plain["trainer_args"] = {}
+    deeper = _run("ours-gspo-lora", 1, 0.6, 220)
+    deeper["trainer_args"] = {"train_last_layers": 20}
+    a, b, c = (_write(tmp_path / f"{n}.json", [r]) for n, r in (("old", old), ("plain", plain), ("deeper", deeper)))
+    out = tmp_path / "merged.json"
+    assert bench.main(["--merge", str(a), str(b), "--json-out", str(out)]) == 0
+    row = json.loads(out.read_text())["contenders"]["ours-gspo-lora"]
+    assert row["runs"] == 2 and row["trainer_args"] == {} and "batch_wait_seconds" not in row
+    with pytest.raises(SystemExit):
+        bench.main(["--merge", str(b), str(c), "--json-out", str(tmp_path / "x.json")])
+    assert ("ours-gspo-lora: trainer_args differs: {} in plain.json, {'train_last_layers': 20} in "
+            "deeper.json") in capsys.readouterr().err
+
+
+def test_the_row_gives_how_long_the_trainer_waited_for_batches(bench, tmp_path, capsys):
+    runs = [_run("ours-gspo-lora", n, 0.5, 200) for n in (1, 2)]
+    for run, wait in zip(runs, (40.0, 60.0), strict=True):
+        run["batch_wait_seconds"] = wait
+    a, b = (_write(tmp_path / f"{n}.json", [r]) for n, r in (("a", runs[0]), ("b", runs[1])))
+    out = tmp_path / "merged.json"
+    assert bench.main(["--merge", str(a), str(b), "--json-out", str(out)]) == 0
+    wait = json.loads(out.read_text())["contenders"]["ours-gspo-lora"]["batch_wait_seconds"]
+    assert (wait["mean"], wait["min"], wait["max"]) == (50.0, 40.0, 60.0)
+    assert "trainer waited 50 s" in capsys.readouterr().out
