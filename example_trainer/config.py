@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from atroposlib.defaults import DEFAULT_API_URL, DEFAULT_INFERENCE_MODEL
 from example_trainer.checkpointing import CheckpointMode
-from example_trainer.optimizer import OptimizerName
+from example_trainer.optimizer import LRSchedulerName, OptimizerName
 
 
 def default_model_dir() -> str:
@@ -171,6 +171,10 @@ class TrainerConfig(BaseSettings):
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear LR warm-up steps.")
+    lr_scheduler_type: LRSchedulerName = Field(
+        default="constant", description="The learning rate after warm-up (Hugging Face's "
+        "names): constant; linear or cosine decay to 0 at the end of the run, which is "
+        "--training-steps or --max-train-seconds, whichever comes first.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient-norm clip.")
     clip_eps: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip range.")
     loss_type: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"] = Field(

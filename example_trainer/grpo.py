@@ -163,7 +163,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                                       "batch_wait_seconds": wait_s})
                 continue
             # ---------------------------------------------------------- 2-3. loss, backward, optimizer
-            metrics = stepper.run(step, batch)
+            metrics = stepper.run(step, batch, run.lr_progress(step))
             run.steps_done = step  # from here on a checkpoint holds this step's update
             stop_requested(dist, run.stop)  # vLLM died during the step: end before syncing to it
             # ---------------------------------------------------------- 4. sync vLLM

@@ -18,16 +18,26 @@ parameters) that is 270 MiB, the trainer's largest tensor after the weights.
 
 The names are those of Hugging Face's ``TrainingArguments.optim`` (which TRL uses), so a
 setting carries over.
+
+The learning rate of each step comes from :func:`scheduled_lr`: a linear warm-up, then a
+constant, linear or cosine schedule (``--lr-scheduler-type``, Hugging Face's names). A run
+with a time budget (``--max-train-seconds``) rarely knows its last step, so the schedule's
+progress is the larger of the steps done and the budget used.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, get_args
 
 #: An optimizer name, as ``--optim`` takes it (the trainer config's type).
 OptimizerName = Literal["adamw_torch", "adamw_bnb_8bit"]
 #: The optimizer names, in order.
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
+#: A learning-rate schedule after warm-up, as ``--lr-scheduler-type`` takes it.
+LRSchedulerName = Literal["constant", "linear", "cosine"]
+#: The schedule names, in order.
+LR_SCHEDULERS: tuple[str, ...] = get_args(LRSchedulerName)
 
 
 def build_optimizer(name: str, params: list[Any], *, lr: float, betas: tuple[float, float],
@@ -68,6 +78,61 @@ def build_optimizer(name: str, params: list[Any], *, lr: float, betas: tuple[flo
     return bnb.optim.AdamW8bit(params, lr=lr, betas=betas, weight_decay=weight_decay)
 
 
+def schedule_progress(step: int, training_steps: int, elapsed_seconds: float | None = None,
+                      budget_seconds: float | None = None) -> float:
+    """How far through the run step ``step`` is, in [0, 1], for a decaying schedule.
+
+    Args:
+        step: the optimizer step about to run (1-based).
+        training_steps: the run's step limit (``--training-steps``), >= 1.
+        elapsed_seconds: training time used so far (seconds; evaluations excluded), or None.
+        budget_seconds: the time budget (``--max-train-seconds``), or None for none.
+
+    Returns:
+        ``max(step / training_steps, elapsed_seconds / budget_seconds)``, clipped to [0, 1]:
+        whichever limit the run will hit first sets the pace of the decay.
+    """
+    progress = step / max(training_steps, 1)
+    if budget_seconds and elapsed_seconds is not None:
+        progress = max(progress, elapsed_seconds / budget_seconds)
+    return min(max(progress, 0.0), 1.0)
+
+
+def scheduled_lr(base_lr: float, step: int, *, warmup_steps: int = 0,
+                 scheduler: str = "constant", progress: float = 0.0) -> float:
+    """The learning rate of step ``step``.
+
+    ``base_lr * min(1, step / warmup_steps) * decay(progress)``, where decay is 1 for
+    ``constant``, ``1 - p`` for ``linear`` and ``(1 + cos(pi p)) / 2`` for ``cosine``
+    (Loshchilov & Hutter 2017, "SGDR: Stochastic Gradient Descent with Warm Restarts",
+    eq. 5 with eta_min = 0 and one period). Both decays reach 0 at the end of the run, as
+    Hugging Face's ``get_linear_schedule_with_warmup`` and ``get_cosine_schedule_with_warmup``
+    do; unlike them, progress runs over the whole run, warm-up included, because a run with a
+    time budget does not know its step count in advance.
+
+    Args:
+        base_lr: the peak learning rate (``--lr``).
+        step: the step about to run (1-based).
+        warmup_steps: linear warm-up over this many steps (0: none).
+        scheduler: one of :data:`LR_SCHEDULERS`.
+        progress: the run's progress in [0, 1] (:func:`schedule_progress`).
+
+    Returns:
+        The learning rate (same unit as ``base_lr``).
+
+    Raises:
+        ValueError: ``scheduler`` is unknown.
+    """
+    if scheduler not in LR_SCHEDULERS:
+        raise ValueError(f"lr scheduler {scheduler!r} is not one of {', '.join(LR_SCHEDULERS)}")
+    lr = base_lr * min(1.0, step / warmup_steps) if warmup_steps else base_lr
+    if scheduler == "linear":
+        return lr * (1.0 - progress)
+    if scheduler == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return lr
+
+
 def optimizer_state_bytes(optimizer: Any) -> int:
     """Bytes held by the optimizer's state tensors (moments, quantization maps and scales).
 
@@ -83,4 +148,5 @@ def optimizer_state_bytes(optimizer: Any) -> int:
                for value in state.values() if isinstance(value, torch.Tensor))
 
 
-__all__ = ["OPTIMIZERS", "OptimizerName", "build_optimizer", "optimizer_state_bytes"]
+__all__ = ["LR_SCHEDULERS", "LRSchedulerName", "OPTIMIZERS", "OptimizerName", "build_optimizer",
+           "optimizer_state_bytes", "schedule_progress", "scheduled_lr"]

@@ -193,6 +193,22 @@ class TrainingRun:
             return True
         return False
 
+    def lr_progress(self, step: int) -> float:
+        """Step ``step``'s progress through the run for ``--lr-scheduler-type`` (rank 0's, on every rank).
+
+        The larger of ``step / --training-steps`` and the share of ``--max-train-seconds``
+        used (evaluations excluded, as for the budget). 0 for ``constant``, which ignores it
+        (and then no rank waits on rank 0's clock).
+        """
+        from example_trainer.optimizer import schedule_progress
+
+        config = self.config
+        if config.lr_scheduler_type == "constant":
+            return 0.0
+        elapsed = time.perf_counter() - (self.train_start or 0.0) - self.eval_seconds
+        return self.dist.from_main(schedule_progress(step, config.training_steps, elapsed,
+                                                     config.max_train_seconds))
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, name: str) -> None:
         """Write ``checkpoints/<name>`` for :attr:`steps_done` (every rank gathers, rank 0 writes)."""

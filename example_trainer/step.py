@@ -44,8 +44,14 @@ class StepRunner:
         tokenizer = policy.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    def run(self, step: int, batch: list[dict[str, Any]]) -> dict[str, float]:
+    def run(self, step: int, batch: list[dict[str, Any]], progress: float = 0.0) -> dict[str, float]:
         """Train on ``batch`` (already checked groups) as step ``step``; return the step's metrics.
+
+        Args:
+            step: the step's number (1-based; sets the warm-up).
+            batch: the step's groups, as ``GET /batch`` serves them.
+            progress: the run's progress in [0, 1] for a decaying ``--lr-scheduler-type``
+                (:func:`example_trainer.optimizer.schedule_progress`); ignored by ``constant``.
 
         Returns:
             The metrics ``metrics.jsonl`` logs for the step (loss, ratio, rewards, advantages,
@@ -57,6 +63,7 @@ class StepRunner:
         from example_trainer.data import batch_to_sequences, make_micro_batches
         from example_trainer.logprobs import token_logprobs
         from example_trainer.loss import METRIC_NAMES, grpo_loss, metric_dict, objective_options
+        from example_trainer.optimizer import scheduled_lr
 
         config, dist, policy = self.config, self.dist, self.policy
         step_start = time.perf_counter()
@@ -112,7 +119,8 @@ class StepRunner:
             totals = out.sums if totals is None else totals + out.sums
 
         # ---------------------------------------------------------- optimizer step
-        lr = config.lr * min(1.0, step / config.warmup_steps) if config.warmup_steps else config.lr
+        lr = scheduled_lr(config.lr, step, warmup_steps=config.warmup_steps,
+                          scheduler=config.lr_scheduler_type, progress=progress)
         for group in policy.optimizer.param_groups:
             group["lr"] = lr
         grad_norm = dist.scalar(torch.nn.utils.clip_grad_norm_(policy.trainable, config.max_grad_norm))

@@ -102,3 +102,27 @@ def test_the_config_and_the_builder_refuse_what_they_cannot_run():
         build_optimizer("sgd", params, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
     with pytest.raises(ValueError, match="use --optim adamw_torch there"):
         build_optimizer("adamw_bnb_8bit", params, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, sharded=True)
+
+
+def test_scheduled_lr_warms_up_then_holds_or_decays_to_zero():
+    from example_trainer.optimizer import scheduled_lr
+
+    assert [scheduled_lr(1.0, s, warmup_steps=4) for s in (1, 2, 4, 9)] == [0.25, 0.5, 1.0, 1.0]
+    assert scheduled_lr(2.0, 7, scheduler="constant", progress=0.9) == 2.0
+    assert [scheduled_lr(2.0, 5, scheduler="linear", progress=p) for p in (0.0, 0.25, 1.0)] == [2.0, 1.5, 0.0]
+    cosine = [scheduled_lr(2.0, 5, scheduler="cosine", progress=p) for p in (0.0, 0.5, 1.0)]
+    assert cosine == pytest.approx([2.0, 1.0, 0.0])
+    # warm-up and decay multiply: step 1 of 2 warm-up steps, a quarter through a linear run
+    assert scheduled_lr(1.0, 1, warmup_steps=2, scheduler="linear", progress=0.25) == 0.375
+    with pytest.raises(ValueError, match="not one of constant, linear, cosine"):
+        scheduled_lr(1.0, 1, scheduler="exponential")
+
+
+def test_schedule_progress_follows_whichever_limit_comes_first():
+    from example_trainer.optimizer import schedule_progress
+
+    assert schedule_progress(5, 20) == 0.25  # no time budget: steps alone
+    assert schedule_progress(5, 20, elapsed_seconds=90.0, budget_seconds=100.0) == 0.9
+    assert schedule_progress(15, 20, elapsed_seconds=10.0, budget_seconds=100.0) == 0.75
+    assert schedule_progress(5, 20, elapsed_seconds=130.0, budget_seconds=100.0) == 1.0
+    assert schedule_progress(5, 20, elapsed_seconds=90.0, budget_seconds=None) == 0.25
