@@ -89,10 +89,12 @@ def schedule_progress(step: int, training_steps: int, elapsed_seconds: float | N
         budget_seconds: the time budget (``--max-train-seconds``), or None for none.
 
     Returns:
-        ``max(step / training_steps, elapsed_seconds / budget_seconds)``, clipped to [0, 1]:
-        whichever limit the run will hit first sets the pace of the decay.
+        ``max((step - 1) / training_steps, elapsed_seconds / budget_seconds)``, clipped to
+        [0, 1]: the share of the run done before this step, by whichever limit the run will
+        hit first. Step 1 starts at 0 (the full lr), and the last of ``training_steps`` still
+        trains (at 1 / training_steps of it, linearly), as in Hugging Face's schedules.
     """
-    progress = step / max(training_steps, 1)
+    progress = (step - 1) / max(training_steps, 1)
     if budget_seconds and elapsed_seconds is not None:
         progress = max(progress, elapsed_seconds / budget_seconds)
     return min(max(progress, 0.0), 1.0)

@@ -196,7 +196,7 @@ class TrainingRun:
     def lr_progress(self, step: int) -> float:
         """Step ``step``'s progress through the run for ``--lr-scheduler-type`` (rank 0's, on every rank).
 
-        The larger of ``step / --training-steps`` and the share of ``--max-train-seconds``
+        The larger of ``(step - 1) / --training-steps`` and the share of ``--max-train-seconds``
         used (evaluations excluded, as for the budget). 0 for ``constant``, which ignores it
         (and then no rank waits on rank 0's clock).
         """

@@ -121,8 +121,8 @@ def test_scheduled_lr_warms_up_then_holds_or_decays_to_zero():
 def test_schedule_progress_follows_whichever_limit_comes_first():
     from example_trainer.optimizer import schedule_progress
 
-    assert schedule_progress(5, 20) == 0.25  # no time budget: steps alone
+    assert schedule_progress(1, 20) == 0.0 and schedule_progress(6, 20) == 0.25  # steps alone
     assert schedule_progress(5, 20, elapsed_seconds=90.0, budget_seconds=100.0) == 0.9
-    assert schedule_progress(15, 20, elapsed_seconds=10.0, budget_seconds=100.0) == 0.75
+    assert schedule_progress(16, 20, elapsed_seconds=10.0, budget_seconds=100.0) == 0.75
     assert schedule_progress(5, 20, elapsed_seconds=130.0, budget_seconds=100.0) == 1.0
-    assert schedule_progress(5, 20, elapsed_seconds=90.0, budget_seconds=None) == 0.25
+    assert schedule_progress(6, 20, elapsed_seconds=90.0, budget_seconds=None) == 0.25
