@@ -244,6 +244,12 @@ def _adapter(run_dir: Path, name: str = "final") -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "checkpoints" / name / "adapter" / "adapter_model.safetensors"))
 
 
+def _lrs(run_dir: Path) -> list[float]:
+    """The learning rate of each trained step in ``run_dir/metrics.jsonl``, in order."""
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x["lr"] for x in lines if "loss" in x]
+
+
 def _losses(run_dir: Path) -> dict[int, float]:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {x["step"]: x["loss"] for x in lines if "loss" in x}
@@ -251,7 +257,11 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 @needs_tokenizer
 def test_two_fsdp_ranks_train_a_lora_adapter_like_one_process(tiny_model, tmp_path):  # noqa: F811
-    lora = ("--lora-r", "4", "--lora-alpha", "8")
+    # a decaying lr too: the sharded run broadcasts rank 0's progress before every step, and
+    # must still train as one process does; the day's budget is not what ends these runs, so
+    # the steps set the progress
+    lora = ("--lora-r", "4", "--lora-alpha", "8", "--lr-scheduler-type", "linear",
+            "--max-train-seconds", "86400")
     vllm = FakeVLLM()
     try:
         single, _ = _run_trainer([sys.executable, "-m", "example_trainer.grpo"], tiny_model,
@@ -294,6 +304,9 @@ def test_two_fsdp_ranks_train_a_lora_adapter_like_one_process(tiny_model, tmp_pa
     for step in a:
         assert b[step] == pytest.approx(a[step], abs=1e-6)
     assert any(not torch.equal(two_final[k], v) for k, v in _adapter(tmp_path / "two").items())
+    # lr 1e-3 x (1 - steps done / 3); the resumed run's 4th step: 1e-3 x (1 - 3 / 4)
+    assert _lrs(tmp_path / "one") == pytest.approx([1e-3, 2e-3 / 3, 1e-3 / 3], rel=1e-3)
+    assert _lrs(tmp_path / "two") == pytest.approx([1e-3, 2e-3 / 3, 1e-3 / 3, 2.5e-4], rel=1e-3)
 
     # the merged export: base names only, the same weights from one process and from two
     merged_one = _load_state(tmp_path / "one/checkpoints/final")
