@@ -178,13 +178,17 @@ class TrainingRun:
                   f"max_token_len={config.max_token_len} vocab_size={self.guard.vocab_size}", flush=True)
         self.train_start = time.perf_counter()
 
+    def train_elapsed(self) -> float:
+        """Seconds of training since registration, periodic evaluations excluded (what ``--max-train-seconds`` counts)."""
+        return time.perf_counter() - (self.train_start or 0.0) - self.eval_seconds
+
     def out_of_budget(self, last_step_seconds: float) -> bool:
         """True when the next step (assumed as long as the last) would overrun ``--max-train-seconds``.
 
         Evaluations do not count: the budget is for training, however often one evaluates.
         """
         config = self.config
-        elapsed = time.perf_counter() - (self.train_start or 0.0) - self.eval_seconds
+        elapsed = self.train_elapsed()
         if self.dist.from_main(bool(config.max_train_seconds)
                                and elapsed + last_step_seconds > config.max_train_seconds):
             print(f"[grpo] time budget of {config.max_train_seconds:.0f}s used after "
@@ -205,8 +209,7 @@ class TrainingRun:
         config = self.config
         if config.lr_scheduler_type == "constant":
             return 0.0
-        elapsed = time.perf_counter() - (self.train_start or 0.0) - self.eval_seconds
-        return self.dist.from_main(schedule_progress(step, config.training_steps, elapsed,
+        return self.dist.from_main(schedule_progress(step, config.training_steps, self.train_elapsed(),
                                                      config.max_train_seconds))
 
     # ------------------------------------------------------------------ checkpoints
