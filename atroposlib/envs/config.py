@@ -152,7 +152,8 @@ class BaseEnvConfig(BaseModel):
         validate_default=True,
         description="HF tokenizer name or local directory (loaded offline when "
         "HF_HUB_OFFLINE=1). null (the default): the bundled SmolLM2-135M-Instruct directory "
-        "($ATROPOS_CACHE_DIR or ~/.cache/atroposlib, then bundled/SmolLM2-135M-Instruct; "
+        "(bundled/SmolLM2-135M-Instruct under $ATROPOS_CACHE_DIR, $XDG_CACHE_HOME/atroposlib "
+        "or ~/.cache/atroposlib; "
         "`atropos-bundled-model` prepares it). Set it to the tokenizer of the model your "
         "inference server serves.",
     )

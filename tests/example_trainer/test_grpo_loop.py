@@ -10,17 +10,19 @@ import pytest
 import torch
 
 from atroposlib.api.client import AtroposClient
+from atroposlib.inference.bundled import bundled_model_dir
 from example_trainer.config import TrainerConfig
 from example_trainer.grpo import freeze_all_but_last_layers, main, train
 from example_trainer.report import run_eval_command
 
-BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
-needs_tokenizer = pytest.mark.skipif(not (BUNDLED / "tokenizer.json").exists(),
-                                     reason="bundled model not prepared (atropos-bundled-model)")
+BUNDLED = bundled_model_dir()
+# The session fixture builds the bundled model when it is missing (a fresh machine), so
+# these tests run there rather than skip.
+needs_tokenizer = pytest.mark.usefixtures("bundled_model_dir")
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
+def tiny_model(tmp_path_factory, bundled_model_dir):
     return make_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 

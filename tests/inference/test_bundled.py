@@ -22,8 +22,13 @@ from atroposlib.inference.bundled import (
 def test_cache_dir_env_overrides_root(monkeypatch, tmp_path):
     monkeypatch.setenv("ATROPOS_CACHE_DIR", str(tmp_path / "c"))
     assert bundled_model_dir() == tmp_path / "c" / "bundled" / "SmolLM2-135M-Instruct"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert bundled_model_dir() == tmp_path / "c" / "bundled" / "SmolLM2-135M-Instruct"
     monkeypatch.delenv("ATROPOS_CACHE_DIR")
-    assert bundled_model_dir() == Path.home() / ".cache/atroposlib/bundled/SmolLM2-135M-Instruct"
+    assert bundled_model_dir() == tmp_path / "xdg/atroposlib/bundled/SmolLM2-135M-Instruct"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert bundled_model_dir() == tmp_path / "home/.cache/atroposlib/bundled/SmolLM2-135M-Instruct"
 
 
 def test_cli_prints_the_prepared_dir(bundled_model_dir):

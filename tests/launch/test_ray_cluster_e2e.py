@@ -23,16 +23,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from atroposlib.inference.bundled import bundled_model_dir
+
 REPO = Path(__file__).resolve().parents[2]
-BUNDLED = Path.home() / ".cache" / "atroposlib" / "bundled" / "SmolLM2-135M-Instruct"
+BUNDLED = bundled_model_dir()
 HARNESS = REPO / "tests" / "fixtures" / "ray_nodes.py"
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("ip") is None
                        or os.geteuid() != 0, reason="needs root with unshare and ip (network namespaces)"),
-    pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(),
-                       reason="bundled model not prepared (atropos-bundled-model)"),
+    # The session fixture builds the bundled model when it is missing (a fresh machine).
+    pytest.mark.usefixtures("bundled_model_dir"),
 ]
 
 
