@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import httpx
 import pytest
+
+from atroposlib.inference.worker_extension import PARTIAL_RELOAD_NOTE
 
 pytestmark = pytest.mark.e2e
 
@@ -233,6 +236,10 @@ def test_partial_sync_writes_the_trained_tensors_and_vllm_keeps_the_frozen_ones(
         assert names == {n for n, p in model.named_parameters() if p.requires_grad}
         assert all(n.startswith(("model.layers.28.", "model.layers.29.", "model.norm.")) for n in names)
         _assert_serves_the_halved_norm(vllm_server, prompt_ids)
+        if vllm_server.process is not None:  # vLLM's per-layer warning for the frozen layers is hidden
+            log = Path(vllm_server.process.log_path).read_text(errors="replace")
+            assert "Failed to load weights" not in log and "were not loaded from checkpoint" not in log
+            assert PARTIAL_RELOAD_NOTE.split("%d")[1] in log
     finally:
         sync.stop()
         _serve_the_bundled_weights_again(vllm_server)
