@@ -29,6 +29,15 @@ ADAPTERS = {
     "gym": "atroposlib.adapters.gymnasium:gym_env_class",
 }
 
+#: ``PREFIX`` -> ``(form, example, what it runs)``, as ``atropos-env list`` shows them.
+ADAPTER_HELP = {
+    "verifiers": ("verifiers:SPEC", "verifiers:reverse-text",
+                  "a verifiers taskset or environment (pip install 'atroposlib[verifiers]')"),
+    "openenv": ("openenv:SPEC", "openenv:my_env.server.app:app",
+                "an OpenEnv environment server (pip install 'atroposlib[openenv]')"),
+    "gym": ("gym:ID", "gym:Blackjack-v1", "a Gymnasium environment with text observations"),
+}
+
 
 def is_adapter_name(name: str) -> bool:
     """Whether ``name`` is ``PREFIX:SPEC`` for a known adapter prefix."""
@@ -53,4 +62,4 @@ def adapter_env_class(name: str) -> type[BaseEnv]:
     return getattr(importlib.import_module(module_name), factory)(spec)
 
 
-__all__ = ["ADAPTERS", "adapter_env_class", "is_adapter_name"]
+__all__ = ["ADAPTERS", "ADAPTER_HELP", "adapter_env_class", "is_adapter_name"]

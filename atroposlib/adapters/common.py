@@ -204,10 +204,40 @@ def model_name_of(server_manager: Any) -> str:
     return "model"
 
 
+def require_token_logprobs(server_manager: Any) -> None:
+    """Fail fast unless every inference server of the env returns exact token ids and log-probs.
+
+    The tracked endpoint generates from token ids through each server's
+    ``tokens_and_logprobs_completion``; a plain OpenAI backend cannot, and every rollout would
+    fail. Nothing is checked when the env talks to an external proxy (``--proxy_url``).
+
+    Raises:
+        ConfigError: a server's backend cannot return token log-probs; the message names its
+            URL and the flag that fixes it.
+    """
+    from atroposlib.errors import ConfigError
+    from atroposlib.inference.clients.base import InferenceClient
+
+    if getattr(server_manager, "proxy_url", None):
+        return
+    base = InferenceClient._tokens_and_logprobs_completion_wrapper
+    for server in getattr(server_manager, "servers", []):
+        if getattr(type(server), "_tokens_and_logprobs_completion_wrapper", base) is base:
+            config = getattr(server, "config", None)
+            raise ConfigError(
+                f"the inference server at {getattr(config, 'base_url', '?')} is used through the "
+                f"{type(server).__name__} backend (server_type "
+                f"{getattr(config, 'server_type', '?')!r}), which cannot return the exact token "
+                "ids and log-probs this adapter trains on. Pass --openai.server_type vllm (or "
+                "sglang, trl) to match the server you run."
+            )
+
+
 __all__ = [
     "Sequence",
     "TrackedEndpoint",
     "model_name_of",
+    "require_token_logprobs",
     "rollout_sequences",
     "spec_env_class",
     "tracked_sessions",

@@ -41,12 +41,15 @@ from pydantic import BaseModel, Field, create_model
 from atroposlib.adapters.common import (
     TrackedEndpoint,
     model_name_of,
+    require_token_logprobs,
     rollout_sequences,
     spec_env_class,
     tracked_sessions,
 )
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.config import default_server
 from atroposlib.errors import ConfigError, RolloutError
+from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.flags import merge_dicts
 
@@ -258,6 +261,16 @@ class VerifiersEnv(BaseEnv):
         self._eval_env: Any = None
         self._tasks: Any = None
 
+    @classmethod
+    def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
+        """Defaults: ``env_config_cls()`` and the project's development vLLM.
+
+        The server is the one every other env defaults to (the bundled model at
+        ``DEFAULT_INFERENCE_URL``, ``server_type="vllm"``, which returns the token log-probs
+        the adapter trains on); ``--openai.*`` flags override its fields.
+        """
+        return cls.env_config_cls(), [default_server()]
+
     # ------------------------------------------------------------------ verifiers config
     def vf_env_config(self, extra: dict[str, Any] | None = None) -> Any:
         """The verifiers ``EnvConfig`` this env runs: defaults < knob flags < ``vf_config``.
@@ -300,7 +313,13 @@ class VerifiersEnv(BaseEnv):
         return vf.load_environment(self.vf_env_config(extra))
 
     async def setup(self) -> None:
-        """Load the verifiers environment (its taskset's data) and start the task stream."""
+        """Load the verifiers environment (its taskset's data) and start the task stream.
+
+        Raises:
+            ConfigError: an inference server cannot return token log-probs (the message says
+                which ``--openai.server_type`` to pass), or verifiers rejects the config.
+        """
+        require_token_logprobs(self.server)
         self._vf_env = await asyncio.to_thread(self._load)
         self._tasks = self._task_stream()
 

@@ -211,3 +211,17 @@ def test_evaluate_runs_one_greedy_episode_per_task(tiny_tok_dir, tiny_tok, tmp_p
     assert 0.0 < metrics["eval/mean_reward"] < 1.0  # right for "cat" only
     assert {r.kwargs.get("temperature") for r in server.requests} == {0.0}
     assert (tmp_path / "evals" / "metrics.json").exists()
+
+
+def test_defaults_to_the_projects_vllm_and_refuses_a_backend_without_token_logprobs(tiny_tok_dir):
+    from atroposlib.defaults import DEFAULT_INFERENCE_URL
+    from atroposlib.inference.clients.config import APIServerConfig
+
+    cls = verifiers_env_class("tests.adapters.vf_reverse")
+    _, servers = cls.config_init()
+    assert [(s.base_url, s.server_type) for s in servers] == [(DEFAULT_INFERENCE_URL, "vllm")]
+    cfg = cls.env_config_cls(tokenizer_name=tiny_tok_dir, use_wandb=False)
+    env = cls(cfg, [APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="m", api_key="x",
+                                    server_type="openai")])
+    with pytest.raises(ConfigError, match=r"127\.0\.0\.1:9/v1.*--openai\.server_type vllm"):
+        asyncio.run(env.setup())  # before any rollout, not after hundreds of failed ones
