@@ -103,7 +103,19 @@ def _list(argv: list[str]) -> int:
     width_target = max(len(r[1]) for r in rows)
     for name, target, description in rows:
         print(f"{name:<{width_name}}  {target:<{width_target}}  {description}".rstrip())
+    _print_adapter_prefixes()
     return 1 if failed else 0
+
+
+def _print_adapter_prefixes() -> None:
+    """Print the ecosystem prefixes ``atropos-env PREFIX:SPEC`` accepts, one example each."""
+    from atroposlib.adapters import ADAPTER_HELP
+
+    print("\nenvironments of other ecosystems, by prefix (atropos-env PREFIX:SPEC MODE [FLAGS]):")
+    width_form = max(len(form) for form, _, _ in ADAPTER_HELP.values())
+    width_example = max(len(example) for _, example, _ in ADAPTER_HELP.values())
+    for form, example, description in ADAPTER_HELP.values():
+        print(f"{form:<{width_form}}  {example:<{width_example}}  {description}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -156,10 +156,14 @@ def test_list_shows_the_collection_without_importing_any_env(collection):
             " or m in ('torch', 'transformers'))\nprint('IMPORTED', loaded)\n")
     proc = _run([], collection, code=code)
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[-1] == "IMPORTED []"
-    rows = {line.split()[0]: line for line in lines[:-1]}
+    registered, _, prefixes = proc.stdout.partition("\n\n")
+    assert proc.stdout.splitlines()[-1] == "IMPORTED []"
+    rows = {line.split()[0]: line for line in registered.splitlines()}
     assert sorted(rows) == sorted(COLLECTION)
+    # then the ecosystem prefixes, each with an example, still without importing an adapter
+    forms = [line.split()[:2] for line in prefixes.splitlines()[1:-1]]
+    assert forms == [["verifiers:SPEC", "verifiers:reverse-text"],
+                     ["openenv:SPEC", "openenv:my_env.server.app:app"], ["gym:ID", "gym:Blackjack-v1"]]
     assert "atroposlib.environments.gsm8k_server:GSM8kEnv" in rows["gsm8k"]
     assert "GSM8K with math-verify rewards" in rows["gsm8k"]
 
