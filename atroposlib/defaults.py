@@ -7,7 +7,7 @@ these as their defaults, so a run started with no flags finds its parts:
   defaults to ``DEFAULT_API_URL``;
 * environments and inference tools default to the development vLLM at ``DEFAULT_INFERENCE_URL``
   serving the bundled model under the name ``DEFAULT_INFERENCE_MODEL``
-  (``python -m atroposlib.inference.vllm_process --port 9100 --served-model-name smollm2``).
+  (``python -m atroposlib.inference.vllm_process`` starts it there).
 
 The bundled model's directory is :func:`atroposlib.inference.bundled.bundled_model_dir`. This
 module imports nothing.
@@ -20,8 +20,10 @@ DEFAULT_API_PORT = 8000
 #: Base URL of the trajectory API (``run-api``) that clients, envs and the trainer default to.
 DEFAULT_API_URL = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
 
+#: TCP port of the development inference server (``python -m atroposlib.inference.vllm_process``).
+DEFAULT_INFERENCE_PORT = 9100
 #: OpenAI base URL of the development inference server (vLLM) the environments default to.
-DEFAULT_INFERENCE_URL = "http://127.0.0.1:9100/v1"
+DEFAULT_INFERENCE_URL = f"http://127.0.0.1:{DEFAULT_INFERENCE_PORT}/v1"
 #: Model name that development server serves the bundled model under.
 DEFAULT_INFERENCE_MODEL = "smollm2"
 
@@ -34,6 +36,7 @@ __all__ = [
     "DEFAULT_API_PORT",
     "DEFAULT_API_URL",
     "DEFAULT_INFERENCE_MODEL",
+    "DEFAULT_INFERENCE_PORT",
     "DEFAULT_INFERENCE_URL",
     "DEFAULT_METRICS_HOST",
 ]

@@ -505,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code: 0 after Ctrl-C, 143 after SIGTERM, 1 when vLLM failed or exited.
     """
-    from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
+    from atroposlib.defaults import DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_PORT
     from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(
@@ -518,7 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--served-model-name", default=DEFAULT_INFERENCE_MODEL,
                         help=f"model name clients send (default {DEFAULT_INFERENCE_MODEL})")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="default: a free port")
+    parser.add_argument("--port", type=int, default=DEFAULT_INFERENCE_PORT,
+                        help=f"port to serve on (default {DEFAULT_INFERENCE_PORT}, where the "
+                        "environments look by default; 0 picks a free one)")
     parser.add_argument("--dtype", default="auto",
                         help="auto, float32, bfloat16 or float16 (default auto: float32 on CPU)")
     parser.add_argument("--max-model-len", type=int, default=2048,
@@ -536,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model,
         served_model_name=args.served_model_name,
         host=args.host,
-        port=args.port,
+        port=args.port or None,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         extra_args=extra,

@@ -270,7 +270,7 @@ def test_main_stops_vllm_on_sigterm_and_ctrl_c(tmp_path, sig, code):
     child_file = tmp_path / "child.pid"
     runner = subprocess.Popen(
         [sys.executable, "-c", MAIN_WITH_STANDIN, str(script), str(child_file),
-         "--model", str(tmp_path), "--log", str(tmp_path / "log.txt")],
+         "--model", str(tmp_path), "--log", str(tmp_path / "log.txt"), "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     leader = None
