@@ -12,7 +12,7 @@ Usage::
     python benchmarks/bench_api.py                       # start ours + upstream, compare
     python benchmarks/bench_api.py --with-db             # also ours with --db (SQLite)
     python benchmarks/bench_api.py --url http://127.0.0.1:8000 --no-upstream
-    python benchmarks/bench_api.py --json-out runs/bench_api.json
+    python benchmarks/bench_api.py --json-out /tmp/bench_api.json     # default: benchmarks/results/
     python benchmarks/bench_api.py --no-upstream --with-db --ours-arg=--db-synchronous --ours-arg=FULL
 
 The upstream server runs from ``.bench/upstream-venv`` (created on first use with
@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--json-out", type=Path, help="write all results and ratios as JSON")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_api_<date>.json)")
     parser.add_argument("--ours-arg", action="append", default=[],
                         help="extra run-api flag for our server (repeat), e.g. "
                         "--ours-arg=--db-synchronous --ours-arg=FULL")
@@ -326,10 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         out["ratios"] = ratios(by_name["ours"], by_name["upstream-0.4"])
         print("ratios (ours vs upstream): " + ", ".join(
             f"{k}={v:.2f}" for k, v in out["ratios"].items()))
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
-        print(f"[bench] wrote {args.json_out}")
+    from benchmarks.results import default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_api"), "bench_api",
+                 orjson.loads(orjson.dumps(out)), seeds={"groups": 0, "big batch": 1})
     return 1 if any(r.errors for r in results) else 0
 
 

@@ -164,8 +164,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="an env config override for the 'on' arm, e.g. difficulty_filter_floor=0.1")
     parser.add_argument("--all-arms-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an env config override for every arm, e.g. group_size=4")
-    parser.add_argument("--json-out", type=Path, default=Path("runs/bench_difficulty_filter.json"))
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_difficulty_filter_<date>.json)")
     args = parser.parse_args(argv)
+    from benchmarks.results import default_result_path, write_result
+
+    args.json_out = args.json_out or default_result_path("bench_difficulty_filter")
     from atroposlib.inference.bundled import prepare_bundled_model
     from atroposlib.inference.sizing import size_for_training
     from atroposlib.inference.vllm_process import DEFAULT_CPU_BLOCK_SIZE, VLLMProcess
@@ -189,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             result.update(model=model, difficulty=args.difficulty)
             print(json.dumps(result), flush=True)
             results.append(result)
-    args.json_out.write_text(json.dumps(results, indent=2))
+    write_result(args.json_out, "bench_difficulty_filter", {"arms": results},
+                 seeds={"env": "the env config's seed, the same in every arm"})
     return 0
 
 

@@ -68,7 +68,8 @@ def test_checkpointing_is_switched_per_setting_and_keeps_fewer_activations(bench
                          "micro_batch_size=4;micro_batch_size=4,gradient_checkpointing=true,"
                          "gradient_checkpointing_mode=selective;micro_batch_size=4",
                          "--steps", "1", "--warmup", "0", "--groups", "1", "--group-size", "4",
-                         "--prompt-len", "6", "--max-completion", "5", "--profile"])
+                         "--prompt-len", "6", "--max-completion", "5", "--profile",
+                         "--json-out", str(tmp_path / "out.json")])
     plain, selective, plain_again = (row["live_at_peak_mib"]["max"]["activation"] for row in result["rows"])
     # the shared policy checkpoints only for the setting that asks for it, and back off after it
     assert selective < plain
