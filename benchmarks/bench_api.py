@@ -81,13 +81,18 @@ def free_port() -> int:
 class Server:
     """A run-api subprocess (ours or upstream) on a free port."""
 
-    def __init__(self, name: str, argv: list[str], cwd: Path, port: int):
+    def __init__(self, name: str, argv: list[str], cwd: Path, port: int, isolated: bool = False):
+        """Start ``argv`` in ``cwd``; ``isolated`` drops ``PYTHONPATH``, so upstream's venv cannot
+        import our checkout through it."""
         self.name = name
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
+        env = {**os.environ, **OFFLINE_ENV}
+        if isolated:
+            env.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **OFFLINE_ENV}, start_new_session=True)
+                                     env=env, start_new_session=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -309,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             python = ensure_upstream_venv()
             # run from a scratch cwd: `python -m` would otherwise import our atroposlib from ROOT
             cmd = [str(python), "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1"]
-            targets.append(("upstream-0.4", lambda: _start("upstream-0.4", cmd, scratch)))
+            targets.append(("upstream-0.4", lambda: _start("upstream-0.4", cmd, scratch, isolated=True)))
     results = []
     for name, start in targets:
         print(f"[bench] {name}: starting")
@@ -351,9 +356,9 @@ class _External:
         pass
 
 
-def _start(name: str, cmd: list[str], cwd: Path) -> Server:
+def _start(name: str, cmd: list[str], cwd: Path, isolated: bool = False) -> Server:
     port = free_port()
-    return Server(name, [*cmd, "--port", str(port)], cwd, port)
+    return Server(name, [*cmd, "--port", str(port)], cwd, port, isolated)
 
 
 if __name__ == "__main__":
