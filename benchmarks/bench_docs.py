@@ -395,6 +395,17 @@ def _arms(payload: dict | list) -> list[dict]:
     return payload["arms"] if isinstance(payload, dict) else payload
 
 
+def signal_table(payload: dict) -> str:
+    """The screen's signal (the answer's probability after the working) by fifth of the problems."""
+    arm = next(a for a in _arms(payload) if a.get("signal_by_fifth"))
+    fifths = arm["signal_by_fifth"]
+    header = ["answer's probability, by fifth of the problems"] + [
+        f"{lo:.2g}-{hi:.2g}" for lo, hi in (f["answer_probability"] for f in fifths)]
+    rows = [["share of replies solved"] + [f"{f['solved_share']:.2f}" for f in fifths],
+            ["groups all-same"] + [f"{f['all_same_share']:.0%}" for f in fifths]]
+    return (table(header, rows) + f"\n\n{arm['groups']} problems, one group of 8 each. " + source(SIGNAL))
+
+
 def errors_table(payload: dict) -> str:
     rows = [[f"`{op}`", str(payload["n"][op]), pct(payload["accuracy"][op]),
              *(str(payload["counts"][op].get(k, 0)) for k in ("carry", "units digit", "other"))]
@@ -490,6 +501,7 @@ RELOAD = ("bench_reload_logprobs_onednn64_2026-11-28.json", "bench_reload_logpro
 SCREEN = "bench_difficulty_filter_screen_d4_2026-11-29.json"
 SCREEN_WEIGHTED = "bench_difficulty_filter_screen_weighted_d4_2026-11-29.json"
 SCREEN_COST = "bench_difficulty_filter_screen_cost_d4_2026-11-29.json"
+SIGNAL = "bench_difficulty_filter_signal_d4_2026-11-29.json"
 
 BLOCKS: dict[str, Block] = {
     "readme-quickstart": Block((QUICKSTART, FAIR_D2, FAIR_D4, LORA_TRL_FULL), readme_quickstart),
@@ -506,6 +518,7 @@ BLOCKS: dict[str, Block] = {
     "screen": Block((SCREEN,), screen_table(SCREEN)),
     "screen-weighted": Block((SCREEN_WEIGHTED,), screen_table(SCREEN_WEIGHTED)),
     "screen-cost": Block((SCREEN_COST,), screen_table(SCREEN_COST)),
+    "screen-signal": Block((SIGNAL,), signal_table),
     "arithmetic-errors": Block(("bench_arithmetic_errors_d4policy_2026-11-29.json",), errors_table),
     "step-memory": Block(STEP_MEMORY, lambda *p: step_memory_table(*p, names=STEP_MEMORY)),
     "reload-logprobs": Block(RELOAD, lambda *p: reload_table(*p, names=RELOAD)),
