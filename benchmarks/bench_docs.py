@@ -77,18 +77,22 @@ def span(values: list[float], fmt: Callable[[float], str], unit: str = "") -> st
 
 
 def gib(x: float) -> str:
+    """A size in GiB, two decimals."""
     return f"{x:.2f}"
 
 
 def ratio(x: float) -> str:
+    """A ratio, two decimals and an ``x``."""
     return f"{x:.2f}x"
 
 
 def source(*names: str) -> str:
+    """The sentence naming the result files a table comes from."""
     return "Source: " + ", ".join(f"`benchmarks/results/{n}`" for n in names) + "."
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -106,6 +110,11 @@ def runs_of(payload: dict[str, Any], label: str) -> list[dict[str, Any]]:
 
 
 def accuracy_at(run: dict[str, Any], minute: float) -> float:
+    """A run's held-out accuracy (fraction) at ``minute`` of training.
+
+    Raises:
+        KeyError: the run was not evaluated at that minute.
+    """
     for point in run["curve"]:
         if abs(point["minute"] - minute) < 1e-6:
             return point["accuracy"]
@@ -113,6 +122,11 @@ def accuracy_at(run: dict[str, Any], minute: float) -> float:
 
 
 def trl_label(payload: dict[str, Any]) -> str:
+    """The one TRL contender of a bench_learning payload.
+
+    Raises:
+        ValueError: none, or several.
+    """
     labels = [lab for lab, row in payload["contenders"].items() if row.get("trl_setting")]
     if len(labels) != 1:
         raise ValueError(f"expected one TRL contender, found {labels}")
@@ -146,10 +160,12 @@ def curve_cells(runs: list[dict[str, Any]], minutes: list[float]) -> str:
 
 
 def minutes_of(payload: dict[str, Any]) -> list[float]:
+    """The minutes at which a payload's runs were evaluated."""
     return [p["minute"] for p in payload["runs"][0]["curve"]]
 
 
 def dropped(run: dict[str, Any]) -> float | None:
+    """The share of sampled groups a run dropped as all-same, or None when not recorded."""
     final = (run.get("groups") or {}).get("final")
     return final["dropped_same_scores"] / final["sampled"] if final and final["sampled"] else None
 
@@ -217,6 +233,7 @@ def wrap(text: str) -> str:
 
 
 def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict) -> str:
+    """The README's quickstart paragraph: LoRA, full fine-tune, TRL like for like."""
     lora, full = runs_of(quick, "ours-gspo-lora"), runs_of(quick, "ours-gspo")
     t2, t4 = trl_label(fair2), trl_label(fair4)
     like = pair_ratios(mixed, "ours-gspo", trl_label(mixed))
@@ -241,10 +258,12 @@ def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict) -> str
 
 
 def quickstart_table(payload: dict) -> str:
+    """The quickstart's LoRA and full fine-tune rows."""
     return contender_table(payload, ["ours-gspo-lora", "ours-gspo"]) + "\n\n" + source(QUICKSTART)
 
 
 def fair_table(name: str) -> Callable[[dict], str]:
+    """The renderer of a fair table: contenders, each pair, ours minus TRL per pair."""
     def render(payload: dict) -> str:
         ours, peer = "ours-gspo", trl_label(payload)
         minutes = minutes_of(payload)
@@ -264,6 +283,7 @@ def fair_table(name: str) -> Callable[[dict], str]:
 
 
 def sweep_table(name: str) -> Callable[[dict], str]:
+    """The renderer of TRL's sweep: one row per setting, and the pick."""
     def render(payload: dict) -> str:
         best = payload["trl_sweep"]["best"]["label"]
         text = contender_table(payload)
@@ -272,6 +292,7 @@ def sweep_table(name: str) -> Callable[[dict], str]:
 
 
 def memory_table(mixed: dict, fair2: dict) -> str:
+    """Peak memory against TRL, like for like: the latest same-run trio, then the three pairs."""
     rows = []
     peer = trl_label(mixed)
     trl_rss = runs_of(mixed, peer)[0]["peak_rss_bytes"] / GiB
@@ -345,6 +366,7 @@ def _date(name: str) -> str:
 
 
 def d4_goal(cosine: dict, constant: dict, quick: dict) -> str:
+    """The three settings of the 2026-12-05 session at difficulty 4, side by side."""
     rows = []
     for payload, name in ((cosine, COSINE), (constant, CONSTANT), (quick, QUICKSTART_D4)):
         for label, row in payload["contenders"].items():
@@ -357,6 +379,7 @@ def d4_goal(cosine: dict, constant: dict, quick: dict) -> str:
 
 
 def readme_d4(cosine: dict, quick: dict) -> str:
+    """The README's difficulty-4 sentence: the best setting, labelled a selection, beside the defaults."""
     finals = [accuracy_at(r, 14) for r in runs_of(cosine, "ours-gspo-lora")]
     plain = [accuracy_at(r, 14) for r in runs_of(quick, "ours-gspo-lora")]
     return wrap(
@@ -367,6 +390,7 @@ def readme_d4(cosine: dict, quick: dict) -> str:
 
 
 def screen_table(name: str) -> Callable[[dict], str]:
+    """The renderer of a difficulty-filter screen table: one row per arm."""
     def render(payload: dict) -> str:
         arms = _arms(payload)
         timed = all("seconds" in a for a in arms)
@@ -407,6 +431,7 @@ def signal_table(payload: dict) -> str:
 
 
 def errors_table(payload: dict) -> str:
+    """The policy's errors by operator (bench_arithmetic_errors)."""
     rows = [[f"`{op}`", str(payload["n"][op]), pct(payload["accuracy"][op]),
              *(str(payload["counts"][op].get(k, 0)) for k in ("carry", "units digit", "other"))]
             for op in payload["n"]]
@@ -417,6 +442,7 @@ def errors_table(payload: dict) -> str:
 
 
 def step_memory_table(*payloads: dict, names: tuple[str, ...]) -> str:
+    """One table per bench_step_memory file: seconds and RSS rise per setting."""
     out = []
     for payload, name in zip(payloads, names, strict=True):
         rows = [[", ".join(f"{k}={v}" for k, v in row["setting"].items()), f"{row['median_seconds']:.2f}",
@@ -428,6 +454,7 @@ def step_memory_table(*payloads: dict, names: tuple[str, ...]) -> str:
 
 
 def reload_table(*payloads: dict, names: tuple[str, ...]) -> str:
+    """vLLM's log-prob gap after reloads, per cache setting and round (bench_reload_logprobs)."""
     rows: list[list[str]] = []
     for payload in payloads:
         for row in payload["rows"]:
@@ -470,6 +497,7 @@ API_ROWS = (("end to end (post + drain), s", "end_to_end_s", "{:.1f}"),
 
 
 def api_table(payload: dict) -> str:
+    """bench_api: each server's measurements, and the ratios against upstream."""
     results = payload["results"]
     rows = []
     for label, keys, fmt in API_ROWS:
@@ -488,6 +516,7 @@ def api_table(payload: dict) -> str:
 
 
 def readme_api(payload: dict) -> str:
+    """The README's "Fast" bullet from bench_api's ratios."""
     r = payload["ratios"]
     return (f"- **Fast**: {r['end_to_end_speedup']:.1f}x faster than upstream end to end in "
             f"`benchmarks/bench_api.py` (one run, both servers measured in the same run), at "
