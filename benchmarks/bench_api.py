@@ -332,10 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         out["ratios"] = ratios(by_name["ours"], by_name["upstream-0.4"])
         print("ratios (ours vs upstream): " + ", ".join(
             f"{k}={v:.2f}" for k, v in out["ratios"].items()))
-    from benchmarks.results import default_result_path, write_result
+    from benchmarks.results import command_argv, default_result_path, write_result
 
     write_result(args.json_out or default_result_path("bench_api"), "bench_api",
-                 orjson.loads(orjson.dumps(out)), seeds={"groups": 0, "big batch": 1})
+                 orjson.loads(orjson.dumps(out)), seeds={"groups": 0, "big batch": 1}, argv=command_argv(__file__, argv))
     return 1 if any(r.errors for r in results) else 0
 
 

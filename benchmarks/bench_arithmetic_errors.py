@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['accuracy_overall']:.1%} of {len(problems)} held-out problems right")
     for op, counts in result["counts"].items():
         print(f"{op}: {result['n'][op]} problems, {result['accuracy'][op]:.1%} right; {counts}")
-    from benchmarks.results import default_result_path, write_result
+    from benchmarks.results import command_argv, default_result_path, write_result
 
     write_result(args.json_out or default_result_path("bench_arithmetic_errors"), "bench_arithmetic_errors",
-                 result, seeds={"heldout_problems": cfg.eval_seed, "decoding": "greedy"})
+                 result, seeds={"heldout_problems": cfg.eval_seed, "decoding": "greedy"}, argv=command_argv(__file__, argv))
     return 0
 
 

@@ -150,6 +150,13 @@ def arm_overrides(arm: str, env_args: list[str], all_arms_args: list[str]) -> di
     return {**parse(all_arms_args), **(parse(env_args) if arm == "on" else {})}
 
 
+def _env_seed(overrides: dict[str, dict[str, Any]]) -> int:
+    """The arithmetic env's seed in the arms (an ``--all-arms-arg seed=N`` overrides the default)."""
+    from atroposlib.environments.arithmetic_server import ArithmeticEnvConfig
+
+    return int(overrides["off"].get("seed", ArithmeticEnvConfig().seed))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start vLLM on the policy, run both arms, print and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", type=Path, default=None,
                         help="result file (default: benchmarks/results/bench_difficulty_filter_<date>.json)")
     args = parser.parse_args(argv)
-    from benchmarks.results import default_result_path, write_result
+    from benchmarks.results import command_argv, default_result_path, write_result
 
     args.json_out = args.json_out or default_result_path("bench_difficulty_filter")
     from atroposlib.inference.bundled import prepare_bundled_model
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result), flush=True)
             results.append(result)
     write_result(args.json_out, "bench_difficulty_filter", {"arms": results},
-                 seeds={"env": "the env config's seed, the same in every arm"})
+                 seeds={"env.seed": _env_seed(overrides), "vLLM sampling": "unseeded"}, argv=command_argv(__file__, argv))
     return 0
 
 

@@ -75,6 +75,7 @@ from atroposlib.utils.offline import OFFLINE_ENV  # noqa: E402
 from benchmarks.learning.ours import OURS  # noqa: E402
 from benchmarks.learning.trl_side import SWEEP, TrlSetting  # noqa: E402
 from benchmarks.process_tree import LIVE  # noqa: E402
+from benchmarks.results import command_argv  # noqa: E402
 
 CONTENDERS = (*OURS, "trl")
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.merge is not None:
-        return merge_jsons(parser, args)
+        return merge_jsons(parser, args, argv)
     if args.trl_worker is not None:
         from benchmarks.learning.trl_side import trl_worker
 
@@ -217,11 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     env_cfg = ArithmeticEnvConfig(difficulty=args.task_difficulty)
     seeds = {"env (training problems, ours and TRL)": env_cfg.seed, "held-out problems": env_cfg.eval_seed,
              "TRL GRPOConfig": 0, "evaluation": "greedy", "ours' sampling": "unseeded (vLLM)"}
-    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra, seeds=seeds)
+    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra, seeds=seeds,
+           argv=command_argv(__file__, argv))
     return 0
 
 
-def merge_jsons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def merge_jsons(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """``--merge``: one table (JSON and PNG at ``--json-out``) from the runs of several JSONs."""
     import json
 
@@ -233,7 +235,8 @@ def merge_jsons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         parser.error(f"--merge: {exc}")
     seeds = next((p["meta"]["seeds"] for _, p in payloads if "meta" in p), "those of the merged files")
-    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra, seeds=seeds)
+    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra, seeds=seeds,
+           argv=command_argv(__file__, argv))
     return 0
 
 

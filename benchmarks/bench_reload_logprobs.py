@@ -152,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
                     previous = now
     finally:
         shutil.rmtree(weights_dir, ignore_errors=True)
-    from benchmarks.results import default_result_path, write_result
+    from benchmarks.results import command_argv, default_result_path, write_result
 
     write_result(args.json_out or default_result_path("bench_reload_logprobs"), "bench_reload_logprobs",
                  {"env": env, "noise": args.noise, "rows": rows},
-                 seeds={"prompts": 0, "sampling": 1, "noise": "the round's number"})
+                 seeds={"prompts": 0, "sampling": 1, "noise": "the round's number"}, argv=command_argv(__file__, argv))
     return 0
 
 

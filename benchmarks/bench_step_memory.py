@@ -225,10 +225,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
               "groups": args.groups, "group_size": args.group_size, "prompt_len": args.prompt_len,
               "max_completion": args.max_completion, "torch": torch.__version__, "rows": rows}
-    from benchmarks.results import default_result_path, write_result
+    from benchmarks.results import command_argv, default_result_path, write_result
 
     write_result(args.json_out or default_result_path("bench_step_memory"), "bench_step_memory", result,
-                 seeds={"batches": "fixed token ids, no sampling"})
+                 seeds={"batches": "fixed token ids, no sampling"}, argv=command_argv(__file__, argv))
     return result
 
 

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or any(v not in VARIANTS for v in variants):
         parser.error(f"--variants: choose from {', '.join(VARIANTS)}")
-    from benchmarks.results import default_result_path, write_result
+    from benchmarks.results import command_argv, default_result_path, write_result
 
     args.json_out = args.json_out or default_result_path("bench_vllm_memory")
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result), flush=True)
             results.append(result)
     write_result(args.json_out, "bench_vllm_memory", {"variants": results},
-                 seeds={"requests": "fixed prompts; vLLM's sampling unseeded"})
+                 seeds={"requests": "fixed prompts; vLLM's sampling unseeded"}, argv=command_argv(__file__, argv))
     return 0
 
 

@@ -89,6 +89,15 @@ def _gpus() -> list[str] | None:
     return None
 
 
+def command_argv(script: str | Path, argv: list[str] | None) -> list[str] | None:
+    """The command line of a ``main(argv)`` call: ``[script, *argv]``, or None (use ``sys.argv``).
+
+    A benchmark whose ``main`` takes ``argv`` (tests call it so) passes this to
+    :func:`write_result`, so the recorded command is the benchmark's and not the caller's.
+    """
+    return None if argv is None else [str(script), *argv]
+
+
 def meta(benchmark: str, *, seeds: Any, argv: list[str] | None = None,
          now: dt.datetime | None = None) -> dict[str, Any]:
     """The ``meta`` record of a result file.

@@ -275,10 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "envs") and src is not None:
         envs = measure_envs(bench, setup, src)
     print_report(suite, envs)
-    from benchmarks.results import default_result_path, write_result
+    from benchmarks.results import command_argv, default_result_path, write_result
 
     write_result(args.json or default_result_path("upstream_parity"), "upstream_parity",
-                 json.loads(json.dumps({"suite": suite, "envs": envs}, default=str)), seeds=None)
+                 json.loads(json.dumps({"suite": suite, "envs": envs}, default=str)), seeds=None, argv=command_argv(__file__, argv))
     return 0
 
 

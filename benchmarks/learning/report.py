@@ -48,11 +48,12 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def report(runs: list[dict[str, Any]], task: dict[str, Any], json_out: Path, plot_out: Path,
-           extra: dict[str, Any] | None = None, seeds: Any = None) -> dict[str, Any]:
+           extra: dict[str, Any] | None = None, seeds: Any = None,
+           argv: list[str] | None = None) -> dict[str, Any]:
     """Print the table, write the result file (rows, every run, ``extra``) and the accuracy PNG.
 
     The file is written by :func:`benchmarks.results.write_result` (with its ``meta`` record:
-    command, git commit, machine, date and ``seeds``).
+    command (``argv``, default ``sys.argv``), git commit, machine, date and ``seeds``).
 
     Returns:
         The JSON payload, ``meta`` included.
@@ -64,7 +65,7 @@ def report(runs: list[dict[str, Any]], task: dict[str, Any], json_out: Path, plo
                "runs": [{k: v for k, v in r.items() if k != "points"} for r in runs]}
     from benchmarks.results import write_result
 
-    payload = write_result(json_out, "bench_learning", payload, seeds=seeds)
+    payload = write_result(json_out, "bench_learning", payload, seeds=seeds, argv=argv)
     plot(runs, labels, task, plot_out)
     print(f"[bench] wrote {json_out} and {plot_out}", flush=True)
     return payload

@@ -76,3 +76,10 @@ def test_read_result_names_a_broken_file(tmp_path):
         results.read_result(bad)
     with pytest.raises(FileNotFoundError):
         results.read_result(tmp_path / "missing.json")
+
+
+def test_a_main_called_with_argv_records_that_command(tmp_path):
+    argv = results.command_argv(results.ROOT / "benchmarks" / "bench_y.py", ["--steps", "2"])
+    record = results.write_result(tmp_path / "y.json", "bench_y", {}, seeds=None, argv=argv)
+    assert record["meta"]["command"] == "python benchmarks/bench_y.py --steps 2"
+    assert results.command_argv("bench_y.py", None) is None
