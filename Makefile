@@ -3,6 +3,7 @@
 #   make test        install, prepare the bundled model, run the whole test suite (real vLLM included)
 #   make quickstart  install, prepare the bundled model, run the default CPU training loop
 #   make docs        install, then build the documentation site into site/ (mkdocs --strict, offline)
+#   make bench-docs  rewrite the benchmark tables of docs/benchmarks.md and README.md from benchmarks/results/
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -18,7 +19,7 @@ export DO_NOT_TRACK ?= 1
 export NO_MKDOCS_2_WARNING ?= 1
 PYTEST_ARGS ?=
 
-.PHONY: install test quickstart lint docs config-docs bench clean-venv
+.PHONY: install test quickstart lint docs config-docs bench bench-docs clean-venv
 
 $(VENV)/.installed: pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
@@ -48,6 +49,10 @@ config-docs: install
 
 bench: install
 	$(PY) benchmarks/bench_api.py
+
+# The published benchmark figures, regenerated from the result files (a test checks they match).
+bench-docs: install
+	$(PY) -m benchmarks.bench_docs
 
 clean-venv:
 	rm -rf $(VENV)

@@ -12,7 +12,7 @@ Usage::
     python benchmarks/bench_api.py                       # start ours + upstream, compare
     python benchmarks/bench_api.py --with-db             # also ours with --db (SQLite)
     python benchmarks/bench_api.py --url http://127.0.0.1:8000 --no-upstream
-    python benchmarks/bench_api.py --json-out runs/bench_api.json
+    python benchmarks/bench_api.py --json-out /tmp/bench_api.json     # default: benchmarks/results/
     python benchmarks/bench_api.py --no-upstream --with-db --ours-arg=--db-synchronous --ours-arg=FULL
 
 The upstream server runs from ``.bench/upstream-venv`` (created on first use with
@@ -81,13 +81,18 @@ def free_port() -> int:
 class Server:
     """A run-api subprocess (ours or upstream) on a free port."""
 
-    def __init__(self, name: str, argv: list[str], cwd: Path, port: int):
+    def __init__(self, name: str, argv: list[str], cwd: Path, port: int, isolated: bool = False):
+        """Start ``argv`` in ``cwd``; ``isolated`` drops ``PYTHONPATH``, so upstream's venv cannot
+        import our checkout through it."""
         self.name = name
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
+        env = {**os.environ, **OFFLINE_ENV}
+        if isolated:
+            env.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **OFFLINE_ENV}, start_new_session=True)
+                                     env=env, start_new_session=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -281,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--json-out", type=Path, help="write all results and ratios as JSON")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_api_<date>.json)")
     parser.add_argument("--ours-arg", action="append", default=[],
                         help="extra run-api flag for our server (repeat), e.g. "
                         "--ours-arg=--db-synchronous --ours-arg=FULL")
@@ -308,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             python = ensure_upstream_venv()
             # run from a scratch cwd: `python -m` would otherwise import our atroposlib from ROOT
             cmd = [str(python), "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1"]
-            targets.append(("upstream-0.4", lambda: _start("upstream-0.4", cmd, scratch)))
+            targets.append(("upstream-0.4", lambda: _start("upstream-0.4", cmd, scratch, isolated=True)))
     results = []
     for name, start in targets:
         print(f"[bench] {name}: starting")
@@ -326,10 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         out["ratios"] = ratios(by_name["ours"], by_name["upstream-0.4"])
         print("ratios (ours vs upstream): " + ", ".join(
             f"{k}={v:.2f}" for k, v in out["ratios"].items()))
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
-        print(f"[bench] wrote {args.json_out}")
+    from benchmarks.results import command_argv, default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_api"), "bench_api",
+                 orjson.loads(orjson.dumps(out)), seeds={"groups": 0, "big batch": 1}, argv=command_argv(__file__, argv))
     return 1 if any(r.errors for r in results) else 0
 
 
@@ -350,9 +356,9 @@ class _External:
         pass
 
 
-def _start(name: str, cmd: list[str], cwd: Path) -> Server:
+def _start(name: str, cmd: list[str], cwd: Path, isolated: bool = False) -> Server:
     port = free_port()
-    return Server(name, [*cmd, "--port", str(port)], cwd, port)
+    return Server(name, [*cmd, "--port", str(port)], cwd, port, isolated)
 
 
 if __name__ == "__main__":

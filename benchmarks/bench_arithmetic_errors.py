@@ -19,7 +19,6 @@ Printed and written as counts per ``(operator, class)``, with accuracy per opera
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -90,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--difficulty", type=int, default=4, help="arithmetic difficulty")
     parser.add_argument("--eval-size", type=int, default=200, help="held-out problems scored")
     parser.add_argument("--eval-batch", type=int, default=25, help="prompts per generate call")
-    parser.add_argument("--json-out", type=Path, default=Path("runs/bench_arithmetic_errors.json"))
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_arithmetic_errors_<date>.json)")
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -121,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['accuracy_overall']:.1%} of {len(problems)} held-out problems right")
     for op, counts in result["counts"].items():
         print(f"{op}: {result['n'][op]} problems, {result['accuracy'][op]:.1%} right; {counts}")
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(result, indent=2))
+    from benchmarks.results import command_argv, default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_arithmetic_errors"), "bench_arithmetic_errors",
+                 result, seeds={"heldout_problems": cfg.eval_seed, "decoding": "greedy"}, argv=command_argv(__file__, argv))
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +28,10 @@ from example_trainer.data import TrainSequence, make_micro_batches
 from example_trainer.grpo import freeze_all_but_last_layers, load_policy
 from example_trainer.loss import grpo_loss
 from example_trainer.vllm_sync import save_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks.results, when run as a script
+    sys.path.insert(0, str(ROOT))
 
 SETUPS = ("full", "last10", "lora16")
 
@@ -73,8 +78,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_checkpoint_<date>.json)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
+    rows = []
     try:
         for setup in args.setups:
             model, tokenizer = load_policy(args.model, torch.device("cpu"), torch.float32, "eager")
@@ -88,11 +96,19 @@ def main() -> None:
             step = step_seconds(model, tokenizer, optimizer, args.batch, args.seq_len)
             saves = [save_seconds(model, tokenizer, optimizer, root / setup / f"step_{i}") for i in range(2)]
             save = statistics.median(s for s, _ in saves)
+            rows.append({"setup": setup, "step_seconds": step, "save_seconds": [s for s, _ in saves],
+                         "save_bytes": [b for _, b in saves], "median_save_seconds": save,
+                         "save_in_steps": save / step, "threads": torch.get_num_threads()})
             print(f"{setup}: step {step:.2f} s ({args.batch}x{args.seq_len} tokens, "
                   f"{torch.get_num_threads()} threads), save {save:.2f} s = {save / step:.2f} steps, "
                   f"{saves[0][1] / 2**20:.0f} MiB per checkpoint", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    from benchmarks.results import default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_checkpoint"), "bench_checkpoint",
+                 {"settings": {"model": str(args.model), "batch": args.batch, "seq_len": args.seq_len},
+                  "rows": rows}, seeds={"batch": 0})
 
 
 if __name__ == "__main__":

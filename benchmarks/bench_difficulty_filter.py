@@ -150,6 +150,13 @@ def arm_overrides(arm: str, env_args: list[str], all_arms_args: list[str]) -> di
     return {**parse(all_arms_args), **(parse(env_args) if arm == "on" else {})}
 
 
+def _env_seed(overrides: dict[str, dict[str, Any]]) -> int:
+    """The arithmetic env's seed in the arms (an ``--all-arms-arg seed=N`` overrides the default)."""
+    from atroposlib.environments.arithmetic_server import ArithmeticEnvConfig
+
+    return int(overrides["off"].get("seed", ArithmeticEnvConfig().seed))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start vLLM on the policy, run both arms, print and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -164,8 +171,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="an env config override for the 'on' arm, e.g. difficulty_filter_floor=0.1")
     parser.add_argument("--all-arms-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an env config override for every arm, e.g. group_size=4")
-    parser.add_argument("--json-out", type=Path, default=Path("runs/bench_difficulty_filter.json"))
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_difficulty_filter_<date>.json)")
     args = parser.parse_args(argv)
+    from benchmarks.results import command_argv, default_result_path, write_result
+
+    args.json_out = args.json_out or default_result_path("bench_difficulty_filter")
     from atroposlib.inference.bundled import prepare_bundled_model
     from atroposlib.inference.sizing import size_for_training
     from atroposlib.inference.vllm_process import DEFAULT_CPU_BLOCK_SIZE, VLLMProcess
@@ -189,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             result.update(model=model, difficulty=args.difficulty)
             print(json.dumps(result), flush=True)
             results.append(result)
-    args.json_out.write_text(json.dumps(results, indent=2))
+    write_result(args.json_out, "bench_difficulty_filter", {"arms": results},
+                 seeds={"env.seed": _env_seed(overrides), "vLLM sampling": "unseeded"}, argv=command_argv(__file__, argv))
     return 0
 
 

@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1100, help="inflated size of each bomb")
     parser.add_argument("--bombs", type=int, default=3, help="bombs sent at once")
     parser.add_argument("--server-arg", action="append", default=[], help="extra run-api flag")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_gzip_bomb_<date>.json)")
     args = parser.parse_args()
 
     bomb = make_bomb(args.size_mib)
@@ -141,6 +143,16 @@ def main() -> None:
         print(f"probe during bombs ({len(during)} requests): median "
               f"{statistics.median(during) * ms:.1f} ms, worst {max(during) * ms:.0f} ms "
               f"(worst / idle median = {max(during) / statistics.median(idle):.0f}x)")
+    if str(ROOT) not in sys.path:  # benchmarks.results, when run as a script
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.results import default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_gzip_bomb"), "bench_gzip_bomb", {
+        "settings": {"repo": str(args.repo), "size_mib": args.size_mib, "bombs": args.bombs,
+                     "server_args": args.server_arg, "bomb_gzip_bytes": len(bomb)},
+        "answers": [{"status": code, "seconds": s} for code, s in results],
+        "server_rss_bytes": {"idle": idle_rss, "peak": peak[0]},
+        "probe_seconds": {"idle": idle, "during": during}}, seeds=None)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ from atroposlib.utils.offline import OFFLINE_ENV  # noqa: E402
 from benchmarks.learning.ours import OURS  # noqa: E402
 from benchmarks.learning.trl_side import SWEEP, TrlSetting  # noqa: E402
 from benchmarks.process_tree import LIVE  # noqa: E402
+from benchmarks.results import command_argv  # noqa: E402
 
 CONTENDERS = (*OURS, "trl")
 
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="training wall budget of every contender, in minutes")
     parser.add_argument("--task-difficulty", type=int, choices=(2, 4), default=2,
                         help="arithmetic difficulty: 2 (the quickstart's) or 4 (+/- to 99)")
-    parser.add_argument("--json-out", type=Path, default=Path("runs/bench_learning.json"))
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_learning_<date>.json)")
     parser.add_argument("--plot-out", type=Path, default=None,
                         help="PNG of accuracy against wall time (default: next to --json-out)")
     parser.add_argument("--contenders", default="ours-gspo,trl",
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--alternate", action="store_true",
                         help="reverse the contender order on every other pass")
     parser.add_argument("--work-dir", type=Path, default=None,
-                        help="run directories (default: <json-out dir>/bench_learning_runs)")
+                        help="run directories (default: runs/bench_learning_runs)")
     parser.add_argument("--eval-batch", type=int, default=100, help="evaluator batch size")
     parser.add_argument("--trl-setting", default="lr=3e-5,bf16=0,level=token",
                         help="TRL's knobs for `trl`: lr=FLOAT,bf16=0|1,level=token|sequence")
@@ -138,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.json_out is None:
+        from benchmarks.results import default_result_path
+
+        args.json_out = default_result_path("bench_learning")
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     if args.pairs < 1:
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.merge is not None:
-        return merge_jsons(parser, args)
+        return merge_jsons(parser, args, argv)
     if args.trl_worker is not None:
         from benchmarks.learning.trl_side import trl_worker
 
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not is_prepared():
         prepare_bundled_model()
-    work = args.work_dir or args.json_out.parent / "bench_learning_runs"
+    work = args.work_dir or Path("runs") / "bench_learning_runs"
     work.mkdir(parents=True, exist_ok=True)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
@@ -207,11 +213,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] TRL's best setting: {extra['trl_sweep']['best']['label']}", flush=True)
         except ValueError as exc:  # every sweep run failed: the table still gets written
             print(f"[bench] {exc}", flush=True)
-    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra)
+    from atroposlib.environments.arithmetic_server import ArithmeticEnvConfig
+
+    env_cfg = ArithmeticEnvConfig(difficulty=args.task_difficulty)
+    seeds = {"env (training problems, ours and TRL)": env_cfg.seed, "held-out problems": env_cfg.eval_seed,
+             "TRL GRPOConfig": 0, "evaluation": "greedy", "ours' sampling": "unseeded (vLLM)"}
+    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra, seeds=seeds,
+           argv=command_argv(__file__, argv))
     return 0
 
 
-def merge_jsons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def merge_jsons(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """``--merge``: one table (JSON and PNG at ``--json-out``) from the runs of several JSONs."""
     import json
 
@@ -222,7 +234,9 @@ def merge_jsons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         runs, task, extra = merge(payloads)
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         parser.error(f"--merge: {exc}")
-    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra)
+    seeds = next((p["meta"]["seeds"] for _, p in payloads if "meta" in p), "those of the merged files")
+    report(runs, task, args.json_out, args.plot_out or args.json_out.with_suffix(".png"), extra, seeds=seeds,
+           argv=command_argv(__file__, argv))
     return 0
 
 

@@ -25,7 +25,6 @@ in vLLM's environment, e.g. to compare oneDNN's primitive cache capacities::
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import sys
@@ -84,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="noise added to the trained tensors each round, times each tensor's std")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="a variable for vLLM's environment (repeatable)")
-    parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_reload_logprobs_<date>.json)")
     args = parser.parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
 
@@ -152,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
                     previous = now
     finally:
         shutil.rmtree(weights_dir, ignore_errors=True)
-    if args.json_out:
-        args.json_out.write_text(json.dumps({"env": env, "noise": args.noise, "rows": rows}, indent=1))
+    from benchmarks.results import command_argv, default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_reload_logprobs"), "bench_reload_logprobs",
+                 {"env": env, "noise": args.noise, "rows": rows},
+                 seeds={"prompts": 0, "sampling": 1, "noise": "the round's number"}, argv=command_argv(__file__, argv))
     return 0
 
 

@@ -42,6 +42,8 @@ import yaml
 from atroposlib.utils.heap import resident_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks.results, when run as a script
+    sys.path.insert(0, str(ROOT))
 #: trainer keys that start or talk to other parts (vLLM, evaluations, the time budget): a bench
 #: step needs none of them
 NOT_FOR_A_STEP = ("weight_sync", "vllm", "eval", "batch_timeout", "training_steps", "max_train",
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-completion", type=int, default=24, help="longest completion (env.max_tokens)")
     parser.add_argument("--profile", action="store_true",
                         help="also split one step's live tensors at its peak by torch's categories")
-    parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_step_memory_<date>.json)")
     args = parser.parse_args(argv)
 
     import torch
@@ -222,8 +225,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config),
               "groups": args.groups, "group_size": args.group_size, "prompt_len": args.prompt_len,
               "max_completion": args.max_completion, "torch": torch.__version__, "rows": rows}
-    if args.json_out:
-        args.json_out.write_text(json.dumps(result, indent=1))
+    from benchmarks.results import command_argv, default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_step_memory"), "bench_step_memory", result,
+                 seeds={"batches": "fixed token ids, no sampling"}, argv=command_argv(__file__, argv))
     return result
 
 

@@ -58,6 +58,8 @@ from example_trainer.grpo import freeze_all_but_last_layers, load_policy, policy
 from example_trainer.loss import grpo_loss
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks.results, when run as a script
+    sys.path.insert(0, str(ROOT))
 
 #: Model shapes ``--model-shape`` builds with random weights, from the models' published configs.
 SHAPES: dict[str, dict] = {
@@ -418,7 +420,8 @@ def main() -> None:
                              "dense: 989): adds model FLOPs utilisation to settings training all layers")
     parser.add_argument("--sync-repeats", type=int, default=0,
                         help="also time the trainer's side of a weight sync this many times (median)")
-    parser.add_argument("--json-out", default=None, help="also write the rows and ratios here")
+    parser.add_argument("--json-out", default=None,
+                        help="result file (default: benchmarks/results/bench_trainer_<date>.json)")
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-lora-r", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -436,11 +439,13 @@ def main() -> None:
         print(f"ratio {row['name']} vs {base['name']}: {row['speed_vs_baseline']:.2f}x speed"
               + (f", {max(row['peak_memory_mib_per_process']) / max(base['peak_memory_mib_per_process']):.2f}x "
                  "peak memory per process" if "peak_memory_mib_per_process" in row else ""))
-    if args.json_out:
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        Path(args.json_out).write_text(json.dumps({
-            "settings": {**vars(args), "model": model_arg}, "device": device, "torch": torch.__version__, "baseline": base["name"],
-            "rows": rows, "weight_sync": sync_rows}, indent=2) + "\n")
+    from benchmarks.results import default_result_path, write_result
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    write_result(args.json_out or default_result_path("bench_trainer"), "bench_trainer", {
+        "settings": {**vars(args), "model": model_arg}, "device": device, "torch": torch.__version__,
+        "baseline": base["name"], "rows": rows, "weight_sync": sync_rows},
+        seeds={"torch.manual_seed": 0, "batch generator": 0})
     if shape_dir is not None:
         shape_dir.cleanup()
 

@@ -21,13 +21,19 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import httpx
 
 from atroposlib.inference.bundled import prepare_bundled_model
 from atroposlib.inference.vllm_process import VLLMProcess
 from atroposlib.utils.flags import ArgumentParser
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks.results, when run as a script
+    sys.path.insert(0, str(ROOT))
 
 SHAPES = {"short": 24, "long": 128}
 
@@ -72,6 +78,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=24, help="Groups timed per measurement.")
     parser.add_argument("--concurrency", type=int, default=4, help="Groups in flight.")
     parser.add_argument("--repeats", type=int, default=2, help="Rounds over all sizes.")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_vllm_blocks_<date>.json)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.block_sizes.split(",")]
     model = prepare_bundled_model()
@@ -100,6 +108,16 @@ def main() -> None:
             ratio = rate / statistics.median(speed[(base, shape)])
             cells.append(f"{shape} {rate:.2f} ({ratio:.2f}x)")
         print(f"block {size:>4}: " + ", ".join(cells) + f", prefix-cache hits {hit_rate[size]:.0%}")
+    from benchmarks.results import default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_vllm_blocks"), "bench_vllm_blocks", {
+        "settings": {"block_sizes": sizes, "groups": args.groups, "concurrency": args.concurrency,
+                     "repeats": args.repeats, "shapes": SHAPES},
+        "baseline_block_size": base,
+        "groups_per_second": [{"block_size": size, "shape": shape, "rounds": rates}
+                              for (size, shape), rates in speed.items()],
+        "prefix_cache_hit_rate": {str(size): rate for size, rate in hit_rate.items()}},
+        seeds={"warm-up questions": 999, "round r questions": "r"})
 
 
 if __name__ == "__main__":

@@ -184,11 +184,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="an environment variable for every variant's server (repeatable)")
     parser.add_argument("--extra-arg", action="append", default=[], metavar="FLAG[=VALUE]",
                         help="a `vllm serve` flag for every variant (repeatable)")
-    parser.add_argument("--json-out", type=Path, default=Path("runs/bench_vllm_memory.json"))
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_vllm_memory_<date>.json)")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or any(v not in VARIANTS for v in variants):
         parser.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    from benchmarks.results import command_argv, default_result_path, write_result
+
+    args.json_out = args.json_out or default_result_path("bench_vllm_memory")
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for i in range(args.repeats):
@@ -197,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                                  dict(a.split("=", 1) for a in args.env), args.extra_arg)
             print(json.dumps(result), flush=True)
             results.append(result)
-    args.json_out.write_text(json.dumps(results, indent=2))
+    write_result(args.json_out, "bench_vllm_memory", {"variants": results},
+                 seeds={"requests": "fixed prompts; vLLM's sampling unseeded"}, argv=command_argv(__file__, argv))
     return 0
 
 

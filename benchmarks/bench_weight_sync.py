@@ -41,6 +41,10 @@ from example_trainer.grpo import freeze_all_but_last_layers, load_policy
 from example_trainer.loss import grpo_loss
 from example_trainer.vllm_sync import VLLMSync
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks.results, when run as a script
+    sys.path.insert(0, str(ROOT))
+
 #: Trainable top layers of the "subset" runs.
 TOP_LAYERS = 10
 
@@ -168,6 +172,8 @@ def main() -> None:
     parser.add_argument("--vllm-dtype", default="float32")
     parser.add_argument("--parts", default="local,restart,node,trainer",
                         help="comma-separated: local, restart, node, trainer")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="result file (default: benchmarks/results/bench_weight_sync_<date>.json)")
     args = parser.parse_args()
     args.parts = set(args.parts.split(","))
     model, tokenizer = load_policy(args.model, torch.device("cpu"), torch.float32, "eager")
@@ -179,16 +185,28 @@ def main() -> None:
     print(f"\nmedian of {args.repeats} syncs ({args.vllm_dtype} vLLM, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f}):")
     baseline = statistics.median(s for s, _ in results.get("local reload, all", [(float("nan"), 0)]))
+    paths = {}
     for name, rows in results.items():
         seconds = statistics.median(s for s, _ in rows)
         sent = statistics.median(b for _, b in rows)
+        paths[name] = {"seconds": [s for s, _ in rows], "bytes": [b for _, b in rows],
+                       "median_seconds": seconds, "median_bytes": sent,
+                       "ratio_to_local_reload_all": seconds / baseline}
         print(f"  {name:<34} {seconds:6.2f} s/sync  {sent / 1e6:6.0f} MB  "
               f"{seconds / baseline:5.2f}x the local reload of all weights")
+    payload = {"settings": {**vars(args), "parts": sorted(args.parts), "json_out": str(args.json_out)},
+               "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
+               "baseline": "local reload, all", "paths": paths}
     if "trainer" in args.parts:
         set_trainable(model, None)
         tps = trainer_tokens_per_second(model, tokenizer, 16, 64)
+        payload["trainer_tokens_per_second"] = tps
         print(f"trainer fp32 CPU: {tps:.0f} tokens/s (16x64 tokens, full model, "
               f"{torch.get_num_threads()} threads)")
+    from benchmarks.results import default_result_path, write_result
+
+    write_result(args.json_out or default_result_path("bench_weight_sync"), "bench_weight_sync", payload,
+                 seeds={"trainer batch": 0})
 
 
 if __name__ == "__main__":

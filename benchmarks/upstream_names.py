@@ -89,6 +89,12 @@ def main() -> None:
             else:
                 print(f"  {module}.{name} [{kind}]")
     print(f"importable {ok}/{total}; defined-upstream {defined_ok}/{defined}")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from benchmarks.results import default_result_path, write_result
+
+    write_result(default_result_path("upstream_names"), "upstream_names",
+                 {"upstream_root": str(root), "lib_only": lib_only, "names": total, "importable": ok,
+                  "defined_upstream": defined, "defined_upstream_importable": defined_ok}, seeds=None)
 
 
 if __name__ == "__main__":

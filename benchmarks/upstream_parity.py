@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sets", default="own,shared",
                         help="dependency sets, comma-separated: own, shared (default both)")
     parser.add_argument("--bench-dir", type=Path, default=ROOT / ".bench" / "parity")
-    parser.add_argument("--json", type=Path, help="write every count and outcome here")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="result file (default: benchmarks/results/upstream_parity_<date>.json)")
     args = parser.parse_args(argv)
     sets = [s for s in args.sets.split(",") if s]
     if args.only == "envs" and args.upstream_src is None:
@@ -274,8 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "envs") and src is not None:
         envs = measure_envs(bench, setup, src)
     print_report(suite, envs)
-    if args.json:
-        args.json.write_text(json.dumps({"suite": suite, "envs": envs}, indent=1, default=str))
+    from benchmarks.results import command_argv, default_result_path, write_result
+
+    write_result(args.json or default_result_path("upstream_parity"), "upstream_parity",
+                 json.loads(json.dumps({"suite": suite, "envs": envs}, default=str)), seeds=None, argv=command_argv(__file__, argv))
     return 0
 
 

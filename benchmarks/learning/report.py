@@ -6,7 +6,6 @@ different days) into one table."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -49,19 +48,24 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def report(runs: list[dict[str, Any]], task: dict[str, Any], json_out: Path, plot_out: Path,
-           extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Print the table, write the JSON (rows, every run, ``extra``) and the accuracy PNG.
+           extra: dict[str, Any] | None = None, seeds: Any = None,
+           argv: list[str] | None = None) -> dict[str, Any]:
+    """Print the table, write the result file (rows, every run, ``extra``) and the accuracy PNG.
+
+    The file is written by :func:`benchmarks.results.write_result` (with its ``meta`` record:
+    command (``argv``, default ``sys.argv``), git commit, machine, date and ``seeds``).
 
     Returns:
-        The JSON payload.
+        The JSON payload, ``meta`` included.
     """
     labels = list(dict.fromkeys(r["label"] for r in runs))
     table = {label: summarise([r for r in runs if r["label"] == label]) for label in labels}
     print_table(table)
     payload = {"contenders": table, "task": task, **(extra or {}),
                "runs": [{k: v for k, v in r.items() if k != "points"} for r in runs]}
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(payload, indent=2))
+    from benchmarks.results import write_result
+
+    payload = write_result(json_out, "bench_learning", payload, seeds=seeds, argv=argv)
     plot(runs, labels, task, plot_out)
     print(f"[bench] wrote {json_out} and {plot_out}", flush=True)
     return payload

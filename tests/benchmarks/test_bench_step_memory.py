@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -59,7 +61,10 @@ def test_each_setting_gets_its_steps_and_the_profile_finds_gradients_and_activat
         assert live["parameter"] > 0 and live["max"]["gradient"] > 0 and live["max"]["activation"] > 0
         assert live["total"] > live["total_before_step"]
     assert rows[0]["seconds_ratio"] == 1.0
-    assert (tmp_path / "out.json").exists()
+    written = json.loads((tmp_path / "out.json").read_text())
+    # the result file records the benchmark's own command, not the test runner's
+    assert written["meta"]["command"].startswith("python benchmarks/bench_step_memory.py --config ")
+    assert written["meta"]["benchmark"] == "bench_step_memory" and written["rows"] == json.loads(json.dumps(rows))
 
 
 def test_checkpointing_is_switched_per_setting_and_keeps_fewer_activations(bench, tmp_path):
@@ -68,7 +73,8 @@ def test_checkpointing_is_switched_per_setting_and_keeps_fewer_activations(bench
                          "micro_batch_size=4;micro_batch_size=4,gradient_checkpointing=true,"
                          "gradient_checkpointing_mode=selective;micro_batch_size=4",
                          "--steps", "1", "--warmup", "0", "--groups", "1", "--group-size", "4",
-                         "--prompt-len", "6", "--max-completion", "5", "--profile"])
+                         "--prompt-len", "6", "--max-completion", "5", "--profile",
+                         "--json-out", str(tmp_path / "out.json")])
     plain, selective, plain_again = (row["live_at_peak_mib"]["max"]["activation"] for row in result["rows"])
     # the shared policy checkpoints only for the setting that asks for it, and back off after it
     assert selective < plain

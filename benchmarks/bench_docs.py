@@ -1,0 +1,654 @@
+"""Write the published benchmark figures from the result files: ``make bench-docs``.
+
+Every table and figure in ``docs/benchmarks.md`` and the README's benchmark sentences sits
+between two markers::
+
+    <!-- bench:NAME start -->
+    ...generated text...
+    <!-- bench:NAME end -->
+
+This script renders each block ``NAME`` from the files in ``benchmarks/results/`` it names
+(:data:`BLOCKS`) and rewrites the text between the markers. ``--check`` rewrites nothing and
+exits 1 when a block differs from what it would write, or when a block's result file is
+missing. A test runs the check, so a figure edited by hand, or one whose file was deleted,
+fails the suite.
+
+Usage::
+
+    python -m benchmarks.bench_docs            # rewrite docs/benchmarks.md and README.md
+    python -m benchmarks.bench_docs --check    # exit 1 if anything would change
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results import RESULTS_DIR, ROOT, read_result  # noqa: E402
+
+#: the pages whose blocks this script owns
+PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md")
+MARKER = re.compile(r"<!-- bench:(?P<name>[a-z0-9-]+) (?P<end>start|end) -->")
+GiB = 2**30
+
+
+class MissingResult(Exception):
+    """A block's result file is not in the results folder."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One generated block: the result files it reads and how it renders them.
+
+    Attributes:
+        files: file names in the results folder, in the order ``render`` receives them.
+        render: ``render(*payloads) -> markdown`` (no surrounding blank lines).
+        pattern: with a non-empty value, ``files`` is ignored and the block reads every file
+            whose name matches this regular expression, as one ``{name: payload}`` argument.
+    """
+
+    files: tuple[str, ...]
+    render: Callable[..., str]
+    pattern: str = ""
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def pct(x: float) -> str:
+    """``0.8476`` -> ``"84.8%"``."""
+    return f"{100 * x:.1f}%"
+
+
+def span(values: list[float], fmt: Callable[[float], str], unit: str = "") -> str:
+    """``"84.8-87.6% (n=3)"`` for several values, ``"84.8% (n=1)"`` for one."""
+    lo, hi = min(values), max(values)
+    body = fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo).removesuffix('%').removesuffix('x')}-{fmt(hi)}"
+    return f"{body}{unit} (n={len(values)})"
+
+
+def gib(x: float) -> str:
+    """A size in GiB, two decimals."""
+    return f"{x:.2f}"
+
+
+def ratio(x: float) -> str:
+    """A ratio, two decimals and an ``x``."""
+    return f"{x:.2f}x"
+
+
+def source(*names: str) -> str:
+    """The sentence naming the result files a table comes from."""
+    return "Source: " + ", ".join(f"`benchmarks/results/{n}`" for n in names) + "."
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- bench_learning payloads
+
+
+def runs_of(payload: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    """The runs of one contender, in pass order."""
+    runs = [r for r in payload["runs"] if r["label"] == label]
+    if not runs:
+        raise KeyError(f"no runs of {label!r}; the file has {sorted({r['label'] for r in payload['runs']})}")
+    return runs
+
+
+def accuracy_at(run: dict[str, Any], minute: float) -> float:
+    """A run's held-out accuracy (fraction) at ``minute`` of training.
+
+    Raises:
+        KeyError: the run was not evaluated at that minute.
+    """
+    for point in run["curve"]:
+        if abs(point["minute"] - minute) < 1e-6:
+            return point["accuracy"]
+    raise KeyError(f"no evaluation at minute {minute:g}")
+
+
+def trl_label(payload: dict[str, Any]) -> str:
+    """The one TRL contender of a bench_learning payload.
+
+    Raises:
+        ValueError: none, or several.
+    """
+    labels = [lab for lab, row in payload["contenders"].items() if row.get("trl_setting")]
+    if len(labels) != 1:
+        raise ValueError(f"expected one TRL contender, found {labels}")
+    return labels[0]
+
+
+def describe(label: str, row: dict[str, Any], mark_unrecorded: bool = False) -> str:
+    """A contender's label with the settings it changed from its default.
+
+    ``mark_unrecorded`` appends a dagger when the file predates recording ``--ours-trainer-arg``.
+    """
+    setting = row.get("trl_setting")
+    if setting:
+        return f"TRL, lr {setting['lr']:g}, {'bf16' if setting['bf16'] else 'fp32'}, {setting['level']}"
+    changes = [f"lr={row['lr']:g}"] if row.get("lr") is not None else []
+    changes += [f"{k.removeprefix('env.')}={v}" for k, v in (row.get("env_args") or {}).items()
+                if k != "env.difficulty"]
+    changes += [f"{k}={v}" for k, v in (row.get("trainer_args") or {}).items()]
+    dagger = "†" if mark_unrecorded and "trainer_args" not in row else ""
+    return label + (f" ({', '.join(changes)})" if changes else "") + dagger
+
+
+def curve_cells(runs: list[dict[str, Any]], minutes: list[float]) -> str:
+    """Mean accuracy at each minute, the last one with its range: ``32.4 / ... / **87.0%** [83.8-89.5]``."""
+    means = [statistics.fmean(accuracy_at(r, m) for r in runs) for m in minutes]
+    last = [accuracy_at(r, minutes[-1]) for r in runs]
+    head = " / ".join(f"{100 * m:.1f}" for m in means[:-1])
+    spread = f"{100 * min(last):.1f}-{100 * max(last):.1f}" if min(last) != max(last) else "the same in each"
+    tail = f"**{pct(means[-1])}**" + (f" [{spread}]" if len(runs) > 1 else "")
+    return f"{head} / {tail}"
+
+
+def minutes_of(payload: dict[str, Any]) -> list[float]:
+    """The minutes at which a payload's runs were evaluated."""
+    return [p["minute"] for p in payload["runs"][0]["curve"]]
+
+
+def dropped(run: dict[str, Any]) -> float | None:
+    """The share of sampled groups a run dropped as all-same, or None when not recorded."""
+    final = (run.get("groups") or {}).get("final")
+    return final["dropped_same_scores"] / final["sampled"] if final and final["sampled"] else None
+
+
+def contender_table(payload: dict[str, Any], labels: list[str] | None = None) -> str:
+    """One row per contender: runs, accuracy curve (mean; last point with its range), steps, peak RSS."""
+    minutes = minutes_of(payload)
+    header = ["contender", "runs", "held-out at " + " / ".join(f"{m:g}" for m in minutes) + " min (mean)",
+              "steps", "samples/s", "peak RSS, GiB", "groups dropped as all-same"]
+    rows = []
+    for label in labels or list(payload["contenders"]):
+        runs, row = runs_of(payload, label), payload["contenders"][label]
+        drops = [d for d in map(dropped, runs) if d is not None]
+        rows.append([describe(label, row), str(len(runs)), curve_cells(runs, minutes),
+                     _range([float(r["steps"]) for r in runs], "{:.0f}"),
+                     _range([r["sequences"] / r["train_seconds"] for r in runs], "{:.2f}"),
+                     _range([r["peak_rss_bytes"] / GiB for r in runs], "{:.2f}"),
+                     _range(drops, "{:.0%}") if drops else "-"])
+    return table(header, rows)
+
+
+def _range(values: list[float], fmt: str) -> str:
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo.removesuffix('%')}-{hi}"
+
+
+def pair_ratios(payload: dict[str, Any], ours: str, peer: str) -> list[tuple[int, float, float, float, float]]:
+    """``(pass, ours RSS GiB, peer RSS GiB, RSS ratio, PSS ratio)`` for each pass that ran both."""
+    out = []
+    peers = {r["pass"]: r for r in runs_of(payload, peer)}
+    for run in runs_of(payload, ours):
+        other = peers.get(run["pass"])
+        if other is None:
+            continue
+        out.append((run["pass"], run["peak_rss_bytes"] / GiB, other["peak_rss_bytes"] / GiB,
+                    run["peak_rss_bytes"] / other["peak_rss_bytes"],
+                    run["peak_pss_bytes"] / other["peak_pss_bytes"]))
+    return out
+
+
+# ---------------------------------------------------------------- the blocks
+
+QUICKSTART = "bench_learning_gspo_full_lora_3pairs_d2_14min_2026-11-29.json"
+FAIR_D2 = "bench_learning_gspo_trl_d2_pairs3_14min_2026-11-28.json"
+FAIR_D4 = "bench_learning_gspo_trl_d4_pairs3_14min_2026-11-27.json"
+LORA_TRL_FULL = "bench_learning_gspo_lora_trl_full_d2_14min_2026-11-29.json"
+SWEEP_D2 = "bench_learning_trl_sweep_d2_7min_2026-11-27.json"
+SWEEP_D4 = "bench_learning_trl_sweep_d4_7min_2026-11-27.json"
+COSINE = "bench_learning_gspo_lora_d4_group4_layers20_cosine_runs4_14min_2026-12-05.json"
+CONSTANT = "bench_learning_gspo_lora_d4_group4_layers20_runs5_14min_2026-12-05.json"
+QUICKSTART_D4 = "bench_learning_gspo_lora_d4_runs2_14min_2026-12-05.json"
+
+
+def rng(values: list[float], fmt: Callable[[float], str]) -> str:
+    """``"84.8-87.6%"`` (or one value when all agree); the caller states ``n``."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo.removesuffix('%').removesuffix('x')}-{hi}"
+
+
+def wrap(text: str) -> str:
+    """Markdown prose wrapped at 100 columns (links and code spans kept whole)."""
+    import textwrap
+
+    return textwrap.fill(" ".join(text.split()), 100, break_long_words=False, break_on_hyphens=False)
+
+
+def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict) -> str:
+    """The README's quickstart paragraph: LoRA, full fine-tune, TRL like for like."""
+    lora, full = runs_of(quick, "ours-gspo-lora"), runs_of(quick, "ours-gspo")
+    t2, t4 = trl_label(fair2), trl_label(fair4)
+    like = pair_ratios(mixed, "ours-gspo", trl_label(mixed))
+    pairs = pair_ratios(fair2, "ours-gspo", t2)
+    final = lambda runs: rng([accuracy_at(r, 14) for r in runs], pct)  # noqa: E731
+    peak = lambda runs: rng([r["peak_rss_bytes"] / GiB for r in runs], gib) + " GiB"  # noqa: E731
+    return wrap(
+        f"The quickstart trains LoRA adapters on the top 10 layers. In three 14-minute runs (n={len(lora)}) "
+        f"it took the held-out accuracy from {pct(accuracy_at(lora[0], 0))} to {final(lora)} "
+        f"({rng([accuracy_at(r, 7) for r in lora], pct)} at 7 minutes), with the whole loop at {peak(lora)} "
+        f"of peak memory. `configs/quickstart-cpu-full.yaml` fine-tunes the same layers whole: "
+        f"{final(full)} in the same pairs (n={len(full)}), at {peak(full)}. "
+        f"Against TRL's `GRPOTrainer` training the same layers whole, at the best setting of TRL's own "
+        f"sweep, the full fine-tune reached {final(runs_of(fair2, 'ours-gspo'))} against "
+        f"{final(runs_of(fair2, t2))} in three same-run pairs (n={len(runs_of(fair2, t2))}), and on a "
+        f"harder task (operands to 99) {final(runs_of(fair4, 'ours-gspo'))} against "
+        f"{final(runs_of(fair4, t4))} (n={len(runs_of(fair4, t4))}). Its whole loop peaked at "
+        f"{rng([x[3] for x in like], ratio)} TRL's memory in the latest same-run comparison "
+        f"(n={len(like)}), {rng([x[3] for x in pairs], ratio)} in those three pairs (n={len(pairs)}, "
+        f"the config of that day). No TRL run with LoRA is stored, so the LoRA loop has no "
+        f"like-for-like ratio. Tables and commands: [Benchmarks](docs/benchmarks.md).")
+
+
+def quickstart_table(payload: dict) -> str:
+    """The quickstart's LoRA and full fine-tune rows."""
+    return contender_table(payload, ["ours-gspo-lora", "ours-gspo"]) + "\n\n" + source(QUICKSTART)
+
+
+def fair_table(name: str) -> Callable[[dict], str]:
+    """The renderer of a fair table: contenders, each pair, ours minus TRL per pair."""
+    def render(payload: dict) -> str:
+        ours, peer = "ours-gspo", trl_label(payload)
+        minutes = minutes_of(payload)
+        rows = []
+        for run in sorted(payload["runs"], key=lambda r: (r["pass"], r["label"] != ours)):
+            rows.append([str(run["pass"]), describe(run["label"], payload["contenders"][run["label"]]),
+                         str(run["steps"]), " / ".join(f"{100 * accuracy_at(run, m):.1f}" for m in minutes),
+                         f"{run['peak_rss_bytes'] / GiB:.2f}"])
+        per_pass = table(["pair", "contender", "steps",
+                          "held-out at " + " / ".join(f"{m:g}" for m in minutes) + " min", "peak RSS, GiB"], rows)
+        gaps = [accuracy_at(a, minutes[-1]) - accuracy_at(b, minutes[-1])
+                for a, b in zip(runs_of(payload, ours), runs_of(payload, peer), strict=True)]
+        return (contender_table(payload, [ours, peer]) + "\n\n" + per_pass + "\n\n"
+                f"Ours minus TRL at {minutes[-1]:g} minutes, per pair: "
+                + ", ".join(f"{100 * g:+.1f}" for g in gaps) + f" points (n={len(gaps)}). " + source(name))
+    return render
+
+
+def sweep_table(name: str) -> Callable[[dict], str]:
+    """The renderer of TRL's sweep: one row per setting, and the pick."""
+    def render(payload: dict) -> str:
+        best = payload["trl_sweep"]["best"]["label"]
+        text = contender_table(payload)
+        return (text + f"\n\nThe sweep's pick (highest final accuracy, one run each): `{best}`. " + source(name))
+    return render
+
+
+def memory_table(mixed: dict, fair2: dict) -> str:
+    """Peak memory against TRL, like for like: the latest same-run trio, then the three pairs."""
+    rows = []
+    peer = trl_label(mixed)
+    trl_rss = runs_of(mixed, peer)[0]["peak_rss_bytes"] / GiB
+    for label in mixed["contenders"]:
+        run = runs_of(mixed, label)[0]
+        rss = run["peak_rss_bytes"] / GiB
+        if label == peer:
+            like = "1.00x (the baseline)"
+        elif label == "ours-gspo":
+            like = f"{rss / trl_rss:.2f}x (both train the top 10 layers whole)"
+        else:
+            like = "no like-for-like peer stored (TRL was not run with LoRA)"
+        rows.append([describe(label, mixed["contenders"][label]), f"{rss:.2f}",
+                     f"{run['peak_pss_bytes'] / GiB:.2f}", like])
+    first = table(["contender (one run each, one after another)", "peak RSS, GiB", "peak PSS, GiB",
+                   "RSS against TRL"], rows)
+    pairs = pair_ratios(fair2, "ours-gspo", trl_label(fair2))
+    second = table(["pair", "ours (full fine-tune), GiB", "TRL, GiB", "RSS ratio", "PSS ratio"],
+                   [[str(p), f"{a:.2f}", f"{b:.2f}", f"{r:.2f}x", f"{s:.2f}x"] for p, a, b, r, s in pairs])
+    return (first + "\n\n" + source(LORA_TRL_FULL) + "\n\nThe three same-run pairs of the difficulty-2 "
+            "table (the full fine-tune's config of that day: micro-batch 8, no activation checkpointing): "
+            f"RSS {span([p[3] for p in pairs], ratio)}.\n\n" + second + "\n\n" + source(FAIR_D2))
+
+
+def _fingerprints(payload: dict) -> set[tuple]:
+    """One key per run (merged files keep their runs' numbers, not their files' names)."""
+    return {(r["label"], r["steps"], r["peak_rss_bytes"], r.get("sequences")) for r in payload["runs"]}
+
+
+def is_merged_source(name: str, files: dict[str, dict]) -> bool:
+    """Whether every run of ``name`` is also in a larger file (so its rows would count twice)."""
+    own = _fingerprints(files[name])
+    return any(other != name and own < _fingerprints(p) for other, p in files.items())
+
+
+def settings_table(difficulty: int, minutes: float) -> Callable[[dict[str, dict]], str]:
+    """Every stored run of our loop at one difficulty and budget: one row per contender and file."""
+    def render(files: dict[str, dict]) -> str:
+        learning = {n: p for n, p in files.items() if "runs" in p and p.get("task", {}).get("difficulty") == difficulty
+                    and p["task"].get("minutes") == minutes}
+        rows = []
+        for name, payload in sorted(learning.items(), key=lambda kv: (_date(kv[0]), kv[0])):
+            if is_merged_source(name, learning):
+                continue
+            for label, row in payload["contenders"].items():
+                if row.get("trl_setting"):
+                    continue
+                runs = runs_of(payload, label)
+                finals = [accuracy_at(r, minutes) for r in runs]
+                rows.append((statistics.fmean(finals), [
+                    _date(name), f"`{name.removeprefix('bench_learning_').removesuffix('.json')}`",
+                    describe(label, row, mark_unrecorded=True), str(len(runs)),
+                    _range([accuracy_at(r, minutes / 2) for r in runs], "{:.1%}"),
+                    pct(statistics.fmean(finals)) + (f" [{100 * min(finals):.1f}-{100 * max(finals):.1f}]"
+                                                     if len(runs) > 1 else ""),
+                    _range([float(r["steps"]) for r in runs], "{:.0f}")]))
+        best = max(rows, key=lambda r: r[0])[1]
+        best[5] = f"**{best[5]}** (best of the {len(rows)} rows: a selection)"
+        body = table(["date", "result file (`bench_learning_...`)", "contender and what it changed", "runs",
+                      f"held-out at {minutes / 2:g} min", f"at {minutes:g} min (mean [range])", "steps"],
+                     [r for _, r in rows])
+        return (body + f"\n\n{len(rows)} rows from {len({r[1][1] for r in rows})} result files. The code, and "
+                "the machine's speed, changed between dates: compare rows of one date. † The file predates "
+                "the recording of `--ours-trainer-arg`: its name says what changed.")
+    return render
+
+
+def _date(name: str) -> str:
+    match = re.search(r"(\d{4}-\d{2}-\d{2})\.json$", name)
+    return match.group(1) if match else "?"
+
+
+def d4_goal(cosine: dict, constant: dict, quick: dict) -> str:
+    """The three settings of the 2026-12-05 session at difficulty 4, side by side."""
+    rows = []
+    for payload, name in ((cosine, COSINE), (constant, CONSTANT), (quick, QUICKSTART_D4)):
+        for label, row in payload["contenders"].items():
+            runs = runs_of(payload, label)
+            rows.append([describe(label, row), str(len(runs)), curve_cells(runs, minutes_of(payload)),
+                         _range([float(r["steps"]) for r in runs], "{:.0f}"), f"`{name}`"])
+    return table(["difficulty 4, 14 minutes, 2026-12-05", "runs",
+                  "held-out at " + " / ".join(f"{m:g}" for m in minutes_of(cosine)) + " min (mean; last: range)",
+                  "steps", "result file"], rows)
+
+
+def readme_d4(cosine: dict, quick: dict) -> str:
+    """The README's difficulty-4 sentence: the best setting, labelled a selection, beside the defaults."""
+    finals = [accuracy_at(r, 14) for r in runs_of(cosine, "ours-gspo-lora")]
+    plain = [accuracy_at(r, 14) for r in runs_of(quick, "ours-gspo-lora")]
+    return wrap(
+        f"At difficulty 4 the best of the settings tried (groups of 4, LoRA on the top 20 layers, a "
+        f"cosine learning-rate decay) averaged {pct(statistics.fmean(finals))} held-out at 14 minutes "
+        f"({rng(finals, pct)}, n={len(finals)}). It is a selection: the best of every setting tried. The "
+        f"quickstart's own settings read {rng(plain, pct)} (n={len(plain)}) the same day.")
+
+
+def screen_table(name: str) -> Callable[[dict], str]:
+    """The renderer of a difficulty-filter screen table: one row per arm."""
+    def render(payload: dict) -> str:
+        arms = _arms(payload)
+        timed = all("seconds" in a for a in arms)
+        has_run = any("run" in a for a in arms)
+        rows = []
+        for arm in arms:
+            settings = arm.get("settings") or {}
+            screen = settings.get("difficulty_filter_screen", 1) if arm.get("filter") else 1
+            what = "no screen" if screen <= 1 else (f"best of {screen}" if settings.get(
+                "difficulty_filter_screen_rule", "best") == "best" else f"{settings['difficulty_filter_screen_rule']}, "
+                f"{screen} candidates")
+            row = ([arm.get("run", "-")] if has_run else []) + [what, str(arm.get("group_size", settings.get("group_size", 8))),
+                   arm.get("reference_reply") or "-", str(arm["groups"]), str(arm["mixed"]), f"{arm['dropped_share']:.1%}"]
+            if timed:
+                row += [f"{arm['seconds']:.1f}", f"{arm['mixed'] / arm['seconds']:.2f}"]
+            rows.append(row)
+        header = (["run"] if has_run else []) + ["arm", "group size", "the screen's reference reply", "groups",
+                                                 "mixed groups", "dropped as all-same"]
+        if timed:
+            header += ["seconds", "mixed groups per second"]
+        return table(header, rows) + "\n\n" + source(name)
+    return render
+
+
+def _arms(payload: dict | list) -> list[dict]:
+    return payload["arms"] if isinstance(payload, dict) else payload
+
+
+def signal_table(payload: dict) -> str:
+    """The screen's signal (the answer's probability after the working) by fifth of the problems."""
+    arm = next(a for a in _arms(payload) if a.get("signal_by_fifth"))
+    fifths = arm["signal_by_fifth"]
+    header = ["answer's probability, by fifth of the problems"] + [
+        f"{lo:.2g}-{hi:.2g}" for lo, hi in (f["answer_probability"] for f in fifths)]
+    rows = [["share of replies solved"] + [f"{f['solved_share']:.2f}" for f in fifths],
+            ["groups all-same"] + [f"{f['all_same_share']:.0%}" for f in fifths]]
+    return (table(header, rows) + f"\n\n{arm['groups']} problems, one group of 8 each. " + source(SIGNAL))
+
+
+def errors_table(payload: dict) -> str:
+    """The policy's errors by operator (bench_arithmetic_errors)."""
+    rows = [[f"`{op}`", str(payload["n"][op]), pct(payload["accuracy"][op]),
+             *(str(payload["counts"][op].get(k, 0)) for k in ("carry", "units digit", "other"))]
+            for op in payload["n"]]
+    return (table(["operator", "problems", "right", "off by exactly 1, 10 or 100 (carry)",
+                   "otherwise off by under 10", "other wrong"], rows)
+            + f"\n\nOverall {pct(payload['accuracy_overall'])} of {payload['problems']}. "
+            + source("bench_arithmetic_errors_d4policy_2026-11-29.json"))
+
+
+def step_memory_table(*payloads: dict, names: tuple[str, ...]) -> str:
+    """One table per bench_step_memory file: seconds and RSS rise per setting."""
+    out = []
+    for payload, name in zip(payloads, names, strict=True):
+        rows = [[", ".join(f"{k}={v}" for k, v in row["setting"].items()), f"{row['median_seconds']:.2f}",
+                 f"{row['seconds_ratio']:.2f}x", f"{row['median_rss_rise_mib']:.0f}", f"{row['rss_rise_ratio']:.2f}x"]
+                for row in payload["rows"]]
+        out.append(table(["setting", "s/step (median)", "time ratio", "RSS rise over rest, MiB", "rise ratio"], rows)
+                   + "\n\n" + source(name))
+    return "\n\n".join(out)
+
+
+def reload_table(*payloads: dict, names: tuple[str, ...]) -> str:
+    """vLLM's log-prob gap after reloads, per cache setting and round (bench_reload_logprobs)."""
+    rows: list[list[str]] = []
+    for payload in payloads:
+        for row in payload["rows"]:
+            prev = row["mean_abs_gap_previous_weights"]
+            rows.append([", ".join(f"{k}={v}" for k, v in payload["env"].items()) or "-", str(row["round"]),
+                         str(row["tokens"]), f"{row['mean_abs_gap']:.3f}", "-" if prev is None else f"{prev:.2f}"])
+    return (table(["vLLM environment", "round", "sampled tokens", "mean abs gap, weights just pushed",
+                   "mean abs gap, weights of the round before"], rows) + "\n\n" + source(*names))
+
+
+def trainer_gpu_table(files: dict[str, dict]) -> str:
+    """Every GPU row of bench_trainer: one table, the sub-runs of a file with several (``runs``) included."""
+    rows = []
+    for name in sorted(files, key=lambda n: (_date(n), n)):
+        payload = files[name]
+        parts = payload["runs"].items() if "runs" in payload else [("", payload)]
+        short = name.removeprefix("bench_trainer_gpu_qwen0.5b").removesuffix(".json")
+        for part, run in parts:
+            for row in run["rows"]:
+                peak = row.get("peak_memory_mib") or max(row.get("peak_memory_mib_per_process") or [0])
+                rows.append([f"`{short}`" + (f" {part}" if part else ""), row["name"],
+                             f"{row['seconds_per_step']:.3f}", f"{row['tokens_per_second'] / 1e3:.1f}k",
+                             f"{row['mfu']:.1%}" if row.get("mfu") is not None else "-", f"{peak / 1024:.1f}"])
+            for sync in run.get("weight_sync") or []:
+                rows.append([f"`{short}`" + (f" {part}" if part else ""), f"weight sync, trainer side ({sync['name']})",
+                             f"{sync['seconds']:.2f}", "-", "-", f"{sync['bytes'] / 2**20:.0f} MiB written"])
+    return (table(["file (`bench_trainer_gpu_qwen0.5b...`)", "setting", "s/step", "tokens/s", "MFU", "peak GiB"], rows)
+            + "\n\nThe files dated 2026-11-27 were not timed to the step's end (the next step's launches "
+              "overlapped the last one's backward): they do not compare with those dated 2026-11-28.")
+
+
+API_ROWS = (("end to end (post + drain), s", "end_to_end_s", "{:.1f}"),
+            ("POST throughput, groups/s", "groups_per_s", "{:.0f}"),
+            ("POST p50 / p99, ms", ("post_p50_ms", "post_p99_ms"), "{:.0f}"),
+            ("drain, s", "drain_s", "{:.2f}"),
+            ("`/batch` p50 / p99, ms", ("batch_p50_ms", "batch_p99_ms"), "{:.0f}"),
+            ("server RSS per queued token, bytes", "bytes_per_queued_token", "{:.0f}"),
+            ("`/batch` of 64 x 4096 tokens, client-side ms", "big_batch_client_ms", "{:.0f}"),
+            ("the same, server time (Server-Timing), ms", "big_batch_server_ms", "{:.0f}"))
+
+
+def api_table(payload: dict) -> str:
+    """bench_api: each server's measurements, and the ratios against upstream."""
+    results = payload["results"]
+    rows = []
+    for label, keys, fmt in API_ROWS:
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        rows.append([label] + [" / ".join("-" if r.get(k) is None else fmt.format(r[k]) for k in keys)
+                               for r in results])
+    text = table(["", *(r["name"] for r in results)], rows)
+    if "ratios" in payload:
+        r = payload["ratios"]
+        text += ("\n\nRatios against upstream, same run: end to end "
+                 f"{r['end_to_end_speedup']:.1f}x faster, POST throughput {r['post_throughput_ratio']:.1f}x, "
+                 f"drain {r['drain_speedup']:.1f}x faster, `/batch` p50 {r['batch_p50_speedup']:.1f}x faster, "
+                 f"memory per queued token {r['memory_per_token_ratio']:.2f}x, the 64 x 4096 `/batch` "
+                 f"{r['big_batch_speedup']:.1f}x faster (client-side).")
+    return text + "\n\n" + source(API)
+
+
+def readme_api(payload: dict) -> str:
+    """The README's "Fast" bullet from bench_api's ratios."""
+    r = payload["ratios"]
+    return (f"- **Fast**: {r['end_to_end_speedup']:.1f}x faster than upstream end to end in "
+            f"`benchmarks/bench_api.py` (one run, both servers measured in the same run), at "
+            f"{r['memory_per_token_ratio']:.2f}x its memory per queued token.")
+
+
+API = "bench_api_2026-12-06.json"
+
+STEP_MEMORY = ("bench_step_memory_quickstart_2026-11-28.json", "bench_step_memory_checkpointing_2026-11-28.json")
+RELOAD = ("bench_reload_logprobs_onednn64_2026-11-28.json", "bench_reload_logprobs_onednn1024_2026-11-28.json")
+SCREEN = "bench_difficulty_filter_screen_d4_2026-11-29.json"
+SCREEN_WEIGHTED = "bench_difficulty_filter_screen_weighted_d4_2026-11-29.json"
+SCREEN_COST = "bench_difficulty_filter_screen_cost_d4_2026-11-29.json"
+SIGNAL = "bench_difficulty_filter_signal_d4_2026-11-29.json"
+
+BLOCKS: dict[str, Block] = {
+    "readme-quickstart": Block((QUICKSTART, FAIR_D2, FAIR_D4, LORA_TRL_FULL), readme_quickstart),
+    "readme-d4": Block((COSINE, QUICKSTART_D4), readme_d4),
+    "quickstart": Block((QUICKSTART,), quickstart_table),
+    "fair-d2": Block((FAIR_D2,), fair_table(FAIR_D2)),
+    "fair-d4": Block((FAIR_D4,), fair_table(FAIR_D4)),
+    "sweep-d2": Block((SWEEP_D2,), sweep_table(SWEEP_D2)),
+    "sweep-d4": Block((SWEEP_D4,), sweep_table(SWEEP_D4)),
+    "memory-trl": Block((LORA_TRL_FULL, FAIR_D2), memory_table),
+    "d4-goal": Block((COSINE, CONSTANT, QUICKSTART_D4), d4_goal),
+    "runs-d4": Block((), settings_table(4, 14.0), pattern=r"^bench_learning_.*\.json$"),
+    "runs-d2": Block((), settings_table(2, 14.0), pattern=r"^bench_learning_.*\.json$"),
+    "screen": Block((SCREEN,), screen_table(SCREEN)),
+    "screen-weighted": Block((SCREEN_WEIGHTED,), screen_table(SCREEN_WEIGHTED)),
+    "screen-cost": Block((SCREEN_COST,), screen_table(SCREEN_COST)),
+    "screen-signal": Block((SIGNAL,), signal_table),
+    "arithmetic-errors": Block(("bench_arithmetic_errors_d4policy_2026-11-29.json",), errors_table),
+    "step-memory": Block(STEP_MEMORY, lambda *p: step_memory_table(*p, names=STEP_MEMORY)),
+    "reload-logprobs": Block(RELOAD, lambda *p: reload_table(*p, names=RELOAD)),
+    "trainer-gpu": Block((), trainer_gpu_table, pattern=r"^bench_trainer_gpu_.*\.json$"),
+    "api": Block((API,), api_table),
+    "readme-api": Block((API,), readme_api),
+}
+
+
+# ---------------------------------------------------------------- rendering and rewriting
+
+
+def render(name: str, results_dir: Path = RESULTS_DIR) -> str:
+    """The text of block ``name`` from the files in ``results_dir``.
+
+    Raises:
+        KeyError: no block of that name.
+        MissingResult: a file the block reads is missing (or, for a pattern, none matches).
+    """
+    block = BLOCKS[name]
+    if block.pattern:
+        names = sorted(p.name for p in results_dir.iterdir() if re.match(block.pattern, p.name))
+        if not names:
+            raise MissingResult(f"block {name!r}: no file matching {block.pattern!r} in {results_dir}")
+        return block.render({n: read_result(results_dir / n) for n in names}).strip()
+    missing = [f for f in block.files if not (results_dir / f).is_file()]
+    if missing:
+        raise MissingResult(f"block {name!r} publishes figures from {', '.join(missing)}, which "
+                            f"{'is' if len(missing) == 1 else 'are'} not in {results_dir}: restore the "
+                            "file, or remove the block from the page")
+    return block.render(*(read_result(results_dir / f) for f in block.files)).strip()
+
+
+def blocks_in(text: str, page: str = "page") -> list[tuple[str, int, int]]:
+    """``(name, start, end)`` of each block: the offsets of the text between its two markers.
+
+    Raises:
+        ValueError: a marker without its partner, nested blocks, or a name used twice.
+    """
+    found, open_name, open_at, seen = [], None, 0, set()
+    for match in MARKER.finditer(text):
+        name, is_end = match["name"], match["end"] == "end"
+        if not is_end:
+            if open_name is not None:
+                raise ValueError(f"{page}: bench:{name} starts inside bench:{open_name}")
+            if name in seen:
+                raise ValueError(f"{page}: bench:{name} appears twice")
+            open_name, open_at = name, match.end()
+        else:
+            if open_name != name:
+                raise ValueError(f"{page}: bench:{name} end without its start")
+            found.append((name, open_at, match.start()))
+            seen.add(name)
+            open_name = None
+    if open_name is not None:
+        raise ValueError(f"{page}: bench:{open_name} start without its end")
+    return found
+
+
+def rewrite(text: str, results_dir: Path = RESULTS_DIR, page: str = "page") -> str:
+    """``text`` with every block replaced by its rendering.
+
+    Raises:
+        ValueError: a block name :data:`BLOCKS` does not know, or unbalanced markers.
+        MissingResult: see :func:`render`.
+    """
+    out, last = [], 0
+    for name, start, end in blocks_in(text, page):
+        if name not in BLOCKS:
+            raise ValueError(f"{page}: unknown block bench:{name}; known: {', '.join(BLOCKS)}")
+        out += [text[last:start], "\n", render(name, results_dir), "\n"]
+        last = end
+    return "".join(out) + text[last:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the pages, or with ``--check`` report what would change (exit 1)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page is stale")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="the result files' folder")
+    args = parser.parse_args(argv)
+    stale = []
+    for page in PAGES:
+        text = page.read_text()
+        try:
+            new = rewrite(text, args.results, str(page.relative_to(ROOT)))
+        except (MissingResult, ValueError) as exc:
+            print(f"[bench-docs] {exc}", file=sys.stderr)
+            return 1
+        if new != text:
+            stale.append(page)
+            if not args.check:
+                page.write_text(new)
+    for page in stale:
+        print(f"[bench-docs] {'stale' if args.check else 'rewrote'}: {page.relative_to(ROOT)}",
+              file=sys.stderr if args.check else sys.stdout)
+    if args.check and stale:
+        print("[bench-docs] run `make bench-docs` to regenerate", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
