@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/compat_env_files.py DIR [--project-root ROOT] [--json OUT.json] [--timeout 60]
+                                          [--shard K/N]
 
 Every ``*.py`` under DIR (skipping ``__init__.py`` and ``test_*.py``) is imported in its own
 forked child process, from a temporary working directory outside any repository, with the file's
@@ -13,6 +14,9 @@ install of a checkout adds its root), so the project's own ``environments`` pack
 the file that subclasses ``atroposlib.envs.base.BaseEnv``, ``cls.config_init()`` is called and
 its result checked to be a pair ``(env_config, server_configs)``. Which ``atroposlib`` is
 measured is whichever the interpreter imports: set ``PYTHONPATH`` to a checkout to measure it.
+
+``--shard K/N`` probes only every N-th file from the K-th (0-based) of the sorted list, so N
+runs side by side cover every file once (``benchmarks/compat_upstream.py`` does so).
 
 Prints one line per file (``import ok|FAIL``, then each env class's ``config_init`` outcome),
 the totals, and with ``--json`` writes the per-file records. Nothing here reaches the network
@@ -125,6 +129,41 @@ def probe(path: Path, timeout: float, project_root: Path | None = None) -> dict:
         return json.loads(out.read_text())
 
 
+def count(records: list[dict]) -> dict:
+    """Totals over per-file records (as :func:`probe` returns them).
+
+    Returns:
+        ``files``; ``import_ok`` (files that imported); ``files_with_env`` (files defining a
+        ``BaseEnv`` subclass); ``env_classes`` and ``config_init_ok`` (classes, and those whose
+        ``config_init()`` returned a pair); ``files_config_init_ok`` (files with an env class
+        whose classes all did); ``atroposlib`` (the package file the children imported).
+    """
+    return {
+        "files": len(records),
+        "import_ok": sum(r["import_ok"] for r in records),
+        "files_with_env": sum(bool(r["envs"]) for r in records),
+        "env_classes": sum(len(r["envs"]) for r in records),
+        "config_init_ok": sum(e["config_init_ok"] for r in records for e in r["envs"]),
+        "files_config_init_ok": sum(
+            bool(r["envs"]) and all(e["config_init_ok"] for e in r["envs"]) for r in records),
+        "atroposlib": next((r.get("atroposlib") for r in records if r.get("atroposlib")), None),
+    }
+
+
+def shard(paths: list[Path], spec: str | None) -> list[Path]:
+    """The ``K/N`` shard of ``paths``: every N-th path from the K-th (0-based); all when None.
+
+    Raises:
+        ValueError: ``spec`` is not ``K/N`` with ``0 <= K < N``.
+    """
+    if spec is None:
+        return paths
+    k, sep, n = spec.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and int(k) < int(n)):
+        raise ValueError(f"--shard must be K/N with 0 <= K < N (e.g. 0/4), not {spec!r}")
+    return paths[int(k)::int(n)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="directory of env files")
@@ -135,7 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project-root", type=Path,
                         help="appended to sys.path (a checkout whose environments/ files import "
                         "each other as environments.<...>)")
+    parser.add_argument("--shard", metavar="K/N",
+                        help="probe only every N-th file from the K-th (0-based)")
     args = parser.parse_args(argv)
+    try:
+        paths = shard(env_files(args.root.resolve(), args.every_file), args.shard)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     import atroposlib.envs.base  # noqa: F401  (warm the package once; children are forked)
 
@@ -146,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     records = []
-    for path in env_files(args.root.resolve(), args.every_file):
+    for path in paths:
         rec = probe(path, args.timeout, args.project_root)
         rec["file"] = str(path.relative_to(args.root.resolve()))
         records.append(rec)
@@ -157,16 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         status = "ok" if rec["import_ok"] else f"FAIL({rec['import_error']})"
         print(f"{rec['file']}: import {status} {envs}".rstrip(), flush=True)
 
-    totals = {
-        "files": len(records),
-        "import_ok": sum(r["import_ok"] for r in records),
-        "files_with_env": sum(bool(r["envs"]) for r in records),
-        "env_classes": sum(len(r["envs"]) for r in records),
-        "config_init_ok": sum(e["config_init_ok"] for r in records for e in r["envs"]),
-        "files_config_init_ok": sum(
-            bool(r["envs"]) and all(e["config_init_ok"] for e in r["envs"]) for r in records),
-        "atroposlib": next((r.get("atroposlib") for r in records if r.get("atroposlib")), None),
-    }
+    totals = count(records)
     print(json.dumps(totals))
     if args.json:
         args.json.write_text(json.dumps({"totals": totals, "files": records}, indent=1))
