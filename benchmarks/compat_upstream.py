@@ -63,7 +63,11 @@ def package_version(python: Path, env: dict[str, str]) -> tuple[str, str]:
     """
     code = ("import atroposlib, importlib.metadata as m; "
             "print(m.version('atroposlib')); print(atroposlib.__file__)")
-    proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True)
+    # from an empty folder: ``python -c`` puts the working directory first on sys.path, and
+    # from a checkout's root that would import the checkout's package instead of the venv's
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True,
+                              cwd=cwd)
     if proc.returncode != 0:
         raise RuntimeError(f"{python} cannot import atroposlib; install it into that venv "
                            f"(pip install torch==2.13.0, then atroposlib==0.4.0):\n{proc.stderr[-1500:]}")
@@ -96,14 +100,15 @@ def summarise(records: list[dict]) -> dict:
     return totals
 
 
-def measure(upstream: Path, python: Path, env: dict[str, str], jobs: int, timeout: float,
-            work: Path) -> list[dict]:
+def measure(upstream: Path, python: Path, env: dict[str, str], package: str, jobs: int,
+            timeout: float, work: Path) -> list[dict]:
     """Probe every file of ``upstream/environments`` on one side; return records sorted by file.
 
     ``jobs`` shards of ``compat_env_files.py`` run side by side on a fresh copy of the folder.
 
     Raises:
-        RuntimeError: a shard failed (its stderr is in the message).
+        RuntimeError: a shard failed (its stderr is in the message), or a file imported another
+            ``atroposlib`` than ``package`` (the side's package file).
     """
     project = fresh_tree(work, upstream)
     outs = [work / f"shard-{k}.json" for k in range(jobs)]
@@ -119,6 +124,9 @@ def measure(upstream: Path, python: Path, env: dict[str, str], jobs: int, timeou
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"{PROBE.name} {out.stem} failed (exit {proc.returncode}):\n{err[-2000:]}")
         records += json.loads(out.read_text())["files"]
+    imported = {r["atroposlib"] for r in records if r.get("atroposlib")}
+    if imported - {package}:
+        raise RuntimeError(f"the env files imported atroposlib from {sorted(imported)}, not {package}")
     for rec in records:
         for key in _DROP:
             rec.pop(key, None)
@@ -175,10 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="compat-upstream-") as tmp:
         for name, python, env in sides:
             version, package = package_version(python, env)
+            if (name == "ours") != Path(package).is_relative_to(ROOT):
+                raise RuntimeError(f"side {name} imports atroposlib from {package}: ours must come "
+                                   f"from {ROOT}, upstream's from its venv")
             if name == "upstream":
                 name = f"upstream-{version}"
             begin = time.monotonic()
-            records = measure(upstream, python, env, args.jobs, args.timeout, Path(tmp) / name)
+            records = measure(upstream, python, env, package, args.jobs, args.timeout,
+                              Path(tmp) / name)
             seconds = time.monotonic() - begin
             totals = summarise(records)
             result["sides"][name] = {"python": str(python), "atroposlib_version": version,
