@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_vllm_health.py [--kills 3] [--interval 1.0] [--grace 10]
-                                           [--seed 0] [--out RESULT.json]
+                                           [--seed 0] [--json-out RESULT.json]
 
 Starts a real vLLM serving the bundled model (:class:`~atroposlib.inference.vllm_process.VLLMProcess`,
 float32, as the test fixtures do), then runs the trainer's two health watches on it side by side,
@@ -21,15 +21,15 @@ also given as a ratio to the watch's poll interval (the bound for ``launched`` i
 plus the probe; for ``external`` it is ``grace`` plus about one interval and the last probe's
 time-out).
 
-Writes ``benchmarks/results/bench_vllm_health_<date>.json`` (or ``--out``): the command, git sha,
-machine, date, seed, settings and every raw number. About a minute a kill on a 2-core CPU box
+Writes ``benchmarks/results/bench_vllm_health_<date>.json`` (or ``--json-out``) through
+:func:`benchmarks.results.write_result` (``meta``: the command, commit, machine, date, seed):
+the settings and every raw number. About a minute a kill on a 2-core CPU box
 (most of it vLLM's start-up).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -44,9 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.run_info import run_info  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.results import command_argv, default_result_path, write_result  # noqa: E402
 
 
 class Detection:
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds the wait before each kill")
     parser.add_argument("--start-timeout", type=float, default=900.0,
                         help="seconds to wait for vLLM to start (default 900)")
-    parser.add_argument("--out", type=Path, help="result file (default "
+    parser.add_argument("--json-out", type=Path, help="result file (default "
                         "benchmarks/results/bench_vllm_health_<date>.json)")
     args = parser.parse_args(argv)
     if args.kills < 1:
@@ -123,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 
     interval = args.interval if args.interval is not None else health.DEFAULT_INTERVAL_S
     grace = args.grace if args.grace is not None else health.DEFAULT_GRACE_S
-    info = run_info([__file__, *(sys.argv[1:] if argv is None else argv)])
     model = prepare_bundled_model()
     rng = random.Random(args.seed)
     trials = []
@@ -153,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             process.stop()
 
-    result = {**info, "seed": args.seed, "kills": args.kills, "interval_s": interval,
+    result = {"kills": args.kills, "interval_s": interval,
               "grace_s": grace, "model": "bundled SmolLM2-135M-Instruct, float32",
               "killed": "vLLM's API server process (VLLMProcess.proc.pid), SIGKILL",
               "trials": trials, "summary": {}}
@@ -163,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         missed += len(trials) - len(seconds)
         result["summary"][name] = summary(seconds, interval)
         print(f"[health] {name}: {json.dumps(result['summary'][name])}")
-    out = args.out or RESULTS / f"bench_vllm_health_{datetime.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"[health] wrote {out}")
+    write_result(args.json_out or default_result_path("bench_vllm_health"), "bench_vllm_health",
+                 result, seeds={"wait_before_kill": args.seed}, argv=command_argv(__file__, argv),
+                 notes="The wait before each kill is 1 to 2 poll intervals, drawn from the seed, so "
+                       "each kill lands at a random point of the watch's poll.")
     return 1 if missed else 0
 
 

@@ -4,7 +4,7 @@ Usage::
 
     git clone https://github.com/NousResearch/atropos /tmp/atropos-upstream
     python benchmarks/compat_upstream.py /tmp/atropos-upstream [--upstream-python VENV/bin/python]
-                                        [--jobs 2] [--timeout 120] [--out RESULT.json]
+                                        [--jobs 2] [--timeout 120] [--json-out RESULT.json]
 
 Counts every ``*.py`` file under the checkout's ``environments/`` (``__init__.py`` and
 ``test_*.py`` included), then runs ``benchmarks/compat_env_files.py --every-file`` over them:
@@ -19,9 +19,9 @@ upstream's package is installed (``pip install torch==2.13.0`` first, then
 ``pip install atroposlib==0.4.0``) measures upstream too, with its own dependencies and no
 ``PYTHONPATH``. ``--jobs N`` runs N shards of each side side by side.
 
-Writes ``benchmarks/results/compat_upstream_<date>.json`` (or ``--out``): the command, this
-checkout's git sha, the upstream checkout's sha, machine, date, per side the totals and one record
-per file (import outcome and error, each env class and its ``config_init()`` outcome), and with
+Writes ``benchmarks/results/compat_upstream_<date>.json`` (or ``--json-out``) through
+:func:`benchmarks.results.write_result` (``meta``: the command, this checkout's commit, machine,
+date): the upstream checkout's commit, per side the totals and one record per file (import outcome and error, each env class and its ``config_init()`` outcome), and with
 two sides what works on upstream and not here. Offline: ``HF_HUB_OFFLINE=1``; a file that needs
 the network fails the same way on every side.
 """
@@ -29,7 +29,6 @@ the network fails the same way on every side.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -44,12 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.compat_env_files import count, env_files  # noqa: E402
-from benchmarks.run_info import git_sha, run_info  # noqa: E402
+from benchmarks.results import command_argv, default_result_path, git_commit, write_result  # noqa: E402
 from benchmarks.upstream_parity import fresh_tree  # noqa: E402
 from tests.fixtures.upstream_suite import OFFLINE_ENV  # noqa: E402
 
 PROBE = ROOT / "benchmarks" / "compat_env_files.py"
-RESULTS = ROOT / "benchmarks" / "results"
 #: record keys dropped from the result file (tracebacks: long, and in the printed log anyway)
 _DROP = ("import_trace", "trace", "atroposlib")
 _MISSING = re.compile(r"ModuleNotFoundError: No module named '([^'.]+)")
@@ -158,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="python of a venv with upstream's atroposlib: measure it too")
     parser.add_argument("--jobs", type=int, default=2, help="shards run side by side (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per file (default 120)")
-    parser.add_argument("--out", type=Path, help="result file (default "
+    parser.add_argument("--json-out", type=Path, help="result file (default "
                         "benchmarks/results/compat_upstream_<date>.json)")
     args = parser.parse_args(argv)
     upstream = args.upstream.resolve()
@@ -172,9 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                      "(python3 -m venv V; V/bin/pip install torch==2.13.0; "
                      "V/bin/pip install atroposlib==0.4.0)")
 
-    info = run_info([__file__, *(sys.argv[1:] if argv is None else argv)])
     files = env_files(upstream / "environments", every_file=True)
-    result = {**info, "upstream_sha": git_sha(upstream), "jobs": args.jobs,
+    result = {"upstream_sha": git_commit(upstream)["sha"], "jobs": args.jobs,
               "timeout_s": args.timeout, "offline_env": OFFLINE_ENV,
               "upstream_files": len(files), "sides": {}}
     sides = [("ours", Path(sys.executable), side_env(ROOT))]
@@ -207,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[compat] on {names[1]} and not on ours: {len(diff['import_lost'])} imports, "
               f"{len(diff['config_init_lost'])} config_init; on ours only: "
               f"{len(diff['import_gained'])} imports", flush=True)
-    out = args.out or RESULTS / f"compat_upstream_{datetime.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"[compat] wrote {out}")
+    write_result(args.json_out or default_result_path("compat_upstream"), "compat_upstream",
+                 result, seeds=None, argv=command_argv(__file__, argv),
+                 notes="Nothing here is random (seeds: none). Each side's env files are imported "
+                       "from a fresh copy of the checkout's environments/ folder, offline.")
     return 0
 
 

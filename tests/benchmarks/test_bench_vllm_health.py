@@ -20,12 +20,13 @@ def test_each_kill_is_timed_for_both_watches_against_the_interval(tmp_path, monk
     monkeypatch.setattr(bundled, "prepare_bundled_model", lambda: tmp_path)
     out = tmp_path / "result.json"
     assert main(["--kills", "2", "--interval", "0.2", "--grace", "1", "--seed", "3",
-                 "--out", str(out)]) == 0
+                 "--json-out", str(out)]) == 0
     result = json.loads(out.read_text())
 
-    assert result["kills"] == 2 and result["seed"] == 3 and len(result["trials"]) == 2
+    assert result["kills"] == 2 and len(result["trials"]) == 2
     assert result["interval_s"] == 0.2 and result["grace_s"] == 1
-    assert len(result["git_sha"]) == 40 and "bench_vllm_health.py" in result["command"]
+    assert result["meta"]["seeds"] == {"wait_before_kill": 3}
+    assert result["meta"]["command"].startswith("python benchmarks/bench_vllm_health.py --kills 2")
     assert len({t["pid"] for t in result["trials"]}) == 2  # restarted between the kills
     for trial in result["trials"]:
         assert trial["alive_at_kill"] == {"launched": True, "external": True}

@@ -78,12 +78,12 @@ def test_counts_every_file_once_and_records_each_outcome(fake_upstream, tmp_path
 
     repo, sha = fake_upstream
     out = tmp_path / "result.json"
-    assert main([str(repo), "--jobs", "2", "--timeout", "120", "--out", str(out)]) == 0
+    assert main([str(repo), "--jobs", "2", "--timeout", "120", "--json-out", str(out)]) == 0
     result = json.loads(out.read_text())
 
-    assert result["upstream_sha"] == sha and len(result["git_sha"]) == 40
-    assert "benchmarks/compat_upstream.py" in result["command"] and result["date"]
-    assert result["machine"]["cpus"] >= 1 and result["upstream_files"] == 5
+    assert result["upstream_sha"] == sha and len(result["meta"]["git"]["sha"]) == 40
+    assert result["meta"]["command"].startswith("python benchmarks/compat_upstream.py ")
+    assert result["meta"]["seeds"] is None and result["upstream_files"] == 5
     ours = result["sides"]["ours"]
     assert Path(ours["atroposlib_file"]).is_relative_to(ROOT)  # this checkout, not another install
     records = {r["file"]: r for r in ours["files"]}
