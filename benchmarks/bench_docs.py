@@ -525,6 +525,85 @@ def readme_api(payload: dict) -> str:
 
 API = "bench_api_2026-12-06.json"
 
+
+def import_failures(records: list[dict]) -> dict[str, int]:
+    """Why env files failed to import, by kind: a module not installed, a relative import run
+    outside its package, a name the package lacks, anything else (files, credentials, the Hub)."""
+    kinds = {"missing module": 0, "relative import": 0, "missing name": 0, "other": 0}
+    for rec in records:
+        error = rec["import_error"] or ""
+        if rec["import_ok"]:
+            continue
+        if error.startswith("ModuleNotFoundError"):
+            kinds["missing module"] += 1
+        elif error.startswith("ImportError: attempted relative import"):
+            kinds["relative import"] += 1
+        elif error.startswith("ImportError: cannot import name"):
+            kinds["missing name"] += 1
+        else:
+            kinds["other"] += 1
+    return kinds
+
+
+def compat_table(payload: dict) -> str:
+    """compat_upstream: upstream's env files on each side, what differs, and why files fail here."""
+    sides = payload["sides"]
+    order = sorted(sides, key=lambda name: name == "ours")  # upstream first, ours last
+    rows = []
+    for name in order:
+        t = sides[name]["totals"]
+        rows.append([name, sides[name]["atroposlib_version"], str(t["files"]), str(t["import_ok"]),
+                     str(t["files_with_env"]), str(t["files_config_init_ok"]),
+                     f"{t['config_init_ok']} / {t['env_classes']}"])
+    text = table(["side", "atroposlib", "files", "import", "`BaseEnv` subclass found",
+                  "`config_init()` (files)", "`config_init()` (classes)"], rows)
+    git = (payload.get("meta") or {}).get("git") or {}
+    text += (f"\n\nUpstream's repository at `{payload['upstream_sha'][:7]}`, ours at "
+             f"`{(git.get('sha') or '?')[:7]}`{' with uncommitted changes' if git.get('dirty') else ''}.")
+    if "compare" in payload:
+        c = payload["compare"]
+        text += (f" On {c['base']} and not here: {len(c['import_lost'])} files import, "
+                 f"{len(c['config_init_lost'])} env classes configure. Here and not on {c['base']}: "
+                 f"{len(c['import_gained'])} files import.")
+    ours = sides["ours"]
+    kinds = import_failures(ours["files"])
+    missing = ours["totals"]["missing_modules"]
+    top = ", ".join(f"`{m}` {n}" for m, n in list(missing.items())[:3])
+    text += (f" Of the {sum(kinds.values())} files that fail here, {kinds['missing module']} need a "
+             f"module that is not installed ({len(missing)} modules; most files: {top}), "
+             f"{kinds['relative import']} are modules with relative imports, run outside their "
+             f"package, {kinds['missing name']} import a name that this package lacks")
+    if "compare" in payload:
+        base = {r["file"]: r for r in sides[payload["compare"]["base"]]["files"]}
+        named = [r["file"] for r in ours["files"] if not r["import_ok"]
+                 and (r["import_error"] or "").startswith("ImportError: cannot import name")]
+        both = sum(not base[f]["import_ok"] for f in named)
+        text += f" ({both} of them fail on {payload['compare']['base']} too)"
+    text += f", and {kinds['other']} need files, credentials or the Hub, or exit."
+    return text + "\n\n" + source(COMPAT)
+
+
+def health_table(payload: dict) -> str:
+    """bench_vllm_health: seconds from a SIGKILL to vLLM until each health watch reports it."""
+    interval, grace = payload["interval_s"], payload["grace_s"]
+    watches = (("launched", "the vLLM process the trainer started", "its exit"),
+               ("external", "a `--vllm-url` server", f"`GET /health` failing for {grace:g} s"))
+    rows = []
+    for key, what, dead in watches:
+        seconds = [t[key]["detected_s"] for t in payload["trials"] if t[key]["detected_s"] is not None]
+        rows.append([what, dead, f"{interval:g}", span(seconds, lambda x: f"{x:.2f}"),
+                     f"{statistics.median(seconds):.2f}", f"{max(seconds) / interval:.2f}"])
+    missed = sum(t[k]["detected_s"] is None for t in payload["trials"] for k, _, _ in watches)
+    text = table(["watched", "dead on", "poll interval, s", "reported after the kill, s",
+                  "median, s", "slowest / interval"], rows)
+    text += (f"\n\n{payload['kills']} SIGKILLs to vLLM's API server, one per start; "
+             f"{missed} not reported.")
+    return text + "\n\n" + source(HEALTH)
+
+
+COMPAT = "compat_upstream_2026-12-06.json"
+HEALTH = "bench_vllm_health_2026-12-06.json"
+
 STEP_MEMORY = ("bench_step_memory_quickstart_2026-11-28.json", "bench_step_memory_checkpointing_2026-11-28.json")
 RELOAD = ("bench_reload_logprobs_onednn64_2026-11-28.json", "bench_reload_logprobs_onednn1024_2026-11-28.json")
 SCREEN = "bench_difficulty_filter_screen_d4_2026-11-29.json"
@@ -554,6 +633,8 @@ BLOCKS: dict[str, Block] = {
     "trainer-gpu": Block((), trainer_gpu_table, pattern=r"^bench_trainer_gpu_.*\.json$"),
     "api": Block((API,), api_table),
     "readme-api": Block((API,), readme_api),
+    "compat-upstream": Block((COMPAT,), compat_table),
+    "vllm-health": Block((HEALTH,), health_table),
 }
 
 
