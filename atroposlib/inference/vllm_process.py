@@ -44,6 +44,7 @@ from atroposlib.inference.cpu_build import (  # noqa: F401 - importable from her
     cpu_worker_threads,
     vllm_is_cpu_build,
 )
+from atroposlib.inference.vllm_log import logging_environment
 from atroposlib.inference.vllm_weights import WeightReload
 from atroposlib.inference.worker_extension import WORKER_EXTENSION_CLS
 
@@ -307,6 +308,8 @@ class VLLMProcess(WeightReload):
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         env.update({k: str(v) for k, v in self.env.items()})
+        # vLLM's own logging setup plus a filter for warnings that need no action here
+        env.update(logging_environment(env))
         return env
 
     # ------------------------------------------------------------------ lifecycle

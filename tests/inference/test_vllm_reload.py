@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atroposlib.inference.worker_extension import PARTIAL_RELOAD_NOTE
+from atroposlib.inference.vllm_log import PARTIAL_RELOAD_NOTE, STARTUP_NOTE
 
 pytestmark = pytest.mark.e2e
 
@@ -239,7 +239,8 @@ def test_partial_sync_writes_the_trained_tensors_and_vllm_keeps_the_frozen_ones(
         if vllm_server.process is not None:  # vLLM's per-layer warning for the frozen layers is hidden
             log = Path(vllm_server.process.log_path).read_text(errors="replace")
             assert "Failed to load weights" not in log and "were not loaded from checkpoint" not in log
-            assert PARTIAL_RELOAD_NOTE.split("%d")[1] in log
+            assert PARTIAL_RELOAD_NOTE.split("%d")[1] in log and STARTUP_NOTE in log
+            assert "Enforce eager set" not in log and "Triton is not installed" not in log
     finally:
         sync.stop()
         _serve_the_bundled_weights_again(vllm_server)
