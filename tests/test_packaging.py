@@ -35,6 +35,7 @@ def test_wheel_has_only_atroposlib_and_example_trainer_at_top_level(wheel):
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"atroposlib", "example_trainer"}
     assert "atroposlib/environments/gsm8k_server.py" in names
+    assert "atroposlib/inference/vllm_logging.json" in names  # the config VLLMProcess gives vLLM
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "gsm8k = atroposlib.environments.gsm8k_server:GSM8kEnv" in text
