@@ -49,7 +49,8 @@ class TrainerConfig(BaseSettings):
                        "its path).")
     run_dir: str | None = Field(default=None, description="Directory for checkpoints, logs, "
                                 "metrics.jsonl, plot.png and summary.json; null: "
-                                "runs/<UTC timestamp>.")
+                                "a new runs/<UTC timestamp> (-2, -3, ... appended when a run of "
+                                "the same second has that name).")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Training device; "
                                                    "auto = cuda when available.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="Training "

@@ -24,7 +24,7 @@ Or by hand, in four terminals::
         --env.rollout_server_url http://127.0.0.1:8000
 
 The trainer launches its own vLLM (``--vllm-port``) unless ``--vllm-url`` names one; the
-environments retry until it is up. Every run writes ``runs/<timestamp>/`` (or ``--run-dir``):
+environments retry until it is up. Every run writes a new ``runs/<UTC timestamp>[-N]/`` (or ``--run-dir``):
 ``checkpoints/``, ``metrics.jsonl``, ``plot.png``, ``summary.json``, ``logs/``.
 """
 

@@ -18,9 +18,15 @@ from example_trainer.policy import Policy
 
 
 def make_run_dir(config: Any, dist: Any) -> Path:
-    """The run directory (``--run-dir``, the ``--resume`` directory, or ``runs/<UTC time>``), created on rank 0."""
-    run_dir = Path(dist.from_main(config.run_dir or config.resume
-                                  or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))))
+    """The run directory (``--run-dir``, the ``--resume`` directory, or a new ``runs/<UTC time>[-N]``), created on rank 0.
+
+    A new directory is created exclusively (:func:`~atroposlib.utils.run_dirs.new_run_dir`), so
+    two trainers started in the same second do not share one.
+    """
+    from atroposlib.utils.run_dirs import new_run_dir
+
+    named = config.run_dir or config.resume
+    run_dir = Path(dist.from_main(named or (str(new_run_dir()) if dist.is_main else None)))
     if dist.is_main:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "trainer_config.json").write_text(config.model_dump_json(indent=2))

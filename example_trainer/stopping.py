@@ -25,7 +25,14 @@ class StopFlag:
         self.previous: dict[int, Any] = {}
 
     def fail(self, error: BaseException) -> None:
-        """End the run with ``error`` (raised by the loop at its next check; any thread)."""
+        """End the run with ``error`` (raised by the loop at its next check; any thread).
+
+        After a signal asked the run to stop, ``error`` is ignored: whoever sent it (e.g.
+        atropos-launch on Ctrl-C) stops vLLM too, and the run ends as ``stop_requested``.
+        """
+        if self.signum is not None:
+            print(f"[grpo] ignored after the stop signal: {error}", flush=True)
+            return
         self.failure, self.requested = error, True
 
     def restore(self) -> None:

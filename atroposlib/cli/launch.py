@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         "YAML file, on this host or (--ray) as Ray actors on a Ray cluster; logs go to "
         "<run_dir>/logs/<name>.log and the console.")
     parser.add_argument("config", help="launch YAML, e.g. configs/quickstart-cpu.yaml")
-    parser.add_argument("--run-dir", default=None, help="override run_dir from the config")
+    parser.add_argument("--run-dir", default=None, metavar="DIR",
+                        help="run directory instead of run_dir from the config; it must hold no "
+                        "run yet (default: a new runs/<UTC timestamp>[-N])")
     parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
                         help="run every part as a Ray actor on the Ray cluster at ADDRESS "
                         "(HOST:PORT of its head, ray://HOST:10001, or 'auto', the default: the "
@@ -56,12 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                               "(or set ray: in the config), or start torchrun on each node by "
                               "hand (docs/cluster.md)")
         launch_preflight(config)
+        if args.run_dir:
+            config.run_dir = args.run_dir
+        launcher = Launcher(config)
     except ConfigError as exc:
         print(f"atropos-launch: {exc}", file=sys.stderr)
         return 2
-    if args.run_dir:
-        config.run_dir = args.run_dir
-    return Launcher(config).run()
+    return launcher.run()
 
 
 if __name__ == "__main__":

@@ -155,8 +155,9 @@ class LaunchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    run_dir: str | None = Field(default=None, description="Run directory (default: "
-                                "runs/<UTC timestamp>).")
+    run_dir: str | None = Field(default=None, description="Run directory; it must "
+                                "hold no run yet (default: a new runs/<UTC timestamp>, with -2, -3, "
+                                "... when a run of the same second has that name).")
     api: ApiSection = Field(default_factory=ApiSection, description="run-api settings.")
     trainer_name: str = Field(default=DEFAULT_TRAINER, description="Which registered trainer "
                               "runs (entry-point group atroposlib.trainers); pip install -e . "

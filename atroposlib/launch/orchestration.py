@@ -47,6 +47,7 @@ from atroposlib.launch.config import LaunchConfig
 from atroposlib.launch.supervision import Backend, LaunchError, LocalBackend, PartHandle, Site
 from atroposlib.launch.trainers import load_trainer
 from atroposlib.utils.offline import OFFLINE_ENV
+from atroposlib.utils.run_dirs import claim_run_dir, new_run_dir
 
 #: What comes back from the trainer's node to ``run_dir`` on the launching host.
 RUN_FILES = ["summary.json", "metrics.jsonl", "plot.png", "trainer_config.json", "evals",
@@ -57,14 +58,19 @@ class Launcher:
     """Runs the parts of one training run and always stops them all (see module docstring)."""
 
     def __init__(self, config: LaunchConfig, console: TextIO | None = None):
-        """Resolve the trainer and prepare the run directory; nothing starts until :meth:`run`.
+        """Resolve the trainer and take the run directory; nothing starts until :meth:`run`.
+
+        The run directory is ``config.run_dir``, which must hold no run yet, or else a new
+        ``runs/<UTC timestamp>[-N]`` (see :mod:`atroposlib.utils.run_dirs`); either way no
+        other run writes in it.
 
         Raises:
-            ConfigError: ``config.trainer_name`` names no registered trainer.
+            ConfigError: ``config.trainer_name`` names no registered trainer, or
+                ``config.run_dir`` holds a run already (the message says how to start elsewhere).
         """
         self.config = config
         self.trainer_module = load_trainer(config.trainer_name).run_module
-        self.run_dir = Path(config.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+        self.run_dir = claim_run_dir(config.run_dir) if config.run_dir else new_run_dir()
         self.log_dir = self.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.console = console or sys.stdout
@@ -143,11 +149,13 @@ class Launcher:
         """Run everything; return the trainer's exit code (130 on Ctrl-C, 1 on failure)."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         failure: LaunchError | None = None
+        interrupted = False
         try:
             self.backend = self._make_backend()
             return self._run()
         except KeyboardInterrupt:
             self.say("interrupted: stopping every part")
+            interrupted = True
             return 130
         except LaunchError as exc:
             self.say(f"FAILED: {exc}")
@@ -157,6 +165,8 @@ class Launcher:
             self.shutdown()
             if failure is not None:
                 record_failure(self.run_dir / "summary.json", failure.part, failure.reason)
+            elif interrupted:
+                record_interrupt(self.run_dir / "summary.json", self._stop_signal or signal.SIGINT)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -433,5 +443,34 @@ def record_failure(summary_path: Path, part: str | None, reason: str) -> None:
         if summary.get("error"):
             summary["trainer_error"] = summary["error"]
         summary.update(stopped="error", error=f"{part} {reason}".strip(), failed_part=part)
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=2))
+
+
+def record_interrupt(summary_path: Path, signum: int) -> None:
+    """Make ``summary.json`` say that the run was interrupted (Ctrl-C or SIGTERM to atropos-launch).
+
+    atropos-launch stops every part on the way out, so the trainer sees a stop request
+    (``stopped: stop_requested``) or, when its vLLM went first, an error such as "vLLM died ...
+    exited with code 0". Neither is what happened to the run: this sets ``stopped:
+    interrupted`` and ``stop_signal``, clears ``error`` and ``failed_part``, and keeps what the
+    trainer saw as ``trainer_stopped`` (and ``trainer_error``). Without a summary (the trainer
+    never wrote one) a minimal one is written.
+
+    Args:
+        summary_path: ``<run_dir>/summary.json`` on the launching host.
+        signum: the signal atropos-launch got (2 for Ctrl-C, 15 for SIGTERM).
+    """
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if not isinstance(summary, dict):
+        summary = {}
+    if summary.get("stopped") not in (None, "interrupted"):
+        summary["trainer_stopped"] = summary["stopped"]
+    if summary.get("error"):
+        summary["trainer_error"] = summary["error"]
+    summary.update(stopped="interrupted", stop_signal=int(signum), error=None, failed_part=None)
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2))

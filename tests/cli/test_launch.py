@@ -16,7 +16,7 @@ import yaml
 from atroposlib.cli.launch import Launcher, flags, load_config, main, trainer_command, trainer_flags
 from atroposlib.errors import ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
-from atroposlib.launch.orchestration import record_failure
+from atroposlib.launch.orchestration import record_failure, record_interrupt
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = bundled_model_dir()
@@ -125,23 +125,29 @@ def _descendants_alive(pids):
 
 
 def _one_env_run(tmp_path, name: str, source: str, **settings) -> Path:
-    """Write the env script ``source`` and a launch config of it with a trainer but no vLLM."""
+    """Write the env script ``source`` and a launch config of it with a trainer but no vLLM.
+
+    The run goes to ``tmp_path/run`` unless ``settings`` has ``run_dir`` (None: the default).
+    """
     script = tmp_path / f"{name}_env.py"
     script.write_text(source)
-    return _write(tmp_path, {"run_dir": str(tmp_path / "run"), **settings,
+    settings = {"run_dir": str(tmp_path / "run"), **settings}
+    if settings["run_dir"] is None:
+        del settings["run_dir"]
+    return _write(tmp_path, {**settings,
                              "trainer": {"vllm_url": "http://127.0.0.1:9/v1", "weight_sync": "none",
                                          "training_steps": 2, "batch_size": 4, "micro_batch_size": 4},
                              "envs": [{"name": name, "script": str(script)}]})
 
 
 @contextlib.contextmanager
-def _launched_idle_run(tmp_path):
+def _launched_idle_run(tmp_path, stop_timeout: float = 10):
     """Run ``atropos-launch`` with one idle env; yield the process once the env is up.
 
     The launcher's process group is killed afterwards if it still runs.
     """
     config = _one_env_run(tmp_path, "idle", "import time\nprint('idle env up', flush=True)\n"
-                          "while True:\n    time.sleep(1)\n", stop_timeout=10)
+                          "while True:\n    time.sleep(1)\n", stop_timeout=stop_timeout)
     proc = subprocess.Popen([sys.executable, "-m", "atroposlib.cli.launch", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
@@ -221,12 +227,70 @@ def test_record_failure_keeps_the_trainers_own_error(tmp_path):
 
 @needs_model
 def test_sigint_stops_every_part(tmp_path):
-    with _launched_idle_run(tmp_path) as proc:
+    # time for the trainer to save checkpoints/final and write its summary on a busy machine
+    with _launched_idle_run(tmp_path, stop_timeout=180) as proc:
         children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         assert len(children) >= 3
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        rest, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, rest
     assert "interrupted: stopping every part" in rest
     time.sleep(0.5)
     assert not _descendants_alive(children)
+    # the trainer saw a SIGTERM from the launcher; the run itself was interrupted
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped"] == "interrupted" and summary["stop_signal"] == signal.SIGINT
+    assert summary.get("trainer_stopped") == "stop_requested", (summary, rest)
+    assert summary["error"] is None and summary["failed_part"] is None
+    assert summary["steps"] == 0 and "wall_seconds" in summary  # the trainer's own fields are kept
+
+
+def test_record_interrupt_overrides_what_the_stopped_parts_reported(tmp_path):
+    path = tmp_path / "summary.json"
+    # vLLM stopped (cleanly) by the launcher before the trainer noticed the stop signal
+    path.write_text(json.dumps({"stopped": "error", "failed_part": "vllm", "steps": 4,
+                                "error": "VLLMDiedError: vLLM died: exited with code 0"}))
+    record_interrupt(path, signal.SIGINT)
+    assert json.loads(path.read_text()) == {
+        "stopped": "interrupted", "stop_signal": 2, "error": None, "failed_part": None, "steps": 4,
+        "trainer_stopped": "error", "trainer_error": "VLLMDiedError: vLLM died: exited with code 0"}
+    # interrupted before the trainer wrote a summary (e.g. while vLLM was starting)
+    record_interrupt(tmp_path / "none" / "summary.json", signal.SIGTERM)
+    assert json.loads((tmp_path / "none" / "summary.json").read_text()) == {
+        "stopped": "interrupted", "stop_signal": 15, "error": None, "failed_part": None}
+
+
+def test_a_run_dir_that_holds_a_run_is_refused_before_anything_starts(tmp_path, capsys):
+    config = _one_env_run(tmp_path, "idle", "print('never started')\n")
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    assert main([str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"run directory {tmp_path / 'run'} holds a run already (logs, summary.json)" in err
+    assert "--run-dir" in err
+
+
+@needs_model
+def test_two_launches_in_one_directory_at_once_get_separate_run_dirs(tmp_path):
+    config = _one_env_run(tmp_path, "crashy", "import sys\nprint('env exits', flush=True)\nsys.exit(3)\n",
+                          run_dir=None, stop_timeout=180)  # each trainer saves and writes its summary
+    procs = [subprocess.Popen([sys.executable, "-m", "atroposlib.cli.launch", str(config)], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for _ in range(2)]
+    try:
+        outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert [proc.returncode for proc in procs] == [1, 1], outputs
+    run_dirs = sorted((tmp_path / "runs").iterdir())
+    assert len(run_dirs) == 2
+    for run_dir in run_dirs:
+        # each launch's own trainer wrote its summary, and its launcher completed it
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["stopped"] == "error" and summary["failed_part"] == "crashy"
+        assert summary["steps"] == 0 and "wall_seconds" in summary
+        assert json.loads((run_dir / "trainer_config.json").read_text())["run_dir"] == str(run_dir.relative_to(tmp_path))
+        assert {"api.log", "trainer.log", "crashy.log"} <= {p.name for p in (run_dir / "logs").iterdir()}
+        assert (run_dir / "logs" / "trainer.log").read_text().count("[grpo] run directory:") == 1
