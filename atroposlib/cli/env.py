@@ -25,7 +25,7 @@ examples:
   atropos-env gsm8k evaluate --env.data_dir_to_save_evals evals/gsm8k
   atropos-env gsm8k serve --help      (every flag of that environment)
 
-Environments of other ecosystems, by prefix (see docs/ecosystems.md):
+Environments of other ecosystems, by prefix (see docs/guides/ecosystems.md):
   atropos-env verifiers:reverse-text serve          (a verifiers taskset or environment)
   atropos-env verifiers:my_pkg.tasks:MyTaskset process
   atropos-env openenv:my_env.server.app:app serve   (an OpenEnv server app)

@@ -273,7 +273,7 @@ class LocalBackend(Backend):
         if count > 1:
             raise LaunchError(f"{name} asks for {count} nodes, but without --ray every part runs "
                               "on this host: pass --ray ADDRESS (or set ray: in the config), or "
-                              "start torchrun on each node by hand (docs/cluster.md)", part=name)
+                              "start torchrun on each node by hand (docs/tutorials/train-on-a-cluster.md)", part=name)
         return [LocalSite(name, *self._args)]
 
 

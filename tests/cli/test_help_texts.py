@@ -5,6 +5,7 @@ Each console script of pyproject's ``[project.scripts]``, the env command line
 ``atropos-env`` and the ``python -m`` tools run as subprocesses, offline. Their help must not leak implementation
 details: pydantic's ``{str,null}`` types or ``default factory: <lambda>``, reStructuredText
 markup (double backticks, ``:class:`` roles), two defaults for one flag, or a flag without help.
+Every ``docs/...md`` page that a help text or any other string of the code names must exist.
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ def test_help_is_clean(name, entry_points):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: "), result.stdout[:200]
     assert help_problems(result.stdout) == []
+    # every docs page it points to exists (paths from the repository root)
+    assert sorted(p for p in _docs_paths_in(result.stdout) if not (REPO / p).is_file()) == []
 
 
 TYPOS = {
@@ -194,3 +197,31 @@ def test_only_close_flags_are_suggested():
         "unknown flag --config-file; the launch YAML is the positional argument CONFIG, "
         "given without a flag: tool CONFIG [flags]",
         "unknown flag --bogus; see --help for every flag"]
+
+
+#: A docs page as the code names it for the user (help texts, descriptions, error messages).
+DOCS_PATH = re.compile(r"\bdocs/[\w./-]*?\.md\b")
+#: The code whose strings name docs pages to users.
+SOURCE_DIRS = ("atroposlib", "example_trainer", "environments", "examples")
+
+
+def _docs_paths_in(text: str) -> set[str]:
+    return set(DOCS_PATH.findall(text))
+
+
+def test_docs_path_pattern_finds_each_spelling():
+    text = "see docs/guides/ecosystems.md), (docs/metrics.md. or `docs/a-b_c.md` but not docs/oauth2-redirect"
+    assert _docs_paths_in(text) == {"docs/guides/ecosystems.md", "docs/metrics.md", "docs/a-b_c.md"}
+
+
+def test_every_docs_path_in_the_code_exists():
+    missing = sorted(f"{path.relative_to(REPO)}: {found}"
+                     for folder in SOURCE_DIRS for path in (REPO / folder).rglob("*.py")
+                     for found in _docs_paths_in(path.read_text(encoding="utf-8"))
+                     if not (REPO / found).is_file())
+    assert missing == []
+
+
+def test_atropos_env_help_points_to_the_ecosystems_guide(entry_points):
+    result = _run(_script("atropos-env", "--help"), entry_points)
+    assert "docs/guides/ecosystems.md" in _docs_paths_in(result.stdout)
