@@ -2,6 +2,7 @@
 #   make install     venv + torch==2.13.0 + the vLLM build this machine needs + atroposlib[all]
 #   make test        install, prepare the bundled model, run the whole test suite (real vLLM included)
 #   make quickstart  install, prepare the bundled model, run the default CPU training loop
+#                    (BUDGET=170: a 170 s training budget instead of the config's 840 s)
 #   make docs        install, then build the documentation site into site/ (mkdocs --strict, offline)
 #   make bench-docs  rewrite the benchmark tables of docs/benchmarks.md and README.md from benchmarks/results/
 SHELL := /bin/bash
@@ -18,6 +19,8 @@ export DO_NOT_TRACK ?= 1
 # Material for MkDocs prints a banner about its successor on every build; keep the log to what matters.
 export NO_MKDOCS_2_WARNING ?= 1
 PYTEST_ARGS ?=
+# make quickstart BUDGET=SECONDS: the training budget (trainer.max_train_seconds) of that run
+BUDGET ?=
 
 .PHONY: install test quickstart lint docs config-docs bench bench-docs clean-venv
 
@@ -35,7 +38,7 @@ test: install
 
 quickstart: install
 	$(VENV)/bin/atropos-bundled-model
-	$(VENV)/bin/atropos-launch configs/quickstart-cpu.yaml
+	$(VENV)/bin/atropos-launch configs/quickstart-cpu.yaml $(if $(BUDGET),--set trainer.max_train_seconds=$(BUDGET))
 
 lint: install
 	$(VENV)/bin/ruff check .

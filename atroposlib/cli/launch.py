@@ -17,6 +17,8 @@ from atroposlib.launch.config import (
     LaunchConfig,
     Placement,
     RaySection,
+    apply_overrides,
+    describe_config,
     env_arg_problems,
     launch_preflight,
     load_config,
@@ -25,12 +27,17 @@ from atroposlib.launch.orchestration import Launcher
 from atroposlib.launch.supervision import LaunchError, Part
 
 __all__ = ["ApiSection", "EnvSection", "LaunchConfig", "LaunchError", "Launcher", "Part", "Placement",
-           "RaySection", "env_arg_problems",
+           "RaySection", "apply_overrides", "describe_config", "env_arg_problems",
            "flags", "free_port", "launch_preflight", "load_config", "main", "trainer_command", "trainer_flags"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console script ``atropos-launch CONFIG.yaml [--run-dir DIR]``."""
+    """Console script ``atropos-launch CONFIG.yaml [--set KEY=VALUE ...] [--run-dir DIR] [--ray [ADDRESS]]``.
+
+    Returns:
+        The run's exit code (:meth:`Launcher.run`), or 2 for a bad config, override or run
+        directory (one message on stderr).
+    """
     from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(
@@ -42,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=None, metavar="DIR",
                         help="run directory instead of run_dir from the config; it must hold no "
                         "run yet (default: a new runs/<UTC timestamp>[-N])")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="override one config key, e.g. --set trainer.max_train_seconds=170 "
+                        "--set envs.arithmetic.args.env.group_size=4 (envs by name; the value is "
+                        "read as YAML); validated like the file. Repeatable")
     parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
                         help="run every part as a Ray actor on the Ray cluster at ADDRESS "
                         "(HOST:PORT of its head, ray://HOST:10001, or 'auto', the default: the "
@@ -49,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
                         "Needs pip install 'atroposlib[ray]'")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, args.overrides)
         if args.ray is not None:
             config.ray = (config.ray or RaySection()).model_copy(update={"address": args.ray})
         if config.ray is None and config.trainer.get("nnodes", 1) > 1:
             raise ConfigError(f"trainer.nnodes: {config.trainer['nnodes']} spreads the trainer "
                               "over several nodes, which needs a Ray cluster: pass --ray ADDRESS "
                               "(or set ray: in the config), or start torchrun on each node by "
-                              "hand (docs/cluster.md)")
+                              "hand (docs/tutorials/train-on-a-cluster.md)")
         launch_preflight(config)
         if args.run_dir:
             config.run_dir = args.run_dir
@@ -64,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"atropos-launch: {exc}", file=sys.stderr)
         return 2
+    launcher.say(f"config {args.config}" + "".join(f" --set {o}" for o in args.overrides)
+                 + f"; run directory {launcher.run_dir}")
+    for line in describe_config(config):
+        launcher.say("  " + line)
     return launcher.run()
 
 

@@ -239,20 +239,115 @@ class LaunchConfig(BaseModel):
         return {k: v for k, v in self.trainer.items() if k not in LAUNCHER_TRAINER_KEYS}
 
 
-def load_config(path: str | Path) -> LaunchConfig:
-    """Read and validate a launch YAML file.
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each ``KEY=VALUE`` of ``overrides`` in the raw YAML mapping ``data`` (in place).
+
+    ``KEY`` is the dotted path of a key as the YAML nests it: a section's field
+    (``api.port``, ``ray.address``), an entry of ``envs:`` or ``inference:`` by its name
+    (``envs.arithmetic.server_type``), and a key of a free-form mapping (``trainer:``, an env's
+    ``args:``, ``eval_args:``) whole, dots included (``envs.arithmetic.args.env.group_size``,
+    ``trainer.max_train_seconds``); ``trainer.placement.num_cpus`` reaches the trainer's
+    placement. ``VALUE`` is read as a YAML value (``170`` an int, ``true`` a bool, ``null``
+    or nothing None, ``[a, b]`` a list). Nothing is validated here: the result goes through the
+    same validation as the file, so a typo gets the same did-you-mean.
+
+    Args:
+        data: the YAML file's top-level mapping.
+        overrides: ``KEY=VALUE`` strings, applied in order.
+
+    Returns:
+        ``data``.
+
+    Raises:
+        ConfigError: an override without ``=``, a value that is not YAML, or an ``envs`` /
+            ``inference`` name that no entry has (with the names there are).
+    """
+    import yaml
+
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set "
+                              "trainer.max_train_seconds=170")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"--set {item}: the value is not valid YAML ({problem}); quote it "
+                              "as a YAML string, e.g. KEY='\"...\"'") from exc
+        _set_path(data, key.split("."), value, LaunchConfig, item)
+    return data
+
+
+def _set_path(node: dict[str, Any], parts: list[str], value: Any, model: type[BaseModel] | None,
+              item: str) -> None:
+    """Set ``parts`` (a split key) to ``value`` under ``node``, whose keys ``model`` describes."""
+    import types
+    import typing
+
+    key, rest = parts[0], parts[1:]
+    if not rest:
+        node[key] = value
+        return
+    field = model.model_fields.get(key) if model is not None else None
+    annotation = field.annotation if field is not None else None
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is list:
+        (entry_model,) = typing.get_args(annotation)
+        entries = node.get(key)
+        if not isinstance(entries, list) or not entries:
+            raise ConfigError(f"--set {item}: the config has no {key} entries to change")
+        default = entry_model.model_fields["name"].default
+        names = [str(e.get("name", default)) if isinstance(e, dict) else "?" for e in entries]
+        if rest[0] not in names:
+            close = _closest(rest[0], names)
+            raise ConfigError(f"--set {item}: no {key} entry is named {rest[0]!r}"
+                              + (f"; did you mean {' or '.join(close)}?" if close else "")
+                              + f" (the names: {', '.join(names)})")
+        if len(rest) == 1:
+            raise ConfigError(f"--set {item}: name a key of that entry, e.g. "
+                              f"{key}.{rest[0]}.args.KEY=VALUE")
+        _set_path(entries[names.index(rest[0])], rest[1:], value, entry_model, item)
+        return
+    child = node.get(key)
+    if not isinstance(child, dict):
+        child = node[key] = {}
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        _set_path(child, rest, value, annotation, item)
+    elif annotation is not None and (annotation is dict or typing.get_origin(annotation) is dict):
+        # a free-form mapping: its keys may hold dots (flags such as env.group_size)
+        if model is LaunchConfig and key == "trainer" and rest[0] == "placement" and len(rest) > 1:
+            placement = child.get("placement")
+            if not isinstance(placement, dict):
+                placement = child["placement"] = {}
+            _set_path(placement, rest[1:], value, Placement, item)
+        else:
+            child[".".join(rest)] = value
+    else:  # an unknown key (or a value that is no mapping): validation names it
+        _set_path(child, rest, value, None, item)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> LaunchConfig:
+    """Read and validate a launch YAML file, with command-line ``overrides`` applied first.
 
     The ``trainer:`` section is checked against the settings model of the trainer that
     ``trainer_name`` names (see :mod:`atroposlib.launch.trainers`).
 
+    Args:
+        path: the YAML file.
+        overrides: ``KEY=VALUE`` strings (``atropos-launch --set``), see :func:`apply_overrides`.
+
     Raises:
-        ConfigError: the file is missing, not YAML, names no registered trainer, or fails
-            validation (message lists every problem with its key path).
+        ConfigError: the file is missing, not YAML, names no registered trainer, an override
+            is malformed, or validation fails (message lists every problem with its key path).
     """
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist; see configs/quickstart-cpu.yaml")
-    data = load_yaml(path)
+    data = apply_overrides(load_yaml(path), overrides or [])
+    source = f"{path} with --set {' '.join(overrides)}" if overrides else str(path)
     trainer_name = data.get("trainer_name", DEFAULT_TRAINER)
     # a trainer_name that is not a string is reported with the other LaunchConfig problems
     trainer_config_model = None
@@ -279,7 +374,7 @@ def load_config(path: str | Path) -> LaunchConfig:
         except ValidationError as exc:
             problems += _validation_problems(exc, "trainer.", trainer_config_model)
     if config is None:
-        raise ConfigError(f"{path}: invalid launch config:\n  " + "\n  ".join(problems))
+        raise ConfigError(f"{source}: invalid launch config:\n  " + "\n  ".join(problems))
     base = path.resolve().parent
     for env in config.envs:
         script = Path(env.script)
@@ -302,8 +397,56 @@ def load_config(path: str | Path) -> LaunchConfig:
         if problem is not None:
             problems.append(f"trainer.batch_size and the envs' group_size do not fit: {problem}")
     if problems:
-        raise ConfigError(f"{path}: invalid launch config:\n  " + "\n  ".join(problems))
+        raise ConfigError(f"{source}: invalid launch config:\n  " + "\n  ".join(problems))
     return config
+
+
+def describe_config(config: LaunchConfig, width: int = 100) -> list[str]:
+    """The resolved config in a few lines for the console: the trainer's settings, each env's.
+
+    Args:
+        config: a validated config (overrides applied).
+        width: lines are wrapped at this many characters.
+
+    Returns:
+        Lines without a trailing newline, continuation lines indented.
+    """
+    import textwrap
+
+    def line(head: str, values: dict[str, Any]) -> list[str]:
+        text = " ".join([head, *(f"{k}={_short(v)}" for k, v in values.items())])
+        return textwrap.wrap(text, width, subsequent_indent="    ", break_on_hyphens=False,
+                             break_long_words=False)
+
+    lines = line(f"trainer ({config.trainer_name}):", config.trainer)
+    for env in config.envs:
+        lines += line(f"env {env.name}: {_relative(env.script)}", env.args)
+    for section in config.inference:
+        lines += line(f"inference {section.name} x{section.count}:", section.args)
+    if config.eval_env:
+        lines += line(f"eval_env: {config.eval_env}", config.eval_args)
+    return lines
+
+
+def _short(value: Any) -> str:
+    """A setting's value as YAML would spell it, on one line."""
+    import json
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str | int | float):
+        return str(value)
+    return json.dumps(value)
+
+
+def _relative(path: str) -> str:
+    """``path`` relative to the working directory when it lies under it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
 
 
 def _closest(key: str, known: list[str]) -> list[str]:

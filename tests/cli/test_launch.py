@@ -13,7 +13,15 @@ import psutil
 import pytest
 import yaml
 
-from atroposlib.cli.launch import Launcher, flags, load_config, main, trainer_command, trainer_flags
+from atroposlib.cli.launch import (
+    Launcher,
+    describe_config,
+    flags,
+    load_config,
+    main,
+    trainer_command,
+    trainer_flags,
+)
 from atroposlib.errors import ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.launch.orchestration import record_failure, record_interrupt
@@ -286,6 +294,13 @@ def test_two_launches_in_one_directory_at_once_get_separate_run_dirs(tmp_path):
     assert [proc.returncode for proc in procs] == [1, 1], outputs
     run_dirs = sorted((tmp_path / "runs").iterdir())
     assert len(run_dirs) == 2
+    # each says at start which config it resolved and where it writes
+    printed = sorted(line.split("; run directory ")[1].strip() for out in outputs for line in out.splitlines()
+                     if line.startswith(f"[launch] config {config}; run directory "))
+    assert printed == [str(d.relative_to(tmp_path)) for d in run_dirs]
+    for out in outputs:
+        assert "[launch]   trainer (grpo): batch_size=4 " in out and " weight_sync=none" in out
+        assert "[launch]   env crashy: crashy_env.py" in out  # relative to where it runs
     for run_dir in run_dirs:
         # each launch's own trainer wrote its summary, and its launcher completed it
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -294,3 +309,52 @@ def test_two_launches_in_one_directory_at_once_get_separate_run_dirs(tmp_path):
         assert json.loads((run_dir / "trainer_config.json").read_text())["run_dir"] == str(run_dir.relative_to(tmp_path))
         assert {"api.log", "trainer.log", "crashy.log"} <= {p.name for p in (run_dir / "logs").iterdir()}
         assert (run_dir / "logs" / "trainer.log").read_text().count("[grpo] run directory:") == 1
+
+
+QUICKSTART = REPO / "configs/quickstart-cpu.yaml"
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trainer.max_train_secondz=170", "trainer.max_train_secondz: unknown key; did you mean trainer.max_train_seconds"),
+    ("envs.arithmetic.args.env.group_sise=4",
+     "envs.arithmetic.args.env.group_sise: unknown flag; did you mean envs.arithmetic.args.env.group_size?"),
+    ("envs.arithmetc.args.env.group_size=4", "no envs entry is named 'arithmetc'; did you mean arithmetic?"),
+    ("traner.lr=1", "traner: unknown key; did you mean trainer"),
+    ("trainer.max_train_seconds=soon", "trainer.max_train_seconds: Input should be a valid number"),
+    ("trainer.batch_size=12", "batch_size 12 is not a multiple of group_size 8"),
+    ("trainer.max_train_seconds", "expected KEY=VALUE"),
+])
+def test_a_bad_set_is_refused_like_the_yaml_before_anything_starts(tmp_path, monkeypatch, capsys,
+                                                                    override, message):
+    monkeypatch.chdir(tmp_path)
+    assert main([str(QUICKSTART), "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()  # refused before a run directory, let alone a part
+
+
+def test_set_overrides_the_yaml_before_validation():
+    config = load_config(QUICKSTART, ["trainer.max_train_seconds=170", "envs.arithmetic.args.env.group_size=4",
+                                      "trainer.batch_size=8", "api.port=9123", "trainer.gradient_checkpointing=false"])
+    assert config.trainer["max_train_seconds"] == 170 and config.trainer["batch_size"] == 8
+    assert config.trainer["gradient_checkpointing"] is False  # YAML values, not strings
+    assert config.envs[0].args["env.group_size"] == 4 and config.envs[0].args["env.difficulty"] == 2
+    assert config.api.port == 9123
+    # a later --set wins; the trainer's placement is reached through its nested key
+    config = load_config(QUICKSTART, ["trainer.lr=1e-4", "trainer.lr=2.0e-4", "trainer.placement.num_cpus=2"])
+    assert config.trainer["lr"] == 2.0e-4 and config.trainer_placement.num_cpus == 2
+    lines = describe_config(load_config(QUICKSTART, ["trainer.max_train_seconds=170",
+                                                     "envs.arithmetic.args.env.group_size=4"]))
+    text = " ".join(lines)
+    assert lines[0].startswith("trainer (grpo): training_steps=400 max_train_seconds=170")
+    assert "env arithmetic: " in text and "env.group_size=4" in text and "eval_env: arithmetic" in text
+
+
+def test_make_quickstart_budget_passes_a_set_through():
+    def recipe(*args):
+        out = subprocess.run(["make", "-n", "quickstart", *args], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout
+        return next(line for line in out.splitlines() if "atropos-launch" in line)
+
+    assert recipe("BUDGET=170").endswith("atropos-launch configs/quickstart-cpu.yaml --set trainer.max_train_seconds=170")
+    assert "--set" not in recipe()
