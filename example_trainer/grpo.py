@@ -150,7 +150,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
             # ---------------------------------------------------------- 1. one batch
             wait_start = time.perf_counter()
             batch = _shared_batch(dist, run.client, config.batch_timeout, run.stop,
-                                  run.replay.batches.pop(step, None))
+                                  run.replay.batches.pop(step, None),
+                                  first=step == policy.start_step + 1, batch_size=config.batch_size)
             if batch is None:  # a stop was requested while waiting (or vLLM died: raised here)
                 stop_requested(dist, run.stop)
                 run.stopped = "stop_requested"
@@ -177,7 +178,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 run.save_checkpoint(f"step_{step}")
             # ---------------------------------------------------------- 6. log
             run.runlog.log(step, {**metrics, "skipped_groups": run.guard.last_step_dropped,
-                                  "batch_wait_seconds": wait_s, **sync_metrics})
+                                  "batch_wait_seconds": wait_s, **sync_metrics}, progress=run.progress(step))
             last_step_total = time.perf_counter() - wait_start
             # ---------------------------------------------------------- 7. periodic eval
             if config.eval_interval and step % config.eval_interval == 0 and step != config.training_steps:
@@ -194,13 +195,19 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     return summary
 
 
-def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any]] | None:
+def wait_for_batch(client: Any, timeout: float, stop: Any, first: bool = False,
+                   batch_size: int | None = None) -> list[dict[str, Any]] | None:
     """Poll ``GET /batch`` until it returns a batch (one batch only: no draining).
 
     Args:
         client: an :class:`~atroposlib.api.client.AtroposClient`.
         timeout: seconds before giving up.
         stop: object whose ``requested`` turns True on SIGINT/SIGTERM.
+        first: whether this is the run's first batch (for the waiting line).
+        batch_size: sequences per batch (for the waiting line).
+
+    Every :data:`WAIT_REPORT_SECONDS` of waiting it prints what it waits for (run-api's queue,
+    from ``GET /status``).
 
     A ``/batch`` call that got no answer (run-api restarting, connection lost) is polled
     again until ``timeout``: the client then asks for the step it expected (``GET
@@ -213,9 +220,12 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
         TimeoutError: no batch within ``timeout`` seconds; the message says what to check.
         ApiUnavailableError: run-api still unreachable at the deadline.
     """
-    from atroposlib.errors import ApiUnavailableError
+    from atroposlib.errors import ApiError, ApiUnavailableError
+    from example_trainer.progress import waiting_text
 
-    deadline = time.monotonic() + timeout
+    begin = time.monotonic()
+    deadline = begin + timeout
+    next_report = begin + WAIT_REPORT_SECONDS
     # short polls: every second the trainer sleeps past a batch's arrival is a second it idles
     # (a 2 s backoff cap cost about 1 s per waiting step); an empty GET /batch is cheap
     delay = 0.05
@@ -236,6 +246,13 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
                 "groups). Are the environments running and pointed at this API and vLLM? Is "
                 "batch_size a multiple of their group_size? Raise --batch-timeout if rollouts "
                 "are just slow.")
+        if time.monotonic() >= next_report:
+            next_report += WAIT_REPORT_SECONDS
+            try:
+                status = client.status()
+            except ApiError:
+                status = None
+            print(f"[grpo] {waiting_text(status, time.monotonic() - begin, first, batch_size)}", flush=True)
         time.sleep(delay)
         delay = min(delay * 1.5, POLL_MAX_SECONDS)
     return None
@@ -243,6 +260,8 @@ def wait_for_batch(client: Any, timeout: float, stop: Any) -> list[dict[str, Any
 
 #: longest pause between two ``GET /batch`` polls while waiting for a batch
 POLL_MAX_SECONDS = 0.25
+#: seconds between two lines saying what a wait for a batch waits for
+WAIT_REPORT_SECONDS = 30.0
 
 
 def _preflight(config: TrainerConfig) -> None:
@@ -270,21 +289,21 @@ def _preflight(config: TrainerConfig) -> None:
 
 
 def _shared_batch(dist: Any, client: Any, timeout: float, stop: Any,
-                  ready: list[dict[str, Any]] | None = None) -> list[dict[str, Any]] | None:
+                  ready: list[dict[str, Any]] | None = None, **waiting: Any) -> list[dict[str, Any]] | None:
     """Rank 0 pulls one batch with :func:`wait_for_batch`; every rank returns it (None: stop).
 
     ``ready`` (rank 0): the step's batch, already fetched again after a resume (``[]``: lost);
-    then nothing is pulled.
+    then nothing is pulled. ``waiting``: :func:`wait_for_batch`'s ``first`` and ``batch_size``.
 
     Raises:
         TimeoutError, ApiError: on rank 0, as :func:`wait_for_batch`.
         RuntimeError: on the other ranks, when rank 0 got no batch (the message says why).
     """
     if not dist.enabled:
-        return ready if ready is not None else wait_for_batch(client, timeout, stop)
+        return ready if ready is not None else wait_for_batch(client, timeout, stop, **waiting)
     try:
         batch = None if not dist.is_main else ready if ready is not None else wait_for_batch(
-            client, timeout, stop)
+            client, timeout, stop, **waiting)
     except Exception as exc:
         dist.from_main(f"rank 0 got no batch: {type(exc).__name__}: {exc}")
         raise

@@ -114,8 +114,15 @@ class RunLog:
 
             self._tensorboard = SummaryWriter(log_dir=str(tensorboard_dir))
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """Record ``metrics`` for ``step`` and print the main ones on one line."""
+    def log(self, step: int, metrics: dict[str, Any], progress: str | None = None) -> None:
+        """Record ``metrics`` for ``step`` and print the main ones on one line.
+
+        Args:
+            step: the step the metrics belong to.
+            metrics: name -> value.
+            progress: the line's head (``step N/M (budget ..., ETA ...)``, see
+                :func:`~example_trainer.progress.progress_text`); default ``step N``.
+        """
         record = {"step": step, **metrics}
         self.history.append(record)
         self._file.write(json.dumps(record) + "\n")
@@ -132,7 +139,7 @@ class RunLog:
         keys = ("reward/mean", "loss", "kl", "grad_norm", "clip_fraction", "tokens_per_second",
                 "step_seconds", "sync/update_seconds", "eval/accuracy")
         shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in keys if k in metrics)
-        print(f"[grpo] step {step}: {shown}", flush=True)
+        print(f"[grpo] {progress or f'step {step}'}: {shown}", flush=True)
         self.maybe_plot(step)
 
     def maybe_plot(self, step: int) -> bool:
@@ -177,7 +184,7 @@ class NullRunLog:
         self.history: list[dict[str, Any]] = []
         self.evals: list[tuple[int, float]] = []
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def log(self, step: int, metrics: dict[str, Any], progress: str | None = None) -> None:
         """Ignore ``metrics``."""
 
     def log_eval(self, step: int, metrics: dict[str, float], metric: str) -> None:

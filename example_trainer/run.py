@@ -182,7 +182,27 @@ class TrainingRun:
                 max_staleness=config.max_staleness, vocab_size=self.guard.vocab_size))
             print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size} "
                   f"max_token_len={config.max_token_len} vocab_size={self.guard.vocab_size}", flush=True)
+            if not self.replay.batches:
+                self._say_waiting(client)
         self.train_start = time.perf_counter()
+
+    def _say_waiting(self, client: Any) -> None:
+        """Print what the first step waits for (run-api's queue, from ``GET /status``)."""
+        from atroposlib.errors import ApiError
+        from example_trainer.progress import waiting_text
+
+        try:
+            status = client.status()
+        except ApiError:
+            status = None
+        print(f"[grpo] {waiting_text(status, 0.0, True, self.config.batch_size)}", flush=True)
+
+    def progress(self, step: int) -> str:
+        """The head of step ``step``'s console line: ``step N/M``, the budget used and an ETA."""
+        from example_trainer.progress import progress_text
+
+        return progress_text(step, self.config.training_steps, self.train_elapsed(),
+                             self.config.max_train_seconds, self.policy.start_step)
 
     def train_elapsed(self) -> float:
         """Seconds of training since registration, periodic evaluations excluded (what ``--max-train-seconds`` counts)."""

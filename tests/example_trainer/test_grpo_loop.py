@@ -1,6 +1,7 @@
 """The trainer's main loop against a real run-api, with a tiny random Llama (no vLLM needed)."""
 
 import json
+import re
 import sys
 import threading
 import time
@@ -78,7 +79,7 @@ def train_on(config, api_url: str, groups: list) -> tuple[dict, dict]:
 @needs_tokenizer
 @pytest.mark.parametrize(("kl_coef", "mixed_precision"), [(0.0, "no"), (0.5, "no"), (0.5, "bf16")])
 def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_api, tmp_path, kl_coef,
-                                                                mixed_precision):
+                                                                mixed_precision, capsys):
     eval_script = tmp_path / "fake_eval.py"
     eval_script.write_text(
         "import json, sys, pathlib\n"
@@ -117,6 +118,13 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
     assert summary["steps"] == 2 and summary["eval_seconds"] > 0  # evaluations kept off the budget
     assert summary["stopped"] == "completed" and summary["final_checkpoint"] == str(run / "checkpoints" / "final")
     assert summary["train_loop_seconds"] > 0 and summary["error"] is None
+    # the console says what the run waits for at start, then each step's progress
+    out = capsys.readouterr().out
+    assert re.search(r"\[grpo\] waiting for the first batch \(8 sequences\): run-api has \d+ groups? queued", out)
+    # (the budget's clock leaves out the evaluations, also the one before registering: the
+    # first step's may read 0s, and then no ETA is known yet)
+    assert re.search(r"\[grpo\] step 1/2 \(\d+s, ETA (\d+s|\?)\): reward/mean=", out), out
+    assert re.search(r"\[grpo\] step 2/2 \(\d+s, ETA 0s\): reward/mean=", out), out
 
 
 @needs_tokenizer

@@ -29,13 +29,13 @@ def test_a_run_ended_after_one_step_says_how_and_what_it_saved(tiny_model, run_a
     real_wait = grpo.wait_for_batch
     calls = []
 
-    def wait_for_batch(client, timeout, stop):
+    def wait_for_batch(client, timeout, stop, **waiting):
         calls.append(timeout)
         if len(calls) == 2 and ending == "stop_requested":
             os.kill(os.getpid(), signal.SIGINT)  # delivered to the handler train() installed
         if len(calls) == 2 and ending == "interrupted":
             raise KeyboardInterrupt
-        return real_wait(client, timeout, stop)
+        return real_wait(client, timeout, stop, **waiting)
 
     monkeypatch.setattr(grpo, "wait_for_batch", wait_for_batch)
     run = tmp_path / "run"

@@ -77,7 +77,7 @@ def test_a_lora_run_changes_what_vllm_serves_under_the_adapter_name(bundled_mode
                 assert start == pytest.approx(base, abs=1e-4)
                 for seed in range(2):  # two steps, each followed by an adapter sync
                     client.post_scored_data(_group(seed))
-                _wait_for(log_path, r"step 2: ", trainer)
+                _wait_for(log_path, r"step 2[/:]", trainer)
                 trained = _served_logprobs(base_url, "smollm2-lora", ids)
                 assert _served_logprobs(base_url, "smollm2", ids) == pytest.approx(base, abs=1e-4)
                 expected = _hf_logprobs(bundled_model_dir, run / "vllm_weights" / "adapter", ids)

@@ -18,7 +18,7 @@ def test_run_log_writes_metrics_and_logs_them_to_wandb_offline(tmp_path, monkeyp
                     "tokens_per_second": 120.0, "sync/update_seconds": 0.4})
         log.log_eval(1, {"eval/accuracy": 0.6, "n": 10.0}, metric="eval/accuracy")
         # wandb commits a step's row when a later step arrives: the eval joined step 1's row
-        log.log(2, {"loss": 0.25, "reward/mean": 0.5})
+        log.log(2, {"loss": 0.25, "reward/mean": 0.5}, progress="step 2/20 (30s, ETA 4m30s)")
         summary = dict(wandb.run.summary)
         assert summary["_step"] == 1
         assert summary["loss"] == 0.5 and summary["reward/mean"] == 0.25
@@ -32,6 +32,7 @@ def test_run_log_writes_metrics_and_logs_them_to_wandb_offline(tmp_path, monkeyp
     assert lines[0]["loss"] == 0.5 and lines[1]["eval/accuracy"] == 0.6
     out = capsys.readouterr().out
     assert "[grpo] step 1: reward/mean=0.25 loss=0.5" in out
+    assert "[grpo] step 2/20 (30s, ETA 4m30s): reward/mean=0.5 loss=0.25" in out
     assert list(tmp_path.glob("wandb/offline-run-*")), "the offline run was not written under run_dir"
 
 

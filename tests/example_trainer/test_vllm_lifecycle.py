@@ -105,7 +105,7 @@ def test_a_vllm_killed_mid_run_ends_the_trainer_with_a_checkpoint(bundled_model_
                 vllm_group = list(psutil.Process(trainer.pid).children(recursive=True))
                 server = next(p for p in vllm_group if "api_server" in " ".join(p.cmdline()))
                 client.post_scored_data(_group(0))  # one batch of 4: step 1, then a wait
-                _wait_for_line(log_path, r"step 1: ", trainer)
+                _wait_for_line(log_path, r"step 1[/:]", trainer)
                 server.kill()
                 code = trainer.wait(120)
             finally:
