@@ -31,7 +31,9 @@ class StopFlag:
         atropos-launch on Ctrl-C) stops vLLM too, and the run ends as ``stop_requested``.
         """
         if self.signum is not None:
-            print(f"[grpo] ignored after the stop signal: {error}", flush=True)
+            first_line = (str(error).splitlines() or [type(error).__name__])[0]
+            print(f"[grpo] not an error: the run was stopping on signal {self.signum} ({first_line})",
+                  flush=True)
             return
         self.failure, self.requested = error, True
 
