@@ -176,7 +176,8 @@ def _launched_idle_run(tmp_path, stop_timeout: float = 10):
 @needs_model
 def test_env_that_dies_fails_fast_with_its_log_and_stops_everything(tmp_path, capsys):
     config = _one_env_run(tmp_path, "crashy",
-                          "import sys\nprint('env says: cannot load my dataset', flush=True)\nsys.exit(3)\n")
+                          "import sys\nprint('env says: cannot load my dataset', flush=True)\nsys.exit(3)\n",
+                          stop_timeout=120)  # time for the trainer to save and write its summary
     launcher = Launcher(load_config(config))
     begin = time.monotonic()
     code = launcher.run()
