@@ -369,7 +369,7 @@ class VerifiersEnv(BaseEnv):
         return list(zip(episodes, states, strict=True))
 
     def _scored(self, episode: Any, state: dict[str, Any]) -> list[tuple[str, list[Any], float, Any]]:
-        """``[(agent name, sequences, reward, trace), ...]``: one per trainable agent.
+        """``[(agent name, sequences, reward, trace), ...]``: one per trainable agent that played.
 
         With several trainable agents (self-play: every seat is the run's model), each
         tracked sequence goes to the agent whose conversation it is (the one whose
@@ -392,7 +392,7 @@ class VerifiersEnv(BaseEnv):
             raise RolloutError("verifiers episode made no tracked model call")
         owned = self._split_by_agent(sequences, trainable)
         return [(t.agent.name, seqs, float(t.reward), t)
-                for t, seqs in zip(trainable, owned, strict=True)]
+                for t, seqs in zip(trainable, owned, strict=True) if seqs]
 
     def _split_by_agent(self, sequences: list[Any], traces: list[Any]) -> list[list[Any]]:
         """Each trace's tracked sequences (a single trace owns them all).
@@ -400,7 +400,8 @@ class VerifiersEnv(BaseEnv):
         A sequence belongs to the trace most of whose message text it holds.
 
         Raises:
-            RolloutError: a sequence matches two traces equally, or a trace gets none.
+            RolloutError: a sequence matches two traces equally, or a trace that has model
+                replies gets none.
         """
         if len(traces) == 1:
             return [sequences]
@@ -415,9 +416,11 @@ class VerifiersEnv(BaseEnv):
                 raise RolloutError("a tracked model call cannot be told apart between the "
                                    f"agents {[t.agent.name for t in traces]}")
             owned[found.index(best)].append(seq)
-        empty = [t.agent.name for t, seqs in zip(traces, owned, strict=True) if not seqs]
-        if empty:
-            raise RolloutError(f"no tracked model call of the trainable agents {empty}")
+        # An agent that never got a turn (its opponent forfeited first) has nothing to train.
+        lost = [t.agent.name for t, seqs in zip(traces, owned, strict=True)
+                if not seqs and t.assistant_messages]
+        if lost:
+            raise RolloutError(f"no tracked model call of the trainable agents {lost}")
         return owned
 
     async def collect_trajectories(

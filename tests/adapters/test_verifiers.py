@@ -254,3 +254,13 @@ def test_self_play_gives_each_trainable_agent_its_own_group(tiny_tok_dir, tiny_t
         assert group["scores"] == [1.0 if seat == "north" else -1.0] * 3
     assert sorted(seats) == ["north", "south"]
     assert len(server.requests) == 6
+
+
+def test_a_seat_that_never_played_has_no_rollout(tiny_tok_dir, tiny_tok):
+    # north forfeits before south's turn: south's trace has no model call, nothing to train.
+    env, server = make_env("tests.adapters.vf_duel", tiny_tok_dir, tiny_tok,
+                           lambda request: "I pass", group_size=2)
+    _, group, _ = asyncio.run(one_group(env))
+    assert isinstance(group, dict) and group["scores"] == [-1.0, -1.0]
+    assert all("You sit north" in tiny_tok.decode(t) for t in group["tokens"])
+    assert len(server.requests) == 2

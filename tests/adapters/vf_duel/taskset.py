@@ -1,7 +1,8 @@
 """vf-duel: two trainable seats of one model (self-play), verifiers 0.4 style.
 
 Each seat is asked for a number in its own conversation; the larger number wins the hand:
-the env's ``run`` records +1 for the winner and -1 for the loser (0 each on a tie).
+the env's ``run`` records +1 for the winner and -1 for the loser (0 each on a tie). North
+answering without a number forfeits before south plays.
 """
 
 import re
@@ -34,8 +35,9 @@ class DuelEnv(vf.Env[DuelConfig]):
         async with (agents.north.interaction(seats[0]) as north,
                     agents.south.interaction(seats[1]) as south):
             a = number((await north.turn("Your number?")).last_reply)
-            b = number((await south.turn("Your number?")).last_reply)
-        won = float((a > b) - (a < b))
+            # north forfeits a hand without a number: south never plays
+            b = number((await south.turn("Your number?")).last_reply) if a >= 0 else -1
+        won = float((a > b) - (a < b)) if a >= 0 else -1.0
         north.trace.record_reward("won", won)
         south.trace.record_reward("won", -won)
 
