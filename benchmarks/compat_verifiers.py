@@ -23,8 +23,8 @@ For each env folder ``VERIFIERS_CHECKOUT/environments/<env>``:
    environment's ``run`` (not by a rubric) have nothing to re-score offline; their rollouts
    are counted as ``not_rescorable``.
 
-The result (per env: pass/fail, groups, rollouts, matches, the first mismatches, the error
-and the env's log tail when it failed) goes to ``benchmarks/results/compat_verifiers_<date>.json``.
+The result (per env: pass/fail, groups, rollouts, matches, the first mismatches, model
+turns, tool calls and results, the error and the env's log tail when it failed) goes to ``benchmarks/results/compat_verifiers_<date>.json``.
 Nothing reaches the network: installs are offline and the model is the bundled one.
 """
 
@@ -180,6 +180,25 @@ def rescore(tasks: list[Any], messages: list[dict[str, Any]]) -> float | None:
     return float(trace.reward)
 
 
+def conversation_counts(groups: list[dict[str, Any]], model_dir: Path) -> dict[str, int]:
+    """What the rollouts did: model turns, tool calls and results, and how many rollouts'
+    prompts declared tools to the model (``<tools>`` or the template's own form)."""
+    messages = [m for g in groups for convo in g["messages"] for m in convo]
+    counts = {
+        "assistant_turns": sum(m.get("role") == "assistant" for m in messages),
+        "tool_calls": sum(len(m.get("tool_calls") or []) for m in messages),
+        "tool_results": sum(m.get("role") == "tool" for m in messages),
+        "rollouts_with_tools_in_prompt": 0,
+    }
+    if groups:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        counts["rollouts_with_tools_in_prompt"] = sum(
+            "<tools>" in tokenizer.decode(tokens) for g in groups for tokens in g["tokens"])
+    return counts
+
+
 # ------------------------------------------------------------------ running
 def install(folder: Path, target: Path) -> None:
     """``pip install --no-deps --no-build-isolation --target target folder`` (offline)."""
@@ -238,10 +257,14 @@ def check_env(name: str, folder: Path, work: Path, args: argparse.Namespace, bas
         sys.path.remove(str(site))
     record.update(compare(scores, expected))
     record["score_mean"] = sum(scores) / len(scores) if scores else None
+    record.update(conversation_counts(groups, model_dir))
     record["verdict"] = verdict(record, args.groups)
     if record["verdict"] == "fail":
         log = (work / f"{name}.log").read_text(errors="replace").splitlines()
         record["log_tail"] = [line[:600] for line in log if "aiohttp.access" not in line][-8:]
+        dropped = [line.split(": ", 2)[-1] for line in log if "dropping the group" in line]
+        record["error"] = dropped[0][:600] if dropped else next(
+            (line[:600] for line in reversed(log) if line.startswith("error:")), None)
     return record
 
 

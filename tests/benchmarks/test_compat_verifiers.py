@@ -63,3 +63,24 @@ def test_rescore_runs_the_tasks_own_rubric_on_the_recorded_conversation():
     assert cv.rescore(tasks, convo("zebra-not-a-task", "x")) is None  # no task has this prompt
     duel = cv._tasks(resolve_spec("tests.adapters.vf_duel"))
     assert cv.rescore(duel, [{"role": "user", "content": "Your number?"}]) is None  # a prompt-less seat
+
+
+def test_conversation_counts_say_what_the_rollouts_did(tmp_path):
+    from transformers import AutoTokenizer
+
+    from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
+
+    make_tiny_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    groups = [{"tokens": [tok.encode("sys <tools>[]</tools> hi"), tok.encode("hi")],
+               "messages": [[{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": "", "tool_calls": [call]},
+                             {"role": "tool", "content": "42"},
+                             {"role": "assistant", "content": "42"}],
+                            [{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": "no"}]]}]
+    assert cv.conversation_counts(groups, tmp_path) == {
+        "assistant_turns": 3, "tool_calls": 1, "tool_results": 1,
+        "rollouts_with_tools_in_prompt": 1}
+    assert cv.conversation_counts([], tmp_path)["assistant_turns"] == 0
