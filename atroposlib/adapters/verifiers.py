@@ -22,8 +22,9 @@
 Defaults that differ from verifiers' own CLI: the agent runs in the local ``subprocess``
 runtime (verifiers defaults to a hosted sandbox) with the tool-less ``null`` chat harness
 unless the taskset ships its own harness (verifiers defaults to ``bash``, which hands the
-model a shell); both are flags. Episodes with one trainable agent are supported (every
-plain taskset, and single-agent ``Env`` subclasses such as scripted-user multi-turn envs).
+model a shell); both are flags. Every plain taskset and every ``Env`` subclass runs:
+single-agent ones (scripted-user multi-turn envs) and ones with several trainable agents
+(self-play seats), where each agent's rollouts of a task form their own group.
 """
 
 from __future__ import annotations
@@ -367,12 +368,16 @@ class VerifiersEnv(BaseEnv):
             states = [await s.fetch_state() for s in sessions]
         return list(zip(episodes, states, strict=True))
 
-    def _scored(self, episode: Any, state: dict[str, Any]) -> tuple[list[Any], float, Any]:
-        """``(sequences, reward, trace)`` of one finished episode.
+    def _scored(self, episode: Any, state: dict[str, Any]) -> list[tuple[str, list[Any], float, Any]]:
+        """``[(agent name, sequences, reward, trace), ...]``: one per trainable agent that played.
+
+        With several trainable agents (self-play: every seat is the run's model), each
+        tracked sequence goes to the agent whose conversation it is (the one whose
+        messages it holds).
 
         Raises:
-            RolloutError: the episode failed, has not exactly one trainable trace, or its
-                model calls were not tracked.
+            RolloutError: the episode failed, has no trainable trace, its model calls were
+                not tracked, or a sequence cannot be told apart between agents.
         """
         if not episode.ok:
             errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
@@ -380,39 +385,81 @@ class VerifiersEnv(BaseEnv):
                 f"not ok, no error recorded (stop: {[t.stop_condition for t in episode.traces]})")
             raise RolloutError(f"verifiers episode failed: {detail}")
         trainable = [t for t in episode.traces if t.agent.trainable]
-        if len(trainable) != 1:
-            raise RolloutError(
-                f"verifiers episode has {len(trainable)} trainable traces; the Atropos adapter "
-                "runs episodes with exactly one trainable agent"
-            )
+        if not trainable:
+            raise RolloutError("verifiers episode has no trainable trace")
         sequences = rollout_sequences(state)
         if not sequences:
             raise RolloutError("verifiers episode made no tracked model call")
-        return sequences, float(trainable[0].reward), trainable[0]
+        owned = self._split_by_agent(sequences, trainable)
+        return [(t.agent.name, seqs, float(t.reward), t)
+                for t, seqs in zip(trainable, owned, strict=True) if seqs]
 
-    async def collect_trajectories(self, item: Item) -> tuple[ScoredDataGroup | None, list[Item]]:
-        """Play ``group_size`` episodes of the task; score each with the task's rubric."""
+    def _split_by_agent(self, sequences: list[Any], traces: list[Any]) -> list[list[Any]]:
+        """Each trace's tracked sequences (a single trace owns them all).
+
+        A sequence belongs to the trace most of whose message text it holds.
+
+        Raises:
+            RolloutError: a sequence matches two traces equally, or a trace that has model
+                replies gets none.
+        """
+        if len(traces) == 1:
+            return [sequences]
+        texts = [[c.strip() for m in trace_messages(t) if (c := m.get("content"))
+                  and isinstance(c, str) and c.strip()] for t in traces]
+        owned: list[list[Any]] = [[] for _ in traces]
+        for seq in sequences:
+            decoded = self.tokenizer.decode(seq.tokens)
+            found = [sum(len(c) for c in parts if c in decoded) for parts in texts]
+            best = max(found)
+            if best == 0 or found.count(best) > 1:
+                raise RolloutError("a tracked model call cannot be told apart between the "
+                                   f"agents {[t.agent.name for t in traces]}")
+            owned[found.index(best)].append(seq)
+        # An agent that never got a turn (its opponent forfeited first) has nothing to train.
+        lost = [t.agent.name for t, seqs in zip(traces, owned, strict=True)
+                if not seqs and t.assistant_messages]
+        if lost:
+            raise RolloutError(f"no tracked model call of the trainable agents {lost}")
+        return owned
+
+    async def collect_trajectories(
+        self, item: Item
+    ) -> tuple[ScoredDataGroup | list[ScoredDataGroup] | None, list[Item]]:
+        """Play ``group_size`` episodes of the task; score each with the task's rubric.
+
+        With several trainable agents (self-play), each agent gets its own group: its
+        ``group_size`` rollouts of this task (a per-seat baseline).
+        """
         runs = await self.run_episodes(self._vf_env, item, self.config.group_size,
                                        self.config.temperature)
-        tokens, masks, scores, logprobs, messages = [], [], [], [], []
+        by_agent: dict[str, dict[str, list[Any]]] = {}
         for episode, state in runs:
             try:
-                sequences, reward, trace = self._scored(episode, state)
+                scored = self._scored(episode, state)
             except RolloutError as exc:
                 self.stats["verifiers_failed_episodes"] += 1
                 logger.warning("dropping the group of task %s: %s", getattr(item, "key", "?"), exc)
                 return None, []
-            for seq in sequences:
-                tokens.append(seq.tokens)
-                masks.append(seq.masks)
-                logprobs.append(seq.logprobs)
-                scores.append(reward)
-                messages.append(trace_messages(trace))
-        group = ScoredDataGroup(tokens=tokens, masks=masks, scores=scores,
-                                inference_logprobs=logprobs, messages=messages)
-        if len(tokens) != self.config.group_size:
-            group["group_overrides"] = {"group_size": len(tokens)}
-        return group, []
+            for agent, sequences, reward, trace in scored:
+                lists = by_agent.setdefault(agent, {k: [] for k in
+                                                    ("tokens", "masks", "scores", "logprobs",
+                                                     "messages")})
+                for seq in sequences:
+                    lists["tokens"].append(seq.tokens)
+                    lists["masks"].append(seq.masks)
+                    lists["logprobs"].append(seq.logprobs)
+                    lists["scores"].append(reward)
+                    lists["messages"].append(trace_messages(trace))
+        groups = []
+        for lists in by_agent.values():
+            group = ScoredDataGroup(tokens=lists["tokens"], masks=lists["masks"],
+                                    scores=lists["scores"], inference_logprobs=lists["logprobs"],
+                                    messages=lists["messages"])
+            if len(lists["tokens"]) != self.config.group_size:
+                group["group_overrides"] = {"group_size": len(lists["tokens"])}
+            groups.append(group)
+        return (groups[0] if len(groups) == 1 else groups), []
 
     # ------------------------------------------------------------------ evaluation
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
@@ -432,16 +479,17 @@ class VerifiersEnv(BaseEnv):
         samples = []
         for (episode, state), in runs:
             try:
-                _, reward, trace = self._scored(episode, state)
+                scored = self._scored(episode, state)
             except RolloutError as exc:
                 failed += 1
                 logger.warning("evaluation episode failed: %s", exc)
                 continue
-            rewards.append(reward)
-            for name, value in trace.metrics.items():
-                if value is not None:
-                    metric_values.setdefault(name, []).append(float(value))
-            samples.append({"messages": trace_messages(trace), "score": reward})
+            for _, _, reward, trace in scored:
+                rewards.append(reward)
+                for name, value in trace.metrics.items():
+                    if value is not None:
+                        metric_values.setdefault(name, []).append(float(value))
+                samples.append({"messages": trace_messages(trace), "score": reward})
         metrics = {
             "eval/mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
             "eval/failed_fraction": failed / max(1, len(tasks)),

@@ -225,3 +225,42 @@ def test_defaults_to_the_projects_vllm_and_refuses_a_backend_without_token_logpr
                                     server_type="openai")])
     with pytest.raises(ConfigError, match=r"127\.0\.0\.1:9/v1.*--openai\.server_type vllm"):
         asyncio.run(env.setup())  # before any rollout, not after hundreds of failed ones
+
+
+def test_self_play_gives_each_trainable_agent_its_own_group(tiny_tok_dir, tiny_tok):
+    # Both seats are the run's model: each seat's rollouts of the hand form one group,
+    # holding only that seat's conversation and scored with that seat's reward.
+    def reply(request):
+        return "7" if "You sit north" in request.prompt else "3"
+
+    env, server = make_env("tests.adapters.vf_duel", tiny_tok_dir, tiny_tok, reply, group_size=3)
+    _, groups, _ = asyncio.run(one_group(env))
+    assert isinstance(groups, list) and len(groups) == 2
+    seats = []
+    for group in groups:
+        assert len(group["tokens"]) == 3 and "group_overrides" not in group
+        prompts = {tiny_tok.decode(t[:generated_spans(m)[0][0]])
+                   for t, m in zip(group["tokens"], group["masks"], strict=True)}
+        (prompt,) = prompts  # one seat's conversation per group, the same hand
+        seat = "north" if "You sit north" in prompt else "south"
+        assert f"You sit {'south' if seat == 'north' else 'north'}" not in prompt
+        seats.append(seat)
+        for tokens, masks, messages in zip(group["tokens"], group["masks"], group["messages"],
+                                           strict=True):
+            (start, end), = generated_spans(masks)
+            assert tiny_tok.decode(tokens[start:end], skip_special_tokens=True) == (
+                "7" if seat == "north" else "3")
+            assert messages[0]["content"] == f"You sit {seat}. Name a number."
+        assert group["scores"] == [1.0 if seat == "north" else -1.0] * 3
+    assert sorted(seats) == ["north", "south"]
+    assert len(server.requests) == 6
+
+
+def test_a_seat_that_never_played_has_no_rollout(tiny_tok_dir, tiny_tok):
+    # north forfeits before south's turn: south's trace has no model call, nothing to train.
+    env, server = make_env("tests.adapters.vf_duel", tiny_tok_dir, tiny_tok,
+                           lambda request: "I pass", group_size=2)
+    _, group, _ = asyncio.run(one_group(env))
+    assert isinstance(group, dict) and group["scores"] == [-1.0, -1.0]
+    assert all("You sit north" in tiny_tok.decode(t) for t in group["tokens"])
+    assert len(server.requests) == 2

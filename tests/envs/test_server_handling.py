@@ -318,6 +318,33 @@ async def test_managed_tool_calls_are_parsed_but_nodes_keep_the_raw_text(tiny_to
     assert plain.choices[0].message.content == raw and plain.choices[0].finish_reason == "stop"
 
 
+async def test_tools_reach_a_model_whose_chat_template_drops_them(tiny_tokenizer):
+    # The tiny ChatML template (like SmolLM2's) has no tools section: with the hermes parser
+    # the tools are declared in the system message, in the format the parser reads back.
+    from atroposlib.inference.clients.managed import template_renders_tools
+
+    assert not template_renders_tools(tiny_tokenizer)
+    tools = [{"type": "function", "function": {"name": "facts_lookup", "description": "Look up",
+                                               "parameters": {"type": "object"}}}]
+    server = _fake(responses=["ok", "ok", "ok"], tokenizer=tiny_tokenizer)
+    async with ServerManager([server]).managed_server(tokenizer=tiny_tokenizer,
+                                                      tool_parser="hermes") as managed:
+        await managed.chat_completion(messages=MSG, tools=tools, max_tokens=10)
+        await managed.chat_completion(
+            messages=[{"role": "system", "content": "Be brief."}, *MSG], tools=tools, max_tokens=10)
+        await managed.chat_completion(messages=MSG, max_tokens=10)  # no tools: unchanged
+        no_tools, with_system, plain = (n.full_text for n in managed.get_state()["nodes"][-3:])
+    assert no_tools.startswith("<|im_start|>system\n# Tools\n")
+    assert '<tools>\n{"name": "facts_lookup", "description": "Look up"' in no_tools
+    assert "<tool_call>" in no_tools and no_tools.count("<|im_start|>system") == 1
+    assert with_system.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert plain.startswith("<|im_start|>user\nhi") and "<tools>" not in plain
+    bare = ServerManager([_fake(responses=["ok"], tokenizer=tiny_tokenizer)])
+    async with bare.managed_server(tokenizer=tiny_tokenizer) as managed:  # no parser: as given
+        await managed.chat_completion(messages=MSG, tools=tools, max_tokens=10)
+        assert "<tools>" not in managed.get_state()["nodes"][0].full_text
+
+
 async def test_aclose_returns_even_when_the_health_task_swallows_its_cancel():
     """Python 3.11's asyncio.wait_for can swallow a cancel (gh-86296); aclose must not hang."""
     probe_started = asyncio.Event()

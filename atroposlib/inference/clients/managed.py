@@ -82,6 +82,58 @@ def _finish_reason(raw: Any) -> str:
     return raw if raw in _FINISH_REASONS else ("length" if raw == "length" else "stop")
 
 
+#: The tool declaration Hermes-format models are trained on (``<tools>`` in the system
+#: prompt, answers in ``<tool_call>`` blocks: what the ``hermes`` tool parser reads). Added
+#: when the model's chat template drops the ``tools`` it is given.
+HERMES_TOOLS_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    "{tools}\n</tools>\n\nFor each function call, return a json object with function name "
+    "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "atroposlib_probe_tool", "description": "", "parameters": {"type": "object"}}}
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template shows the ``tools`` it is given to the model.
+
+    Templates without a tools section (SmolLM2's, plain ChatML) drop them silently.
+    """
+    cached = getattr(tokenizer, "_atroposlib_renders_tools", None)
+    if cached is None:
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}],
+                                                 tools=[_PROBE_TOOL], tokenize=False)
+            cached = _PROBE_TOOL["function"]["name"] in text
+        except Exception:  # noqa: BLE001 - a template that rejects tools does not render them
+            cached = False
+        try:
+            tokenizer._atroposlib_renders_tools = cached
+        except AttributeError:
+            pass
+    return cached
+
+
+def with_hermes_tools(messages: list[dict[str, Any]], tools: list[Any]) -> list[dict[str, Any]]:
+    """``messages`` with :data:`HERMES_TOOLS_PROMPT` for ``tools`` in the system message.
+
+    The block is appended to a leading system message with text content, else it becomes
+    the system message.
+    """
+    import json
+
+    specs = "\n".join(json.dumps(t.get("function", t) if isinstance(t, dict) else t)
+                      for t in tools)
+    block = HERMES_TOOLS_PROMPT.format(tools=specs)
+    if messages and messages[0].get("role") == "system" and isinstance(
+            messages[0].get("content"), str):
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
 @functools.cache
 def _tool_call_class() -> type:
     """OpenAI's function tool call, also readable as a dict (``call["function"]["name"]``).
@@ -145,7 +197,9 @@ class ManagedServer:
             tool_parser: when set (e.g. ``"hermes"``) and the request has ``tools`` (and
                 ``tool_choice`` is not ``"none"``), ``<tool_call>{json}</tool_call>`` blocks in
                 the completion become OpenAI ``tool_calls`` (finish_reason ``tool_calls``); the
-                tracked nodes keep the raw text and tokens.
+                tracked nodes keep the raw text and tokens. With ``"hermes"`` and a chat
+                template that drops ``tools`` (SmolLM2's), the tools are declared in the
+                system message in Hermes' format (:data:`HERMES_TOOLS_PROMPT`).
             preserve_think_blocks: let the chat template handle ``<think>`` blocks of earlier
                 assistant turns as it likes (default: protect them so they are never
                 stripped and multi-turn extension keeps working).
@@ -222,6 +276,9 @@ class ManagedServer:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
         if tools:
             kwargs["tools"] = tools
+            if self.tool_parser == "hermes" and not template_renders_tools(self.tokenizer):
+                # the template would drop them: the model would never see its tools
+                messages = with_hermes_tools(messages, tools)
         protect = not self.preserve_think_blocks
         if protect:
             messages = [_protect_think(m) for m in messages]

@@ -1,0 +1,3 @@
+from tests.adapters.vf_duel.taskset import DuelEnv, DuelTaskset
+
+__all__ = ["DuelEnv", "DuelTaskset"]
