@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: 0: 2.2e-5 measured in both layouts. A wrong gradient reduction moves weights by about one Adam
 #: step, lr = 1e-3.
 SHARDED_ATOL = 5e-5
-#: The same for a LoRA adapter trained by 2 ranks, and its merged export (4e-7 measured): the
-#: frozen base leaves Adam far fewer near-zero gradients to amplify.
-LORA_ATOL = 1e-6
+#: The same for a LoRA adapter trained by 2 ranks, and its merged export (3.5e-7 to 4e-7
+#: measured): the frozen base leaves Adam far fewer near-zero gradients to amplify.
+LORA_ATOL = 2e-6
 #: Largest difference of a step's logged loss between one process and FSDP ranks (the same
 #: figure in the docs).
 LOSS_ATOL = 1e-6
