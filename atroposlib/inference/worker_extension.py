@@ -11,9 +11,14 @@ freed space resident inside its heap, so without a trim the engine's resident me
 run. Measured on the quickstart (``benchmarks/bench_learning.py --minutes 2``): after 45 reloads
 vLLM's engine held 320 MB of free heap, and its peak RSS fell from 1.73 to 1.59 GiB with a trim
 after each reload, with no fewer training steps (a trim takes about 30 ms).
+
+``atropos_discard_partial_reload`` lets an inference node recover from a reload that vLLM
+failed half-way (:func:`discard_partial_reload`), so it can put its last good weights back.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from atroposlib.utils.heap import release_free_heap, resident_bytes
 
@@ -21,6 +26,47 @@ from atroposlib.utils.heap import release_free_heap, resident_bytes
 WORKER_EXTENSION_CLS = "atroposlib.inference.worker_extension.AtroposWorkerExtension"
 #: The ``/collective_rpc`` method that returns free heap pages to the OS.
 RELEASE_FREE_HEAP_RPC = "atropos_release_free_heap"
+#: The ``collective_rpc`` method that clears what a failed ``reload_weights`` left behind.
+DISCARD_PARTIAL_RELOAD_RPC = "atropos_discard_partial_reload"
+
+
+def discard_partial_reload(model: Any) -> int:
+    """Undo what a ``reload_weights`` that raised half-way left in ``model``; return the layers put back.
+
+    vLLM 0.32 reloads layer by layer: it first moves every layer's tensors to the meta device
+    and buffers the tensors it reads, and a layer gets its new values only once all of its
+    tensors have arrived. An error (a tensor of the wrong shape or name) ends the reload before
+    its last step, which puts the untouched layers' tensors back. Those layers are left on the
+    meta device with the bad tensor still buffered, and the next reload replays it and fails
+    the same way, so the node could never restore its weights. Here each such layer gets its
+    own tensors back (the values it served before the reload) and forgets the buffered ones.
+    Layers the reload had completed keep their new values: the caller reloads the last good
+    weights afterwards.
+
+    Args:
+        model: the worker's model (``worker.get_model()``).
+
+    Returns:
+        How many layers were put back (0 when no reload was pending).
+    """
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    restored = 0
+    for layer in model.modules():
+        info = layerwise.LAYERWISE_INFO.get(layer)
+        if info is None or not info.can_load():
+            continue
+        if info.kernel_tensors is not None:
+            layerwise._place_kernel_tensors(layer, info)
+            restored += 1
+        for tensor in layerwise.get_layer_tensors(layer).values():
+            if hasattr(tensor, "weight_loader"):
+                tensor.weight_loader = layerwise._get_original_loader(tensor)
+        info.reset()
+    if hasattr(model, "_original_do_torchao_reload"):
+        model._do_torchao_reload = model._original_do_torchao_reload
+    layerwise.LOADING_LAYERS.clear()
+    return restored
 
 
 class AtroposWorkerExtension:
@@ -30,6 +76,10 @@ class AtroposWorkerExtension:
         """Run :func:`release_free_heap` in this worker; return the bytes its RSS shrank by."""
         return release_free_heap()
 
+    def atropos_discard_partial_reload(self) -> int:
+        """Run :func:`discard_partial_reload` on this worker's model; return the layers put back."""
+        return discard_partial_reload(self.get_model())  # type: ignore[attr-defined]
 
-__all__ = ["RELEASE_FREE_HEAP_RPC", "WORKER_EXTENSION_CLS", "AtroposWorkerExtension", "release_free_heap",
-           "resident_bytes"]
+
+__all__ = ["DISCARD_PARTIAL_RELOAD_RPC", "RELEASE_FREE_HEAP_RPC", "WORKER_EXTENSION_CLS",
+           "AtroposWorkerExtension", "discard_partial_reload", "release_free_heap", "resident_bytes"]

@@ -164,8 +164,9 @@ class LaunchConfig(BaseModel):
                               "registers grpo.")
     trainer: dict[str, Any] = Field(default_factory=dict, description="The trainer's settings "
                                     "(for grpo: atropos-grpo's, snake_case); api_url, run_dir and vllm_port are "
-                                    "filled in by the launcher. With vllm_url the envs use that "
-                                    "server and the trainer launches none. nproc_per_node: N "
+                                    "filled in by the launcher. With vllm_url (one URL, or several "
+                                    "comma-separated) the envs use those servers and the "
+                                    "trainer launches none. nproc_per_node: N "
                                     "(> 1) runs the trainer as N FSDP processes under torchrun; "
                                     "under --ray, nnodes: M runs it on M nodes (M x N ranks) and "
                                     "placement: {...} places each node's share.")

@@ -329,6 +329,7 @@ class Launcher:
         model_name = cfg.trainer.get("served_model_name", DEFAULT_INFERENCE_MODEL)
         model_dir = cfg.trainer.get("model")
         own_vllm = not node_urls and not cfg.trainer.get("vllm_url")
+        servers = self._env_servers(node_urls)
         envs = []
         for env in cfg.envs:
             (site,) = self.place(env.name, env.placement)
@@ -341,8 +342,8 @@ class Launcher:
                     "docs: Train on a cluster)", part=env.name, reason="cannot reach the trainer's vLLM")
             extra: dict[str, Any] = {"env.rollout_server_url": api_url}
             files = None
-            if node_urls:  # every node, with their key, in a file on the env's node
-                files = {f"{env.name}-servers.yaml": self._servers_yaml(node_urls, env.server_type)}
+            if servers:  # every server, with their key, in a file on the env's node
+                files = {f"{env.name}-servers.yaml": self._servers_yaml(servers, env.server_type)}
                 extra["config"] = f"{site.run_dir}/{env.name}-servers.yaml"
             else:
                 extra.update({"openai.base_url": base_url, "openai.model_name": model_name,
@@ -353,11 +354,26 @@ class Launcher:
                                           *flags({**env.args, **extra})], files=files))
         return envs
 
+    def _env_servers(self, node_urls: list[str]) -> list[str]:
+        """The servers the envs get in a ``--config`` file ([]: one ``--openai.base_url``).
+
+        Every inference node started here, else every server of a ``trainer.vllm_url`` that
+        lists several (comma-separated): the trainer updates all of them, so the envs sample
+        from all of them.
+        """
+        given = [u.strip() for u in str(self.config.trainer.get("vllm_url") or "").split(",")
+                 if u.strip()]
+        return node_urls or (given if len(given) > 1 else [])
+
     def _servers_yaml(self, urls: list[str], server_type: str) -> str:
-        """An env ``--config`` listing the inference nodes (with ``$ATROPOS_API_KEY`` if set)."""
+        """An env ``--config`` listing the inference servers, with their key if there is one.
+
+        The key is ``trainer.vllm_api_key`` if set (the trainer reaches them with it), else
+        ``$ATROPOS_API_KEY``.
+        """
         import yaml
 
-        key = os.environ.get(API_KEY_ENV)
+        key = self.config.trainer.get("vllm_api_key") or os.environ.get(API_KEY_ENV)
         model_name = self.config.trainer.get("served_model_name", DEFAULT_INFERENCE_MODEL)
         return yaml.safe_dump({"openai": [
             {"base_url": url, "model_name": model_name, "server_type": server_type,

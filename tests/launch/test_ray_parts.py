@@ -194,3 +194,21 @@ def test_envs_get_every_inference_node_with_the_key_in_a_private_file(tmp_path, 
     assert (tmp_path / "a-servers.yaml").stat().st_mode & 0o777 == 0o600
     with pytest.raises(ValueError, match="outside the run directory"):
         write_private_files(tmp_path / "run", {"../x": "y"})
+
+
+def test_envs_get_every_server_a_trainer_vllm_url_lists_with_the_trainers_key(tmp_path, monkeypatch):
+    from atroposlib.launch.orchestration import Launcher
+
+    def launcher(vllm_url: str) -> Launcher:
+        return Launcher(load_config(_write(tmp_path, {
+            "run_dir": str(tmp_path / "run"), "envs": [{"name": "a", "script": ENV_SCRIPT}],
+            "trainer": {"vllm_url": vllm_url, "vllm_api_key": "tr41ner"}})))
+
+    monkeypatch.setenv("ATROPOS_API_KEY", "other")
+    one = launcher("http://h:1/v1")
+    assert one._env_servers([]) == []  # one server: the envs get it as --openai.base_url
+    two = launcher("http://h:1/v1, http://h:2/v1")
+    assert two._env_servers([]) == ["http://h:1/v1", "http://h:2/v1"]
+    servers = yaml.safe_load(two._servers_yaml(two._env_servers([]), "vllm"))["openai"]
+    assert [(s["base_url"], s["api_key"]) for s in servers] == [("http://h:1/v1", "tr41ner"),
+                                                                 ("http://h:2/v1", "tr41ner")]

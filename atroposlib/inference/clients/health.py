@@ -94,6 +94,15 @@ class HealthGate:
             else:
                 self._healthy_event.clear()
 
+    def start_health_checks(self) -> None:
+        """Start the background probe now, if health checks are on (idempotent).
+
+        A server is otherwise probed only once a request is sent to it, so one that no request
+        has picked yet stays unhealthy and is never picked while another is healthy. Call it
+        from inside the event loop.
+        """
+        self._ensure_health_task()
+
     def _ensure_health_task(self) -> None:
         if self._healthy_event is None:
             self._healthy_event = asyncio.Event()

@@ -236,9 +236,15 @@ class ServerManager:
         Current: among servers that report a policy version (inference nodes), only those
         serving the newest version any of them reported; a node that missed a weight sync is
         routed around until it serves that version (:meth:`_current`). Falls back to every
-        healthy server, then to every server, rather than having none.
+        healthy server, then to every server, rather than having none. Each server's health
+        probe runs from the first pick on, so a server no request has gone to yet is known
+        healthy when the one serving so far dies.
         """
         servers = servers or self.servers
+        for server in servers:  # every server gets probed, not only those requests went to
+            start = getattr(server, "start_health_checks", None)
+            if start is not None:
+                start()
         healthy = [s for s in servers if s.server_healthy]
         pool = self._current(healthy) or healthy or servers
         sem_of = (lambda s: s.sem) if split == "train" else (lambda s: s.eval_sem)

@@ -9,10 +9,14 @@ development routes (``VLLM_SERVER_DEV_MODE``). Written against vLLM 0.32.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from atroposlib.errors import InferenceError
+from atroposlib.inference.worker_extension import DISCARD_PARTIAL_RELOAD_RPC
+
+logger = logging.getLogger("atroposlib.inference.node")
 
 
 class EngineCallError(InferenceError):
@@ -67,9 +71,26 @@ class VLLMEngine:
 
         Tensors absent from the directory keep their values (vLLM's layer-wise reload puts the
         current ones back), so a directory may hold only the layers that changed.
+
+        If vLLM fails half-way (a tensor of the wrong shape or name), the layers it had not
+        finished get their previous tensors back before the error is raised (see
+        :func:`~atroposlib.inference.worker_extension.discard_partial_reload`); without that
+        every later reload would fail too. The layers it had finished keep the new values:
+        reload the last good weights to undo them.
+
+        Raises:
+            Exception: vLLM's error (the engine stays up).
         """
-        await self.client.collective_rpc("reload_weights",
-                                         kwargs={"weights_path": str(weights_dir)})
+        try:
+            await self.client.collective_rpc("reload_weights",
+                                             kwargs={"weights_path": str(weights_dir)})
+        except Exception:
+            try:
+                await self.client.collective_rpc(DISCARD_PARTIAL_RELOAD_RPC)
+            except Exception:  # noqa: BLE001 - e.g. vLLM runs another worker extension
+                logger.exception("could not discard the failed reload's leftovers in vLLM "
+                                 "(it runs without atroposlib's worker extension?)")
+            raise
 
     async def reset_prefix_cache(self) -> None:
         """Drop cached KV blocks computed with the previous weights."""

@@ -1,8 +1,8 @@
 """A stand-in for vLLM's engine client and server, so the node's gate, routes and updates run without vLLM.
 
 ``FakeEngineClient`` implements the few ``EngineClient`` methods the node calls (pause, resume,
-``collective_rpc("reload_weights")``, prefix-cache reset, weight version, LoRA load) and keeps the
-loaded tensors, so a test can read what "vLLM" serves. ``node_app`` wraps a tiny Starlette app
+``collective_rpc("reload_weights")`` and the discard after a failed one, prefix-cache reset,
+weight version, LoRA load) and keeps the loaded tensors, so a test can read what "vLLM" serves. ``node_app`` wraps a tiny Starlette app
 (``POST /v1/completions`` answering, OpenAI-style, with a checksum of the loaded weights as text) in the real
 :class:`NodeMiddleware`, exactly as vLLM's server does with ``--middleware``.
 """
@@ -26,6 +26,7 @@ from atroposlib.inference.node.middleware import NodeMiddleware
 from atroposlib.inference.node.models import content_digest
 from atroposlib.inference.node.settings import NodeSettings
 from atroposlib.inference.node.state import NodeState
+from atroposlib.inference.worker_extension import DISCARD_PARTIAL_RELOAD_RPC
 
 KEY = "node-s3cret"
 
@@ -75,6 +76,9 @@ class FakeEngineClient:
         self.paused = False
 
     async def collective_rpc(self, method: str, timeout=None, args=(), kwargs=None):
+        if method == DISCARD_PARTIAL_RELOAD_RPC:  # what vLLM's workers run after a failed reload
+            self.calls.append("discard")
+            return [0]
         assert method == "reload_weights"
         self.calls.append("reload")
         assert self.paused, "weights reloaded while vLLM was scheduling"

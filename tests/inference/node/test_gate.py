@@ -181,7 +181,9 @@ async def test_a_failed_load_puts_the_last_push_back_and_keeps_serving_it(fake_n
     assert served.headers[POLICY_VERSION_HEADER] == "1"
     assert served.json()["weights"] == fingerprint({**base_tensors(), **layer1(1.0)})  # no NaN left
     assert status["state"] == "serving" and "worker crashed" in status["last_error"]
-    assert fake_node.engine.calls[-1] == "resume"
+    # the failed reload's leftovers discarded, then the starting model and the last push reloaded
+    assert fake_node.engine.calls[-6:] == ["reload", "discard", "reload", "reload",
+                                           "reset_prefix_cache", "resume"]
 
 
 async def test_pushed_directories_are_replaced_not_accumulated(fake_node):
