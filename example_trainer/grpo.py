@@ -52,12 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         directory or pre-flight check (one line each on stderr, no traceback).
     """
     from pydantic import ValidationError
-    from pydantic_settings import CliApp, CliSettingsSource
+    from pydantic_settings import CliApp
 
     from atroposlib.errors import ConfigError
-    from atroposlib.utils.flags import ArgumentParser, validation_error_message
+    from atroposlib.utils.flags import ArgumentParser, settings_cli_source, validation_error_message
 
-    source = CliSettingsSource(TrainerConfig, root_parser=ArgumentParser(prog="atropos-grpo"))
+    parser = ArgumentParser(
+        prog="atropos-grpo",
+        description="Train a policy with GRPO-family losses on batches from run-api, pushing "
+        "each step's weights to vLLM (one it launches, or --vllm-url servers). Guide: "
+        "docs/guides/trainer.md.")
+    source = settings_cli_source(TrainerConfig, parser)
     try:
         config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv,
                             cli_settings_source=source)

@@ -41,15 +41,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         flag, key file or busy port (one line on stderr).
     """
     from pydantic import ValidationError
-    from pydantic_settings import CliApp, CliSettingsSource
+    from pydantic_settings import CliApp
 
     from atroposlib.inference.node.settings import SETTINGS_ENV, NodeSettings
-    from atroposlib.utils.flags import ArgumentParser, validation_error_message
+    from atroposlib.utils.flags import ArgumentParser, settings_cli_source, validation_error_message
 
     ours, vllm_args = split_argv(sys.argv[1:] if argv is None else argv)
     parser = ArgumentParser(prog="atropos-inference-node",
+                            description="Serve a model with vLLM and take new weights from a "
+                            "trainer over HTTP, on a node that shares no disk with it. Guide: "
+                            "docs/inference-node.md.",
                             epilog="Flags after -- are passed to vLLM unchanged.")
-    source = CliSettingsSource(NodeSettings, root_parser=parser)
+    source = settings_cli_source(NodeSettings, parser)
     try:
         settings = CliApp.run(NodeSettings, cli_args=ours, cli_settings_source=source)
     except ValidationError as exc:

@@ -519,15 +519,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--model", default=None, help="model dir (default: the bundled model)")
     parser.add_argument("--served-model-name", default=DEFAULT_INFERENCE_MODEL,
-                        help=f"model name clients send (default {DEFAULT_INFERENCE_MODEL})")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+                        help=f"model name clients send (default: {DEFAULT_INFERENCE_MODEL})")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_INFERENCE_PORT,
-                        help=f"port to serve on (default {DEFAULT_INFERENCE_PORT}, where the "
-                        "environments look by default; 0 picks a free one)")
+                        help=f"port to serve on, 0 for a free one (default: {DEFAULT_INFERENCE_PORT}, "
+                        "where the environments look)")
     parser.add_argument("--dtype", default="auto",
-                        help="auto, float32, bfloat16 or float16 (default auto: float32 on CPU)")
+                        help="auto, float32, bfloat16 or float16 (default: auto, float32 on CPU)")
     parser.add_argument("--max-model-len", type=int, default=2048,
-                        help="context length in tokens (default 2048)")
+                        help="context length in tokens (default: 2048)")
     parser.add_argument("--no-dev-mode", action="store_true", help="disable /collective_rpc")
     parser.add_argument("--log", type=Path, default=None, help="server log file")
     args, extra = parser.parse_known_args(argv)

@@ -273,6 +273,52 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def add_argument(container: Any, *args: Any, **kwargs: Any) -> argparse.Action:
+    """``container.add_argument(*args, **kwargs)`` with one metavar style for every command line.
+
+    A metavar spelled as a Python type (``str``, ``int``, ``Path``, ``list[str]``: what
+    pydantic-settings passes) becomes the flag's name in capitals (``--max-model-len
+    MAX_MODEL_LEN``), as argparse names the options of every other command. Choices
+    (``{a,b}``) and explicit names stay. A trailing ``(default: null)`` is dropped: an option
+    whose default is "not given" shows no default, on every command line, and a hand-written
+    ``(default X)`` reads ``(default: X)``.
+
+    Args:
+        container: an ``argparse`` parser or argument group.
+        *args: the option strings (or the positional's name).
+        **kwargs: ``add_argument``'s keyword arguments.
+
+    Returns:
+        The ``argparse.Action`` added.
+    """
+    metavar = kwargs.get("metavar")
+    help_text = kwargs.get("help")
+    if isinstance(help_text, str):
+        # as for argparse options whose default is None: no default shown; the help says
+        # what leaving the flag out does. Defaults written by hand read like argparse's own.
+        help_text = help_text.removesuffix(" (default: null)")
+        kwargs["help"] = re.sub(r"\(default (?![:)])", "(default: ", help_text)
+    longs = [a for a in args if isinstance(a, str) and a.startswith("--")]
+    if isinstance(metavar, str) and longs and _TYPE_METAVAR.fullmatch(metavar):
+        kwargs["metavar"] = re.sub(r"[-.]", "_", longs[0].lstrip("-")).upper()
+    return argparse._ActionsContainer.add_argument(container, *args, **kwargs)
+
+
+def settings_cli_source(model: type[Any], parser: argparse.ArgumentParser) -> Any:
+    """A pydantic-settings ``CliSettingsSource`` for ``model`` on ``parser``, in the house style.
+
+    Its options are added through :func:`add_argument`, so ``atropos-grpo`` and
+    ``atropos-inference-node`` show metavars as every other command does.
+    """
+    from pydantic_settings import CliSettingsSource
+
+    return CliSettingsSource(model, root_parser=parser, add_argument_method=add_argument)
+
+
+#: A metavar that spells a Python type (``int``, ``SecretStr``, ``list[str]``, ``dict[str,int]``).
+_TYPE_METAVAR = re.compile(r"[a-z][a-z_]*(\[[\w, \[\]]*\])?|[A-Z][a-z]+(?:[A-Z][a-z]+)*")
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors name the closest known flag, before the usage.
 
@@ -296,6 +342,10 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: typing.Any, **kwargs: typing.Any) -> argparse.Action:
+        """``argparse``'s ``add_argument`` through :func:`add_argument` (one metavar style)."""
+        return add_argument(self, *args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         """Print ``prog: error: message`` (with did-you-mean hints), then the usage; exit 2."""
@@ -481,6 +531,7 @@ __all__ = [
     "ArgumentParser",
     "HelpFormatter",
     "SUGGEST_CUTOFF",
+    "add_argument",
     "add_model_options",
     "adjust_model_defaults",
     "api_key_arg",
@@ -493,4 +544,5 @@ __all__ = [
     "merge_dicts",
     "unknown_flag_message",
     "validation_error_message",
+    "settings_cli_source",
 ]

@@ -135,6 +135,21 @@ def test_help_is_clean(name, entry_points):
     assert sorted(p for p in _docs_paths_in(result.stdout) if not (REPO / p).is_file()) == []
 
 
+#: Metavars that spell a Python type instead of naming the value (``--port int``).
+TYPE_METAVAR = re.compile(r"^ {2}--[\w.-]+ (str|int|float|bool|Path|SecretStr|list\[|dict\[|tuple\[)")
+
+
+@pytest.mark.parametrize("name", HELP_COMMANDS)
+def test_every_command_shows_one_style(name, entry_points):
+    """Metavars name the value in capitals (or list the choices), defaults read ``(default: X)``,
+    and a description line follows the usage."""
+    text = _run(HELP_COMMANDS[name], entry_points).stdout
+    assert [line for line in text.splitlines() if TYPE_METAVAR.match(line)] == []
+    assert re.findall(r"\(default [^:)]", text) == []
+    after_usage = text.split("\n\n", 1)[1] if "\n\n" in text else ""
+    assert after_usage and not after_usage.startswith(("options:", "positional arguments:")), text[:600]
+
+
 TYPOS = {
     "env script": ([*ENV_SCRIPT, "serve", "--env.group_sze", "8"],
                    "unknown flag --env.group_sze; did you mean --env.group_size?"),
