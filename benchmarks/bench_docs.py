@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.results import RESULTS_DIR, ROOT, read_result  # noqa: E402
 
 #: the pages whose blocks this script owns
-PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md")
+PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md", ROOT / "docs" / "guides" / "compatibility.md")
 MARKER = re.compile(r"<!-- bench:(?P<name>[a-z0-9-]+) (?P<end>start|end) -->")
 GiB = 2**30
 
@@ -601,7 +601,20 @@ def health_table(payload: dict) -> str:
     return text + "\n\n" + source(HEALTH)
 
 
+def parity_table(payload: dict) -> str:
+    """upstream_parity: upstream's own test suite run against each side, per dependency set."""
+    rows = []
+    for dep_set, sides in payload["suite"].items():
+        for side, record in sides.items():
+            c = record["counts"]
+            rows.append([dep_set, side, *(str(c.get(k, 0)) for k in ("passed", "failed", "error", "skipped"))])
+    git = (payload.get("meta") or {}).get("git") or {}
+    return (table(["set", "side", "passed", "failed", "errors", "skipped"], rows)
+            + f"\n\nOurs at `{str(git.get('sha', '?'))[:7]}`. {source(PARITY)}")
+
+
 COMPAT = "compat_upstream_2026-12-06.json"
+PARITY = "upstream_parity_2026-12-06.json"
 HEALTH = "bench_vllm_health_2026-12-06.json"
 
 STEP_MEMORY = ("bench_step_memory_quickstart_2026-11-28.json", "bench_step_memory_checkpointing_2026-11-28.json")
@@ -635,6 +648,7 @@ BLOCKS: dict[str, Block] = {
     "readme-api": Block((API,), readme_api),
     "compat-upstream": Block((COMPAT,), compat_table),
     "vllm-health": Block((HEALTH,), health_table),
+    "upstream-suite": Block((PARITY,), parity_table),
 }
 
 
