@@ -160,6 +160,9 @@ def test_an_unreachable_ray_head_fails_at_once_naming_the_address(tmp_path, caps
     assert launch_cli.main([str(path), "--ray", f"127.0.0.1:{port}"]) == 1
     out = capsys.readouterr().out
     assert f"nothing answers at 127.0.0.1:{port}" in out and "ray start --head" in out
+    # a new run directory: the first launch claimed "run" (a directory is used by one run only)
+    path = _write(tmp_path, {"run_dir": str(tmp_path / "run2"),
+                             "envs": [{"name": "a", "script": str(REPO / "tests/fixtures/idle_env.py")}]})
     assert launch_cli.main([str(path), "--ray", "no-port-here"]) == 1
     assert "is not HOST:PORT, ray://HOST:PORT or auto" in capsys.readouterr().out
 
@@ -200,8 +203,9 @@ def test_envs_get_every_server_a_trainer_vllm_url_lists_with_the_trainers_key(tm
     from atroposlib.launch.orchestration import Launcher
 
     def launcher(vllm_url: str) -> Launcher:
+        run_dir = tmp_path / f"run{vllm_url.count(',')}"  # one run directory per launcher
         return Launcher(load_config(_write(tmp_path, {
-            "run_dir": str(tmp_path / "run"), "envs": [{"name": "a", "script": ENV_SCRIPT}],
+            "run_dir": str(run_dir), "envs": [{"name": "a", "script": ENV_SCRIPT}],
             "trainer": {"vllm_url": vllm_url, "vllm_api_key": "tr41ner"}})))
 
     monkeypatch.setenv("ATROPOS_API_KEY", "other")
