@@ -36,7 +36,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.results import RESULTS_DIR, ROOT, read_result  # noqa: E402
 
 #: the pages whose blocks this script owns
-PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md", ROOT / "docs" / "guides" / "compatibility.md")
+PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md", ROOT / "docs" / "guides" / "compatibility.md",
+         ROOT / "docs" / "guides" / "ecosystems.md")
 MARKER = re.compile(r"<!-- bench:(?P<name>[a-z0-9-]+) (?P<end>start|end) -->")
 GiB = 2**30
 
@@ -613,7 +614,22 @@ def parity_table(payload: dict) -> str:
             + f"\n\nOurs at `{str(git.get('sha', '?'))[:7]}`. {source(PARITY)}")
 
 
+def verifiers_table(payload: dict) -> str:
+    """compat_verifiers: verifiers' own environments through ``atropos-env verifiers:ID process``."""
+    rows = []
+    for env in payload["envs"]:
+        rescored = env["matched"] + env["mismatched"]
+        rows.append([f"`{env['id']}`", env["verdict"], str(env["groups"]), str(env["rollouts"]),
+                     f"{env['matched']} of {rescored}" if rescored else "not re-scored",
+                     f"{env['rollouts_with_tools_in_prompt']} / {env['tool_calls']}"])
+    return (table(["environment", "result", "groups", "rollouts", "scores equal to verifiers' reward",
+                   "rollouts with tools in the prompt / tool calls"], rows)
+            + f"\n\nverifiers {payload['verifiers_version']} at `{payload['verifiers_commit'][:7]}`, "
+            f"groups of {payload['group_size']}. {source(VERIFIERS)}")
+
+
 COMPAT = "compat_upstream_2026-12-06.json"
+VERIFIERS = "compat_verifiers_2026-12-06.json"
 PARITY = "upstream_parity_2026-12-06.json"
 HEALTH = "bench_vllm_health_2026-12-06.json"
 
@@ -649,6 +665,7 @@ BLOCKS: dict[str, Block] = {
     "compat-upstream": Block((COMPAT,), compat_table),
     "vllm-health": Block((HEALTH,), health_table),
     "upstream-suite": Block((PARITY,), parity_table),
+    "verifiers-envs": Block((VERIFIERS,), verifiers_table),
 }
 
 
