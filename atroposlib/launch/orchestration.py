@@ -444,14 +444,7 @@ def record_failure(summary_path: Path, part: str | None, reason: str) -> None:
         part: the name of the part that failed (``api``, ``trainer``, an env's name).
         reason: what happened to it (``exited early with code 3``).
     """
-    import json
-
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, ValueError):
-        summary = {}
-    if not isinstance(summary, dict):
-        summary = {}
+    summary = _read_summary(summary_path)
     if part == "trainer" and summary.get("stopped") == "error":
         # its own error says more than an exit code, and its failed_part may name vLLM or run-api
         summary["failed_part"] = summary.get("failed_part") or "trainer"
@@ -461,6 +454,15 @@ def record_failure(summary_path: Path, part: str | None, reason: str) -> None:
         summary.update(stopped="error", error=f"{part} {reason}".strip(), failed_part=part)
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2))
+
+
+def _read_summary(summary_path: Path) -> dict:
+    """The run's ``summary.json`` as a dict; ``{}`` when it is missing, unreadable or not an object."""
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def record_interrupt(summary_path: Path, signum: int) -> None:
@@ -477,12 +479,7 @@ def record_interrupt(summary_path: Path, signum: int) -> None:
         summary_path: ``<run_dir>/summary.json`` on the launching host.
         signum: the signal atropos-launch got (2 for Ctrl-C, 15 for SIGTERM).
     """
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, ValueError):
-        summary = {}
-    if not isinstance(summary, dict):
-        summary = {}
+    summary = _read_summary(summary_path)
     if summary.get("stopped") not in (None, "interrupted"):
         summary["trainer_stopped"] = summary["stopped"]
     if summary.get("error"):
