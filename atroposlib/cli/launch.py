@@ -18,11 +18,11 @@ from atroposlib.launch.config import (
     Placement,
     RaySection,
     apply_overrides,
-    describe_config,
     env_arg_problems,
     launch_preflight,
     load_config,
 )
+from atroposlib.launch.describe import describe_config
 from atroposlib.launch.orchestration import Launcher
 from atroposlib.launch.supervision import LaunchError, Part
 

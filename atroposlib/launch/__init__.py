@@ -1,6 +1,7 @@
 """``atropos-launch``: one YAML file runs run-api, a trainer and environments as one run.
 
 - :mod:`atroposlib.launch.config`: the YAML schema and its validation;
+- :mod:`atroposlib.launch.describe`: the resolved config as console lines at start;
 - :mod:`atroposlib.launch.commands`: the command line of each part;
 - :mod:`atroposlib.launch.supervision`: starting, watching and stopping parts, log prefixes;
 - :mod:`atroposlib.launch.orchestration`: the order of a run;
