@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.env_runtime.sinks import JsonlSink, WandbSink, close_sinks, find_sink, local_sinks
-from atroposlib.env_runtime.step import run_item
+from atroposlib.env_runtime.step import REFUSAL_STREAK, refusal_message, run_item
 from atroposlib.envs.run_state import RunState
 from atroposlib.errors import RolloutError
+from atroposlib.inference.clients.base import is_refused_request
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -39,7 +40,8 @@ async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
         The JSONL path written, or None when no path was configured.
 
     Raises:
-        RolloutError: ``max_consecutive_failures`` items in a row produced no usable group.
+        RolloutError: ``max_consecutive_failures`` items in a row produced no usable group, or
+            the inference server refused the request of ``REFUSAL_STREAK`` items in a row.
     """
     from tqdm.auto import tqdm
 
@@ -50,7 +52,7 @@ async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
     if wandb_sink is not None:
         wandb_sink.start()
     target = state.total_steps if state.total_steps > 0 else math.inf
-    done = consecutive_failures = 0
+    done = consecutive_failures = refusals = 0
     backlog: list[Any] = []
     progress = tqdm(
         total=None if target == math.inf else target,
@@ -64,6 +66,9 @@ async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
                 logger.info("get_next_item returned None: stopping after %d groups", done)
                 break
             outcome = await run_item(env, item, check_length=False)
+            refusals = refusals + 1 if outcome.error is not None and is_refused_request(outcome.error) else 0
+            if refusals >= REFUSAL_STREAK:
+                raise RolloutError(refusal_message(refusals, outcome.error))
             backlog.extend(outcome.backlog)
             accepted = await env.handle_send_to_api(
                 outcome.groups or None, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False

@@ -14,8 +14,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from atroposlib.env_runtime.step import Skip
+from atroposlib.env_runtime.step import REFUSAL_STREAK, Skip, refusal_message
 from atroposlib.envs.run_state import batch_share
+from atroposlib.inference.clients.base import is_refused_request
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,10 @@ class RolloutPacer:
             # 0.1 s, 0.2 s, ... up to 10 s between spawns instead of spinning; reset by a success.
             delay = spawn_backoff(self.consecutive_errors - 1)
             self.inference_pause_until = max(self.inference_pause_until, time.monotonic() + delay)
-            if self.consecutive_errors > 1:
+            refused = outcome.error is not None and is_refused_request(outcome.error)
+            if refused and self.consecutive_errors == REFUSAL_STREAK:
+                logger.warning("%s", refusal_message(self.consecutive_errors, outcome.error))
+            elif self.consecutive_errors > 1:
                 logger.warning("%d rollout failures in a row", self.consecutive_errors)
         elif outcome.reason in CONFIG_REJECTS:
             self.inference_backoff = 1.0

@@ -16,13 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 from atroposlib.envs.groups import check_groups
 from atroposlib.errors import InferenceError, RolloutError
-from atroposlib.inference.clients.base import is_transient_error
+from atroposlib.inference.clients.base import http_status, is_transient_error
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
     from atroposlib.envs.groups import ScoredDataGroup
 
 logger = logging.getLogger(__name__)
+
+#: Items in a row whose request the inference server refused (HTTP 4xx, not 408/409/429) after
+#: which ``process`` stops (and serve warns once): the same request will be refused for every item.
+REFUSAL_STREAK = 3
 
 
 class Skip(StrEnum):
@@ -67,6 +71,16 @@ class Outcome:
     def group(self) -> ScoredDataGroup | None:
         """The first usable group, or None."""
         return self.groups[0] if self.groups else None
+
+
+def refusal_message(count: int, error: BaseException) -> str:
+    """What ``process`` stops with (and serve warns) when the inference server refuses every request."""
+    return (
+        f"the inference server refused the request of {count} items in a row with HTTP "
+        f"{http_status(error)}: {error}. Resending it will not help: fix the request or the "
+        "server (a wrong --openai.model_name, image or audio parts sent to a text-only model, "
+        "max_tokens beyond the model's context window), then run again"
+    )
 
 
 def _stat_key(reason: Skip) -> str:

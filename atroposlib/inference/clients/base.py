@@ -57,6 +57,24 @@ logger = logging.getLogger(__name__)
 REQUEST_ATTEMPTS = 3
 
 
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status behind an openai-python or httpx error, or None when it has none."""
+    status = getattr(exc, "status_code", None)
+    if status is None:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def is_refused_request(exc: BaseException) -> bool:
+    """True when the server answered 4xx other than 408/409/429: resending the same request fails again.
+
+    Such a refusal usually means a configuration problem (a wrong model name, image parts sent to
+    a text-only model, ``max_tokens`` beyond the context window), not a bad rollout.
+    """
+    status = http_status(exc)
+    return status is not None and 400 <= status < 500 and status not in (408, 409, 429)
+
+
 def is_transient_error(exc: BaseException) -> bool:
     """Return True for failures worth retrying: connection/timeouts, 408/409/429 and 5xx.
 
@@ -69,10 +87,7 @@ def is_transient_error(exc: BaseException) -> bool:
         return True
     if isinstance(exc, InferenceUnavailableError):
         return False
-    status = getattr(exc, "status_code", None)
-    if status is None:
-        response = getattr(exc, "response", None)
-        status = getattr(response, "status_code", None)
+    status = http_status(exc)
     if status is not None:
         return status in (408, 409, 429) or status >= 500
     try:
@@ -322,6 +337,8 @@ __all__ = [
     "VALID_REASONING_EFFORTS",
     "ServerBaseline",
     "actual_token_logprob",
+    "http_status",
+    "is_refused_request",
     "is_transient_error",
 ]
 
