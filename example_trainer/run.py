@@ -87,7 +87,8 @@ class TrainingRun:
         self.train_start: float | None = None  # set at registration
         self.train_seconds: float | None = None  # set when the loop ends (or when interrupted)
         self.last_checkpoint: Path | None = None  # newest checkpoint this run wrote
-        self.eval_seconds = 0.0  # periodic evaluations: not charged to --max-train-seconds
+        self.eval_seconds = 0.0  # every evaluation's seconds (summary.json)
+        self.eval_seconds_at_start = 0.0  # those spent before registration, outside the budget's clock anyway
         self.out_of_time = False
         self.stopped = "completed"  # how the loop ended; an exception overrides it in `finish`
 
@@ -185,6 +186,7 @@ class TrainingRun:
             if not self.replay.batches:
                 self._say_waiting(client)
         self.train_start = time.perf_counter()
+        self.eval_seconds_at_start = self.eval_seconds
 
     def _say_waiting(self, client: Any) -> None:
         """Print what the first step waits for (run-api's queue, from ``GET /status``)."""
@@ -205,8 +207,12 @@ class TrainingRun:
                              self.config.max_train_seconds, self.policy.start_step)
 
     def train_elapsed(self) -> float:
-        """Seconds of training since registration, periodic evaluations excluded (what ``--max-train-seconds`` counts)."""
-        return time.perf_counter() - (self.train_start or 0.0) - self.eval_seconds
+        """Seconds since registration, the evaluations run since then excluded (what ``--max-train-seconds`` counts).
+
+        The evaluation of the starting policy runs before registration: it is outside this clock,
+        so it is not subtracted (it used to be, which made the budget read low until it caught up).
+        """
+        return time.perf_counter() - (self.train_start or 0.0) - (self.eval_seconds - self.eval_seconds_at_start)
 
     def out_of_budget(self, last_step_seconds: float) -> bool:
         """True when the next step (assumed as long as the last) would overrun ``--max-train-seconds``.

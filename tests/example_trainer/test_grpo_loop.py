@@ -121,8 +121,8 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
     # the console says what the run waits for at start, then each step's progress
     out = capsys.readouterr().out
     assert re.search(r"\[grpo\] waiting for the first batch \(8 sequences\): run-api has \d+ groups? queued", out)
-    # (the budget's clock leaves out the evaluations, also the one before registering: the
-    # first step's may read 0s, and then no ETA is known yet)
+    # (the budget's clock starts at registration and leaves out the evaluations run since;
+    # the first step's may read 0s, and then no ETA is known yet)
     assert re.search(r"\[grpo\] step 1/2 \(\d+s, ETA (\d+s|\?)\): reward/mean=", out), out
     assert re.search(r"\[grpo\] step 2/2 \(\d+s, ETA 0s\): reward/mean=", out), out
 
