@@ -21,8 +21,12 @@ logger = logging.getLogger(__name__)
 #: Seconds between background health checks while a server is healthy / unhealthy.
 HEALTH_INTERVAL_HEALTHY = 10.0
 HEALTH_INTERVAL_UNHEALTHY = 1.0
-#: A health probe that takes longer than this (seconds) counts as unhealthy.
+#: A health probe that takes longer than this (seconds) has timed out.
 HEALTH_PROBE_TIMEOUT = 10.0
+#: Timed-out probes in a row after which a healthy server is marked unhealthy. A server busy
+#: with a burst of requests on a saturated CPU can answer one probe late; one that is down
+#: refuses the connection, which counts at once.
+HEALTH_PROBE_TIMEOUTS_TO_FAIL = 2
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -55,6 +59,7 @@ class HealthGate:
         self._health_task: asyncio.Task | None = None
         self._closing = False
         self._healthy_event: asyncio.Event | None = None
+        self._probe_timeouts = 0  # timed-out probes in a row
 
     def _health_checks_enabled(self) -> bool:
         return bool(getattr(self.config, "health_check", False)) and bool(
@@ -68,13 +73,21 @@ class HealthGate:
     async def check_health(self) -> bool:
         """Probe the server now, update ``server_healthy`` and return it.
 
-        Never raises: any exception from the probe, or no answer within
-        ``HEALTH_PROBE_TIMEOUT`` seconds, counts as unhealthy.
+        Never raises: any exception from the probe counts as unhealthy; so does no answer
+        within ``HEALTH_PROBE_TIMEOUT`` seconds, for a healthy server only from the
+        ``HEALTH_PROBE_TIMEOUTS_TO_FAIL``-th such probe in a row (a busy server answers late;
+        the background loop then probes again after ``HEALTH_INTERVAL_UNHEALTHY`` seconds).
         """
         try:
             healthy = bool(await asyncio.wait_for(self._check_health(), HEALTH_PROBE_TIMEOUT))
+            self._probe_timeouts = 0
+        except TimeoutError:
+            self._probe_timeouts += 1
+            logger.debug("health probe of %s timed out (%d in a row)", self.name, self._probe_timeouts)
+            healthy = self.server_healthy and self._probe_timeouts < HEALTH_PROBE_TIMEOUTS_TO_FAIL
         except Exception as exc:  # noqa: BLE001 - a failing probe simply means "unhealthy"
             logger.debug("health check of %s failed: %r", self.name, exc)
+            self._probe_timeouts = 0
             healthy = False
         self._set_healthy(healthy)
         return healthy
@@ -120,7 +133,8 @@ class HealthGate:
             healthy = await self.check_health()
             if self._closing:
                 return
-            await asyncio.sleep(HEALTH_INTERVAL_HEALTHY if healthy else HEALTH_INTERVAL_UNHEALTHY)
+            recheck = not healthy or self._probe_timeouts > 0
+            await asyncio.sleep(HEALTH_INTERVAL_UNHEALTHY if recheck else HEALTH_INTERVAL_HEALTHY)
 
     async def wait_until_healthy(self, timeout: float | None = None) -> None:
         """Wait until the server is healthy.
@@ -171,6 +185,7 @@ __all__ = [
     "HEALTH_INTERVAL_HEALTHY",
     "HEALTH_INTERVAL_UNHEALTHY",
     "HEALTH_PROBE_TIMEOUT",
+    "HEALTH_PROBE_TIMEOUTS_TO_FAIL",
     "HealthGate",
     "is_connection_error",
 ]
