@@ -1,22 +1,22 @@
-"""On ``--resume``: fetch again the batches run-api served after the checkpoint, so each reaches the weights once.
+"""On ``--resume``: the batches run-api served after the checkpoint reach the weights once.
 
 A trainer that stops between checkpoints (SIGKILL, OOM, a power cut) has taken batches from
 run-api that its last checkpoint (step ``S``) does not hold: run-api is at step ``C > S``. Those
 groups were acknowledged to their envs and will never be served again by a plain ``GET /batch``.
-run-api keeps the batches it served by step (the last one at least; the last K, durable with
-``--db``, where it supports that), so the resumed trainer asks for them by number:
+run-api keeps the batches it served by step (the last K, durable with ``--db``), and the
+client re-fetches them (one mechanism, owned by :class:`~atroposlib.api.client.AtroposClient`):
 
-1. ``GET /status`` gives ``C`` (run-api's ``current_step``);
-2. ``GET /batch?step=N`` for ``N = S+1 .. C``, *before* registering again (an older run-api
-   forgets its kept batch when a trainer registers): a batch is kept for its step; ``409`` means
-   run-api no longer holds that batch, and its groups are lost (one warning for all of them);
-3. ``POST /register`` with ``starting_step = max(S, C)``: run-api's step numbering is left as
-   it is (it never goes back to ``S``), so trainer step and run-api step stay equal;
-4. the loop trains the kept batches as steps ``S+1 .. C`` (a lost step is a step without an
-   update) and then asks plain ``GET /batch`` for ``C+1`` onwards.
+1. ``POST /register`` with ``starting_step = S``: run-api sees a resume, keeps its step ``C``
+   and answers which of the served batches it still keeps;
+2. the client's next ``get_batch()`` calls ask ``GET /batch?step=N`` for the kept steps up to
+   ``C``, then go on with plain ``GET /batch``;
+3. the trainer numbers its steps like run-api: a step whose batch run-api no longer keeps is a
+   step without an update (one warning for all of them), so trainer step and run-api step stay
+   equal.
 
-An Atropos 0.4 server ignores ``?step=N`` and would serve a new batch instead: resume against
-it re-trains nothing but loses what the crashed trainer had taken, as before.
+This module prints what the resume takes again and what it lost. An Atropos 0.4 server ignores
+``?step=N`` and would serve a new batch instead: resume against it re-trains nothing but loses
+what the crashed trainer had taken, as before.
 """
 
 from __future__ import annotations
@@ -26,20 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atroposlib.errors import ApiNotRegisteredError, ApiRejectedError
+from atroposlib.api.client import ResumedSteps
 
 
 @dataclass
 class Replay:
-    """What a resumed trainer takes from run-api before registering again.
+    """What a resumed trainer takes from run-api again.
 
     Attributes:
-        server_step: run-api's step before the resume (``C``); the trainer registers with
-            ``max(checkpoint step, server_step)``.
-        batches: step -> the groups of the batch served as that step (``[]``: lost); the loop
-            takes them out as it trains them.
+        server_step: run-api's step at the resume (``C``).
+        batches: lost step -> ``[]`` (trained as a step without an update); the loop takes them
+            out as it reaches them.
         lost: steps whose batches run-api no longer kept.
-        replayed: how many batches were fetched again.
+        replayed: how many batches are fetched again.
     """
 
     server_step: int = 0
@@ -48,45 +47,31 @@ class Replay:
     replayed: int = 0
 
 
-def fetch_served_batches(client: Any, checkpoint_step: int, run_dir: Path, batch_size: int) -> Replay:
-    """Fetch the batches run-api served after ``checkpoint_step`` (call before ``/register``).
+def announce(resumed: ResumedSteps | None, checkpoint_step: int, run_dir: Path, batch_size: int) -> Replay:
+    """What a resumed trainer takes from run-api again, from its client's registration; printed.
 
-    Prints one line for the replayed batches and one warning for the lost ones, naming how
+    Prints one line for the batches fetched again and one warning for the lost ones, naming how
     many sequences (and groups, where the interrupted run logged them) never reach the weights.
 
     Args:
-        client: an :class:`~atroposlib.api.client.AtroposClient`.
+        resumed: :attr:`AtroposClient.resumed <atroposlib.api.client.AtroposClient.resumed>`
+            after ``register()`` (None: nothing to resume).
         checkpoint_step: the step of the checkpoint the trainer resumed from (``S``).
         run_dir: the run directory (its ``metrics.jsonl`` counts the lost groups).
         batch_size: sequences per batch (each lost batch had this many).
 
     Returns:
-        The :class:`Replay`; empty when run-api is not past ``checkpoint_step``.
-
-    Raises:
-        ApiError: run-api unreachable, or refusing with a status other than 409.
+        The :class:`Replay`: ``batches`` maps each lost step to ``[]`` (a step without an
+        update); the refetched ones come from ``get_batch()``.
     """
-    server_step = int(client.status().get("current_step", 0))
-    replay = Replay(server_step=server_step)
-    for step in range(checkpoint_step + 1, server_step + 1):
-        try:
-            body = client.request("GET", "/batch", params={"step": step})
-        except ApiRejectedError as exc:
-            if exc.status_code != 409:
-                raise
-            body = None
-        if isinstance(body, dict) and body.get("status") == "error":
-            raise ApiNotRegisteredError(body.get("message", "trainer not registered"))
-        batch = body.get("batch") if isinstance(body, dict) else None
-        replay.batches[step] = batch or []
-        if batch:
-            replay.replayed += 1
-        else:
-            replay.lost.append(step)
-    if replay.replayed:
-        print(f"[grpo] run-api served {replay.replayed} batch(es) after checkpoint step "
+    if resumed is None:
+        return Replay()
+    replay = Replay(server_step=resumed.server_step, batches={s: [] for s in resumed.lost},
+                    lost=list(resumed.lost), replayed=len(resumed.refetched))
+    if resumed.refetched:
+        print(f"[grpo] run-api served {len(resumed.refetched)} batch(es) after checkpoint step "
               f"{checkpoint_step} that the checkpoint does not hold: training them again "
-              f"(steps {_ranges([s for s in replay.batches if s not in replay.lost])})", flush=True)
+              f"(steps {_ranges(resumed.refetched)})", flush=True)
     if replay.lost:
         groups = _logged_groups(run_dir, replay.lost)
         known = f", {groups} groups by metrics.jsonl" if groups is not None else ""

@@ -80,7 +80,7 @@ class TrainingRun:
                                 on_skip=prom.batches_skipped.inc)
         self.stop = install_stop_handler()
         self.watch: Any = None  # the vLLM health watch (rank 0, once vLLM is up)
-        self.replay = Replay()  # resumed: the batches run-api served after the checkpoint, fetched again
+        self.replay = Replay()  # resumed: the steps run-api served after the checkpoint (lost ones -> [])
         self.client: Any = None  # rank 0's AtroposClient, once registered
         self.steps_done = self.saved_step = start_step
         self.eval_before = self.eval_after = math.nan
@@ -162,28 +162,28 @@ class TrainingRun:
 
     # ------------------------------------------------------------------ run-api
     def register(self) -> None:
-        """Register with run-api (rank 0); on a resume first fetch again the batches served after the checkpoint."""
+        """Register with run-api (rank 0) with the checkpoint's step; on a resume the client then fetches again the batches served after it."""
         from atroposlib.api.client import AtroposClient
         from atroposlib.api.models import Registration
-        from example_trainer.replay import fetch_served_batches
+        from example_trainer.replay import announce
 
         config, start_step = self.config, self.policy.start_step
         if self.dist.is_main:
             client = self.client = AtroposClient(config.api_url, api_key=config.api_key)
-            if self.resume is not None:  # before registering: an older run-api forgets them then
-                self.replay = fetch_served_batches(client, start_step, self.run_dir, config.batch_size)
-                self.prom.batches_replayed.inc(self.replay.replayed)
-                self.prom.batches_lost.inc(len(self.replay.lost))
             client.register(Registration(
                 wandb_group=config.wandb_group or "", wandb_project=config.wandb_project or "",
                 batch_size=config.batch_size, max_token_len=config.max_token_len,
                 checkpoint_dir=str(self.run_dir / "checkpoints"),
                 save_checkpoint_interval=config.checkpoint_interval or config.training_steps,
-                starting_step=max(start_step, self.replay.server_step), num_steps=config.training_steps,
-                max_staleness=config.max_staleness, vocab_size=self.guard.vocab_size))
+                starting_step=start_step, num_steps=config.training_steps,
+                max_staleness=config.max_staleness, vocab_size=self.guard.vocab_size),
+                announce_lost=False)  # announced below, with the groups metrics.jsonl counted
             print(f"[grpo] registered with {config.api_url}: batch_size={config.batch_size} "
                   f"max_token_len={config.max_token_len} vocab_size={self.guard.vocab_size}", flush=True)
-            if not self.replay.batches:
+            self.replay = announce(client.resumed, start_step, self.run_dir, config.batch_size)
+            self.prom.batches_replayed.inc(self.replay.replayed)
+            self.prom.batches_lost.inc(len(self.replay.lost))
+            if client.resumed is None:
                 self._say_waiting(client)
         self.train_start = time.perf_counter()
         self.eval_seconds_at_start = self.eval_seconds

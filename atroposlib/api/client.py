@@ -25,6 +25,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -123,6 +124,22 @@ def _batch_or_none(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return body.get("batch")
 
 
+@dataclass(frozen=True)
+class ResumedSteps:
+    """The steps a trainer's ``register()`` resumes after (the server was past ``starting_step``).
+
+    Attributes:
+        server_step: the server's ``current_step`` at registration.
+        refetched: steps whose served batches the next ``get_batch()`` calls fetch again, in order.
+        lost: steps before those whose batches the server no longer keeps: a trainer that
+            numbers its steps like the server counts each as a step without an update.
+    """
+
+    server_step: int
+    refetched: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+
+
 class _ClientBase:
     """Shared configuration of the sync and async clients."""
 
@@ -164,6 +181,8 @@ class _ClientBase:
         self._batch_unanswered = False
         #: The server's step at registration: batches up to it are re-fetched by step
         self._replay_until: int | None = None
+        #: What the last ``register()`` resumes: None unless the server was past ``starting_step``.
+        self.resumed: ResumedSteps | None = None
 
     def _batch_params(self, attempt: int) -> dict[str, int]:
         """Query of one ``GET /batch`` attempt: ``?step=N`` once a reply may have been lost.
@@ -187,26 +206,33 @@ class _ClientBase:
             self.last_step = int(response.headers[STEP_HEADER])
         return batch
 
-    def _note_registration(self, registration: Registration, answer: dict[str, Any]) -> None:
+    def _note_registration(self, registration: Registration, answer: dict[str, Any],
+                           announce_lost: bool = True) -> None:
         """Expect the batch after ``starting_step`` next; on a resume, re-fetch the served ones.
 
         When the server's ``current_step`` is past ``starting_step`` (a trainer restarted from
         a checkpoint), the next calls ask ``GET /batch?step=N`` for N = starting_step + 1 ..
         current_step: the batches served before the restart that the checkpoint does not hold.
-        Steps the server no longer keeps are skipped with a warning (their groups never reach
-        the weights). A server without these answer keys (Atropos 0.4) changes nothing.
+        Steps the server no longer keeps are skipped (their groups never reach the weights),
+        with a warning unless ``announce_lost`` is False; :attr:`resumed` lists both kinds. A
+        server without these answer keys (Atropos 0.4) changes nothing.
         """
         self.last_step = registration.starting_step
         self._batch_unanswered = False
+        self.resumed = None
         current, oldest = answer.get("current_step"), answer.get("oldest_replayable_step")
         self._replay_until = current if isinstance(current, int) else None
         if self._replay_until is None or current <= registration.starting_step:
             return
-        first = oldest if isinstance(oldest, int) else current + 1
-        if first > registration.starting_step + 1:
-            log.warning("run-api no longer keeps the batches of steps %d..%d (its --replay-batches "
-                        "window): their groups will not reach the weights; continuing from step %d",
-                        registration.starting_step + 1, first - 1, first)
+        first = max(oldest if isinstance(oldest, int) else current + 1, registration.starting_step + 1)
+        self.resumed = ResumedSteps(server_step=current,
+                                    refetched=list(range(first, current + 1)),
+                                    lost=list(range(registration.starting_step + 1, first)))
+        if self.resumed.lost:
+            if announce_lost:
+                log.warning("run-api no longer keeps the batches of steps %d..%d (its "
+                            "--replay-batches window): their groups will not reach the weights; "
+                            "continuing from step %d", registration.starting_step + 1, first - 1, first)
             self.last_step = first - 1
 
     def _http_kwargs(self) -> dict[str, Any]:
@@ -259,16 +285,17 @@ class AtroposClient(_ClientBase):
         except httpx.TransportError as exc:
             raise ApiUnavailableError(f"cannot reach {self.base_url}{path}: {exc}") from exc
 
-    def register(self, registration: Registration) -> int:
+    def register(self, registration: Registration, announce_lost: bool = True) -> int:
         """``POST /register``; returns the registration uuid (an int).
 
         The next batch this client expects is then ``starting_step + 1`` (see :meth:`get_batch`):
         after a trainer restarts from the checkpoint of step C, its next calls get the batches
         of steps C+1 .. (the server's step) again, the ones the checkpoint does not hold, and
-        then new ones.
+        then new ones. :attr:`resumed` says which steps come again and which the server no
+        longer keeps (logged as a warning unless ``announce_lost`` is False).
         """
         answer = self.request("POST", "/register", registration.model_dump())
-        self._note_registration(registration, answer)
+        self._note_registration(registration, answer, announce_lost)
         return answer["uuid"]
 
     def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
@@ -425,10 +452,10 @@ class AsyncAtroposClient(_ClientBase):
         except httpx.TransportError as exc:
             raise ApiUnavailableError(f"cannot reach {self.base_url}{path}: {exc}") from exc
 
-    async def register(self, registration: Registration) -> int:
-        """``POST /register``; returns the registration uuid (an int); see :meth:`get_batch`."""
+    async def register(self, registration: Registration, announce_lost: bool = True) -> int:
+        """``POST /register``; returns the registration uuid (an int); see :meth:`AtroposClient.register`."""
         answer = await self.request("POST", "/register", registration.model_dump())
-        self._note_registration(registration, answer)
+        self._note_registration(registration, answer, announce_lost)
         return answer["uuid"]
 
     async def register_env(self, registration: RegisterEnv) -> dict[str, Any]:
