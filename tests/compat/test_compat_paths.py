@@ -11,7 +11,7 @@ import pytest
 
 from atroposlib.compat import paths
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_stub_is_generated_from_the_table_and_short():
