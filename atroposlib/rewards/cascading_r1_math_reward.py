@@ -10,7 +10,7 @@ Answers are judged with math-verify (:func:`~atroposlib.rewards.accuracy_reward.
 math_equal`); a GSM8K-style gold ``"... #### 42"`` is reduced to ``42`` first, and a prediction
 that math-verify cannot read is compared numerically through its ``#### N`` line.
 
-Unlike upstream, errors are not turned into 0.0 silently: a malformed completion raises
+Errors are not turned into 0.0 silently: a malformed completion raises
 ``TypeError`` (and, through :class:`RewardFunction`, ``RolloutError``).
 """
 

@@ -12,7 +12,7 @@ and keeps one :class:`SequenceNode` per sampled sequence:
 
 Multi-turn: a new prompt whose text starts with an existing node's ``full_text`` *extends*
 that node (its tokens are reused verbatim, earlier completions stay trained), in both chat and
-completion mode (upstream re-masked earlier turns in completion mode).
+completion mode.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``ServerManager``: spreads an env's inference requests over one or more ``InferenceClient`` backends.
 
-Routing (with upstream's bugs fixed):
+Routing:
 
 * a single ``APIServerConfig`` is honoured as given (wrapped in a list), never replaced by
   localhost:9004-9007; only a bare ``ServerBaseline`` (no URL at all) synthesises URLs, from

@@ -6,7 +6,7 @@
   ``input_ids``, ``sampling_params`` and ``return_logprob=true``; the sampled ids and their
   log-probs come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
   triples), so ``ManagedServer`` works exactly as with vLLM;
-* health: ``GET {root}/health`` (free; upstream sent a real completion every second).
+* health: ``GET {root}/health`` (free: no completion is sent).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``VLLMClient``: the ``InferenceClient`` backend for STOCK vLLM's OpenAI-compatible server.
 
-Unlike Atropos 0.4, no custom vLLM server with a ``/generate`` route is needed: stock
+No custom vLLM server with a ``/generate`` route is needed: stock
 ``vllm serve`` (or :class:`~atroposlib.inference.vllm_process.VLLMProcess`) gives everything
 through ``/v1/completions``:
 
