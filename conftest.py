@@ -17,4 +17,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # skip_policy: a skip whose reason is not "no CUDA GPU" or "no chromium" is an error, and the
 # run ends with a list of every skip (tests/fixtures/skip_policy.py).
-pytest_plugins = ["tests.fixtures.api_server", "tests.fixtures.inference", "tests.fixtures.skip_policy"]
+pytest_plugins = [
+    "tests.fixtures.api_server",
+    "tests.fixtures.inference",
+    "tests.fixtures.skip_policy",
+    "tests.fixtures.tiny_tokenizer",
+]

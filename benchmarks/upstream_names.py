@@ -9,8 +9,8 @@ names (defs, classes, constants, from-imports), minus stdlib/typing imports, pla
 Prints the missing names and ``importable X/Y; defined-upstream X/Y``.
 
 ``--write FILE`` writes upstream's (module, name, kind) list instead, one ``module name kind``
-a line (cli scripts included): the checked-in ``tests/envs/upstream_names.txt`` that
-``tests/envs/test_upstream_compat.py`` checks offline was made this way.
+a line (cli scripts included): the checked-in ``tests/compat/upstream_names.txt`` that
+``tests/compat/test_upstream_names.py`` checks offline was made this way.
 """
 
 from __future__ import annotations

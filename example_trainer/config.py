@@ -59,7 +59,7 @@ class TrainerConfig(BaseSettings):
     mixed_precision: Literal["no", "bf16"] = Field(
         default="no", description="bf16: run forward and backward under torch.autocast in "
         "bfloat16 while weights, gradients and optimizer state stay in the training dtype "
-        "(about 1.9x faster steps on CPUs with AVX512_BF16 or AMX; the log-probs then carry "
+        "(faster steps on CPUs with AVX512_BF16 or AMX; the log-probs then carry "
         "bf16 rounding, as the sampler's already do).")
     seed: int = Field(default=0, description="Torch seed.")
     resume: str | None = Field(default=None, description="Continue the run in this run "
@@ -89,13 +89,13 @@ class TrainerConfig(BaseSettings):
         default="full", description="With gradient_checkpointing: full keeps only each decoder "
         "layer's input and reruns the layer (Hugging Face's); selective keeps the matmul and "
         "attention outputs and recomputes the cheap ops between them (torch's selective "
-        "activation checkpointing; on a small model on CPU it was slower than full and saved less).")
+        "activation checkpointing; on a small model on CPU full saves more, see docs/benchmarks.md).")
     shared_prefix: bool = Field(default=False, description="Run the prompt that a group's "
                                 "rollouts share through the policy once per micro-batch (KV "
                                 "cache repeated for the group) instead of once per rollout: "
                                 "same loss and gradients, fewer tokens, but more and smaller "
-                                "forwards, which made steps slower on both a 2-core CPU and an "
-                                "H200 (docs: Benchmarks). The plain forward is used under FSDP "
+                                "forwards, so whether steps get faster depends on the shapes "
+                                "(see docs/benchmarks.md). The plain forward is used under FSDP "
                                 "(ranks must run equal forwards) and with gradient checkpointing "
                                 "(no KV cache).")
     round_frozen_embeddings: bool = Field(default=True, description="With mixed_precision bf16 "
@@ -103,12 +103,12 @@ class TrainerConfig(BaseSettings):
                                           "table in bf16, as vLLM holds it, and return its "
                                           "lookups in fp32. A tied LM head computes the same "
                                           "logits as before; the residual stream starts from "
-                                          "bf16-rounded embeddings. Saves about 0.1 GiB on the "
-                                          "quickstart (docs: Benchmarks).")
+                                          "bf16-rounded embeddings. Halves the table's "
+                                          "memory.")
     release_free_heap: bool = Field(default=True, description="After every step, give glibc's "
                                     "free heap pages back to the OS (malloc_trim): the step's "
                                     "freed gradients, activations and weight-sync copies stay "
-                                    "resident otherwise (docs: Benchmarks). Logged as "
+                                    "resident otherwise. Logged as "
                                     "memory/heap_released_mb and memory/heap_release_seconds; a no-op outside glibc.")
     attn_implementation: str | None = Field(default=None, description="HF attention kernel; "
                                             "default eager on CPU (fast for short padded "
@@ -164,11 +164,9 @@ class TrainerConfig(BaseSettings):
     lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate.")
     optim: OptimizerName = Field(
         default="adamw_torch", description="adamw_torch: torch's AdamW, moments in fp32 (8 bytes "
-        "per trained parameter). adamw_bnb_8bit: bitsandbytes' 8-bit AdamW (about 2 bytes; "
-        "-200 MiB on the quickstart's 35M trained parameters, at about 4x the optimizer's "
-        "step time on one CPU thread, which cost the CPU quickstart a third of its steps); "
-        "single-rank runs only. Names as in Hugging Face's "
-        "TrainingArguments.optim.")
+        "per trained parameter). adamw_bnb_8bit: bitsandbytes' 8-bit AdamW (about 2 bytes, but "
+        "a slower optimizer step on a CPU; see docs/benchmarks.md); single-rank runs only. "
+        "Names as in Hugging Face's TrainingArguments.optim.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear LR warm-up steps.")
@@ -215,11 +213,9 @@ class TrainerConfig(BaseSettings):
     # ---------------------------------------------------------------- checkpoints
     checkpoint_interval: int = Field(
         default=10, ge=0, description="Save checkpoints/step_<k> every N steps (0: only the "
-        "final one and one on exit). Default 10: a save costs about 0.08 of a step (measured "
-        "with benchmarks/bench_checkpoint.py on SmolLM2-135M: 1.5 s against an 18 s step with "
-        "the top 10 layers trained, 3.4 s against 42 s for the full model, 0.2 s for a LoRA "
-        "adapter), so saving every 10 steps costs under 1% of the run and a crash loses at most "
-        "10 steps. The trainer also saves on any exit it can handle (an error in a step, Ctrl-C, "
+        "final one and one on exit). A save costs a fraction of one step "
+        "(benchmarks/bench_checkpoint.py measures it), so a small interval costs little of the "
+        "run and bounds what a crash loses. The trainer also saves on any exit it can handle (an error in a step, Ctrl-C, "
         "SIGTERM, a dead vLLM).")
     checkpoint_keep: int = Field(
         default=2, ge=0, description="Keep the newest N step_<k> checkpoints and delete older "

@@ -2,9 +2,8 @@
 
 Groups are atomic (never split), a batch holds exactly ``batch_size`` sequences, and the choice
 prefers the oldest groups: among all index subsets that sum to the target, the
-lexicographically earliest one (compare sorted index lists). Unlike Atropos 0.4's
-pack-to-largest-group heuristic, this never wedges: whenever *some* subset of
-the queue sums to the target, one is returned.
+lexicographically earliest one (compare sorted index lists). It never wedges: whenever
+*some* subset of the queue sums to the target, one is returned.
 
 Algorithm: a FIFO greedy pass (take each group that still fits) answers the common case in
 O(groups in the batch); when it fails, a 0/1 subset-sum over suffix reachability bitsets

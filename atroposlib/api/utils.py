@@ -4,14 +4,12 @@ These work on plain lists of group dicts (each with a ``tokens`` list of sequenc
 ``env_id`` for the minimum-allocation helper), as upstream's white-box tests call them. The
 server itself uses :mod:`atroposlib.api.packing` on sizes only.
 
-Where results differ from Atropos 0.4 (because upstream wedged or reordered):
+Results:
 
-* a batch is formed whenever *any* subset of the queue sums to ``batch_size`` (upstream only
-  looked at groups whose size divides the largest group size, and only at prefixes of its pack
-  order: e.g. sizes ``[1, 1, 1, 1, 1, 3]`` with batch 4 gave None forever; here ``[0, 1, 2, 3]``);
-* groups inside a batch keep queue (FIFO) order (upstream could emit a later group first);
-* in minimum-allocation mode, groups without ``env_id`` are batched like any other (upstream
-  dropped them).
+* a batch is formed whenever *any* subset of the queue sums to ``batch_size`` (e.g. sizes
+  ``[1, 1, 1, 1, 1, 3]`` with batch 4 give ``[0, 1, 2, 3]``);
+* groups inside a batch keep queue (FIFO) order;
+* in minimum-allocation mode, groups without ``env_id`` are batched like any other.
 
 As in Atropos 0.4, an env with a minimum must have queued at least one complete "pack" (groups
 of one size from that env adding up to the largest group size in the queue) before the

@@ -1,6 +1,6 @@
 """``view-run``: a local Gradio page showing the groups arriving at a running trajectory API.
 
-Unlike Atropos 0.4's viewer it never registers as the trainer, never resets the API and never
+It never registers as the trainer, never resets the API and never
 opens a public share link: it tails the read-only ``GET /observe`` cursor, so it can watch a live
 training run. Rollout text is rendered as markdown and sanitised (rollouts are untrusted).
 

@@ -1,9 +1,8 @@
 """Atropos 0.4 compatibility in one place.
 
-* :mod:`atroposlib.compat.paths`: the table of Atropos 0.4 import paths whose code moved here,
-  and the stubs generated from it (each old path is the same module object as its new home).
-* :mod:`atroposlib.compat.exports`: names upstream modules imported at module level (env code
-  sometimes imports them from there), loaded lazily.
+* :mod:`atroposlib.compat.aliases`: the one table of Atropos 0.4 module paths whose code moved
+  here (each old path is the same module object as its new home) and of the names upstream's
+  modules only imported, served by one import hook that ``import atroposlib`` installs.
 * :mod:`atroposlib.compat.managed_server_proxy`, :mod:`atroposlib.compat.proxy_client`:
   upstream's module layouts over our proxy.
 """

@@ -26,31 +26,11 @@ from atroposlib.proxy.models import (
 )
 from atroposlib.proxy.run_proxy import build_parser, main
 from atroposlib.proxy.state import ProxyState, Session
-from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Atropos 0.4's names for our request/session types.
 ChatCompletionProxyRequest = ChatCompletionRequest
 SessionCreateResponse = SessionInfo
 SessionState = Session
-
-_CL = "atroposlib.inference.clients."
-# FastAPI-side names (and the classes Atropos 0.4's module imported) load on first use, so
-# importing this module (e.g. for the client) does not import FastAPI.
-__getattr__ = lazy_exports(__name__, {
-    "create_app": "atroposlib.proxy.app",
-    "openai_error": "atroposlib.proxy.app",
-    "APIServerConfig": _CL + "base",
-    "BaseModel": "pydantic",
-    "DummyManagedServer": _CL + "managed",
-    "ManagedServer": _CL + "managed",
-    "OpenAIServer": _CL + "openai_client",
-    "ServerManager": _CL + "manager",
-    "ToolCallTranslator": _CL + "tool_call_translator",
-    "FastAPI": "fastapi",
-    "HTTPException": "fastapi",
-    "Request": "fastapi",
-    "JSONResponse": "fastapi.responses",
-})
 
 
 __all__ = [

@@ -9,14 +9,5 @@ imported load on first access.
 from __future__ import annotations
 
 from atroposlib.inference.clients.proxy_session import ProxyManagedServer, create_proxy_session
-from atroposlib.utils.lazy_exports import lazy_exports
-
-__getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "ChatCompletionMessage": "openai.types.chat.chat_completion",
-    "Choice": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "SequenceNode": "atroposlib.inference.clients.managed",
-})
 
 __all__ = ["ProxyManagedServer", "create_proxy_session"]

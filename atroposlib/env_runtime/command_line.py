@@ -1,6 +1,6 @@
 """The env command line: ``python my_env.py serve|process|evaluate`` with layered configuration.
 
-Layering, lowest to highest (with upstream's bugs fixed):
+Layering, lowest to highest:
 
 1. ``config_init()`` of the env class (then mode defaults: ``process`` sets
    ``include_messages=True``, ``ensure_scores_are_not_same=False``, ``use_wandb=False`` and

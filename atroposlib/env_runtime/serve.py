@@ -2,7 +2,7 @@
 
 :class:`ServeLoop` runs the rollouts and reacts to the trainer's steps; its parts each have a
 module: the API session (:mod:`.api_session`), the outbox and its sender (:mod:`.outbox`), and
-the rollout scheduling rules (:mod:`.scheduling`). The loop (with upstream's weaknesses fixed):
+the rollout scheduling rules (:mod:`.scheduling`). The loop:
 
 * registers with ``POST /register-env`` (waiting while the API says "wait for trainer to
   start"), reads ``GET /info``, then polls ``GET /status-env`` every ``status_interval`` s with

@@ -23,9 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.api.models import MASKED_LOGPROB
-
-# names Atropos 0.4's envs/base.py imported, importable from here too (loaded on first use)
-from atroposlib.compat.exports import base_getattr as __getattr__  # noqa: F401
 from atroposlib.envs.checkpoints import CheckpointMixin
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
 from atroposlib.envs.eval import EvalLogMixin

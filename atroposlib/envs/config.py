@@ -117,8 +117,8 @@ class BaseEnvConfig(BaseModel):
         description="With difficulty_filter: share of the items handed out that replay an item "
         "whose recent group was mixed, drawn in proportion to the variance of that group's "
         "scores (p(1-p) for 0/1 rewards: the learnability of Foster and Foerster 2025, "
-        "arXiv:2502.12272). For tasks whose items rarely recur. 0 disables. At 0.5 it cut "
-        "held-out accuracy on arithmetic difficulty 4 (29.5% vs 50.5% at 14 min): measure first.",
+        "arXiv:2502.12272). For tasks whose items rarely recur. 0 disables. On arithmetic it "
+        "lowered held-out accuracy: measure first (see docs/benchmarks.md).",
     )
     difficulty_filter_replay_size: int = Field(
         default=256, ge=1, description="Most learnable items held for replay."
@@ -133,12 +133,9 @@ class BaseEnvConfig(BaseModel):
         "predicted from the policy's log-probability of the reference answer (one prompt-scoring "
         "request per candidate, no sampling; the selection rule of Prompt Curriculum Learning, "
         "arXiv:2510.01135). Needs a single-turn env with a reference answer and a vLLM server. "
-        "1 disables. At 8 on arithmetic difficulty 4 it cut the groups dropped as all-same from "
-        "67-69% to 21% but held-out accuracy came out lower (43.5-46.0% in three screened runs "
-        "vs 47.0-59.5% in three without, 14 min, a trainer-bound loop). Each candidate costs the "
-        "sampler a prefill: on a CPU a screened group of 8 took 2.8x the sampling time of an "
-        "unscreened one, and with groups of 4 the screen halved the mixed groups per second: "
-        "measure first.",
+        "1 disables. Each candidate costs the sampler a prefill. On arithmetic it cut the groups "
+        "dropped as all-same, but held-out accuracy came out lower, and with small groups it "
+        "gave fewer mixed groups per second: measure first (see docs/benchmarks.md).",
     )
     difficulty_filter_screen_rule: Literal["best", "weighted"] = Field(
         default="best",

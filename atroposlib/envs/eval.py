@@ -17,8 +17,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from atroposlib.utils.lazy_exports import lazy_exports
-
 if TYPE_CHECKING:
     from atroposlib.inference.clients.manager import ServerManager
     from atroposlib.type_definitions import Message
@@ -479,14 +477,6 @@ async def eval_samples(
 
     return await evaluate_items(items, one, int(env.config.max_eval_workers))
 
-
-# Names Atropos 0.4's envs.eval imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "ChatCompletion": "openai.types.chat",
-    "ServerManager": "atroposlib.inference.clients.manager",
-    "tqdm_asyncio": "tqdm.asyncio",
-})
 
 __all__ = [
     "SAMPLE_COLUMNS",

@@ -30,8 +30,7 @@ mismatch raises :class:`~atroposlib.errors.ConfigError` before any rollout.
 
 Teacher servers come from the constructor (``teacher_server_configs=[APIServerConfig(...)]``)
 or, on the command line of ``serve`` and ``process``, from ``--teacher.*`` flags / a YAML
-``teacher:`` key (``process`` too, unlike upstream, so offline datasets can carry teacher
-log-probs).
+``teacher:`` key (``process`` too, so offline datasets can carry teacher log-probs).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /setup``, ``GET /servers`
 ``GET /{uuid}/nodes``, ``DELETE /{uuid}``. Errors use the OpenAI format
 ``{"error": {"message", "type", "code"}}``.
 
-Better than Atropos 0.4: idle sessions expire (``--session-ttl``, default 1 h), the number of open
+Limits: idle sessions expire (``--session-ttl``, default 1 h), the number of open
 sessions is capped (``--max-sessions``, 429 beyond), bad input is a 400 that says how to fix it,
 and an unknown or expired uuid is a 404. Calls within one session are serialised (the node list
 is shared state); use one session per rollout for parallelism.

@@ -13,7 +13,6 @@ from atroposlib.rewards.reward_function import (
     broadcast,
     get_content,
 )
-from atroposlib.utils.lazy_exports import lazy_exports
 
 
 def answer_text(text: str, split_on_think_tag: bool = True) -> str:
@@ -106,16 +105,6 @@ class AccuracyReward(RewardFunction):
                 continue
             scores.append(1.0 if math_equal(str(gold), text, self.float_rounding) else 0.0)
         return scores
-
-
-# math-verify's parser names, importable here as in Atropos 0.4 (loaded on first use, like
-# math_equal's own import).
-__getattr__ = lazy_exports(__name__, {
-    "parse": "math_verify",
-    "verify": "math_verify",
-    "LatexExtractionConfig": "math_verify",
-    "NormalizationConfig": "latex2sympy2_extended",
-})
 
 
 def accuracy_reward(

@@ -10,7 +10,7 @@ Answers are judged with math-verify (:func:`~atroposlib.rewards.accuracy_reward.
 math_equal`); a GSM8K-style gold ``"... #### 42"`` is reduced to ``42`` first, and a prediction
 that math-verify cannot read is compared numerically through its ``#### N`` line.
 
-Unlike upstream, errors are not turned into 0.0 silently: a malformed completion raises
+Errors are not turned into 0.0 silently: a malformed completion raises
 ``TypeError`` (and, through :class:`RewardFunction`, ``RolloutError``).
 """
 
@@ -28,7 +28,6 @@ from atroposlib.rewards.reward_function import (
     broadcast,
     get_content,
 )
-from atroposlib.utils.lazy_exports import lazy_exports
 
 #: ``<think>`` block, then an answer, with no further tags anywhere.
 _THINK_THEN_ANSWER = re.compile(r"^<think>[^<]*</think>[^<]*$", re.DOTALL)
@@ -36,14 +35,6 @@ _GSM8K_ANSWER = re.compile(r"####\s*([^\n]*)")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 #: Completions whose answer part holds more ``\boxed`` than this score 0 (boxing every number).
 MAX_BOXED = 6
-
-# math-verify's parser names, importable here as in Atropos 0.4 (loaded on first use).
-__getattr__ = lazy_exports(__name__, {
-    "parse": "math_verify",
-    "verify": "math_verify",
-    "LatexExtractionConfig": "math_verify",
-    "NormalizationConfig": "latex2sympy2_extended",
-})
 
 
 def get_completion_content(completion: Completion) -> str:

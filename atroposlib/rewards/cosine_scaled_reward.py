@@ -22,15 +22,9 @@ from atroposlib.rewards.reward_function import (
     broadcast,
     get_content,
 )
-from atroposlib.utils.lazy_exports import lazy_exports
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
-# Atropos 0.4 imported these at module level; here they load with transformers on first use.
-__getattr__ = lazy_exports(__name__, {
-    "AutoModel": "transformers",
-    "AutoTokenizer": "transformers",
-})
 
 #: An embedder maps N texts to N vectors (any sequence of floats; same length for all).
 Embedder = Callable[[list[str]], Sequence[Sequence[float]]]

@@ -24,7 +24,6 @@ from typing import Any, Literal
 from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.responses import chat_completion_response, completion_response
-from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 
 def _messages_key(messages: Any) -> str:
@@ -223,6 +222,3 @@ class ServerHarness(InferenceClient):
         return response
 
 
-# Names Atropos 0.4's envs.server_handling.server_harness imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, OPENAI_RESPONSE_TYPES)

@@ -1,6 +1,6 @@
 """Command-line flags: the parser every console script uses, and config models as flags.
 
-Atropos 0.4's path for this module, ``atroposlib.utils.cli``, is a stub that imports it.
+Atropos 0.4's path for this module, ``atroposlib.utils.cli``, is this module (:mod:`atroposlib.compat.aliases`).
 
 The ``ArgumentParser`` with did-you-mean errors, shared defaults, and the mapping of pydantic
 config models to argparse options (``--prefix.field``) and back to dicts: parsing is argparse's and validation is pydantic's. Values stay

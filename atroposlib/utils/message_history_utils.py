@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from atroposlib.utils.lazy_exports import lazy_exports
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 logger = logging.getLogger(__name__)
@@ -134,11 +133,5 @@ def ensure_trajectory_token_limit(
         kept.append(new_step)
     return kept
 
-
-# Names Atropos 0.4's utils.message_history_utils imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "PreTrainedTokenizer": "transformers",
-})
 
 __all__ = ["ensure_trajectory_token_limit", "strip_thinking", "truncate_thinking"]

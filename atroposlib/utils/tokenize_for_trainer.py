@@ -8,7 +8,6 @@ from atroposlib.type_definitions import (
     IGNORE_INDEX,
     Message,  # noqa: F401 - Atropos 0.4 import path
 )
-from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Roles whose turns are trained on in ``train_on_all_assistant_turns`` mode.
 TRAINED_ROLES = ("assistant", "agent")
@@ -80,11 +79,5 @@ def tokenize_for_trainer(
         result["messages"] = chat
     return result
 
-
-# Names Atropos 0.4's utils.tokenize_for_trainer imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "PreTrainedTokenizer": "transformers",
-})
 
 __all__ = ["TRAINED_ROLES", "UNMASKED_ROLES", "tokenize_for_trainer"]

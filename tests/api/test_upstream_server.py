@@ -88,7 +88,7 @@ def test_our_env_serves_batches_into_upstream_run_api(upstream_api, tmp_path):
     # with the env id sent as ?env_id=N, upstream answered 422 and the trainer got no batch.
     from atroposlib.testing.fake_server import FakeOpenAIServer
     from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
-    from tests.envs.test_serve import _serve_and_pull
+    from tests.env_runtime.test_serve import _serve_and_pull
 
     tokenizer_dir = tmp_path / "tokenizer"
     make_tiny_tokenizer(tokenizer_dir)

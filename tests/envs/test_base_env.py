@@ -13,7 +13,7 @@ from atroposlib.envs.groups import aggregate_items
 from atroposlib.envs.run_state import RunState
 from atroposlib.errors import RolloutError
 from atroposlib.testing.fake_server import FakeServer
-from tests.envs.sample_envs import ChatLengthEnv, SingleRolloutEnv
+from tests.fixtures.sample_envs import ChatLengthEnv, SingleRolloutEnv
 
 
 def _env(tokenizer, **overrides) -> BaseEnv:

@@ -14,7 +14,7 @@ from atroposlib.api.models import ScoredData
 from atroposlib.env_runtime.checks import check_env
 from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.openai_client import OpenAIServer
-from tests.envs.sample_envs import ArithmeticEnv, ChatLengthEnv
+from tests.fixtures.sample_envs import ArithmeticEnv, ChatLengthEnv
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ async def test_check_env_with_real_vllm_chat_completions(vllm_server):
 def test_process_cli_with_real_vllm_writes_jsonl_and_html(vllm_server, tmp_path):
     out = tmp_path / "groups.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.envs.sample_envs", "ChatLengthEnv", "process",
+        [sys.executable, "-m", "tests.fixtures.sample_envs", "ChatLengthEnv", "process",
          "--openai.base_url", vllm_server.base_url, "--openai.model_name", vllm_server.model_name,
          "--env.tokenizer_name", str(vllm_server.model_dir), "--env.total_steps", "2",
          "--env.data_path_to_save_groups", str(out)],
@@ -72,7 +72,7 @@ async def test_managed_groups_from_real_vllm_have_aligned_sampler_logprobs(vllm_
 
 def test_serve_managed_env_with_real_vllm_delivers_aligned_logprobs(vllm_server, tmp_path):
     """collect_trajectory + default aggregation, served as a subprocess, real vLLM and run-api."""
-    from tests.envs.test_serve import _pull_batches, _register_trainer, _stop
+    from tests.env_runtime.test_serve import _pull_batches, _register_trainer, _stop
     from tests.fixtures.api_server import start_run_api
 
     api = start_run_api()
@@ -80,7 +80,7 @@ def test_serve_managed_env_with_real_vllm_delivers_aligned_logprobs(vllm_server,
     try:
         trainer = _register_trainer(api.url, tmp_path, batch_size=8)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.envs.sample_envs", "SingleRolloutEnv", "serve",
+            [sys.executable, "-m", "tests.fixtures.sample_envs", "SingleRolloutEnv", "serve",
              "--openai.server_type", "vllm", "--openai.base_url", vllm_server.base_url,
              "--openai.model_name", vllm_server.model_name,
              "--env.tokenizer_name", str(vllm_server.model_dir), "--env.group_size", "4",

@@ -49,7 +49,6 @@ from atroposlib.inference.clients.health import HealthGate
 from atroposlib.inference.clients.request_metrics import RequestMetrics
 from atroposlib.inference.clients.semaphore import AsyncSemWithAdaptiveWeight
 from atroposlib.inference.policy_version import record_served_version
-from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -322,9 +321,6 @@ class InferenceClient(HealthGate, RequestMetrics, ABC):
 #: Atropos 0.4's name for :class:`InferenceClient`.
 APIServer = InferenceClient
 
-# OpenAI response types and pydantic names Atropos 0.4's module imported; loaded on first access.
-__getattr__ = lazy_exports(
-    __name__, {**OPENAI_RESPONSE_TYPES, "BaseModel": "pydantic", "Field": "pydantic"})
 
 __all__ = [
     "APIServer",

@@ -12,7 +12,7 @@ and keeps one :class:`SequenceNode` per sampled sequence:
 
 Multi-turn: a new prompt whose text starts with an existing node's ``full_text`` *extends*
 that node (its tokens are reused verbatim, earlier completions stay trained), in both chat and
-completion mode (upstream re-masked earlier turns in completion mode).
+completion mode.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
 from atroposlib.inference.clients.responses import chat_completion_response, completion_response
-from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 from atroposlib.utils.tool_call_parser import parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -565,9 +564,5 @@ class ManagedServerAdapter:
         """The same adapter (OpenAI clients' ``with_options``-style copies share the server)."""
         return self
 
-
-# Names Atropos 0.4's envs.server_handling.managed_server imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {**SERVER_MODULE_EXPORTS, "BaseModel": "pydantic"})
 
 __all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]

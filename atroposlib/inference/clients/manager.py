@@ -1,6 +1,6 @@
 """``ServerManager``: spreads an env's inference requests over one or more ``InferenceClient`` backends.
 
-Routing (with upstream's bugs fixed):
+Routing:
 
 * a single ``APIServerConfig`` is honoured as given (wrapped in a list), never replaced by
   localhost:9004-9007; only a bare ``ServerBaseline`` (no URL at all) synthesises URLs, from
@@ -27,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.inference.clients.base import InferenceClient, merge_choices
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
-from atroposlib.utils.lazy_exports import OPENAI_RESPONSE_TYPES, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -443,19 +442,5 @@ class ServerManager:
         finally:
             managed.reset()
 
-
-# Names Atropos 0.4's envs.server_handling.server_manager imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    **OPENAI_RESPONSE_TYPES,
-    "DummyManagedServer": "atroposlib.inference.clients.managed",
-    "ManagedServer": "atroposlib.inference.clients.managed",
-    "APIServer": "atroposlib.inference.clients.base",
-    "OpenAIServer": "atroposlib.inference.clients.openai_client",
-    "SGLangServer": "atroposlib.inference.clients.sglang_client",
-    "ServerHarness": "atroposlib.testing.server_harness",
-    "TrlVllmServer": "atroposlib.inference.clients.trl_vllm_client",
-    "VLLMServer": "atroposlib.inference.clients.vllm_client",
-})
 
 __all__ = ["ServerManager", "ServerManagerConfig", "server_class_for"]

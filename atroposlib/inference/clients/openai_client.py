@@ -16,7 +16,6 @@ from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.base import InferenceClient, merge_choices
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.policy_version import parse_policy_version
-from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +101,6 @@ class OpenAIClient(InferenceClient):
         return await self._request_n(self.openai.completions.create, kwargs)
 
 
-
 def resolve_openai_configs(
     default_server_configs: Any,
     openai_config_dict: Mapping[str, Any] | None,
@@ -143,8 +141,5 @@ def resolve_openai_configs(
 #: Atropos 0.4's name for :class:`OpenAIClient`.
 OpenAIServer = OpenAIClient
 
-# Names Atropos 0.4's envs.server_handling.openai_server imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
 __all__ = ["OpenAIClient", "OpenAIServer", "resolve_openai_configs"]

@@ -6,7 +6,7 @@
   ``input_ids``, ``sampling_params`` and ``return_logprob=true``; the sampled ids and their
   log-probs come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
   triples), so ``ManagedServer`` works exactly as with vLLM;
-* health: ``GET {root}/health`` (free; upstream sent a real completion every second).
+* health: ``GET {root}/health`` (free: no completion is sent).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.openai_client import OpenAIClient
 from atroposlib.inference.clients.vllm_client import bearer_headers, require_base_url, root_url
-from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +133,5 @@ from atroposlib.inference.clients.openai_client import resolve_openai_configs  #
 #: Atropos 0.4's name for :class:`SGLangClient`.
 SGLangServer = SGLangClient
 
-# Names Atropos 0.4's envs.server_handling.sglang_server imported at module level (third-party types and
-# sibling classes), resolved from their homes on first access: importing this module stays cheap.
-__getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
 __all__ = ["SGLangClient", "SGLangServer", "finish_reason_of", "resolve_openai_configs"]

@@ -29,7 +29,6 @@ from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.vllm_client import require_base_url, root_url
-from atroposlib.utils.lazy_exports import lazy_exports
 
 #: Sampling defaults sent to TRL (its request model requires them all).
 TRL_DEFAULTS: dict[str, Any] = {
@@ -205,16 +204,5 @@ class TrlVllmClient(InferenceClient):
 #: Atropos 0.4's name for :class:`TrlVllmClient`.
 TrlVllmServer = TrlVllmClient
 
-# Names Atropos 0.4's envs.server_handling.trl_vllm_server imported at module level (third-party types and sibling classes);
-# resolved from their homes on first access, so importing this module stays as cheap as before.
-__getattr__ = lazy_exports(__name__, {
-    "APIServer": "atroposlib.inference.clients.base",
-    "AutoTokenizer": "transformers",
-    "ChatCompletion": "openai.types.chat.chat_completion",
-    "ChatCompletionMessage": "openai.types.chat.chat_completion",
-    "Choice": "openai.types.chat.chat_completion",
-    "Completion": "openai.types.completion",
-    "CompletionChoice": "openai.types.completion",
-})
 
 __all__ = ["TRL_DEFAULTS", "TrlVllmClient", "TrlVllmServer"]

@@ -1,6 +1,6 @@
 """``VLLMClient``: the ``InferenceClient`` backend for STOCK vLLM's OpenAI-compatible server.
 
-Unlike Atropos 0.4, no custom vLLM server with a ``/generate`` route is needed: stock
+No custom vLLM server with a ``/generate`` route is needed: stock
 ``vllm serve`` (or :class:`~atroposlib.inference.vllm_process.VLLMProcess`) gives everything
 through ``/v1/completions``:
 
@@ -22,7 +22,6 @@ from typing import Any
 from atroposlib.errors import InferenceError
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
 from atroposlib.inference.clients.openai_client import OpenAIClient
-from atroposlib.utils.lazy_exports import SERVER_MODULE_EXPORTS, lazy_exports
 
 logger = logging.getLogger(__name__)
 
@@ -315,9 +314,6 @@ from atroposlib.inference.clients.openai_client import resolve_openai_configs  #
 #: Atropos 0.4's name for :class:`VLLMClient`.
 VLLMServer = VLLMClient
 
-# Names Atropos 0.4's envs.server_handling.vllm_server imported at module level (third-party types and
-# sibling classes), resolved from their homes on first access: importing this module stays cheap.
-__getattr__ = lazy_exports(__name__, SERVER_MODULE_EXPORTS)
 
 __all__ = [
     "VLLMClient", "VLLMServer", "bearer_headers", "parse_token_id", "require_base_url",

@@ -12,12 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from atroposlib.utils.lazy_exports import lazy_exports
-
 TEMPLATE_PATH = Path(__file__).with_name("qwen_chat_template.jinja")
-
-# Atropos 0.4 imported AutoTokenizer here at module level; loaded with transformers on use.
-__getattr__ = lazy_exports(__name__, {"AutoTokenizer": "transformers"})
 
 
 class QwenFixedTokenizer:

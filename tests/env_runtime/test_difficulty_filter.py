@@ -302,7 +302,7 @@ def test_screening_needs_an_env_that_scores_answers():
 
 
 # ---------------------------------------------------------------------------- a real serve run
-from tests.envs.sample_envs import ChatLengthEnv  # noqa: E402
+from tests.fixtures.sample_envs import ChatLengthEnv  # noqa: E402
 
 POOL = ["solved 1", "solved 2", "open 1", "open 2"]
 

@@ -17,7 +17,7 @@ from atroposlib.api.models import RegisterEnv, Registration
 from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
 from atroposlib.testing.fake_server import FakeServer
-from tests.envs.sample_envs import ChatLengthEnv
+from tests.fixtures.sample_envs import ChatLengthEnv
 
 
 class CountingEnv(ChatLengthEnv):

@@ -22,8 +22,8 @@ def test_old_server_names_are_the_client_classes(module, new, old):
     old_path = module.replace("atroposlib.inference.clients.", "atroposlib.envs.server_handling.")
     old_path = {"base": "server_baseline"}.get(old_path.rsplit(".", 1)[1], old_path.rsplit(".", 1)[1])
     old_path = old_path.replace("_client", "_server")
-    stub = importlib.import_module(f"atroposlib.envs.server_handling.{old_path}")
-    assert getattr(stub, old) is getattr(mod, new)
+    aliased = importlib.import_module(f"atroposlib.envs.server_handling.{old_path}")
+    assert getattr(aliased, old) is getattr(mod, new)
 
 
 def test_server_type_picks_a_client_class():

@@ -7,7 +7,7 @@ import pytest
 from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
 from atroposlib.env_runtime.checks import check_env, check_group
 from atroposlib.testing.fake_server import FakeServer, fake_logprob
-from tests.envs.sample_envs import ArithmeticEnv, SingleRolloutEnv
+from tests.fixtures.sample_envs import ArithmeticEnv, SingleRolloutEnv
 
 
 def _answers(request):

@@ -33,7 +33,7 @@ def _register_trainer(url: str, tmp_path: Path, batch_size: int = 8) -> AtroposC
 
 def _start_env(api_url: str, inference_url: str, tokenizer_dir: Path, log: Path, *extra: str):
     args = [
-        sys.executable, "-m", "tests.envs.sample_envs", "ChatLengthEnv", "serve",
+        sys.executable, "-m", "tests.fixtures.sample_envs", "ChatLengthEnv", "serve",
         "--env.tokenizer_name", str(tokenizer_dir), "--env.rollout_server_url", api_url,
         "--openai.base_url", inference_url, "--env.use_wandb", "false",
         "--env.max_batches_offpolicy", "2", *extra,

@@ -13,14 +13,14 @@ import pytest
 from atroposlib.api.models import ScoredData
 from atroposlib.env_runtime.command_line import build_env, parse_args
 from atroposlib.inference.clients.config import APIServerConfig
-from tests.envs.sample_envs import ChatLengthEnv
+from tests.fixtures.sample_envs import ChatLengthEnv
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "tests.envs.sample_envs", "ChatLengthEnv", *args],
+    return subprocess.run([sys.executable, "-m", "tests.fixtures.sample_envs", "ChatLengthEnv", *args],
                           cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -198,7 +198,7 @@ def test_wait_for_services_is_a_flag_like_its_neighbours(argv, wait):
 def test_help_lists_every_option_with_description_and_default_without_torch():
     code = (
         "import sys\n"
-        "from tests.envs.sample_envs import ChatLengthEnv\n"
+        "from tests.fixtures.sample_envs import ChatLengthEnv\n"
         "try:\n    ChatLengthEnv.cli(['process', '--help'])\nexcept SystemExit:\n    pass\n"
         "print('TORCH_LOADED' if 'torch' in sys.modules else 'NO_TORCH')\n"
     )
@@ -273,7 +273,7 @@ def test_stopping_process_keeps_what_was_written(tiny_tokenizer_dir, tmp_path, s
     target = tmp_path / "groups.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.envs.sample_envs", "ChatLengthEnv", "process", "--testing",
+        [sys.executable, "-m", "tests.fixtures.sample_envs", "ChatLengthEnv", "process", "--testing",
          "--env.tokenizer_name", str(tiny_tokenizer_dir), "--env.total_steps", "1000000",
          "--env.data_path_to_save_groups", str(target)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -8,7 +8,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from atroposlib.testing.fake_server import FakeServer
-from tests.envs.test_serve_loop import MostlySameScoresEnv, _serving, _trainer
+from tests.env_runtime.test_serve_loop import MostlySameScoresEnv, _serving, _trainer
 
 
 async def _scrape(url: str) -> dict[tuple[str, tuple], float]:

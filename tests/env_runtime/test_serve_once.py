@@ -10,8 +10,8 @@ from atroposlib.api.settings import ApiSettings
 from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
 from atroposlib.testing.fake_server import FakeServer
-from tests.envs.sample_envs import ChatLengthEnv
 from tests.fixtures.lossy import LoseReplies, first_n
+from tests.fixtures.sample_envs import ChatLengthEnv
 
 REGISTRATION = {"wandb_group": "g", "wandb_project": "p", "batch_size": 4, "max_token_len": 64,
                 "checkpoint_dir": "c", "save_checkpoint_interval": 10, "starting_step": 0,
