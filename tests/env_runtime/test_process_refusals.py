@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from atroposlib.env_runtime.process import REFUSAL_STREAK
 from atroposlib.envs.base import APIServerConfig, BaseEnvConfig
 from atroposlib.errors import RolloutError
-from tests.envs.sample_envs import ChatLengthEnv
+from tests.fixtures.sample_envs import ChatLengthEnv
 from tests.fixtures.app_thread import AppThread
 
 
