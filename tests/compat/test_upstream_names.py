@@ -106,8 +106,6 @@ def test_excluded_names_are_really_absent(pair):
 
 
 def test_utils_cli_helpers_of_atropos_04():
-    from pydantic import BaseModel, Field
-
     from atroposlib.utils.cli import (
         adjust_model_defaults,
         extract_namespace,
@@ -115,6 +113,7 @@ def test_utils_cli_helpers_of_atropos_04():
         get_prefixed_pydantic_model,
         merge_dicts,
     )
+    from pydantic import BaseModel, Field
 
     class Cfg(BaseModel):
         size: int = Field(default=2, description="how many")
@@ -157,13 +156,13 @@ def test_gzip_request_middleware_and_openai_error():
     import gzip
     import json
 
+    from atroposlib.envs.server_handling.managed_server_proxy import openai_error
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
     from atroposlib.api.server import GZipRequestMiddleware
-    from atroposlib.envs.server_handling.managed_server_proxy import openai_error
 
     async def echo(request):
         return JSONResponse(await request.json())

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from atroposlib.env_runtime.process import REFUSAL_STREAK
 from atroposlib.envs.base import APIServerConfig, BaseEnvConfig
 from atroposlib.errors import RolloutError
-from tests.fixtures.sample_envs import ChatLengthEnv
 from tests.fixtures.app_thread import AppThread
+from tests.fixtures.sample_envs import ChatLengthEnv
 
 
 def _refusing_server(status: int, calls: list[str]) -> FastAPI:

@@ -372,6 +372,7 @@ def test_resolve_openai_configs_merges_yaml_and_flags():
     from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
     from atroposlib.envs.server_handling.server_baseline import ServerBaseline
     from atroposlib.envs.server_handling.vllm_server import resolve_openai_configs as from_vllm
+
     from atroposlib.errors import ConfigError
 
     assert from_vllm is resolve_openai_configs

@@ -2,8 +2,9 @@
 
 from typing import List, Optional, Tuple
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.server_handling.managed_server import ManagedServerAdapter
+
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.type_definitions import Item
 from atroposlib.utils.best_of_n_selection import select_best_index
 from atroposlib.utils.message_history_utils import ensure_trajectory_token_limit, truncate_thinking

@@ -2,9 +2,10 @@
 
 from typing import List, Optional, Tuple
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, OpenaiConfig, ScoredDataGroup
 from atroposlib.envs.reward_fns import CombinedReward, RewardFunction, registry
 from atroposlib.envs.server_handling.server_baseline import ReasoningConfig
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, OpenaiConfig, ScoredDataGroup
 from atroposlib.type_definitions import Item
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
