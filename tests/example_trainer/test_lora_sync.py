@@ -150,7 +150,9 @@ def test_a_lora_reload_writes_only_the_adapted_blocks_merged(tmp_path, backgroun
 
 def test_importing_peft_through_the_trainer_shows_no_qlora_kernel_warning():
     # on CPUs with AVX512_BF16, bitsandbytes (imported by peft) warns that it cannot load a 4-bit
-    # kernel LoRA never uses; the trainer's LoRA module keeps that warning out of the logs
+    # kernel LoRA never uses; the trainer's LoRA module keeps that warning out of the logs. On
+    # other CPUs peft prints no such warning in the first place: the import through the trainer
+    # must then be just as clean (no skip: the hardware decides which half is exercised).
     import subprocess
     import sys
 
@@ -158,7 +160,5 @@ def test_importing_peft_through_the_trainer_shows_no_qlora_kernel_warning():
         code = "import logging; logging.basicConfig(level=logging.WARNING); " + code
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stderr
 
-    if "kernels-community" not in stderr_of("import peft"):
-        pytest.skip("bitsandbytes does not warn on this CPU (no AVX512_BF16, or `kernels` installed)")
     after = stderr_of("import example_trainer.lora; import peft")
     assert "kernels-community" not in after and "Error" not in after, after
