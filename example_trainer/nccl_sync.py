@@ -150,8 +150,8 @@ class NcclFleet:
     def prepare(self, model: Any, state_dict: dict[str, Any] | None, *, weights_dir: Any,
                 lora_name: str | None, copy: bool) -> dict[str, Any]:
         """The tensors of this round (the blocks training changes, HF names); see ``NodeFleet.prepare``."""
+        from atroposlib.inference.weights.select import names_to_send, tied_names
         from example_trainer import lora
-        from example_trainer.weight_select import names_to_send, tied_names
 
         if lora_name is not None:
             raise InferenceError("--weight-transport nccl sends model weights; use --weight-sync reload")

@@ -211,7 +211,7 @@ class VLLMSync:
         partial = mode == "reload" and self._holds_frozen
         lora_policy = is_lora(model)
         if lora_policy:
-            from example_trainer.weight_select import names_to_send
+            from atroposlib.inference.weights.select import names_to_send
 
             changed = set(names_to_send(weights, trained_names(model)))
         else:

@@ -182,8 +182,8 @@ class NodeFleet:
         Returns:
             ``weights``, ``directory``, ``kind``, ``lora_name`` and ``metadata`` for :meth:`push`.
         """
+        from atroposlib.inference.weights.select import names_to_send, tied_names
         from example_trainer import lora
-        from example_trainer.weight_select import names_to_send, tied_names
 
         if lora_name is not None:
             adapter_dir = weights_dir / "adapter"
@@ -210,7 +210,7 @@ class NodeFleet:
 
         Args:
             weights: the tensors to send (HF names; already selected, see
-                :mod:`example_trainer.weight_select`).
+                :mod:`atroposlib.inference.weights.select`).
             version: the policy version (trainer step).
             directory: where file-path nodes read them: written here first if any node uses
                 the file path (kind full: ``model.safetensors``; kind lora: the caller already
@@ -223,7 +223,7 @@ class NodeFleet:
             ``sync/update_seconds``, ``sync/bytes_sent``, ``sync/nodes_ok`` and
             ``sync/nodes_failed`` (nodes without this version: failed now or still stale).
         """
-        from example_trainer.weight_select import select, serialize
+        from atroposlib.inference.weights.select import select, serialize
 
         bodies: dict[str, bytes] = {}
         for dtype in sorted({n.dtype for n in self.nodes if n.path == "http"}):
