@@ -118,7 +118,6 @@ class NcclFleet:
         self.stale: set[str] = set()
         self.failures = 0
         self._source: _DictSource | None = None
-        self._names: list[str] | None = None
         self.nodes = [root for root, _ in statuses]
 
     @classmethod
@@ -146,22 +145,6 @@ class NcclFleet:
                                      "--weight-transport auto (HTTP)")
             statuses.append((root, status))
         return cls(statuses, headers, timeout)
-
-    def prepare(self, model: Any, state_dict: dict[str, Any] | None, *, weights_dir: Any,
-                lora_name: str | None, copy: bool) -> dict[str, Any]:
-        """The tensors of this round (the blocks training changes, HF names); see ``NodeFleet.prepare``."""
-        from atroposlib.inference.weights.select import names_to_send, tied_names
-        from example_trainer import lora
-
-        if lora_name is not None:
-            raise InferenceError("--weight-transport nccl sends model weights; use --weight-sync reload")
-        hf_model, weights = lora.export(model, state_dict)
-        weights = weights if weights is not None else hf_model.state_dict()
-        if self._names is None:
-            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-            self._names = [n for n in names_to_send(weights, trainable) if n not in tied_names(hf_model)]
-        return {"weights": {n: (weights[n].detach().clone() if copy else weights[n].detach())
-                            for n in self._names}}
 
     def _engine(self, root: str, status: NodeStatus) -> Any:
         import torch

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.errors import InferenceError
+from example_trainer.weight_export import PolicyTensors, adapter_tensors
 
 
 def save_weights(model: Any, tokenizer: Any, out_dir: Path, with_tokenizer: bool,
@@ -82,6 +83,7 @@ class VLLMSync:
         # the starting model (not when resuming: the checkpoint may differ), else after a full sync
         self._holds_frozen = not self._external_urls and not config.resume
         self._executor: Any = None
+        self._export = PolicyTensors()
 
     @property
     def base_url(self) -> str:
@@ -102,8 +104,6 @@ class VLLMSync:
             if self.config.weight_sync == "none":
                 return 0.0
             seconds = self._wait_external()
-            from example_trainer.weight_push import connect_nodes
-
             self.fleet = connect_nodes(self.config, self._external_urls, self.weights_dir)
             return seconds
         from atroposlib.inference.vllm_process import VLLMProcess
@@ -275,9 +275,14 @@ class VLLMSync:
         begin = time.perf_counter()
         previous = self.wait() if background else {}
         waited = time.perf_counter() - begin
-        job = self.fleet.prepare(model, state_dict, weights_dir=self.weights_dir,
-                                 lora_name=self.model_name if self.config.weight_sync == "lora" else None,
-                                 copy=background)
+        if self.config.weight_sync == "lora":
+            adapter_dir = self.weights_dir / "adapter"
+            tensors, metadata = adapter_tensors(model, state_dict, adapter_dir)
+            job = {"weights": tensors, "directory": adapter_dir, "kind": "lora",
+                   "lora_name": self.model_name, "metadata": metadata}
+        else:
+            job = {"weights": self._export.changed_blocks(model, state_dict, copy=background),
+                   "directory": self.weights_dir}
         if not background:
             return self.fleet.push(version=version, **job)
         from concurrent.futures import ThreadPoolExecutor
@@ -390,6 +395,45 @@ class VLLMSync:
             self.fleet.close()
         if self.process is not None:
             self.process.stop()
+
+
+def connect_nodes(config: Any, urls: list[str], weights_dir: Path) -> Any:
+    """The inference nodes among the trainer's ``--vllm-url`` servers, ready to push to (None: none).
+
+    Args:
+        config: the :class:`~example_trainer.config.TrainerConfig`.
+        urls: the ``--vllm-url`` list.
+        weights_dir: the trainer's weights directory.
+
+    Raises:
+        InferenceError: the list mixes nodes and plain vLLM servers, or a node refused the key.
+    """
+    import os
+
+    from atroposlib.utils.api_key import API_KEY_ENV
+
+    api_key = config.vllm_api_key or os.environ.get(API_KEY_ENV) or None
+    if config.weight_transport == "nccl":
+        from example_trainer.nccl_sync import NcclFleet
+
+        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
+    from example_trainer.weight_push import NodeFleet
+
+    fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
+                                      config.weight_transport)
+    if fleet is not None and config.weight_sync == "lora":
+        without = [n.url for n in fleet.nodes if not n.lora_enabled]
+        if without:
+            raise InferenceError(
+                f"--weight-sync lora: the nodes {', '.join(without)} run vLLM without LoRA; start "
+                f"them with `atropos-inference-node ... -- --enable-lora --max-lora-rank "
+                f"{config.lora_r}`, or use --weight-sync reload (the adapter merged in)")
+    if fleet is not None and plain:
+        raise InferenceError(
+            f"--vllm-url mixes atropos-inference-node nodes ({', '.join(n.url for n in fleet.nodes)})"
+            f" and plain vLLM servers ({', '.join(plain)}): run every server as "
+            "atropos-inference-node (no shared disk needed), or none")
+    return fleet
 
 
 def vllm_sizing(config: Any) -> Any:

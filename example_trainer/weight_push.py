@@ -94,7 +94,6 @@ class NodeFleet:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
         self.version: int | None = None
-        self._names: list[str] | None = None  # tensors a full push carries (chosen once)
         self._last: Payload | None = None
         self._payload_lock = threading.Lock()
         self._stop = threading.Event()
@@ -168,41 +167,6 @@ class NodeFleet:
         return (cls(nodes, api_key, timeout) if nodes else None), plain
 
     # ------------------------------------------------------------------ pushing
-    def prepare(self, model: Any, state_dict: dict[str, Any] | None, *, weights_dir: Path,
-                lora_name: str | None, copy: bool) -> dict[str, Any]:
-        """Pick what a push carries from the policy now; the keyword arguments of :meth:`push`.
-
-        Args:
-            model: the policy (plain, peft or FSDP-sharded).
-            state_dict: its full state dict (gathered FSDP shards), or None to read the model.
-            weights_dir: the trainer's weights directory (file-path nodes read from it).
-            lora_name: set for ``--weight-sync lora``: push the adapter, served under this name.
-            copy: copy the tensors (the push runs in the background while training changes them).
-
-        Returns:
-            ``weights``, ``directory``, ``kind``, ``lora_name`` and ``metadata`` for :meth:`push`.
-        """
-        from atroposlib.inference.weights.select import names_to_send, tied_names
-        from example_trainer import lora
-
-        if lora_name is not None:
-            adapter_dir = weights_dir / "adapter"
-            lora.save_adapter(model, adapter_dir.resolve(), state_dict)
-            tensors, metadata = adapter_metadata(adapter_dir)
-            return {"weights": tensors, "directory": adapter_dir, "kind": "lora",
-                    "lora_name": lora_name, "metadata": metadata}
-        hf_model, weights = lora.export(model, state_dict)  # LoRA: the adapter merged in
-        weights = weights if weights is not None else hf_model.state_dict()
-        if self._names is None:
-            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-            tied = tied_names(hf_model)
-            self._names = [n for n in names_to_send(weights, trainable) if n not in tied]
-            _log(f"weight pushes carry {len(self._names)} of {len(weights)} tensors (the blocks "
-                 "training changes)")
-        chosen = {n: (weights[n].detach().clone() if copy else weights[n]) for n in self._names}
-        return {"weights": chosen, "directory": weights_dir, "kind": "full", "lora_name": None,
-                "metadata": None}
-
     def push(self, weights: dict[str, Any], version: int, directory: Path, *,
              kind: Literal["full", "lora"] = "full", lora_name: str | None = None,
              metadata: dict[str, str] | None = None) -> dict[str, float]:
@@ -398,43 +362,6 @@ class NodeFleet:
             self._watcher = None
 
 
-def connect_nodes(config: Any, urls: list[str], weights_dir: Path) -> NodeFleet | None:
-    """The inference nodes among the trainer's ``--vllm-url`` servers, ready to push to (None: none).
-
-    Args:
-        config: the :class:`~example_trainer.config.TrainerConfig`.
-        urls: the ``--vllm-url`` list.
-        weights_dir: the trainer's weights directory.
-
-    Raises:
-        InferenceError: the list mixes nodes and plain vLLM servers, or a node refused the key.
-    """
-    import os
-
-    from atroposlib.utils.api_key import API_KEY_ENV
-
-    api_key = config.vllm_api_key or os.environ.get(API_KEY_ENV) or None
-    if config.weight_transport == "nccl":
-        from example_trainer.nccl_sync import NcclFleet
-
-        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
-    fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
-                                      config.weight_transport)
-    if fleet is not None and config.weight_sync == "lora":
-        without = [n.url for n in fleet.nodes if not n.lora_enabled]
-        if without:
-            raise InferenceError(
-                f"--weight-sync lora: the nodes {', '.join(without)} run vLLM without LoRA; start "
-                f"them with `atropos-inference-node ... -- --enable-lora --max-lora-rank "
-                f"{config.lora_r}`, or use --weight-sync reload (the adapter merged in)")
-    if fleet is not None and plain:
-        raise InferenceError(
-            f"--vllm-url mixes atropos-inference-node nodes ({', '.join(n.url for n in fleet.nodes)})"
-            f" and plain vLLM servers ({', '.join(plain)}): run every server as "
-            "atropos-inference-node (no shared disk needed), or none")
-    return fleet
-
-
 def _boot_id() -> str:
     from atroposlib.inference.node.state import boot_id
 
@@ -449,4 +376,4 @@ def adapter_metadata(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, str]]
     return tensors, {ADAPTER_CONFIG_KEY: (adapter_dir / "adapter_config.json").read_text()}
 
 
-__all__ = ["Node", "NodeFleet", "Payload", "adapter_metadata", "connect_nodes"]
+__all__ = ["Node", "NodeFleet", "Payload", "adapter_metadata"]

@@ -1,0 +1,69 @@
+"""The policy as the tensors a weight push carries: the trainer's half of a weight sync.
+
+The transports in :mod:`atroposlib.inference.weights` take ``{HF name: tensor}``; turning a
+training model (plain, peft-wrapped, FSDP-gathered) into those is the trainer's business: the
+LoRA adapter merged in or saved alone, tied copies left out, only the blocks training changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _log(message: str) -> None:
+    print(f"[grpo] {message}", flush=True)
+
+
+class PolicyTensors:
+    """Which tensors of the policy a push to inference nodes carries (chosen at the first push)."""
+
+    def __init__(self) -> None:
+        self._names: list[str] | None = None  # tensors a full push carries (chosen once)
+
+    def changed_blocks(self, model: Any, state_dict: dict[str, Any] | None, copy: bool) -> dict[str, Any]:
+        """The decoder blocks training changes (LoRA: merged), under their HF names.
+
+        Args:
+            model: the policy (plain, peft or FSDP-sharded).
+            state_dict: its full state dict (gathered FSDP shards), or None to read the model.
+            copy: copy the tensors (the push runs in the background while training changes them).
+
+        Returns:
+            ``{HF name: tensor}`` in the policy's dtype: every tensor of a block holding a
+            trainable parameter (see :func:`~atroposlib.inference.weights.select.names_to_send`)
+            and no tied copy (``lm_head.weight`` of tied embeddings).
+
+        Raises:
+            ValueError: no trainable parameter maps onto the exported weights.
+        """
+        from atroposlib.inference.weights.select import names_to_send, tied_names
+        from example_trainer import lora
+
+        hf_model, weights = lora.export(model, state_dict)  # LoRA: the adapter merged in
+        weights = weights if weights is not None else hf_model.state_dict()
+        if self._names is None:
+            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+            tied = tied_names(hf_model)
+            self._names = [n for n in names_to_send(weights, trainable) if n not in tied]
+            _log(f"weight pushes carry {len(self._names)} of {len(weights)} tensors (the blocks "
+                 "training changes)")
+        return {n: (weights[n].detach().clone() if copy else weights[n].detach()) for n in self._names}
+
+
+def adapter_tensors(model: Any, state_dict: dict[str, Any] | None,
+                    adapter_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Save the LoRA adapter into ``adapter_dir``; return its tensors and the push metadata.
+
+    Returns:
+        ``(tensors, metadata)``: the adapter tensors under peft's names, and ``metadata``
+        carrying ``adapter_config.json`` as a LoRA push needs it.
+    """
+    from example_trainer import lora
+    from example_trainer.weight_push import adapter_metadata
+
+    lora.save_adapter(model, adapter_dir.resolve(), state_dict)
+    return adapter_metadata(adapter_dir)
+
+
+__all__ = ["PolicyTensors", "adapter_tensors"]
