@@ -58,7 +58,7 @@ class VLLMSync:
     --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. A comma-separated list
     updates every server (e.g. one per Slurm inference node), reading the weights or adapter
     from a filesystem they share with the trainer. URLs of ``atropos-inference-node`` nodes
-    need no shared filesystem: :class:`~example_trainer.weight_push.NodeFleet` sends them the
+    need no shared filesystem: :class:`~atroposlib.inference.weights.node_http.NodeFleet` sends them the
     weights (over HTTP, or as a local file when a node shares this host and directory). Otherwise
     :class:`~atroposlib.inference.vllm_process.VLLMProcess` launches it with the policy.
     """
@@ -414,10 +414,10 @@ def connect_nodes(config: Any, urls: list[str], weights_dir: Path) -> Any:
 
     api_key = config.vllm_api_key or os.environ.get(API_KEY_ENV) or None
     if config.weight_transport == "nccl":
-        from example_trainer.nccl_sync import NcclFleet
+        from atroposlib.inference.weights.nccl import NcclFleet
 
         return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
-    from example_trainer.weight_push import NodeFleet
+    from atroposlib.inference.weights.node_http import NodeFleet
 
     fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
                                       config.weight_transport)

@@ -59,8 +59,8 @@ def adapter_tensors(model: Any, state_dict: dict[str, Any] | None,
         ``(tensors, metadata)``: the adapter tensors under peft's names, and ``metadata``
         carrying ``adapter_config.json`` as a LoRA push needs it.
     """
+    from atroposlib.inference.weights.node_http import adapter_metadata
     from example_trainer import lora
-    from example_trainer.weight_push import adapter_metadata
 
     lora.save_adapter(model, adapter_dir.resolve(), state_dict)
     return adapter_metadata(adapter_dir)

@@ -4,7 +4,7 @@ NEVER RUN IN THIS PROJECT: there is no GPU here, and no test covers it. It is wr
 0.32's weight-transfer documentation (``docs/training/weight_transfer``, the
 ``rlhf_http_nccl`` example) and its source (``vllm/distributed/weight_transfer``), and reviewed
 against them; treat it as a starting point and run it on a GPU pair before relying on it. The
-HTTP push (:mod:`example_trainer.weight_push`) is the tested default.
+HTTP push (:mod:`atroposlib.inference.weights.node_http`) is the tested default.
 
 How it works. vLLM's trainer-side engine (``WeightTransferTrainerFactory.trainer_init`` with
 ``NCCLTrainerInitInfo``) opens an NCCL group in which the trainer is rank 0 and the node's vLLM
@@ -109,7 +109,7 @@ def _address_towards(host: str) -> str:
 
 
 class NcclFleet:
-    """The same interface as :class:`~example_trainer.weight_push.NodeFleet`, over NCCL (never run here)."""
+    """The same interface as :class:`~atroposlib.inference.weights.node_http.NodeFleet`, over NCCL (never run here)."""
 
     def __init__(self, statuses: list[tuple[str, NodeStatus]], headers: dict[str, str], timeout: float):
         self.statuses, self.headers, self.timeout = statuses, headers, timeout
