@@ -51,6 +51,35 @@ class PolicyTensors:
         return {n: (weights[n].detach().clone() if copy else weights[n].detach()) for n in self._names}
 
 
+def reload_tensors(model: Any, state_dict: dict[str, Any] | None, *, only_trained: bool,
+                   dtype_name: str | None, snapshot: bool) -> tuple[Any, dict[str, Any]]:
+    """The tensors a reload (or restart) of a vLLM server writes, and the HF model they belong to.
+
+    Args:
+        model: the policy (plain, peft or FSDP-sharded).
+        state_dict: its full state dict (gathered FSDP shards), or None to read the model.
+        only_trained: only the tensors training changes (the server holds the frozen ones);
+            with LoRA, the merged tensors of every adapted block.
+        dtype_name: vLLM's dtype (``"bfloat16"``) to cast floating tensors to; None keeps them.
+        snapshot: copy what training will change (the write runs in the background).
+
+    Returns:
+        ``(hf_model, {HF name: tensor})``: the model whose ``config`` describes them (LoRA: the
+        base model), and the tensors (tied ones still sharing storage).
+    """
+    from atroposlib.inference.weights.select import names_to_send
+    from example_trainer.lora import export, is_lora
+    from example_trainer.memory import sync_tensors, trained_names
+
+    hf_model, weights = export(model, state_dict)  # LoRA: the adapter merged in
+    weights = weights if weights is not None else hf_model.state_dict()
+    lora_policy = is_lora(model)
+    changed = set(names_to_send(weights, trained_names(model))) if lora_policy else trained_names(model)
+    # merged LoRA weights are new tensors the optimizer never touches: no snapshot copy
+    return hf_model, sync_tensors(weights, changed, only_trained, dtype_name,
+                                  snapshot=snapshot and not lora_policy)
+
+
 def adapter_tensors(model: Any, state_dict: dict[str, Any] | None,
                     adapter_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """Save the LoRA adapter into ``adapter_dir``; return its tensors and the push metadata.
@@ -66,4 +95,4 @@ def adapter_tensors(model: Any, state_dict: dict[str, Any] | None,
     return adapter_metadata(adapter_dir)
 
 
-__all__ = ["PolicyTensors", "adapter_tensors"]
+__all__ = ["PolicyTensors", "adapter_tensors", "reload_tensors"]

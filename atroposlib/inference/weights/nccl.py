@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from atroposlib.errors import InferenceError
 from atroposlib.inference.node.models import NodeStatus
+from atroposlib.inference.weights.base import WeightTarget
 
 
 class NodeWeightSyncClient:
@@ -108,7 +109,7 @@ def _address_towards(host: str) -> str:
         return sock.getsockname()[0]
 
 
-class NcclFleet:
+class NcclFleet(WeightTarget):
     """The same interface as :class:`~atroposlib.inference.weights.node_http.NodeFleet`, over NCCL (never run here)."""
 
     def __init__(self, statuses: list[tuple[str, NodeStatus]], headers: dict[str, str], timeout: float):
@@ -166,8 +167,16 @@ class NcclFleet:
                 info, client=client, source=self._source.build())
         return self.engines[root]
 
-    def push(self, weights: dict[str, Any], version: int, **_: Any) -> dict[str, float]:
-        """Broadcast ``weights`` as ``version`` to every node in turn; failed nodes become stale."""
+    def push(self, tensors: dict[str, Any], version: int,
+             metadata: dict[str, str] | None = None) -> dict[str, float]:
+        """Broadcast ``tensors`` (HF names, CUDA or CPU) as ``version`` to every node in turn.
+
+        A node that fails is marked stale for the rest of the run; ``metadata`` is unused
+        (model weights only: no LoRA adapters over NCCL).
+
+        Returns:
+            ``sync/update_seconds``, ``sync/nodes_ok`` and ``sync/nodes_failed``.
+        """
         import time
 
         import torch
@@ -183,7 +192,7 @@ class NcclFleet:
                 engine = self._engine(root, status)
                 assert self._source is not None
                 dtype = getattr(torch, status.dtype)  # the node's dtype: no cast on arrival
-                self._source.tensors = {n: t.to(dtype) for n, t in weights.items()}
+                self._source.tensors = {n: t.to(dtype) for n, t in tensors.items()}
                 self.clients[root].version = version
                 done = threading.Thread(target=engine.send_weights, daemon=True)
                 done.start()

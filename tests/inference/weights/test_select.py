@@ -18,3 +18,14 @@ def test_names_to_send_are_whole_blocks_holding_a_trainable_tensor():
     assert layer_key("model.layers.12.mlp.up_proj.weight") == "model.layers.12"
     with pytest.raises(ValueError, match="no trainable parameter"):
         names_to_send(names, ["vision.tower.weight"])
+
+
+def test_save_tensors_writes_a_tied_tensor_once(tmp_path):
+    from safetensors.torch import load_file
+
+    from atroposlib.inference.weights.select import save_tensors
+
+    torch = pytest.importorskip("torch")
+    shared = torch.ones(3)
+    save_tensors({"a": shared, "b": shared, "c": torch.zeros(2)}, tmp_path / "w.safetensors")
+    assert set(load_file(tmp_path / "w.safetensors")) == {"a", "c"}
