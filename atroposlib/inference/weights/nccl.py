@@ -110,7 +110,11 @@ def _address_towards(host: str) -> str:
 
 
 class NcclFleet(WeightTarget):
-    """The same interface as :class:`~atroposlib.inference.weights.node_http.NodeFleet`, over NCCL (never run here)."""
+    """Nodes started with ``--weight-transfer nccl``, updated over NCCL (never run here).
+
+    The same :class:`~atroposlib.inference.weights.base.WeightTarget` as
+    :class:`~atroposlib.inference.weights.node_http.NodeFleet`; build it with :meth:`connect`.
+    """
 
     def __init__(self, statuses: list[tuple[str, NodeStatus]], headers: dict[str, str], timeout: float):
         self.statuses, self.headers, self.timeout = statuses, headers, timeout

@@ -59,6 +59,7 @@ class Node:
         url: root URL (no ``/v1``).
         path: ``file`` (reads the trainer's run directory) or ``http`` (pushed to).
         dtype: the node's vLLM dtype (pushes are cast to it).
+        lora_enabled: the node's vLLM runs with ``--enable-lora`` (takes adapter pushes).
         stale: missed the last sync; re-sent the weights once it answers.
         failures: syncs this node did not get (failed or missed while stale).
     """
