@@ -183,8 +183,8 @@ class VLLMSync:
             model: the policy being trained.
             tokenizer: its tokenizer (needed by ``restart``).
             state_dict: full weights to write instead of ``model``'s own (gathered FSDP shards).
-            background: ``reload`` only: copy the trained weights now (in vLLM's dtype) and
-                write + reload them in a background thread, so the trainer's next step runs
+            background: ``reload`` and inference nodes only: copy the trained weights now and
+                push them (write + reload, or send) in a background thread, so the trainer's next step runs
                 while vLLM loads this one. A sync first waits for the one before it, so at most
                 one is in flight and vLLM's policy lags the trainer by at most one sync. Call
                 :meth:`wait` before anything that needs vLLM on the newest weights (an
