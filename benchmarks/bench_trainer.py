@@ -136,13 +136,14 @@ def sync_seconds(model, repeats: int) -> tuple[float, int]:
     """The trainer's side of a hot-reload weight sync: bf16 copy of the weights, safetensors write.
 
     Runs :func:`~example_trainer.memory.sync_tensors` (the background sync's snapshot, cast to
-    vLLM's bf16) and :func:`~example_trainer.memory.save_tensors` into a temporary directory,
+    vLLM's bf16) and :func:`~atroposlib.inference.weights.select.save_tensors` into a temporary directory,
     as ``weight_sync=reload`` does before vLLM reloads. Returns the median seconds and the
     bytes written; the reload inside vLLM is not part of it.
     """
     import statistics
 
-    from example_trainer.memory import save_tensors, sync_tensors, trained_names
+    from atroposlib.inference.weights.select import save_tensors
+    from example_trainer.memory import sync_tensors, trained_names
 
     times, size = [], 0
     with tempfile.TemporaryDirectory() as tmp:

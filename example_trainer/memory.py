@@ -143,22 +143,4 @@ def sync_tensors(state_dict: dict[str, Any], trained: set[str], only_trained: bo
     return out
 
 
-def save_tensors(tensors: dict[str, Any], path: Any) -> None:
-    """Write ``tensors`` as one safetensors file at ``path``.
-
-    A tensor sharing storage with an earlier one is written once, under the first name, as
-    ``save_pretrained`` does for tied weights.
-    """
-    from safetensors.torch import save_file
-
-    seen: set[int] = set()
-    unique = {}
-    for name, tensor in tensors.items():
-        key = tensor.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            unique[name] = tensor.contiguous()
-    save_file(unique, str(path), metadata={"format": "pt"})
-
-
-__all__ = ["compact_frozen_linears", "round_frozen_embeddings", "save_tensors", "sync_tensors", "trained_names"]
+__all__ = ["compact_frozen_linears", "round_frozen_embeddings", "sync_tensors", "trained_names"]

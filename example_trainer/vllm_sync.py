@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.errors import InferenceError
+from atroposlib.inference.weights.external_vllm import ExternalVLLM, load_adapter
+from atroposlib.inference.weights.local_vllm import LocalVLLM
+from example_trainer.weight_export import PolicyTensors, adapter_tensors, reload_tensors
 
 
 def save_weights(model: Any, tokenizer: Any, out_dir: Path, with_tokenizer: bool,
@@ -57,9 +60,14 @@ class VLLMSync:
     --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. A comma-separated list
     updates every server (e.g. one per Slurm inference node), reading the weights or adapter
     from a filesystem they share with the trainer. URLs of ``atropos-inference-node`` nodes
-    need no shared filesystem: :class:`~example_trainer.weight_push.NodeFleet` sends them the
+    need no shared filesystem: :class:`~atroposlib.inference.weights.node_http.NodeFleet` sends them the
     weights (over HTTP, or as a local file when a node shares this host and directory). Otherwise
     :class:`~atroposlib.inference.vllm_process.VLLMProcess` launches it with the policy.
+
+    This class only chooses: it turns the policy into tensors
+    (:mod:`example_trainer.weight_export`) and hands them to one
+    :class:`~atroposlib.inference.weights.base.WeightTarget` (:attr:`target`), which writes,
+    sends and reloads.
     """
 
     def __init__(self, config: Any, run_dir: Path):
@@ -76,12 +84,16 @@ class VLLMSync:
         # several comma-separated URLs (e.g. one vLLM per Slurm inference node) all get reloaded
         self._external_urls = [u.strip().rstrip("/") for u in (config.vllm_url or "").split(",") if u.strip()]
         self._external_url = self._external_urls[0] if self._external_urls else None
-        self.fleet: Any = None  # atropos-inference-node nodes among the URLs (NodeFleet)
+        # the WeightTarget the weights go to: stock vLLM servers, or (set by start) the nodes
+        # among them or the vLLM the trainer launched
+        self.target: Any = ExternalVLLM(self._external_urls, self.weights_dir) if self._external_urls else None
+        self.fleet: Any = None  # the target when it is atropos-inference-node nodes (NodeFleet/NcclFleet)
         self._pending: Any = None  # the background sync in flight (concurrent.futures.Future)
         # whether vLLM holds the trainer's frozen weights: true when the trainer launches it on
         # the starting model (not when resuming: the checkpoint may differ), else after a full sync
         self._holds_frozen = not self._external_urls and not config.resume
         self._executor: Any = None
+        self._export = PolicyTensors()
 
     @property
     def base_url(self) -> str:
@@ -102,9 +114,9 @@ class VLLMSync:
             if self.config.weight_sync == "none":
                 return 0.0
             seconds = self._wait_external()
-            from example_trainer.weight_push import connect_nodes
-
-            self.fleet = connect_nodes(self.config, self._external_urls, self.weights_dir)
+            self.fleet = connect_nodes(self.config, self._external_urls, self.weights_dir,
+                                       self.model_name if self.config.weight_sync == "lora" else None)
+            self.target = self.fleet or self.target
             return seconds
         from atroposlib.inference.vllm_process import VLLMProcess
 
@@ -120,6 +132,7 @@ class VLLMSync:
         )
         begin = time.perf_counter()
         self.process.start(timeout=cfg.vllm_start_timeout)
+        self.target = LocalVLLM(self.process, self.weights_dir)
         return time.perf_counter() - begin
 
     @property
@@ -170,8 +183,8 @@ class VLLMSync:
             model: the policy being trained.
             tokenizer: its tokenizer (needed by ``restart``).
             state_dict: full weights to write instead of ``model``'s own (gathered FSDP shards).
-            background: ``reload`` only: copy the trained weights now (in vLLM's dtype) and
-                write + reload them in a background thread, so the trainer's next step runs
+            background: ``reload`` and inference nodes only: copy the trained weights now and
+                push them (write + reload, or send) in a background thread, so the trainer's next step runs
                 while vLLM loads this one. A sync first waits for the one before it, so at most
                 one is in flight and vLLM's policy lags the trainer by at most one sync. Call
                 :meth:`wait` before anything that needs vLLM on the newest weights (an
@@ -193,103 +206,47 @@ class VLLMSync:
         mode = self.config.weight_sync
         if mode == "none":
             return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
-        if self.fleet is not None:
-            return self._sync_nodes(model, state_dict, background, version)
-        if mode == "lora":
+        if mode == "lora" and self.fleet is None:
             return self._load_adapter(model, state_dict)
-        from example_trainer.lora import export, is_lora
-        from example_trainer.memory import sync_tensors, trained_names
-
-        background = background and mode == "reload"
+        background = background and (mode == "reload" or self.fleet is not None)
         begin = time.perf_counter()
         previous = self.wait() if background else {}
         waited = time.perf_counter() - begin
-        hf_model, weights = export(model, state_dict)  # LoRA: the adapter merged in
-        weights = weights if weights is not None else hf_model.state_dict()
-        # reload: once vLLM holds the frozen weights, only what training changed is written
-        # (with LoRA: the merged weights of the adapted blocks); bf16/fp16 vLLM: half the bytes of fp32
-        partial = mode == "reload" and self._holds_frozen
-        lora_policy = is_lora(model)
-        if lora_policy:
-            from example_trainer.weight_select import names_to_send
-
-            changed = set(names_to_send(weights, trained_names(model)))
+        metadata = None
+        if mode == "lora":
+            tensors, metadata = adapter_tensors(model, state_dict, self.weights_dir / "adapter")
+        elif self.fleet is not None:
+            tensors = self._export.changed_blocks(model, state_dict, copy=background)
         else:
-            changed = trained_names(model)
-        weights = sync_tensors(
-            weights, changed, partial,
-            self.config.vllm_dtype if mode == "reload" and self.config.vllm_dtype in ("bfloat16", "float16")
-            else None,
-            # merged LoRA weights are new tensors the optimizer never touches: no snapshot copy
-            snapshot=background and not lora_policy)
-        self._holds_frozen = self._holds_frozen or mode == "reload"
-        if background:
-            from concurrent.futures import ThreadPoolExecutor
-
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="vllm-sync")
-            self._pending = self._executor.submit(self._save_and_reload, hf_model, weights, partial)
-            return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0, **previous,
-                    "sync/wait_seconds": waited}
-        save_s = self._write(hf_model, tokenizer, weights, partial, with_tokenizer=mode == "restart")
-        if mode == "restart":
-            update_s = self.process.restart(model=self.weights_dir, timeout=self.config.vllm_start_timeout)
-        else:
-            update_s = self._reload()
-        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s, **self._heap_metric()}
-
-    def _write(self, hf_model: Any, tokenizer: Any, weights: dict[str, Any], partial: bool,
-               with_tokenizer: bool = False) -> float:
-        """Write the sync's weights (all of them with the config, or only the trained ones)."""
-        if not partial:
-            return save_weights(hf_model, tokenizer, self.weights_dir, with_tokenizer, state_dict=weights)
-        from example_trainer.memory import save_tensors
-
-        begin = time.perf_counter()
-        self.weights_dir.mkdir(parents=True, exist_ok=True)
-        if not (self.weights_dir / "config.json").exists():
-            hf_model.config.save_pretrained(self.weights_dir)
-        save_tensors(weights, self.weights_dir / "model.safetensors")
-        return time.perf_counter() - begin
-
-    def _save_and_reload(self, hf_model: Any, weights: dict[str, Any], partial: bool) -> dict[str, float]:
-        """Write ``weights`` and reload vLLM on them (the body of a background sync)."""
-        save_s = self._write(hf_model, None, weights, partial)
-        update_s = self._reload()
-        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s, **self._heap_metric()}
-
-    def _reload(self) -> float:
-        """Hot-reload the written weights: our vLLM process, or the external server; seconds."""
-        if self.process is not None:
-            return self.process.reload_weights(self.weights_dir)
-        return self._reload_external()
-
-    def _heap_metric(self) -> dict[str, float]:
-        """``sync/vllm_heap_released_mb``: the free heap our vLLM gave back after its last reload."""
-        released = self.process.heap_released_bytes if self.process is not None else None
-        return {} if released is None else {"sync/vllm_heap_released_mb": released / 2**20}
-
-    def _sync_nodes(self, model: Any, state_dict: dict[str, Any] | None, background: bool,
-                    version: int) -> dict[str, float]:
-        """Send the weights to the inference nodes (in the background: the next sync waits)."""
-        begin = time.perf_counter()
-        previous = self.wait() if background else {}
-        waited = time.perf_counter() - begin
-        job = self.fleet.prepare(model, state_dict, weights_dir=self.weights_dir,
-                                 lora_name=self.model_name if self.config.weight_sync == "lora" else None,
-                                 copy=background)
+            # once vLLM holds the frozen weights, only what training changed is written;
+            # bf16/fp16 vLLM: half the bytes of fp32
+            hf_model, tensors = reload_tensors(
+                model, state_dict, only_trained=mode == "reload" and self._holds_frozen,
+                dtype_name=self.config.vllm_dtype if mode == "reload" and
+                self.config.vllm_dtype in ("bfloat16", "float16") else None, snapshot=background)
+            self._holds_frozen = self._holds_frozen or mode == "reload"
+            if mode == "restart":
+                save_s = save_weights(hf_model, tokenizer, self.weights_dir, True, state_dict=tensors)
+                update_s = self.process.restart(model=self.weights_dir, timeout=self.config.vllm_start_timeout)
+                return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+            if not (self.weights_dir / "config.json").exists():
+                hf_model.config.save_pretrained(self.weights_dir)
+        if self.target is None:  # a process handed in without start() (tests, benchmarks)
+            self.target = LocalVLLM(self.process, self.weights_dir)
         if not background:
-            return self.fleet.push(version=version, **job)
+            return self.target.push(tensors, version, metadata)
         from concurrent.futures import ThreadPoolExecutor
 
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="vllm-sync")
-        self._pending = self._executor.submit(self.fleet.push, version=version, **job)
-        return {"sync/update_seconds": 0.0, **previous, "sync/wait_seconds": waited}
+        self._pending = self._executor.submit(self.target.push, tensors, version, metadata)
+        zeros = {"sync/update_seconds": 0.0} if self.fleet is not None else \
+            {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
+        return {**zeros, **previous, "sync/wait_seconds": waited}
 
     def summary(self) -> dict[str, Any]:
         """Weight-sync fields for the run summary (inference nodes only; ``{}`` otherwise)."""
-        return self.fleet.summary() if self.fleet is not None else {}
+        return self.target.summary() if self.target is not None else {}
 
     def wait(self) -> dict[str, float]:
         """Wait for the background sync in flight, if any; return its metrics (``{}`` if none).
@@ -301,28 +258,18 @@ class VLLMSync:
         return pending.result() if pending is not None else {}
 
     def _load_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> dict[str, float]:
-        """Save the adapter and load it in place into every server (``lora`` mode)."""
-        import httpx
-
+        """Save the adapter and load it in place into every vLLM server (``lora`` mode)."""
         from example_trainer.lora import save_adapter
 
         begin = time.perf_counter()
         adapter_dir = (self.weights_dir / "adapter").resolve()
         save_adapter(model, adapter_dir, state_dict)
         save_s = time.perf_counter() - begin
-        urls = self._external_urls or [self.process.base_url]
-        payload = {"lora_name": self.model_name, "lora_path": str(adapter_dir), "load_inplace": True}
-        begin = time.perf_counter()
-        with httpx.Client(timeout=600.0, trust_env=False) as client:
-            for url in urls:
-                response = client.post(url.removesuffix("/v1") + "/v1/load_lora_adapter", json=payload)
-                if response.status_code != 200:
-                    raise InferenceError(
-                        f"POST {url}/load_lora_adapter answered {response.status_code}: "
-                        f"{response.text[:500]}; start that vLLM with --enable-lora "
-                        f"--max-lora-rank {self.config.lora_r} and "
-                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use --weight-sync reload")
-        return {"sync/save_seconds": save_s, "sync/update_seconds": time.perf_counter() - begin}
+        update_s = load_adapter(
+            self._external_urls or [self.process.base_url], self.model_name, adapter_dir,
+            fix=f"start that vLLM with --enable-lora --max-lora-rank {self.config.lora_r} and "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use --weight-sync reload")
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
 
     def _wait_external(self) -> float:
         """Wait until every external server answers ``GET /health`` (fail fast, not at step 1)."""
@@ -346,25 +293,6 @@ class VLLMSync:
                 time.sleep(1.0)
         return time.perf_counter() - begin
 
-    def _reload_external(self) -> float:
-        import httpx
-
-        weights = str(self.weights_dir.resolve())
-        calls = [("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights}}),
-                 ("/reset_prefix_cache", None)]
-        begin = time.perf_counter()
-        with httpx.Client(timeout=600.0, trust_env=False) as client:
-            for url in self._external_urls:
-                root = url.removesuffix("/v1")
-                for path, payload in calls:
-                    response = client.post(root + path, json=payload)
-                    if response.status_code != 200:
-                        raise InferenceError(
-                            f"POST {root}{path} answered {response.status_code}: "
-                            f"{response.text[:500]}; start that vLLM with VLLM_SERVER_DEV_MODE=1 "
-                            "to allow weight reloads")
-        return time.perf_counter() - begin
-
     def cleanup(self) -> None:
         """Delete the weights written for syncing (call after :meth:`stop`)."""
         import shutil
@@ -386,10 +314,50 @@ class VLLMSync:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-        if self.fleet is not None:
-            self.fleet.close()
+        if self.target is not None:
+            self.target.close()
         if self.process is not None:
             self.process.stop()
+
+
+def connect_nodes(config: Any, urls: list[str], weights_dir: Path, lora_name: str | None = None) -> Any:
+    """The inference nodes among the trainer's ``--vllm-url`` servers, ready to push to (None: none).
+
+    Args:
+        config: the :class:`~example_trainer.config.TrainerConfig`.
+        urls: the ``--vllm-url`` list.
+        weights_dir: the trainer's weights directory.
+        lora_name: ``--weight-sync lora``: the served adapter name.
+
+    Raises:
+        InferenceError: the list mixes nodes and plain vLLM servers, or a node refused the key.
+    """
+    import os
+
+    from atroposlib.utils.api_key import API_KEY_ENV
+
+    api_key = config.vllm_api_key or os.environ.get(API_KEY_ENV) or None
+    if config.weight_transport == "nccl":
+        from atroposlib.inference.weights.nccl import NcclFleet
+
+        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
+    from atroposlib.inference.weights.node_http import NodeFleet
+
+    fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
+                                      config.weight_transport, lora_name)
+    if fleet is not None and config.weight_sync == "lora":
+        without = [n.url for n in fleet.nodes if not n.lora_enabled]
+        if without:
+            raise InferenceError(
+                f"--weight-sync lora: the nodes {', '.join(without)} run vLLM without LoRA; start "
+                f"them with `atropos-inference-node ... -- --enable-lora --max-lora-rank "
+                f"{config.lora_r}`, or use --weight-sync reload (the adapter merged in)")
+    if fleet is not None and plain:
+        raise InferenceError(
+            f"--vllm-url mixes atropos-inference-node nodes ({', '.join(n.url for n in fleet.nodes)})"
+            f" and plain vLLM servers ({', '.join(plain)}): run every server as "
+            "atropos-inference-node (no shared disk needed), or none")
+    return fleet
 
 
 def vllm_sizing(config: Any) -> Any:

@@ -45,7 +45,7 @@ from atroposlib.inference.cpu_build import (  # noqa: F401 - importable from her
     vllm_is_cpu_build,
 )
 from atroposlib.inference.vllm_log import logging_environment
-from atroposlib.inference.vllm_weights import WeightReload
+from atroposlib.inference.weights.local_vllm import WeightReload
 from atroposlib.inference.worker_extension import WORKER_EXTENSION_CLS
 
 logger = logging.getLogger(__name__)

@@ -89,16 +89,6 @@ def test_sync_tensors_copies_only_what_it_must():
     assert half["lm_head.weight"] is half["model.embed_tokens.weight"]  # the tie stays shared
 
 
-def test_save_tensors_writes_a_tied_tensor_once(tmp_path):
-    from safetensors.torch import load_file
-
-    from example_trainer.memory import save_tensors
-
-    shared = torch.ones(3)
-    save_tensors({"a": shared, "b": shared, "c": torch.zeros(2)}, tmp_path / "w.safetensors")
-    assert set(load_file(tmp_path / "w.safetensors")) == {"a", "c"}
-
-
 def test_the_trainer_sizes_its_vllm_from_its_batches(bundled_model_dir):
     from example_trainer.config import TrainerConfig
     from example_trainer.vllm_sync import vllm_sizing

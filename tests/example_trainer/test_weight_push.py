@@ -14,7 +14,6 @@ import pytest
 from atroposlib.errors import InferenceError
 from example_trainer.config import TrainerConfig
 from example_trainer.vllm_sync import VLLMSync
-from example_trainer.weight_select import hf_name, layer_key, names_to_send
 from tests.fixtures.app_thread import AppThread
 from tests.inference.node.conftest import KEY, FakeServer
 
@@ -61,19 +60,6 @@ def sync_for(tmp_path, model_dir, servers, **overrides) -> VLLMSync:
 
 def served(server) -> dict:
     return server.engine.weights
-
-
-def test_names_to_send_are_whole_blocks_holding_a_trainable_tensor():
-    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-             "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
-             "model.layers.1.mlp.up_proj.weight", "model.norm.weight", "lm_head.weight"]
-    trainable = ["base_model.model.model.layers.1.self_attn.q_proj.lora_A.default.weight",
-                 "model.norm.weight"]
-    assert names_to_send(names, trainable) == names[2:6]
-    assert hf_name(trainable[0]) == "model.layers.1.self_attn.q_proj.weight"
-    assert layer_key("model.layers.12.mlp.up_proj.weight") == "model.layers.12"
-    with pytest.raises(ValueError, match="no trainable parameter"):
-        names_to_send(names, ["vision.tower.weight"])
 
 
 def test_http_push_sends_the_trained_blocks_in_the_nodes_dtype_to_every_node(tmp_path, tiny_model):

@@ -6,7 +6,7 @@ source. The routes mirror vLLM's own ``/init_weight_transfer_engine``, ``/start_
 vLLM serves only in its unauthenticated development mode), with two differences: they need the
 node's bearer token, and ``start`` closes the node's gate and pauses vLLM until ``finish``
 records the new policy version, so no completion is served on a half-received update. A trainer
-drives them through :class:`example_trainer.nccl_sync.NodeWeightSyncClient`.
+drives them through :class:`atroposlib.inference.weights.nccl.NodeWeightSyncClient`.
 """
 
 from __future__ import annotations

@@ -12,8 +12,11 @@ Failure: each node gets ``timeout`` seconds per sync (upload, drain, load). A no
 or refuses, is marked stale and named in ONE warning with the fix; every sync it misses is
 counted (``sync/nodes_failed``, the summary's ``weight_sync_failures``). Training never waits
 for it again: a watcher thread polls stale nodes and re-sends the current weights as soon as one
-answers (a restarted node refuses completions until then). Use :class:`NodeFleet` through
-:class:`example_trainer.vllm_sync.VLLMSync`.
+answers (a restarted node refuses completions until then).
+
+Public API: :meth:`NodeFleet.connect` then :meth:`NodeFleet.push` per policy version, then
+:meth:`NodeFleet.close`; any trainer can push to nodes this way (see the inference-node guide,
+"Push from your own trainer").
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from atroposlib.inference.node.models import (
     NodeStatus,
     content_digest,
 )
+from atroposlib.inference.weights.base import WeightTarget
 
 #: Seconds between two looks at the stale nodes.
 WATCH_INTERVAL_S = 2.0
@@ -55,6 +59,7 @@ class Node:
         url: root URL (no ``/v1``).
         path: ``file`` (reads the trainer's run directory) or ``http`` (pushed to).
         dtype: the node's vLLM dtype (pushes are cast to it).
+        lora_enabled: the node's vLLM runs with ``--enable-lora`` (takes adapter pushes).
         stale: missed the last sync; re-sent the weights once it answers.
         failures: syncs this node did not get (failed or missed while stale).
     """
@@ -80,21 +85,28 @@ class Payload:
     tensors: int
 
 
-class NodeFleet:
-    """The trainer's inference nodes: discovery, concurrent pushes, stale tracking, re-sync.
+class NodeFleet(WeightTarget):
+    """A trainer's inference nodes: discovery, concurrent pushes, stale tracking, re-sync.
 
     Args:
-        nodes: the nodes (see :meth:`discover`).
+        nodes: the nodes (see :meth:`connect` and :meth:`discover`).
         api_key: their bearer token (None: none).
         timeout: seconds one node may take per sync (``--weight-sync-timeout``).
+        weights_dir: where ``file``-path nodes read the weights (None: no node reads files).
+        lora_name: push a LoRA adapter served under this name instead of model weights.
     """
 
-    def __init__(self, nodes: list[Node], api_key: str | None, timeout: float):
+    def __init__(self, nodes: list[Node], api_key: str | None, timeout: float,
+                 weights_dir: Path | None = None, lora_name: str | None = None):
+        if weights_dir is None and any(n.path == "file" for n in nodes):
+            raise ValueError("file-path nodes need weights_dir, the directory they read")
         self.nodes = nodes
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
+        self.lora_name = lora_name
+        self.directory = None if weights_dir is None else (
+            Path(weights_dir) / "adapter" if lora_name else Path(weights_dir))
         self.version: int | None = None
-        self._names: list[str] | None = None  # tensors a full push carries (chosen once)
         self._last: Payload | None = None
         self._payload_lock = threading.Lock()
         self._stop = threading.Event()
@@ -102,138 +114,80 @@ class NodeFleet:
 
     # ------------------------------------------------------------------ discovery
     @classmethod
-    def discover(cls, urls: list[str], api_key: str | None, timeout: float, run_dir: Path,
-                 transport: str = "auto") -> tuple[NodeFleet | None, list[str]]:
-        """Split ``urls`` into inference nodes and plain vLLM servers; choose each node's path.
+    def connect(cls, urls: list[str], api_key: str | None = None, *, timeout: float = 120.0,
+                weights_dir: Path | None = None, lora_name: str | None = None) -> NodeFleet:
+        """Reach ``atropos-inference-node`` nodes, ready to :meth:`push` to.
 
         Args:
-            urls: OpenAI base URLs (``http://host:port/v1``).
-            api_key: the nodes' bearer token.
-            timeout: ``--weight-sync-timeout``.
-            run_dir: the trainer's directory for weights (file-path nodes read it).
-            transport: ``auto`` (file path where possible, else http) or ``http`` (always push).
-
-        Returns:
-            ``(fleet or None, plain vLLM URLs)``.
+            urls: the nodes' URLs (``http://host:port``, with or without ``/v1``).
+            api_key: their bearer token (the node's ``--api-key``); None: none.
+            timeout: seconds one node may take per push (upload, drain, load).
+            weights_dir: a directory of this host: nodes on this host that can read it get the
+                weights as a file there instead of over HTTP. None: every node over HTTP.
+            lora_name: push LoRA adapters (nodes started with ``--enable-lora``), served under
+                this name; None: model weights.
 
         Raises:
-            InferenceError: a node refused the API key or answered its status route oddly.
+            InferenceError: a URL is not a node (it answers no ``GET /atropos/status``), runs
+                without LoRA though ``lora_name`` is set, refused the key or did not answer.
         """
-        import httpx
+        fleet, plain = cls.discover(urls, api_key, timeout, weights_dir, "auto", lora_name)
+        if plain or fleet is None:
+            raise InferenceError(f"{', '.join(plain) or 'no URL'}: not an atropos-inference-node "
+                                 "(no GET /atropos/status); start one with `atropos-inference-node`")
+        without = [n.url for n in fleet.nodes if not n.lora_enabled]
+        if lora_name and without:
+            raise InferenceError(f"the nodes {', '.join(without)} run vLLM without LoRA; start them "
+                                 "with `atropos-inference-node ... -- --enable-lora --max-lora-rank R`")
+        return fleet
 
-        nodes: list[Node] = []
-        plain: list[str] = []
-        probe = run_dir / f"{PROBE_PREFIX}{secrets.token_hex(8)}"
-        token = secrets.token_hex(16)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe.write_text(token)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        here = (socket.gethostname(), _boot_id())
-        try:
-            with httpx.Client(timeout=30.0, trust_env=False, headers=headers) as client:
-                for url in urls:
-                    root = url.rstrip("/").removesuffix("/v1")
-                    try:
-                        answer = client.get(f"{root}/atropos/status")
-                    except httpx.HTTPError as exc:
-                        raise InferenceError(f"inference server {root} stopped answering "
-                                             f"({type(exc).__name__}: {exc}); is it running?") from exc
-                    if answer.status_code == 404:
-                        plain.append(url)
-                        continue
-                    if answer.status_code in (401, 403):
-                        raise InferenceError(
-                            f"inference node {root} refused the API key (HTTP {answer.status_code});"
-                            " pass the node's key with --vllm-api-key or $ATROPOS_API_KEY")
-                    if answer.status_code != 200:
-                        raise InferenceError(f"GET {root}/atropos/status answered "
-                                             f"{answer.status_code}: {answer.text[:300]}")
-                    status = NodeStatus.model_validate(answer.json())
-                    same_host = (status.hostname, status.boot_id) == here
-                    reads = transport == "auto" and same_host and client.post(
-                        f"{root}/atropos/probe", json={"path": str(probe.resolve()),
-                                                       "content": token}).json().get("matches")
-                    nodes.append(Node(root, "file" if reads else "http", status.dtype,
-                                      status.lora_enabled))
-                    if reads:
-                        why = "same host, reads the run directory -> weights by local file"
-                    else:
-                        where = ("--weight-transport http" if transport != "auto" else
-                                 "same host but the run directory is hidden from it" if same_host
-                                 else "another host")
-                        why = f"{where} -> weights pushed over HTTP in {status.dtype}"
-                    _log(f"inference node {root}: {why}")
-        finally:
-            probe.unlink(missing_ok=True)
-        return (cls(nodes, api_key, timeout) if nodes else None), plain
+    @classmethod
+    def discover(cls, urls: list[str], api_key: str | None, timeout: float, weights_dir: Path | None,
+                 transport: str = "auto", lora_name: str | None = None) -> tuple[NodeFleet | None, list[str]]:
+        """:func:`find_nodes`, the nodes as a fleet: ``(fleet or None, plain vLLM URLs)``.
+
+        Raises:
+            InferenceError: as :func:`find_nodes`.
+        """
+        nodes, plain = find_nodes(urls, api_key, weights_dir, transport)
+        return (cls(nodes, api_key, timeout, weights_dir, lora_name) if nodes else None), plain
 
     # ------------------------------------------------------------------ pushing
-    def prepare(self, model: Any, state_dict: dict[str, Any] | None, *, weights_dir: Path,
-                lora_name: str | None, copy: bool) -> dict[str, Any]:
-        """Pick what a push carries from the policy now; the keyword arguments of :meth:`push`.
-
-        Args:
-            model: the policy (plain, peft or FSDP-sharded).
-            state_dict: its full state dict (gathered FSDP shards), or None to read the model.
-            weights_dir: the trainer's weights directory (file-path nodes read from it).
-            lora_name: set for ``--weight-sync lora``: push the adapter, served under this name.
-            copy: copy the tensors (the push runs in the background while training changes them).
-
-        Returns:
-            ``weights``, ``directory``, ``kind``, ``lora_name`` and ``metadata`` for :meth:`push`.
-        """
-        from example_trainer import lora
-        from example_trainer.weight_select import names_to_send, tied_names
-
-        if lora_name is not None:
-            adapter_dir = weights_dir / "adapter"
-            lora.save_adapter(model, adapter_dir.resolve(), state_dict)
-            tensors, metadata = adapter_metadata(adapter_dir)
-            return {"weights": tensors, "directory": adapter_dir, "kind": "lora",
-                    "lora_name": lora_name, "metadata": metadata}
-        hf_model, weights = lora.export(model, state_dict)  # LoRA: the adapter merged in
-        weights = weights if weights is not None else hf_model.state_dict()
-        if self._names is None:
-            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-            tied = tied_names(hf_model)
-            self._names = [n for n in names_to_send(weights, trainable) if n not in tied]
-            _log(f"weight pushes carry {len(self._names)} of {len(weights)} tensors (the blocks "
-                 "training changes)")
-        chosen = {n: (weights[n].detach().clone() if copy else weights[n]) for n in self._names}
-        return {"weights": chosen, "directory": weights_dir, "kind": "full", "lora_name": None,
-                "metadata": None}
-
-    def push(self, weights: dict[str, Any], version: int, directory: Path, *,
-             kind: Literal["full", "lora"] = "full", lora_name: str | None = None,
+    def push(self, tensors: dict[str, Any], version: int,
              metadata: dict[str, str] | None = None) -> dict[str, float]:
-        """Send ``weights`` as ``version`` to every node that is not stale, concurrently.
+        """Send ``tensors`` as ``version`` to every node that is not stale, concurrently.
 
         Args:
-            weights: the tensors to send (HF names; already selected, see
-                :mod:`example_trainer.weight_select`).
-            version: the policy version (trainer step).
-            directory: where file-path nodes read them: written here first if any node uses
-                the file path (kind full: ``model.safetensors``; kind lora: the caller already
-                saved the adapter there).
-            kind: ``full`` model tensors or a ``lora`` adapter.
-            lora_name: kind lora: the served adapter name.
-            metadata: safetensors metadata of the body (kind lora: the adapter config).
+            tensors: ``{HF name: torch.Tensor}``, any subset of the nodes' model (e.g. the
+                blocks training changes, see :mod:`atroposlib.inference.weights.select`), any
+                dtype and device: cast to each node's dtype and serialized here. With
+                ``lora_name``: the adapter's tensors under peft's names.
+            version: the policy version (trainer step, int); the nodes tag completions with it.
+            metadata: with ``lora_name``: ``{ADAPTER_CONFIG_KEY: adapter_config.json text}``
+                (see :func:`adapter_metadata`); else None.
 
         Returns:
             ``sync/update_seconds``, ``sync/bytes_sent``, ``sync/nodes_ok`` and
             ``sync/nodes_failed`` (nodes without this version: failed now or still stale).
-        """
-        from example_trainer.weight_select import select, serialize
+            A node that failed is warned about once and re-sent the weights by a background
+            watcher when it answers again; nothing is raised for it.
 
+        Raises:
+            ValueError: ``lora_name`` is set and ``metadata`` carries no adapter config.
+        """
+        from atroposlib.inference.weights.select import select, serialize
+
+        kind: Literal["full", "lora"] = "lora" if self.lora_name else "full"
+        if kind == "lora" and ADAPTER_CONFIG_KEY not in (metadata or {}):
+            raise ValueError(f"a LoRA push needs metadata={{{ADAPTER_CONFIG_KEY!r}: adapter_config.json "
+                             "text}; see adapter_metadata()")
         bodies: dict[str, bytes] = {}
         for dtype in sorted({n.dtype for n in self.nodes if n.path == "http"}):
-            bodies[dtype] = serialize(select(weights, list(weights), dtype), metadata)
-        if kind == "full" and any(n.path == "file" for n in self.nodes):
-            directory.mkdir(parents=True, exist_ok=True)
-            from safetensors.torch import save_file
-
-            save_file(select(weights, list(weights), None), directory / "model.safetensors")
-        payload = Payload(version, kind, lora_name, bodies, directory, len(weights))
+            bodies[dtype] = serialize(select(tensors, list(tensors), dtype), metadata)
+        directory = self.directory
+        if directory is not None and any(n.path == "file" for n in self.nodes):
+            _write_files(tensors, directory, metadata)
+        payload = Payload(version, kind, self.lora_name, bodies, directory, len(tensors))
         with self._payload_lock:
             self._last, self.version = payload, version
         # stale nodes get this version from the watcher once they answer; a node the watcher
@@ -398,47 +352,98 @@ class NodeFleet:
             self._watcher = None
 
 
-def connect_nodes(config: Any, urls: list[str], weights_dir: Path) -> NodeFleet | None:
-    """The inference nodes among the trainer's ``--vllm-url`` servers, ready to push to (None: none).
+def find_nodes(urls: list[str], api_key: str | None, weights_dir: Path | None,
+               transport: str = "auto") -> tuple[list[Node], list[str]]:
+    """Split ``urls`` into inference nodes and plain vLLM servers; choose each node's path.
+
+    A node on this host (same hostname and boot id) that can read a probe file written into
+    ``weights_dir`` gets the ``file`` path; every other node ``http``. The choice is logged.
 
     Args:
-        config: the :class:`~example_trainer.config.TrainerConfig`.
-        urls: the ``--vllm-url`` list.
-        weights_dir: the trainer's weights directory.
+        urls: OpenAI base URLs (``http://host:port/v1``) or root URLs.
+        api_key: the nodes' bearer token.
+        weights_dir: the trainer's directory for weights (file-path nodes read it); None:
+            every node over HTTP.
+        transport: ``auto`` (file path where possible, else http) or ``http`` (always push).
+
+    Returns:
+        ``(nodes, plain vLLM URLs)`` (those answering 404 on ``GET /atropos/status``).
 
     Raises:
-        InferenceError: the list mixes nodes and plain vLLM servers, or a node refused the key.
+        InferenceError: a server did not answer, a node refused the API key or answered its
+            status route oddly.
     """
-    import os
+    import httpx
 
-    from atroposlib.utils.api_key import API_KEY_ENV
-
-    api_key = config.vllm_api_key or os.environ.get(API_KEY_ENV) or None
-    if config.weight_transport == "nccl":
-        from example_trainer.nccl_sync import NcclFleet
-
-        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
-    fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
-                                      config.weight_transport)
-    if fleet is not None and config.weight_sync == "lora":
-        without = [n.url for n in fleet.nodes if not n.lora_enabled]
-        if without:
-            raise InferenceError(
-                f"--weight-sync lora: the nodes {', '.join(without)} run vLLM without LoRA; start "
-                f"them with `atropos-inference-node ... -- --enable-lora --max-lora-rank "
-                f"{config.lora_r}`, or use --weight-sync reload (the adapter merged in)")
-    if fleet is not None and plain:
-        raise InferenceError(
-            f"--vllm-url mixes atropos-inference-node nodes ({', '.join(n.url for n in fleet.nodes)})"
-            f" and plain vLLM servers ({', '.join(plain)}): run every server as "
-            "atropos-inference-node (no shared disk needed), or none")
-    return fleet
+    nodes: list[Node] = []
+    plain: list[str] = []
+    if weights_dir is None:
+        transport = "no weights_dir"
+    probe = Path(weights_dir or ".") / f"{PROBE_PREFIX}{secrets.token_hex(8)}"
+    token = secrets.token_hex(16)
+    if transport == "auto":
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    here = (socket.gethostname(), _boot_id())
+    try:
+        with httpx.Client(timeout=30.0, trust_env=False, headers=headers) as client:
+            for url in urls:
+                root = url.rstrip("/").removesuffix("/v1")
+                try:
+                    answer = client.get(f"{root}/atropos/status")
+                except httpx.HTTPError as exc:
+                    raise InferenceError(f"inference server {root} stopped answering "
+                                         f"({type(exc).__name__}: {exc}); is it running?") from exc
+                if answer.status_code == 404:
+                    plain.append(url)
+                    continue
+                if answer.status_code in (401, 403):
+                    raise InferenceError(
+                        f"inference node {root} refused the API key (HTTP {answer.status_code});"
+                        " pass the node's key (api_key; the trainer's --vllm-api-key or $ATROPOS_API_KEY)")
+                if answer.status_code != 200:
+                    raise InferenceError(f"GET {root}/atropos/status answered "
+                                         f"{answer.status_code}: {answer.text[:300]}")
+                status = NodeStatus.model_validate(answer.json())
+                same_host = (status.hostname, status.boot_id) == here
+                reads = transport == "auto" and same_host and client.post(
+                    f"{root}/atropos/probe", json={"path": str(probe.resolve()),
+                                                   "content": token}).json().get("matches")
+                nodes.append(Node(root, "file" if reads else "http", status.dtype,
+                                  status.lora_enabled))
+                if reads:
+                    why = "same host, reads the run directory -> weights by local file"
+                else:
+                    where = ("--weight-transport http" if transport == "http" else
+                             transport if transport != "auto" else
+                             "same host but the run directory is hidden from it" if same_host
+                             else "another host")
+                    why = f"{where} -> weights pushed over HTTP in {status.dtype}"
+                _log(f"inference node {root}: {why}")
+    finally:
+        probe.unlink(missing_ok=True)
+    return nodes, plain
 
 
 def _boot_id() -> str:
     from atroposlib.inference.node.state import boot_id
 
     return boot_id()
+
+
+def _write_files(tensors: dict[str, Any], directory: Path, metadata: dict[str, str] | None) -> None:
+    """What a file-path node reads: ``model.safetensors``, or a peft adapter directory."""
+    from safetensors.torch import save_file
+
+    from atroposlib.inference.weights.select import select
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if metadata and ADAPTER_CONFIG_KEY in metadata:
+        save_file(select(tensors, list(tensors), None), directory / "adapter_model.safetensors")
+        (directory / "adapter_config.json").write_text(metadata[ADAPTER_CONFIG_KEY])
+    else:
+        save_file(select(tensors, list(tensors), None), directory / "model.safetensors")
 
 
 def adapter_metadata(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -449,4 +454,4 @@ def adapter_metadata(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, str]]
     return tensors, {ADAPTER_CONFIG_KEY: (adapter_dir / "adapter_config.json").read_text()}
 
 
-__all__ = ["Node", "NodeFleet", "Payload", "adapter_metadata", "connect_nodes"]
+__all__ = ["Node", "NodeFleet", "Payload", "adapter_metadata", "find_nodes"]

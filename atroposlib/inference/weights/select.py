@@ -105,4 +105,22 @@ def serialize(tensors: dict[str, Any], metadata: dict[str, str] | None = None) -
     return save(tensors, metadata=metadata)
 
 
-__all__ = ["hf_name", "layer_key", "names_to_send", "select", "serialize", "tied_names"]
+def save_tensors(tensors: dict[str, Any], path: Any) -> None:
+    """Write ``tensors`` as one safetensors file at ``path``.
+
+    A tensor sharing storage with an earlier one is written once, under the first name, as
+    ``save_pretrained`` does for tied weights.
+    """
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    unique = {}
+    for name, tensor in tensors.items():
+        key = tensor.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor.contiguous()
+    save_file(unique, str(path), metadata={"format": "pt"})
+
+
+__all__ = ["hf_name", "layer_key", "names_to_send", "save_tensors", "select", "serialize", "tied_names"]

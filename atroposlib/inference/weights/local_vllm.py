@@ -1,4 +1,11 @@
-"""Hot-reloading new weights into a running stock vLLM server, through its dev endpoints."""
+"""The vLLM process this trainer launched: weights written to a directory, then hot-reloaded.
+
+:class:`WeightReload` is the reload half of
+:class:`~atroposlib.inference.vllm_process.VLLMProcess`; :class:`LocalVLLM` is the
+:class:`~atroposlib.inference.weights.base.WeightTarget` over such a process. The HTTP calls
+themselves are :func:`~atroposlib.inference.weights.external_vllm.reload_from_dir`, shared with
+stock vLLM servers the trainer did not launch.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.errors import InferenceError
+from atroposlib.inference.weights.base import WeightTarget
+from atroposlib.inference.weights.external_vllm import (
+    DEV_MODE_FIX,
+    RELOAD_TIMEOUT_S,
+    reload_from_dir,
+    vllm_post,
+    write_tensors,
+)
 from atroposlib.inference.worker_extension import RELEASE_FREE_HEAP_RPC
 
 
@@ -25,20 +40,6 @@ class WeightReload:
     is_running: Any
     death_report: Any
     releases_heap: bool
-
-    def _post(self, client: Any, path: str, payload: dict | None = None) -> Any:
-        response = client.post(f"{self.root_url}{path}", json=payload)
-        if response.status_code == 404 and not self.dev_mode:
-            raise InferenceError(
-                f"POST {path} is not available: start VLLMProcess(dev_mode=True) "
-                "(VLLM_SERVER_DEV_MODE=1) to hot-reload weights"
-            )
-        if response.status_code != 200:
-            raise InferenceError(
-                f"POST {self.root_url}{path} answered {response.status_code}: "
-                f"{response.text[:2000]}"
-            )
-        return response
 
     def reload_weights(self, weights_dir: str | Path) -> float:
         """Load new weights into the running server without restarting it.
@@ -76,18 +77,47 @@ class WeightReload:
         if not self.is_running():
             raise RuntimeError("vLLM is not running; call start() first")
         begin = time.perf_counter()
-        with httpx.Client(timeout=600.0, trust_env=False) as client:
-            self._post(
-                client,
-                "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
-            )
-            self._post(client, "/reset_prefix_cache")
+        with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
+            reload_from_dir(client, self.root_url, weights_dir, fix=DEV_MODE_FIX if self.dev_mode else
+                            "start VLLMProcess(dev_mode=True) (VLLM_SERVER_DEV_MODE=1) to hot-reload weights")
             if self.releases_heap:
                 # the reload's transient tensors leave free heap behind: return it to the OS
-                answer = self._post(client, "/collective_rpc", {"method": RELEASE_FREE_HEAP_RPC}).json()
+                answer = vllm_post(client, self.root_url, "/collective_rpc",
+                                   {"method": RELEASE_FREE_HEAP_RPC}, fix=DEV_MODE_FIX).json()
                 self.heap_released_bytes = sum(int(r) for r in answer.get("results", []))
         return time.perf_counter() - begin
 
 
-__all__ = ["WeightReload"]
+class LocalVLLM(WeightTarget):
+    """The vLLM process this trainer launched, reloaded from a directory after each push.
+
+    Args:
+        process: a started :class:`~atroposlib.inference.vllm_process.VLLMProcess` (any
+            object with :meth:`WeightReload.reload_weights` and ``heap_released_bytes``).
+        weights_dir: where each push writes ``model.safetensors`` (on this host).
+    """
+
+    def __init__(self, process: Any, weights_dir: Path):
+        self.process = process
+        self.weights_dir = Path(weights_dir)
+
+    def push(self, tensors: dict[str, Any], version: int,
+             metadata: dict[str, str] | None = None) -> dict[str, float]:
+        """Write ``tensors`` and hot-reload them (see :meth:`WeightTarget.push`).
+
+        Returns:
+            ``sync/save_seconds``, ``sync/update_seconds`` and, with atroposlib's worker
+            extension, ``sync/vllm_heap_released_mb`` (MiB of free heap vLLM's workers gave
+            back to the OS after the reload).
+
+        Raises:
+            InferenceError: vLLM died, refused or failed the reload.
+        """
+        save_s = write_tensors(tensors, self.weights_dir)
+        update_s = self.process.reload_weights(self.weights_dir)
+        released = self.process.heap_released_bytes
+        heap = {} if released is None else {"sync/vllm_heap_released_mb": released / 2**20}
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s, **heap}
+
+
+__all__ = ["LocalVLLM", "WeightReload"]

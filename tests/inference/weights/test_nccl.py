@@ -14,14 +14,14 @@ weight_transfer = pytest.importorskip("vllm.distributed.weight_transfer")
 
 
 def test_the_node_client_is_a_vllm_weight_sync_client():
-    from example_trainer.nccl_sync import NodeWeightSyncClient
+    from atroposlib.inference.weights.nccl import NodeWeightSyncClient
 
     client = NodeWeightSyncClient("http://node:9100", {}, 5.0)
     assert isinstance(client, weight_transfer.VLLMWeightSyncClient)
 
 
 def test_the_weight_source_declares_what_it_yields():
-    from example_trainer.nccl_sync import _DictSource
+    from atroposlib.inference.weights.nccl import _DictSource
 
     holder = _DictSource(torch.device("cpu"))
     holder.tensors = {"model.layers.1.w": torch.ones(2, 3, dtype=torch.bfloat16),

@@ -4,7 +4,7 @@ NEVER RUN IN THIS PROJECT: there is no GPU here, and no test covers it. It is wr
 0.32's weight-transfer documentation (``docs/training/weight_transfer``, the
 ``rlhf_http_nccl`` example) and its source (``vllm/distributed/weight_transfer``), and reviewed
 against them; treat it as a starting point and run it on a GPU pair before relying on it. The
-HTTP push (:mod:`example_trainer.weight_push`) is the tested default.
+HTTP push (:mod:`atroposlib.inference.weights.node_http`) is the tested default.
 
 How it works. vLLM's trainer-side engine (``WeightTransferTrainerFactory.trainer_init`` with
 ``NCCLTrainerInitInfo``) opens an NCCL group in which the trainer is rank 0 and the node's vLLM
@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from atroposlib.errors import InferenceError
 from atroposlib.inference.node.models import NodeStatus
+from atroposlib.inference.weights.base import WeightTarget
 
 
 class NodeWeightSyncClient:
@@ -108,8 +109,12 @@ def _address_towards(host: str) -> str:
         return sock.getsockname()[0]
 
 
-class NcclFleet:
-    """The same interface as :class:`~example_trainer.weight_push.NodeFleet`, over NCCL (never run here)."""
+class NcclFleet(WeightTarget):
+    """Nodes started with ``--weight-transfer nccl``, updated over NCCL (never run here).
+
+    The same :class:`~atroposlib.inference.weights.base.WeightTarget` as
+    :class:`~atroposlib.inference.weights.node_http.NodeFleet`; build it with :meth:`connect`.
+    """
 
     def __init__(self, statuses: list[tuple[str, NodeStatus]], headers: dict[str, str], timeout: float):
         self.statuses, self.headers, self.timeout = statuses, headers, timeout
@@ -118,7 +123,6 @@ class NcclFleet:
         self.stale: set[str] = set()
         self.failures = 0
         self._source: _DictSource | None = None
-        self._names: list[str] | None = None
         self.nodes = [root for root, _ in statuses]
 
     @classmethod
@@ -147,22 +151,6 @@ class NcclFleet:
             statuses.append((root, status))
         return cls(statuses, headers, timeout)
 
-    def prepare(self, model: Any, state_dict: dict[str, Any] | None, *, weights_dir: Any,
-                lora_name: str | None, copy: bool) -> dict[str, Any]:
-        """The tensors of this round (the blocks training changes, HF names); see ``NodeFleet.prepare``."""
-        from example_trainer import lora
-        from example_trainer.weight_select import names_to_send, tied_names
-
-        if lora_name is not None:
-            raise InferenceError("--weight-transport nccl sends model weights; use --weight-sync reload")
-        hf_model, weights = lora.export(model, state_dict)
-        weights = weights if weights is not None else hf_model.state_dict()
-        if self._names is None:
-            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-            self._names = [n for n in names_to_send(weights, trainable) if n not in tied_names(hf_model)]
-        return {"weights": {n: (weights[n].detach().clone() if copy else weights[n].detach())
-                            for n in self._names}}
-
     def _engine(self, root: str, status: NodeStatus) -> Any:
         import torch
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
@@ -183,8 +171,16 @@ class NcclFleet:
                 info, client=client, source=self._source.build())
         return self.engines[root]
 
-    def push(self, weights: dict[str, Any], version: int, **_: Any) -> dict[str, float]:
-        """Broadcast ``weights`` as ``version`` to every node in turn; failed nodes become stale."""
+    def push(self, tensors: dict[str, Any], version: int,
+             metadata: dict[str, str] | None = None) -> dict[str, float]:
+        """Broadcast ``tensors`` (HF names, CUDA or CPU) as ``version`` to every node in turn.
+
+        A node that fails is marked stale for the rest of the run; ``metadata`` is unused
+        (model weights only: no LoRA adapters over NCCL).
+
+        Returns:
+            ``sync/update_seconds``, ``sync/nodes_ok`` and ``sync/nodes_failed``.
+        """
         import time
 
         import torch
@@ -200,7 +196,7 @@ class NcclFleet:
                 engine = self._engine(root, status)
                 assert self._source is not None
                 dtype = getattr(torch, status.dtype)  # the node's dtype: no cast on arrival
-                self._source.tensors = {n: t.to(dtype) for n, t in weights.items()}
+                self._source.tensors = {n: t.to(dtype) for n, t in tensors.items()}
                 self.clients[root].version = version
                 done = threading.Thread(target=engine.send_weights, daemon=True)
                 done.start()
