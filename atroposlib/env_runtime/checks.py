@@ -91,6 +91,9 @@ async def check_env(
 ) -> list[ScoredDataGroup]:
     """Drive ``setup -> get_next_item -> collect_trajectories`` and assert the group contract.
 
+    First the env's source is read for scoring code that scores 0 inside an ``except`` block
+    (a :class:`~atroposlib.env_runtime.score_lint.ZeroScoreOnErrorWarning` per place found).
+
     Args:
         env_cls: the environment class.
         server: an ``InferenceClient`` (typically ``FakeServer``) or a list of them; default a
@@ -109,8 +112,10 @@ async def check_env(
             the wrong shape, a rollout failed in the env's own code (kind ``env_error``), or no
             group was produced within ``max_items`` items.
     """
+    from atroposlib.env_runtime.score_lint import warn_zero_scores
     from atroposlib.testing.fake_server import FakeServer
 
+    warn_zero_scores(env_cls)
     env_config, _ = env_cls.config_init()
     values = {**env_config.model_dump(), "use_wandb": False, **(config_overrides or {})}
     config = env_cls.env_config_cls(**values)
