@@ -182,7 +182,7 @@ def attach_outcomes(group: dict[str, Any], members: list[Member], *, timeout: fl
     Sets ``rollout_ids`` and ``attempts`` (``[G]``, completed members in order; left unset when
     the group's rows are no longer one per completed member) and, when a
     member failed, appends its entry to ``excluded`` (entries already there, e.g. masked ones,
-    are kept). ``stats`` (a ``Counter``), when given, gets ``rollouts_failed_<kind>`` += 1 per
+    are kept). ``stats`` (a ``Counter``), when given, gets ``members_failed_<kind>`` += 1 per
     failed member.
 
     Returns:
@@ -197,7 +197,7 @@ def attach_outcomes(group: dict[str, Any], members: list[Member], *, timeout: fl
         group["excluded"] = [*(group.get("excluded") or []), *failed]
     if stats is not None:
         for entry in failed:
-            stats[f"rollouts_failed_{entry['kind']}"] += 1
+            stats[f"members_failed_{entry['kind']}"] += 1
     return group
 
 

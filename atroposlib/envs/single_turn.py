@@ -240,7 +240,7 @@ class SingleTurnEnv(MultiTurnEnv):
                 add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
         if masked:
             group["excluded"] = masked
-            self.stats["rollouts_masked_truncated"] += len(masked)
+            self.stats["members_masked_truncated"] += len(masked)
         if not group["tokens"]:
             self.stats["groups_dropped_all_masked"] += 1
             return None, []

@@ -88,8 +88,8 @@ async def test_failures_are_captured_per_member_and_the_group_shrinks(tiny_token
     assert "ZeroDivisionError: the scorer divided by zero" in group["excluded"][1]["message"]
     ids = group["rollout_ids"] + [m["rollout_id"] for m in group["excluded"]]
     assert sorted(r.split("/")[1] for r in ids) == list("0123")
-    assert env.stats["rollouts_failed_inference"] == 1
-    assert env.stats["rollouts_failed_env_error"] == 1
+    assert env.stats["members_failed_inference"] == 1
+    assert env.stats["members_failed_env_error"] == 1
     check_group(group, 4)  # kept + excluded = group_size
     wire = ScoredData(**group)
     assert [m.kind for m in wire.excluded] == ["inference", "env_error"]
@@ -221,7 +221,7 @@ async def test_single_turn_masks_truncated_replies_only_when_opted_in(tiny_token
     assert len(group["tokens"]) == 2 and _kinds(group) == ["truncated"]
     masked = group["excluded"][0]
     assert masked["outcome"] == "masked" and masked["tokens"] and "score" not in masked
-    assert env.stats["rollouts_masked_truncated"] == 1
+    assert env.stats["members_masked_truncated"] == 1
     check_group(group, 3)
     ScoredData(**group)
 
