@@ -97,8 +97,9 @@ def encode_group(group: Any) -> bytes:
 
 
 def decode_group(blob: bytes) -> dict[str, Any]:
-    """Decode a blob into a 14-key dict (plus the outcome fields it has); packed fields are
-    lists of 1-D numpy rows (views).
+    """Decode a blob into a 14-key dict, plus the outcome fields the group has.
+
+    Packed fields are lists of 1-D numpy rows (views).
 
     Raises:
         ValueError: ``blob`` was not made by :func:`encode_group`.
@@ -122,8 +123,7 @@ def decode_group(blob: bytes) -> dict[str, Any]:
 
 
 def group_json(blob: bytes) -> bytes:
-    """Render a blob as the exact JSON object ``/batch`` returns (14 keys, nulls included,
-    then the outcome fields the group has)."""
+    """Render a blob as the JSON object ``/batch`` returns: 14 keys, then outcome fields."""
     return orjson.dumps(decode_group(blob), option=_NUMPY)
 
 

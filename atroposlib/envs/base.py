@@ -16,7 +16,6 @@ and evaluation-file hooks are inherited from mixins that live beside their bodie
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from pathlib import Path

@@ -22,8 +22,8 @@ from atroposlib.envs.base import BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.episodes import Episode, run_episode
 from atroposlib.envs.eval import eval_samples
 from atroposlib.envs.groups import add_rollout, new_group, set_reference_answer
-from atroposlib.envs.outcomes import Member, masked_entry, new_rollout_ids
 from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
+from atroposlib.envs.outcomes import Member, masked_entry, new_rollout_ids
 from atroposlib.envs.scoring import ScoreResult, resolve_score
 from atroposlib.inference.clients.base import actual_token_logprob
 from atroposlib.type_definitions import Item, Message

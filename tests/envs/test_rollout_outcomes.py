@@ -15,7 +15,7 @@ from atroposlib.api.models import ScoredData
 from atroposlib.env_runtime.checks import check_group
 from atroposlib.env_runtime.step import Skip, run_item
 from atroposlib.envs.base import BaseEnvConfig
-from atroposlib.envs.groups import ScoredDataItem, check_groups
+from atroposlib.envs.groups import check_groups
 from atroposlib.envs.outcomes import exclude_member, failure_kind
 from atroposlib.envs.run_state import RunState
 from atroposlib.errors import InferenceError
