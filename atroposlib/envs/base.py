@@ -259,7 +259,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
         Returns:
             ``(group or None, backlog_items)``: None when any rollout returned None, or when
-            fewer than ``min_group_size`` rollouts completed.
+            fewer than ``min_completed_rollouts`` rollouts completed.
 
         Raises:
             Exception: every rollout failed, or one failed under policy ``drop``: the first
@@ -292,7 +292,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
         Returns:
             The members (:class:`~atroposlib.envs.outcomes.Member`), or None when the group
-            is dropped for having fewer than ``config.min_group_size`` completed members
+            is dropped for having fewer than ``config.min_completed_rollouts`` completed members
             (counted as ``groups_dropped_too_few_completed``).
 
         Raises:
@@ -303,7 +303,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         members = await run_members(
             roll, n, timeout=config.rollout_timeout, ids=ids,
             retries=config.max_rollout_retries if config.failed_rollout_policy == "retry" else 0)
-        if not keep_group(members, config.failed_rollout_policy, config.min_group_size):
+        if not keep_group(members, config.failed_rollout_policy, config.min_completed_rollouts):
             self.stats["groups_dropped_too_few_completed"] += 1
             return None
         return members

@@ -232,12 +232,12 @@ class BaseEnvConfig(BaseModel):
     failed_rollout_policy: Literal["retry", "shrink", "drop"] = Field(
         default="shrink",
         description="What a group with failed members becomes: 'shrink' sends the completed "
-        "members when at least min_group_size completed (else the group is dropped); 'retry' "
+        "members when at least min_completed_rollouts completed (else the group is dropped); 'retry' "
         "rolls failed members out again (max_rollout_retries times) and then shrinks; 'drop' "
         "drops the group, as before outcomes existed. Failed members travel in the group's "
         "'excluded' list and are never trained on.",
     )
-    min_group_size: int = Field(
+    min_completed_rollouts: int = Field(
         default=2, ge=1,
         description="Fewest completed members a group with failures may be sent with (a group "
         "of one has no learning signal: its advantage is 0).",

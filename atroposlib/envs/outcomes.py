@@ -25,7 +25,7 @@ from atroposlib.errors import InferenceError
 T = TypeVar("T")
 
 #: What an env does with a group some of whose members failed:
-#: ``shrink`` keeps the completed members when at least ``min_group_size`` of them completed
+#: ``shrink`` keeps the completed members when at least ``min_completed_rollouts`` of them completed
 #: (the default); ``retry`` first rolls the failed members out again, at most
 #: ``max_rollout_retries`` times each, then shrinks; ``drop`` drops the whole group, as
 #: atroposlib did before outcomes existed (the first failure is raised again).
@@ -156,11 +156,11 @@ def masked_entry(rollout_id: str, attempt: int, reason: str, *, message: str | N
     return entry
 
 
-def keep_group(members: list[Member], policy: str, min_group_size: int) -> bool:
+def keep_group(members: list[Member], policy: str, min_completed_rollouts: int) -> bool:
     """Whether a group whose members ended as ``members`` is sent (after retries).
 
     A group without failures is always sent; one with failures is sent when at least
-    ``min_group_size`` members completed (``shrink`` and ``retry``).
+    ``min_completed_rollouts`` members completed (``shrink`` and ``retry``).
 
     Raises:
         Exception: the first member's error, when ``policy`` is ``drop`` and a member failed,
@@ -172,7 +172,7 @@ def keep_group(members: list[Member], policy: str, min_group_size: int) -> bool:
         return True
     if (policy == "drop" or len(failed) == len(members)):
         raise failed[0].error  # type: ignore[misc]
-    return len(members) - len(failed) >= min_group_size
+    return len(members) - len(failed) >= min_completed_rollouts
 
 
 def attach_outcomes(group: dict[str, Any], members: list[Member], *, timeout: float | None = None,

@@ -226,8 +226,6 @@ class SingleTurnEnv(MultiTurnEnv):
                                            message="cut off at the completion budget"))
             elif generated >= self.min_completion_tokens:
                 kept.append((rid, choice.message.content or "", choice.finish_reason, node))
-        if len(kept) + len(masked) < len(nodes):
-            return None, []
         members = await self._score_members(item, kept)
         if members is None:
             return None, []
@@ -238,6 +236,8 @@ class SingleTurnEnv(MultiTurnEnv):
                 score, details = member.value
                 self.record_train_score(score, details)
                 add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
+        if len(kept) + len(masked) < len(nodes):  # a reply under min_completion_tokens
+            return None, []
         if masked:
             group["excluded"] = masked
             self.stats["members_masked_truncated"] += len(masked)

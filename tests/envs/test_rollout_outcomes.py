@@ -104,7 +104,7 @@ async def test_a_slow_member_times_out_alone(tiny_tokenizer):
 
 
 async def test_too_few_completed_drops_the_group(tiny_tokenizer):
-    env = _env(tiny_tokenizer, {0: "score", 1: "score", 2: "inference"}, min_group_size=2)
+    env = _env(tiny_tokenizer, {0: "score", 1: "score", 2: "inference"}, min_completed_rollouts=2)
     outcome = await _group(env)
     assert outcome.group is None and outcome.reason is Skip.RETURNED_NONE
     assert env.stats["groups_dropped_too_few_completed"] == 1
