@@ -252,3 +252,52 @@ async def test_multi_turn_episode_failure_fails_only_its_member(tiny_tokenizer_d
     assert group["scores"] == [1.0, 3.0] and _kinds(group) == ["inference"]
     assert re.fullmatch(r"[0-9a-f]{12}/1", group["excluded"][0]["rollout_id"])
     check_group(group, 3)
+
+
+async def test_process_mode_writes_groups_with_outcomes(tiny_tokenizer, tmp_path):
+    """process mode: groups with a failed member are written to JSONL and rendered to HTML."""
+    import json
+
+    path = tmp_path / "groups.jsonl"
+    env = _env(tiny_tokenizer, {1: "score", 5: "inference"}, total_steps=2,
+               data_path_to_save_groups=str(path))
+    assert await env.process_manager(show_progress=False) == path
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 2
+    assert [m["kind"] for row in rows for m in row.get("excluded") or []] == [
+        "env_error", "inference"]
+    assert all(len(row["tokens"]) == len(row["rollout_ids"]) == 3 for row in rows)
+    assert path.with_suffix(".html").exists()
+
+
+async def test_env_group_with_a_failed_member_through_a_real_run_api(tiny_tokenizer):
+    """The env's group, as its sender posts it, through run-api (uvicorn on 127.0.0.1) to /batch."""
+    import httpx
+
+    from atroposlib.api.client import AsyncAtroposClient
+    from tests.fixtures.api_server import start_run_api
+
+    env = _env(tiny_tokenizer, {2: "slow"}, rollout_timeout=0.2)
+    outcome = await _group(env)
+    [group] = env._accept_groups(outcome.groups)  # normalised as the sender sends it
+    api = start_run_api()
+    try:
+        client = AsyncAtroposClient(api.url)
+        await client.request("POST", "/register", {
+            "wandb_group": "g", "wandb_project": "p", "batch_size": 6, "max_token_len": 256,
+            "checkpoint_dir": "c", "save_checkpoint_interval": 10, "starting_step": 0,
+            "num_steps": 10})
+        await client.request("GET", "/batch")
+        env_id = (await client.request("POST", "/register-env", {
+            "max_token_length": 256, "desired_name": "e", "weight": 1, "group_size": 4}))["env_id"]
+        for _ in range(2):  # two shrunk groups of 3 fill the batch of 6
+            answer = await client.post_scored_data({**group, "env_id": env_id})
+            assert answer["status"] == "received"
+        served = httpx.get(api.url + "/batch", headers=api.headers, timeout=10).json()["batch"]
+        await client.aclose()
+    finally:
+        api.stop()
+    got = served[0]
+    assert len(served) == 2 and served[1] == got
+    assert got["scores"] == [0.0, 1.0, 3.0] and got["rollout_ids"] == group["rollout_ids"]
+    assert [(m["outcome"], m["kind"]) for m in got["excluded"]] == [("failed", "timeout")]
