@@ -9,6 +9,8 @@ these as their defaults, so a run started with no flags finds its parts:
   serving the bundled model under the name ``DEFAULT_INFERENCE_MODEL``
   (``python -m atroposlib.inference.vllm_process`` starts it there).
 
+Also the one bounded default of a rollout's duration, ``DEFAULT_ROLLOUT_TIMEOUT_S``.
+
 The bundled model's directory is :func:`atroposlib.inference.bundled.bundled_model_dir`. This
 module imports nothing.
 """
@@ -31,6 +33,12 @@ DEFAULT_INFERENCE_MODEL = "smollm2"
 #: :func:`atroposlib.utils.prometheus.serve_metrics`).
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
+#: Seconds one rollout (one member of a group: its inference calls and its scoring) may take by
+#: default before it fails with kind ``timeout`` (``BaseEnvConfig.rollout_timeout``). Below the
+#: default ``worker_timeout`` (600 s) of a whole group, so a slow member fails alone and its
+#: group can still be sent without it.
+DEFAULT_ROLLOUT_TIMEOUT_S = 480.0
+
 __all__ = [
     "DEFAULT_API_HOST",
     "DEFAULT_API_PORT",
@@ -39,4 +47,5 @@ __all__ = [
     "DEFAULT_INFERENCE_PORT",
     "DEFAULT_INFERENCE_URL",
     "DEFAULT_METRICS_HOST",
+    "DEFAULT_ROLLOUT_TIMEOUT_S",
 ]

@@ -197,6 +197,9 @@ class BatchStats:
         advantages: every sequence's (mean) advantage.
         has_inference_logprobs: how many sequences carried sampler log-probs.
         max_len: longest sequence in tokens.
+        excluded: members the groups' envs kept out of training (the wire's ``excluded``
+            list), counted by ``"failed/<kind>"`` or ``"masked/<reason>"``; they are not
+            sequences of the batch and count in no advantage.
     """
 
     num_sequences: int = 0
@@ -205,6 +208,7 @@ class BatchStats:
     advantages: list[float] = field(default_factory=list)
     has_inference_logprobs: int = 0
     max_len: int = 0
+    excluded: dict[str, int] = field(default_factory=dict)
 
 
 def batch_to_sequences(groups: Sequence[dict[str, Any]],
@@ -212,7 +216,10 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]],
     """Compute advantages and shift every sequence of a ``/batch`` into a :class:`TrainSequence`.
 
     Advantages: the env's per-token ``advantages`` when the group carries them, else
-    :func:`group_advantages` of the group's ``scores``. ``overrides[i].set_advantage_to_zero``
+    :func:`group_advantages` of the group's ``scores``. Only the group's completed members are
+    in its lists; masked and failed members (its ``excluded`` list, an atroposlib extension)
+    are counted in ``stats.excluded`` and nowhere else, so the advantages of a group with
+    exclusions equal, bit for bit, those of a clean group made of its completed members. ``overrides[i].set_advantage_to_zero``
     zeroes sequence ``i``'s advantage. Teacher arrays (``distill_token_ids`` /
     ``distill_logprobs``, ``[G][T_i][K]``, position t holding the candidates for token t) are
     shifted like the labels, so target j gets position j + 1.
@@ -238,6 +245,9 @@ def batch_to_sequences(groups: Sequence[dict[str, Any]],
                 f"group {g}: tokens/masks/scores have {len(tokens)}/{len(masks)}/{len(scores)} "
                 "rows; every group needs one row per sequence"
             )
+        for member in group.get("excluded") or ():
+            key = f"{member.get('outcome')}/{member.get('kind') or member.get('reason')}"
+            stats.excluded[key] = stats.excluded.get(key, 0) + 1
         seq_adv = group_advantages(scores, scale=scale_advantages)
         token_adv = group.get("advantages")
         sampler_lps = group.get("inference_logprobs")

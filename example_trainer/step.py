@@ -148,6 +148,8 @@ class StepRunner:
             **({"distill_kl": sums["distill_kl_sum"] / sums["distill_tokens"]}
                if sums["distill_tokens"] else {}),
             "max_len": stats.max_len,
+            # members the envs kept out of training (failed or masked), by outcome and kind
+            **{f"rollouts_excluded/{key}": float(count) for key, count in stats.excluded.items()},
             "tokens_per_second": sums["attended_tokens"] / compute_s,  # all ranks together
             "step_seconds": compute_s,
         }

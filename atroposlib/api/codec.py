@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from atroposlib.api.models import GROUP_FIELDS, PER_TOKEN_FIELDS
+from atroposlib.api.models import GROUP_FIELDS, OUTCOME_FIELDS, PER_TOKEN_FIELDS
 
 MAGIC = b"AGB1"
 _HEADER = struct.Struct("<4sI")
@@ -60,7 +60,8 @@ def encode_group(group: Any) -> bytes:
             entries in row ``i``).
 
     Returns:
-        The blob; :func:`group_json` renders it back to the exact 14-key JSON object.
+        The blob; :func:`group_json` renders it back to the exact 14-key JSON object (plus the
+        rollout-outcome fields, :data:`~atroposlib.api.models.OUTCOME_FIELDS`, the group has).
     """
     get = group.get if isinstance(group, dict) else (lambda k: getattr(group, k))
     tokens = get("tokens")
@@ -78,6 +79,11 @@ def encode_group(group: Any) -> bytes:
             rest[name] = value
         else:
             arrays.append((name, packed))
+    for name in OUTCOME_FIELDS:  # extension fields: stored only when the group has them
+        value = get(name)
+        if value is not None:
+            rest[name] = [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else m
+                          for m in value]
     specs = []
     offset = 0
     for name, arr in arrays:
@@ -91,7 +97,9 @@ def encode_group(group: Any) -> bytes:
 
 
 def decode_group(blob: bytes) -> dict[str, Any]:
-    """Decode a blob into a 14-key dict; packed fields are lists of 1-D numpy rows (views).
+    """Decode a blob into a 14-key dict, plus the outcome fields the group has.
+
+    Packed fields are lists of 1-D numpy rows (views).
 
     Raises:
         ValueError: ``blob`` was not made by :func:`encode_group`.
@@ -109,11 +117,13 @@ def decode_group(blob: bytes) -> dict[str, Any]:
     for name, dtype, offset, count in header["arrays"]:
         flat = np.frombuffer(blob, dtype=np.dtype(dtype), count=count, offset=base + offset)
         values[name] = np.split(flat, bounds) if rows else []
-    return {name: values.get(name) for name in GROUP_FIELDS}
+    group = {name: values.get(name) for name in GROUP_FIELDS}
+    group.update((name, values[name]) for name in OUTCOME_FIELDS if values.get(name) is not None)
+    return group
 
 
 def group_json(blob: bytes) -> bytes:
-    """Render a blob as the exact JSON object ``/batch`` returns (14 keys, nulls included)."""
+    """Render a blob as the JSON object ``/batch`` returns: 14 keys, then outcome fields."""
     return orjson.dumps(decode_group(blob), option=_NUMPY)
 
 

@@ -27,7 +27,7 @@ log = logging.getLogger("atroposlib.api")
 
 #: Fields with one entry per sequence: concatenated when partial groups are merged.
 PER_SEQUENCE_FIELDS = ("tokens", "masks", "scores", *PER_TOKEN_FIELDS, "messages", "overrides",
-                       "distill_token_ids", "distill_logprobs")
+                       "distill_token_ids", "distill_logprobs", "rollout_ids", "attempts")
 
 
 def _row_state(value: Any) -> str:
@@ -55,9 +55,9 @@ def merge_partials(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """
     merged = dict(parts[0])
     for name in PER_SEQUENCE_FIELDS:
-        if merged[name] is None:
+        if merged.get(name) is None:
             continue
-        merged[name] = [row for part in parts for row in (part[name] or [])]
+        merged[name] = [row for part in parts for row in (part.get(name) or [])]
     return merged
 
 
@@ -100,6 +100,11 @@ class Ingestion:
                 f"group has {n} sequences but env {group.env_id} registered group_size={target}: "
                 "send at most group_size sequences, or set group_overrides.group_size to the "
                 "real size of this group", reason="group_size")
+        if target is not None and group.excluded is not None and n + len(group.excluded) > target:
+            raise InvalidGroupError(
+                f"group has {n} kept and {len(group.excluded)} excluded members but env "
+                f"{group.env_id} registered group_size={target}: kept plus excluded members are "
+                "the group's rollouts, at most group_size of them", reason="group_size")
         problem = group_problem(
             group.tokens, group.masks, group.scores,
             vocab_size=reg.vocab_size if reg is not None else None,
@@ -169,7 +174,8 @@ class Ingestion:
         with self.core.transaction("storing scored data"):
             for group, target, n_tokens in zip(groups, targets, sizes, strict=True):
                 blob = encode_group(group)
-                if target is None or len(group.tokens) == target:
+                # a group with an excluded list accounts for all its members: complete as sent
+                if target is None or len(group.tokens) == target or group.excluded is not None:
                     self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob,
                                   group.policy_version)
                     results.append({"status": "received"})

@@ -20,7 +20,7 @@ Wire conventions (Atropos 0.4, kept verbatim):
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -162,6 +162,81 @@ class EnvIdentifier(BaseModel):
     env_id: Index = Field(description="The id returned by /register-env.")
 
 
+#: Why a masked member is kept out of training: cut off at the token budget, a reply in the wrong
+#: format, or the env's own reason.
+MaskReason = Literal["truncated", "format", "env"]
+#: Why a failed member has no score: the inference call failed, it ran past its timeout, the
+#: env's code (scorer, tool, parser) raised, or the sandbox running it failed.
+FailureKind = Literal["inference", "timeout", "env_error", "sandbox"]
+#: Longest rollout id, and longest failure message kept, in characters.
+MAX_ROLLOUT_ID_CHARS = 200
+MAX_OUTCOME_MESSAGE_CHARS = 4000
+#: A stable rollout id: 1 .. 200 characters.
+RolloutId = Annotated[str, Field(min_length=1, max_length=MAX_ROLLOUT_ID_CHARS)]
+
+
+class ExcludedMember(BaseModel):
+    """One member of a group that is not trained on: masked (kept for inspection) or failed.
+
+    An atroposlib extension carried in :attr:`ScoredData.excluded`. Stock Atropos servers and
+    trainers ignore it, so an excluded member can never be trained as a real sample: it is not
+    in the group's ``tokens``/``masks``/``scores`` lists and counts in no group statistic.
+    A failed member has no score and never gets one; a masked member may carry the score the
+    env gave it and its sequence (``tokens``/``masks``, ``[T]``) for inspection.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    rollout_id: RolloutId = Field(description="Stable id of the rollout (unique in its group).")
+    attempt: Index = Field(default=0, description="0 for the first try, k for the k-th retry.")
+    outcome: Literal["masked", "failed"] = Field(
+        description="masked: rolled out but weighted 0 (see reason); failed: no usable rollout "
+        "(see kind).")
+    reason: MaskReason | None = Field(
+        default=None, description="Why a masked member is masked (required when masked).")
+    kind: FailureKind | None = Field(
+        default=None, description="What failed for a failed member (required when failed).")
+    message: str | None = Field(
+        default=None, max_length=MAX_OUTCOME_MESSAGE_CHARS,
+        description="Human-readable detail (the exception, the env's note).")
+    score: Finite | None = Field(
+        default=None, description="The env's score of a masked member (never set when failed).")
+    tokens: list[TokenId] | None = Field(
+        default=None, description="[T] a masked member's sequence, for inspection only.")
+    masks: list[Label] | None = Field(
+        default=None, description="[T] a masked member's labels, for inspection only.")
+
+    @model_validator(mode="after")
+    def _outcome_agrees(self) -> ExcludedMember:
+        who = f"excluded member {self.rollout_id!r}"
+        if self.outcome == "masked":
+            if self.reason is None:
+                raise ValueError(f"{who} is masked but has no reason; set reason to one of "
+                                 "'truncated', 'format' or 'env'")
+            if self.kind is not None:
+                raise ValueError(f"{who} is masked but has a failure kind; kind is for failed "
+                                 "members only")
+        else:
+            if self.kind is None:
+                raise ValueError(f"{who} failed but has no kind; set kind to one of "
+                                 "'inference', 'timeout', 'env_error' or 'sandbox'")
+            if self.reason is not None:
+                raise ValueError(f"{who} failed but has a mask reason; reason is for masked "
+                                 "members only")
+            if self.score is not None:
+                raise ValueError(f"{who} failed but has a score: a failed member has no score "
+                                 "(send outcome 'masked' to keep a scored sequence out of training)")
+            if self.tokens is not None or self.masks is not None:
+                raise ValueError(f"{who} failed but carries tokens/masks; only masked members "
+                                 "keep their sequence")
+        if (self.tokens is None) != (self.masks is None):
+            raise ValueError(f"{who}: send tokens and masks together, or neither")
+        if self.tokens is not None and len(self.tokens) != len(self.masks or ()):
+            raise ValueError(f"{who}: masks has {len(self.masks or ())} entries but tokens has "
+                             f"{len(self.tokens)}")
+        return self
+
+
 class ScoredData(BaseModel):
     """One scored rollout group: ``POST /scored_data`` body, and each element of a ``/batch``.
 
@@ -219,6 +294,18 @@ class ScoredData(BaseModel):
         description="Policy version (trainer step) of the weights that generated this group; "
         "run-api --max-staleness drops groups that are too old. Null: never dropped.",
     )
+    # atroposlib extensions: rollout outcomes (docs/guides/rollout-outcomes.md). Stock Atropos
+    # servers and trainers ignore these keys; run-api serves them back in /batch only when set,
+    # so a stock group is served with exactly its 14 keys.
+    rollout_ids: list[RolloutId] | None = Field(
+        default=None, description="[G] stable rollout id of each kept (completed) member.")
+    attempts: list[Index] | None = Field(
+        default=None, description="[G] attempt of each kept member (0: first try).")
+    excluded: list[ExcludedMember] | None = Field(
+        default=None,
+        description="Members of the group left out of tokens/masks/scores: masked (weighted 0, "
+        "kept for inspection) or failed (no score). They count in no group statistic. A group "
+        "that carries this list is complete as sent and is never merged with others.")
 
     @field_validator("messages")
     @classmethod
@@ -244,6 +331,10 @@ class ScoredData(BaseModel):
     def _rows_agree(self) -> ScoredData:
         # attribute access, not model_dump: no copy of the (large) token lists
         problem = group_shape_error({name: getattr(self, name) for name in _SHAPE_FIELDS})
+        if problem:
+            raise ValueError(problem)
+        problem = outcome_shape_error(self.rollout_ids, self.attempts, self.excluded,
+                                      len(self.tokens))
         if problem:
             raise ValueError(problem)
         if self.advantages is not None and any(
@@ -287,9 +378,33 @@ def free_json_error(value: Any) -> str | None:
 PER_TOKEN_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
 _SHAPE_FIELDS = ("tokens", "masks", "scores", *PER_TOKEN_FIELDS, "overrides", "messages",
                  "distill_token_ids", "distill_logprobs")
+#: The rollout-outcome extension fields: stored with a group and served back only when set.
+OUTCOME_FIELDS = ("rollout_ids", "attempts", "excluded")
 #: Every field of a stored group, in wire order (the 14 keys upstream returns; ``policy_version``
-#: is queue metadata, not part of the served group).
-GROUP_FIELDS = tuple(name for name in ScoredData.model_fields if name != "policy_version")
+#: is queue metadata, not part of the served group, and :data:`OUTCOME_FIELDS` follow these
+#: keys only when a group carries them).
+GROUP_FIELDS = tuple(name for name in ScoredData.model_fields
+                     if name != "policy_version" and name not in OUTCOME_FIELDS)
+
+
+def outcome_shape_error(rollout_ids: list[str] | None, attempts: list[int] | None,
+                        excluded: list[Any] | None, n: int) -> str | None:
+    """Why a group's outcome fields disagree with its ``n`` kept members, or None.
+
+    ``rollout_ids`` and ``attempts`` (each ``[G]`` or None) have one entry per kept member, and
+    every rollout id (kept or excluded) appears once in the group.
+    """
+    for name, rows in (("rollout_ids", rollout_ids), ("attempts", attempts)):
+        if rows is not None and len(rows) != n:
+            return (f"{name} has {len(rows)} entries but tokens has {n}; send one per kept "
+                    "(completed) member, and put masked or failed members in excluded")
+    ids = list(rollout_ids or ()) + [m.rollout_id for m in excluded or ()]
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        twice = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        return (f"rollout id {twice!r} appears twice in the group; every member (kept or "
+                "excluded) needs its own rollout id")
+    return None
 
 
 def group_shape_error(group: dict[str, Any]) -> str | None:

@@ -18,7 +18,7 @@ def check_group(
     """Assert the ``ScoredDataGroup`` invariants on one group.
 
     Checked: tokens/masks/scores present with ``expected_size`` rows (or
-    ``group_overrides["group_size"]``); every per-token field (masks, inference_logprobs,
+    ``group_overrides["group_size"]``), counting the members in ``excluded``; every per-token field (masks, inference_logprobs,
     advantages, ref_logprobs) has the row's length; ``masks[i][t]`` is ``-100`` or equals
     ``tokens[i][t]``; at least one trained position per sequence; ``inference_logprobs`` is
     ``1.0`` at masked positions and a finite value <= 0 elsewhere; scores are finite;
@@ -40,8 +40,10 @@ def check_group(
     assert problem is None, f"{where}: {problem}"
     size = int((group.get("group_overrides") or {}).get("group_size", expected_size))
     n = len(group["tokens"])
-    assert n == size, (
-        f"{where}: has {n} sequences but group_size is {size}; return group_size rollouts or set "
+    excluded = len(group.get("excluded") or ())
+    assert n + excluded == size, (
+        f"{where}: has {n} sequences" + (f" and {excluded} excluded members" if excluded else "")
+        + f" but group_size is {size}; return group_size rollouts or set "
         "group_overrides['group_size']"
     )
     vocab = len(tokenizer) if tokenizer is not None else None
@@ -89,6 +91,9 @@ async def check_env(
 ) -> list[ScoredDataGroup]:
     """Drive ``setup -> get_next_item -> collect_trajectories`` and assert the group contract.
 
+    First the env's source is read for scoring code that scores 0 inside an ``except`` block
+    (a :class:`~atroposlib.env_runtime.score_lint.ZeroScoreOnErrorWarning` per place found).
+
     Args:
         env_cls: the environment class.
         server: an ``InferenceClient`` (typically ``FakeServer``) or a list of them; default a
@@ -104,10 +109,13 @@ async def check_env(
 
     Raises:
         AssertionError: an invariant is violated, ``collect_trajectories`` raised or returned
-            the wrong shape, or no group was produced within ``max_items`` items.
+            the wrong shape, a rollout failed in the env's own code (kind ``env_error``), or no
+            group was produced within ``max_items`` items.
     """
+    from atroposlib.env_runtime.score_lint import warn_zero_scores
     from atroposlib.testing.fake_server import FakeServer
 
+    warn_zero_scores(env_cls)
     env_config, _ = env_cls.config_init()
     values = {**env_config.model_dump(), "use_wandb": False, **(config_overrides or {})}
     config = env_cls.env_config_cls(**values)
@@ -145,6 +153,11 @@ async def check_env(
                     where=f"{env_cls.__name__} group {len(groups)}" + (f"[{k}]" if len(batch) > 1 else ""),
                     tokenizer=env._tokenizer,
                 )
+                broken = [m for m in group.get("excluded") or ()
+                          if m.get("outcome") == "failed" and m.get("kind") == "env_error"]
+                assert not broken, (
+                    f"{env_cls.__name__}: {len(broken)} rollout(s) of a group raised in the env's "
+                    f"own code (sent as failed, kind env_error): {broken[0].get('message')}")
                 groups.append(group)
     finally:
         await env.server.aclose()

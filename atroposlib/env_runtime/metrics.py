@@ -23,6 +23,9 @@ _DROPPED = {
     "groups_unsendable": "unsendable",
     "groups_unsent_at_shutdown": "unsent_at_shutdown",
 }
+#: Failure kinds and mask reasons of excluded group members (``members_<outcome>_<kind>`` keys).
+_EXCLUDED = [("failed", k) for k in ("inference", "timeout", "env_error", "sandbox")] + [
+    ("masked", r) for r in ("truncated", "format", "env")]
 
 
 class ServeLoopCollector(LiveCollector):
@@ -61,6 +64,13 @@ class ServeLoopCollector(LiveCollector):
                                   value=stats["rollouts_timed_out"])
         yield CounterMetricFamily(_name("send_retries"), "Retried posts to run-api.",
                                   value=stats["send_retries"])
+        excluded = CounterMetricFamily(_name("members_excluded"), "Group members sent in a "
+                                       "group's excluded list (never trained on), by outcome "
+                                       "and failure kind or mask reason.",
+                                       labels=["outcome", "kind"])
+        for outcome, kind in _EXCLUDED:
+            excluded.add_metric([outcome, kind], stats[f"members_{outcome}_{kind}"])
+        yield excluded
 
 
 def serve_loop_metrics(loop: Any, port: int, host: str) -> MetricsServer:

@@ -16,9 +16,8 @@ and evaluation-file hooks are inherited from mixins that live beside their bodie
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from atroposlib.envs.groups import (
     gather_rollouts,
     normalise_group,
 )
+from atroposlib.envs.outcomes import Member, attach_outcomes, keep_group, run_members
 from atroposlib.envs.run_state import (
     ROLLOUT_POLICY_VERSION,
     RunState,
@@ -96,9 +96,12 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
     ``self.stats`` ... The config
     is read-only once a runner starts (assigning a field raises ``FrozenConfigError``).
 
-    Returning None, raising inside ``collect_trajectories``/``collect_trajectory``, or (while
+    Returning None, raising inside ``collect_trajectories``, or (while
     ``ensure_scores_are_not_same``) returning identical scores drops the group; drops are
-    logged and counted in ``self.stats``, never turned into reward 0.
+    logged and counted in ``self.stats``, never turned into reward 0. A ``collect_trajectory``
+    that raises or passes ``config.rollout_timeout`` fails only its own rollout: it is sent in
+    the group's ``excluded`` list, without a score, and ``config.failed_rollout_policy``
+    decides whether the rest of the group is sent (see :mod:`atroposlib.envs.outcomes`).
     """
 
     name: str | None = None
@@ -242,25 +245,65 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
     ) -> tuple[ScoredDataGroup | list[ScoredDataGroup] | None, list[Item]]:
         """Roll out and score one group; default: ``collect_trajectory`` x ``group_size``.
 
-        The default runs ``collect_trajectory(item)`` ``group_size`` times concurrently and
-        aggregates the items into one group: ``tokens``/``masks``/``scores`` always, each
-        optional per-sequence field (``inference_logprobs``, ``advantages``, ``messages`` ...)
-        when every item has it (None when no item has it), and merged ``group_overrides``.
+        The default runs ``collect_trajectory(item)`` ``group_size`` times concurrently, each
+        bounded by ``config.rollout_timeout``, and aggregates the completed items into one
+        group: ``tokens``/``masks``/``scores`` always, each optional per-sequence field
+        (``inference_logprobs``, ``advantages``, ``messages`` ...) when every item has it (None
+        when no item has it), merged ``group_overrides``, and the rollout outcomes
+        (``rollout_ids``, ``attempts``, failed members in ``excluded``; see
+        :mod:`atroposlib.envs.outcomes`). A rollout that raised or timed out fails alone;
+        ``config.failed_rollout_policy`` decides what becomes of its group.
 
         Returns:
-            ``(group or None, backlog_items)``: None when any rollout returned None.
+            ``(group or None, backlog_items)``: None when any rollout returned None, or when
+            fewer than ``min_completed_rollouts`` rollouts completed.
+
+        Raises:
+            Exception: every rollout failed, or one failed under policy ``drop``: the first
+                rollout's exception, so the runner classifies it as before.
 
         Raises:
             RolloutError: an item is not a dict, or items disagree on an optional field.
         """
-        results = await asyncio.gather(
-            *(self.collect_trajectory(item) for _ in range(self.config.group_size))
-        )
-        items, backlog = gather_rollouts(results)
+        members = await self.run_rollouts(lambda _i: self.collect_trajectory(item),
+                                          self.config.group_size)
+        if members is None:
+            return None, []
+        items, backlog = gather_rollouts([m.value for m in members if m.completed])
         if items is None:
             self.stats["rollouts_returned_none"] += 1
             return None, backlog
-        return aggregate_items(items), backlog
+        group = aggregate_items(items)
+        attach_outcomes(group, members, timeout=self.config.rollout_timeout, stats=self.stats)
+        return group, backlog
+
+    async def run_rollouts(
+        self, roll: Callable[[int], Awaitable[Any]], n: int, ids: list[str] | None = None
+    ) -> list[Member] | None:
+        """Run a group's ``n`` rollouts, ``roll(i)``, under the config's outcome settings.
+
+        Each attempt is bounded by ``config.rollout_timeout``; failed members are rolled out
+        again ``config.max_rollout_retries`` times under policy ``retry``. Pass the result to
+        :func:`~atroposlib.envs.outcomes.attach_outcomes` once the group is built from the
+        completed members' values. ``ids``: the members' rollout ids (default: fresh ones).
+
+        Returns:
+            The members (:class:`~atroposlib.envs.outcomes.Member`), or None when the group
+            is dropped for having fewer than ``config.min_completed_rollouts`` completed members
+            (counted as ``groups_dropped_too_few_completed``).
+
+        Raises:
+            Exception: every member failed, or one failed under policy ``drop`` (the first
+                member's exception, raised again).
+        """
+        config = self.config
+        members = await run_members(
+            roll, n, timeout=config.rollout_timeout, ids=ids,
+            retries=config.max_rollout_retries if config.failed_rollout_policy == "retry" else 0)
+        if not keep_group(members, config.failed_rollout_policy, config.min_completed_rollouts):
+            self.stats["groups_dropped_too_few_completed"] += 1
+            return None
+        return members
 
     async def postprocess_histories(
         self, trajectories: ScoredDataGroup | list[ScoredDataGroup]

@@ -10,7 +10,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from atroposlib.defaults import DEFAULT_API_URL, DEFAULT_INFERENCE_MODEL, DEFAULT_INFERENCE_URL
+from atroposlib.defaults import (
+    DEFAULT_API_URL,
+    DEFAULT_INFERENCE_MODEL,
+    DEFAULT_INFERENCE_URL,
+    DEFAULT_ROLLOUT_TIMEOUT_S,
+)
 from atroposlib.errors import AtroposWarning, ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.inference.clients.config import APIServerConfig
@@ -213,6 +218,30 @@ class BaseEnvConfig(BaseModel):
         default=600,
         description="Seconds before a rollout group is cancelled (its item is re-queued); "
         "<= 0 disables.",
+    )
+    rollout_timeout: float = Field(
+        default=DEFAULT_ROLLOUT_TIMEOUT_S, gt=0,
+        description="Seconds one rollout of a group (its inference and scoring) may take; past "
+        "it the member fails with kind 'timeout' and the group goes on without it "
+        "(failed_rollout_policy). Applies to the rollouts atroposlib runs (collect_trajectory, "
+        "MultiTurnEnv and SingleTurnEnv episodes).",
+    )
+    failed_rollout_policy: Literal["retry", "shrink", "drop"] = Field(
+        default="shrink",
+        description="What a group with failed members becomes: 'shrink' sends the completed "
+        "members when at least min_completed_rollouts completed (else the group is dropped); 'retry' "
+        "rolls failed members out again (max_rollout_retries times) and then shrinks; 'drop' "
+        "drops the group, as before outcomes existed. Failed members travel in the group's "
+        "'excluded' list and are never trained on.",
+    )
+    min_completed_rollouts: int = Field(
+        default=2, ge=1,
+        description="Fewest completed members a group with failures may be sent with (a group "
+        "of one has no learning signal: its advantage is 0).",
+    )
+    max_rollout_retries: int = Field(
+        default=1, ge=0, le=10,
+        description="failed_rollout_policy 'retry': times each failed member is rolled out again.",
     )
     max_consecutive_failures: int = Field(
         default=200,

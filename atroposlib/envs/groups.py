@@ -42,6 +42,11 @@ class ScoredDataGroup(TypedDict, total=False):
         policy_version: trainer step of the weights that generated the group (an atroposlib
             extension that stock Atropos servers ignore). In serve mode it is set to the step
             the env knew when the rollout started, unless the env already set it.
+        rollout_ids: ``[G]`` stable id of each member in the lists (an atroposlib extension,
+            like ``attempts`` and ``excluded``; see :mod:`atroposlib.envs.outcomes`).
+        attempts: ``[G]`` attempt of each member in the lists (0: first try).
+        excluded: members kept out of the lists: masked (weighted 0, kept for inspection) or
+            failed (no score), as ``ExcludedMember`` dicts.
     """
 
     tokens: list[list[int]]
@@ -58,6 +63,9 @@ class ScoredDataGroup(TypedDict, total=False):
     distill_token_ids: list[list[list[int]]] | None
     distill_logprobs: list[list[list[float]]] | None
     policy_version: int | None
+    rollout_ids: list[str] | None
+    attempts: list[int] | None
+    excluded: list[dict[str, Any]] | None
 
 
 class ScoredDataItem(TypedDict, total=False):
@@ -97,7 +105,8 @@ ITEM_LIST_FIELDS = (
 )
 #: Optional group keys set to None when absent before sending.
 OPTIONAL_GROUP_KEYS = tuple(k for k in ScoredDataGroup.__annotations__
-                             if k not in ("tokens", "masks", "scores", "policy_version"))
+                             if k not in ("tokens", "masks", "scores", "policy_version",
+                                          "rollout_ids", "attempts", "excluded"))
 
 
 def aggregate_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
@@ -177,7 +186,8 @@ def reject_reason(
     """Why a group must be dropped, as ``(counter_key, message)``; None when it is usable.
 
     Keys: ``invalid`` (missing tokens/masks/scores or ragged rows), ``wrong_size`` (not
-    ``group_size`` sequences, or ``group_overrides["group_size"]``), ``same_scores`` (all
+    ``group_size`` sequences, or ``group_overrides["group_size"]``, counting the members in
+    ``excluded``), ``same_scores`` (all
     ``G > 1`` scores equal while ``ensure_scores_are_not_same``: no learning signal),
     ``too_long`` (a sequence of ``>= max_seq_len`` tokens, the trainer's limit; only checked
     when ``max_seq_len > 0``).
@@ -189,11 +199,13 @@ def reject_reason(
     if problem:
         return "invalid", problem
     expected = int((group.get("group_overrides") or {}).get("group_size", group_size))
-    if len(group["tokens"]) != expected:
+    excluded = len(group.get("excluded") or ())
+    if len(group["tokens"]) + excluded != expected:
         return (
             "wrong_size",
-            f"group has {len(group['tokens'])} sequences, expected {expected} "
-            "(set group_overrides['group_size'] for variable-size groups)",
+            f"group has {len(group['tokens'])} sequences"
+            + (f" and {excluded} excluded members" if excluded else "")
+            + f", expected {expected} (set group_overrides['group_size'] for variable-size groups)",
         )
     scores = group["scores"]
     if ensure_scores_are_not_same and len(scores) > 1 and len(set(scores)) <= 1:

@@ -9,7 +9,6 @@ A single-turn env is the case of one turn: :class:`~atroposlib.envs.single_turn.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, Scored
 from atroposlib.envs.config import default_server
 from atroposlib.envs.episodes import Episode, ReplyHandler, run_episode
 from atroposlib.envs.groups import add_rollout, new_group
+from atroposlib.envs.outcomes import Member, attach_outcomes
 from atroposlib.envs.prompt_filter import ZeroVarianceFilter
 from atroposlib.envs.scoring import mean_details
 from atroposlib.type_definitions import Item, Message
@@ -249,17 +249,34 @@ class MultiTurnEnv(BaseEnv):
     async def collect_trajectories(
         self, item: Item
     ) -> tuple[ScoredDataGroup | None, list[Item]]:
-        """Play ``group_size`` episodes of ``item`` concurrently; one rollout each."""
+        """Play ``group_size`` episodes of ``item`` concurrently; one rollout each.
+
+        Each episode is bounded by ``config.rollout_timeout``; one that raises (inference, the
+        env's reply or score) or times out fails alone and is sent in ``excluded``, and
+        ``config.failed_rollout_policy`` decides what becomes of the group
+        (:meth:`~atroposlib.envs.base.BaseEnv.run_rollouts`).
+        """
         temperature = self.config.temperature
-        results = await asyncio.gather(*(
-            self.play_episode(item, temperature=temperature, split="train")
-            for _ in range(self.config.group_size)))
+        members = await self.run_rollouts(
+            lambda _i: self.play_episode(item, temperature=temperature, split="train"),
+            self.config.group_size)
+        if members is None:
+            return None, []
         group = new_group()
         group["generation_params"] = {"temperature": temperature}
-        for episode, score, details in results:
-            self.record_train_score(score, details)
-            add_rollout(group, episode.node, score, episode.messages)
-        return self.finish_rollouts(item, group), []
+        for member in members:
+            if member.completed:
+                episode, score, details = member.value
+                self.record_train_score(score, details)
+                add_rollout(group, episode.node, score, episode.messages)
+        return self.finish_outcomes(self.finish_rollouts(item, group), members), []
+
+    def finish_outcomes(self, group: ScoredDataGroup | None, members: list[Member]
+                        ) -> ScoredDataGroup | None:
+        """Write the members' outcomes into a finished group (None stays None)."""
+        if group is not None:
+            attach_outcomes(group, members, timeout=self.config.rollout_timeout, stats=self.stats)
+        return group
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """Score the eval items (:meth:`sample_eval_items`); log and return the metrics.

@@ -23,6 +23,7 @@ from atroposlib.envs.episodes import Episode, run_episode
 from atroposlib.envs.eval import eval_samples
 from atroposlib.envs.groups import add_rollout, new_group, set_reference_answer
 from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
+from atroposlib.envs.outcomes import Member, masked_entry, new_rollout_ids
 from atroposlib.envs.scoring import ScoreResult, resolve_score
 from atroposlib.inference.clients.base import actual_token_logprob
 from atroposlib.type_definitions import Item, Message
@@ -68,6 +69,11 @@ class SingleTurnEnv(MultiTurnEnv):
     #: Replies with fewer generated tokens are not scored, and their group is dropped
     #: (it would be short of ``group_size``); 0 = keep every reply.
     min_completion_tokens: int = 0
+    #: Opt in to masking replies cut off at ``max_tokens``: they are not scored and travel in
+    #: the group's ``excluded`` list (outcome ``masked``, reason ``truncated``), kept for
+    #: inspection and never trained on. False (the default) scores them like any reply (or
+    #: gives them ``truncated_reward``).
+    mask_truncated: bool = False
 
     # ------------------------------------------------------------------ the hooks
     def prompt(self, item: Item) -> list[Message]:
@@ -195,33 +201,73 @@ class SingleTurnEnv(MultiTurnEnv):
         """Sample ``group_size`` replies in one ``managed_server`` chat call and score them.
 
         Returns ``(None, [])`` (the group is dropped) when a reply is shorter than
-        ``min_completion_tokens`` or :meth:`finish_group` returns None.
+        ``min_completion_tokens`` or :meth:`finish_group` returns None. The sampling call is
+        bounded by ``config.rollout_timeout``; with the default :meth:`score_group` a scorer
+        that raises fails only its reply (sent in ``excluded``, no score) and
+        ``config.failed_rollout_policy`` decides the group; with ``mask_truncated`` replies cut
+        off at the budget are masked.
         """
         messages = self.prompt(item)
         temperature = self.config.temperature
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
+            completion = await asyncio.wait_for(managed.chat_completion(
                 messages=messages, n=self.config.group_size,
                 max_tokens=self.max_tokens_for(messages), temperature=temperature,
-            )
+            ), self.config.rollout_timeout)
             nodes = managed.get_state()["nodes"]
-        kept = []
-        for choice, node in zip(completion.choices, nodes, strict=True):
+        ids = new_rollout_ids(len(nodes))
+        kept, masked = [], []
+        for rid, choice, node in zip(ids, completion.choices, nodes, strict=True):
             generated = sum(1 for m in node.masked_tokens if m != IGNORE_INDEX)
             self.completion_lengths.append(generated)
-            if generated >= self.min_completion_tokens:
-                kept.append((choice.message.content or "", choice.finish_reason, node))
-        scored = await self.score_group(item, [k[0] for k in kept], [k[1] for k in kept])
+            if self.mask_truncated and choice.finish_reason == "length":
+                masked.append(masked_entry(rid, 0, "truncated", tokens=list(node.tokens),
+                                           masks=list(node.masked_tokens),
+                                           message="cut off at the completion budget"))
+            elif generated >= self.min_completion_tokens:
+                kept.append((rid, choice.message.content or "", choice.finish_reason, node))
+        members = await self._score_members(item, kept)
+        if members is None:
+            return None, []
         group = new_group()
         group["generation_params"] = {"temperature": temperature}
-        for (text, _, node), result in zip(kept, scored, strict=True):
-            score, details = await resolve_score(result)
-            self.record_train_score(score, details)
-            add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
-        if len(kept) < len(nodes):
+        for member, (_, text, _, node) in zip(members, kept, strict=True):
+            if member.completed:
+                score, details = member.value
+                self.record_train_score(score, details)
+                add_rollout(group, node, score, messages + [{"role": "assistant", "content": text}])
+        if len(kept) + len(masked) < len(nodes):  # a reply under min_completion_tokens
+            return None, []
+        if masked:
+            group["excluded"] = masked
+            self.stats["members_masked_truncated"] += len(masked)
+        if not group["tokens"]:
+            self.stats["groups_dropped_all_masked"] += 1
             return None, []
         set_reference_answer(group, self.answer(item))
-        return self.finish_rollouts(item, group), []
+        return self.finish_outcomes(self.finish_rollouts(item, group), members), []
+
+    async def _score_members(self, item: Item, kept: list[tuple[str, str, Any, Any]]
+                             ) -> list[Member] | None:
+        """Score the kept replies ``(rollout_id, text, finish_reason, node)`` as group members.
+
+        With the default :meth:`score_group`, each reply is scored on its own under the
+        config's outcome settings (a scorer that raises or passes ``rollout_timeout`` fails
+        only that member; :meth:`~atroposlib.envs.base.BaseEnv.run_rollouts`); an overridden
+        :meth:`score_group` scores them together, and its exception drops the group.
+        """
+        texts, reasons = [k[1] for k in kept], [k[2] for k in kept]
+        if not kept:
+            return []
+        if type(self).score_group is not SingleTurnEnv.score_group:
+            scored = await self.score_group(item, texts, reasons)
+            members = [Member(k[0]) for k in kept]
+            for member, result in zip(members, scored, strict=True):
+                member.value = await resolve_score(result)
+            return members
+        return await self.run_rollouts(
+            lambda i: self.reward_for(item, texts[i], reasons[i]), len(kept),
+            ids=[k[0] for k in kept])
 
     async def sample_eval_items(self) -> tuple[list[dict[str, Any]], int]:
         """One reply per eval item at ``eval_temperature``, scored.
