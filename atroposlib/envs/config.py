@@ -227,20 +227,22 @@ class BaseEnvConfig(BaseModel):
         "MultiTurnEnv and SingleTurnEnv episodes).",
     )
     failed_rollout_policy: Literal["retry", "shrink", "drop"] = Field(
-        default="shrink",
-        description="What a group with failed members becomes: 'shrink' sends the completed "
-        "members when at least min_completed_rollouts completed (else the group is dropped); 'retry' "
-        "rolls failed members out again (max_rollout_retries times) and then shrinks; 'drop' "
-        "drops the group, as before outcomes existed. Failed members travel in the group's "
-        "'excluded' list and are never trained on.",
+        default="retry",
+        description="What a group with failed members becomes: 'retry' rolls the failed members "
+        "out again (max_rollout_retries times) and drops the group if one still fails, so only "
+        "whole groups are sent; 'shrink' sends the completed members when at least "
+        "min_completed_rollouts completed (a shrunk group packs into run-api's exact-size batches "
+        "only beside groups that complete its size: see the Rollout outcomes guide); 'drop' drops "
+        "the group at the first failure. Failed members travel in the group's 'excluded' list "
+        "and are never trained on.",
     )
     min_completed_rollouts: int = Field(
         default=2, ge=1,
-        description="Fewest completed members a group with failures may be sent with (a group "
-        "of one has no learning signal: its advantage is 0).",
+        description="failed_rollout_policy 'shrink': fewest completed members a group with "
+        "failures may be sent with (a group of one has no learning signal: its advantage is 0).",
     )
     max_rollout_retries: int = Field(
-        default=1, ge=0, le=10,
+        default=2, ge=0, le=10,
         description="failed_rollout_policy 'retry': times each failed member is rolled out again.",
     )
     max_consecutive_failures: int = Field(

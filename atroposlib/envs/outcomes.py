@@ -24,11 +24,12 @@ from atroposlib.errors import InferenceError
 
 T = TypeVar("T")
 
-#: What an env does with a group some of whose members failed:
-#: ``shrink`` keeps the completed members when at least ``min_completed_rollouts`` of them completed
-#: (the default); ``retry`` first rolls the failed members out again, at most
-#: ``max_rollout_retries`` times each, then shrinks; ``drop`` drops the whole group, as
-#: atroposlib did before outcomes existed (the first failure is raised again).
+#: What an env does with a group some of whose members failed: ``retry`` (the default) rolls
+#: the failed members out again, at most ``max_rollout_retries`` times each, and drops the group
+#: when one still fails, so only whole groups are sent (they pack into run-api's exact-size
+#: batches); ``shrink`` keeps the completed members when at least ``min_completed_rollouts`` of
+#: them completed; ``drop`` drops the whole group at the first failure, as atroposlib did before
+#: outcomes existed. A dropped group raises its first failure again.
 FailedRolloutPolicy = Literal["retry", "shrink", "drop"]
 
 
@@ -159,18 +160,19 @@ def masked_entry(rollout_id: str, attempt: int, reason: str, *, message: str | N
 def keep_group(members: list[Member], policy: str, min_completed_rollouts: int) -> bool:
     """Whether a group whose members ended as ``members`` is sent (after retries).
 
-    A group without failures is always sent; one with failures is sent when at least
-    ``min_completed_rollouts`` members completed (``shrink`` and ``retry``).
+    A group without failures is always sent; with ``shrink``, one with failures is sent when
+    at least ``min_completed_rollouts`` members completed.
 
     Raises:
-        Exception: the first member's error, when ``policy`` is ``drop`` and a member failed,
-            or when no member completed (so the runner classifies and counts it, and retries an
-            item whose inference failed, exactly as for a group that raised).
+        Exception: the first failed member's error, when ``policy`` is ``drop`` or ``retry``
+            (after its retries) and a member failed, or when no member completed (so the runner
+            classifies and counts it, and re-queues an item whose inference failed, exactly as
+            for a group that raised).
     """
     failed = [m for m in members if not m.completed]
     if not failed:
         return True
-    if (policy == "drop" or len(failed) == len(members)):
+    if policy != "shrink" or len(failed) == len(members):
         raise failed[0].error  # type: ignore[misc]
     return len(members) - len(failed) >= min_completed_rollouts
 

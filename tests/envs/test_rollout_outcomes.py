@@ -20,7 +20,7 @@ from atroposlib.envs.outcomes import exclude_member, failure_kind
 from atroposlib.envs.run_state import RunState
 from atroposlib.errors import InferenceError
 from atroposlib.testing.fake_server import FakeServer
-from tests.envs.sample_envs import SingleRolloutEnv
+from tests.fixtures.sample_envs import SingleRolloutEnv
 
 
 class ScriptedEnv(SingleRolloutEnv):
@@ -77,7 +77,7 @@ async def test_clean_group_carries_ids_and_no_exclusions(tiny_tokenizer):
 
 
 async def test_failures_are_captured_per_member_and_the_group_shrinks(tiny_tokenizer):
-    env = _env(tiny_tokenizer, {1: "inference", 2: "score"})
+    env = _env(tiny_tokenizer, {1: "inference", 2: "score"}, failed_rollout_policy="shrink")
     outcome = await _group(env)
     assert outcome.reason is None
     group = outcome.group
@@ -96,7 +96,7 @@ async def test_failures_are_captured_per_member_and_the_group_shrinks(tiny_token
 
 
 async def test_a_slow_member_times_out_alone(tiny_tokenizer):
-    env = _env(tiny_tokenizer, {0: "slow"}, rollout_timeout=0.2)
+    env = _env(tiny_tokenizer, {0: "slow"}, rollout_timeout=0.2, failed_rollout_policy="shrink")
     group = (await _group(env)).group
     assert group["scores"] == [1.0, 2.0, 3.0]
     assert _kinds(group) == ["timeout"]
@@ -104,15 +104,17 @@ async def test_a_slow_member_times_out_alone(tiny_tokenizer):
 
 
 async def test_too_few_completed_drops_the_group(tiny_tokenizer):
-    env = _env(tiny_tokenizer, {0: "score", 1: "score", 2: "inference"}, min_completed_rollouts=2)
+    env = _env(tiny_tokenizer, {0: "score", 1: "score", 2: "inference"}, min_completed_rollouts=2,
+               failed_rollout_policy="shrink")
     outcome = await _group(env)
     assert outcome.group is None and outcome.reason is Skip.RETURNED_NONE
     assert env.stats["groups_dropped_too_few_completed"] == 1
 
 
 async def test_every_member_failing_is_classified_as_before(tiny_tokenizer):
-    env = _env(tiny_tokenizer, dict.fromkeys(range(4), "inference"))
+    env = _env(tiny_tokenizer, dict.fromkeys(range(12), "inference"))  # 4 tries + 2 retries each
     outcome = await _group(env)
+    assert env.calls == 12
     assert outcome.reason is Skip.INFERENCE  # the serve loop re-queues the item, as before
     assert isinstance(outcome.error, InferenceError)
 
@@ -124,15 +126,25 @@ async def test_drop_policy_drops_the_group_as_before(tiny_tokenizer):
 
 
 async def test_retry_policy_retries_failed_members_a_bounded_number_of_times(tiny_tokenizer):
-    # call 4 is member 1's retry (it succeeds); member 2 fails on both tries (calls 2 and 5)
+    # call 4 is member 1's retry (it succeeds); member 2 fails on both tries (calls 2 and 5):
+    # the group is still short after the retries, so it is dropped, with member 2's error
     env = _env(tiny_tokenizer, {1: "inference", 2: "score", 5: "score"},
                failed_rollout_policy="retry", max_rollout_retries=1)
-    group = (await _group(env)).group
+    outcome = await _group(env)
     assert env.calls == 6  # 4 first tries + 2 retries, no more
-    assert group["scores"] == [0.0, 4.0, 3.0]
-    assert group["attempts"] == [0, 1, 0]
-    assert [(m["attempt"], m["kind"]) for m in group["excluded"]] == [(1, "env_error")]
-    assert group["excluded"][0]["rollout_id"].endswith("/2")  # the same id across tries
+    assert outcome.group is None
+    assert outcome.reason is Skip.ERROR and isinstance(outcome.error, ZeroDivisionError)
+
+
+async def test_retry_is_the_default_and_sends_whole_groups(tiny_tokenizer):
+    # calls 1 and 2 fail; their retries (calls 4 and 5) succeed: a whole group, no exclusions
+    env = _env(tiny_tokenizer, {1: "inference", 2: "score"})
+    assert env.config.failed_rollout_policy == "retry"
+    group = (await _group(env)).group
+    assert env.calls == 6
+    assert group["scores"] == [0.0, 4.0, 5.0, 3.0]
+    assert group["attempts"] == [0, 1, 1, 0] and "excluded" not in group
+    assert [r.split("/")[1] for r in group["rollout_ids"]] == list("0123")  # the same ids across tries
 
 
 def test_env_side_size_check_counts_excluded_members():
@@ -203,8 +215,11 @@ def _score(text):
     return 1.0
 
 
-async def test_single_turn_scorer_exception_fails_only_its_reply(tiny_tokenizer_dir):
-    env = _single_turn(str(tiny_tokenizer_dir), _score)
+async def test_single_turn_scorer_exception_drops_the_group_unless_it_may_shrink(tiny_tokenizer_dir):
+    # the default (retry) sends whole groups only: a reply whose scoring fails drops its group
+    outcome = await run_item(_single_turn(str(tiny_tokenizer_dir), _score), 1)
+    assert outcome.group is None and isinstance(outcome.error, ValueError)
+    env = _single_turn(str(tiny_tokenizer_dir), _score, failed_rollout_policy="shrink")
     outcome = await run_item(env, 1)
     group = outcome.group
     assert group["scores"] == [1.0, 1.0] and _kinds(group) == ["env_error"]
@@ -244,7 +259,8 @@ async def test_multi_turn_episode_failure_fails_only_its_member(tiny_tokenizer_d
     config, _ = Env.config_init()
     config = Env.env_config_cls(**{**config.model_dump(), "tokenizer_name": str(tiny_tokenizer_dir),
                                    "group_size": 3, "use_wandb": False,
-                                   "ensure_scores_are_not_same": False})
+                                   "ensure_scores_are_not_same": False,
+                                   "failed_rollout_policy": "shrink"})
     env = Env(config, [FakeServer(_reply)])
     env.bind_run_state(RunState.for_config(config))
     env.train_items = [1]
@@ -260,7 +276,7 @@ async def test_process_mode_writes_groups_with_outcomes(tiny_tokenizer, tmp_path
 
     path = tmp_path / "groups.jsonl"
     env = _env(tiny_tokenizer, {1: "score", 5: "inference"}, total_steps=2,
-               data_path_to_save_groups=str(path))
+               data_path_to_save_groups=str(path), failed_rollout_policy="shrink")
     assert await env.process_manager(show_progress=False) == path
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 2
@@ -277,7 +293,7 @@ async def test_env_group_with_a_failed_member_through_a_real_run_api(tiny_tokeni
     from atroposlib.api.client import AsyncAtroposClient
     from tests.fixtures.api_server import start_run_api
 
-    env = _env(tiny_tokenizer, {2: "slow"}, rollout_timeout=0.2)
+    env = _env(tiny_tokenizer, {2: "slow"}, rollout_timeout=0.2, failed_rollout_policy="shrink")
     outcome = await _group(env)
     [group] = env._accept_groups(outcome.groups)  # normalised as the sender sends it
     api = start_run_api()

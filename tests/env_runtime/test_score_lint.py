@@ -15,7 +15,7 @@ from atroposlib.env_runtime.score_lint import (
 )
 from atroposlib.testing.fake_server import FakeServer
 from tests.envs import zero_score_env
-from tests.envs.sample_envs import SingleRolloutEnv
+from tests.fixtures.sample_envs import SingleRolloutEnv
 
 
 async def test_check_env_warns_on_the_sample_env_file(tiny_tokenizer_dir):
