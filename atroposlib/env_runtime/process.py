@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atroposlib.env_runtime.delivery import deliver_groups
 from atroposlib.env_runtime.sinks import JsonlSink, WandbSink, close_sinks, find_sink, local_sinks
 from atroposlib.env_runtime.step import REFUSAL_STREAK, refusal_message, run_item
 from atroposlib.envs.run_state import RunState
@@ -33,8 +34,8 @@ async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
 
     ``total_steps <= 0`` means: until ``get_next_item`` returns None. Each item goes through
     :func:`~atroposlib.env_runtime.step.run_item` (no length limit: there is no trainer) and
-    then the env's ``handle_send_to_api(..., do_send_to_api=False)`` hook, so subclasses that
-    enrich groups before they are saved act here too.
+    then :func:`~atroposlib.env_runtime.delivery.deliver_groups` (the env's sinks, no API), so
+    the ``prepare_checked_groups`` hook of subclasses that enrich groups acts here too.
 
     Returns:
         The JSONL path written, or None when no path was configured.
@@ -70,9 +71,7 @@ async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
             if refusals >= REFUSAL_STREAK:
                 raise RolloutError(refusal_message(refusals, outcome.error))
             backlog.extend(outcome.backlog)
-            accepted = await env.handle_send_to_api(
-                outcome.groups or None, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False
-            )
+            accepted = await deliver_groups(env, outcome.groups, item, send_to_api=False, check_length=False)
             await env.cleanup()
             if not accepted:
                 consecutive_failures += 1

@@ -36,6 +36,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.env_runtime.api_session import ApiSession
+from atroposlib.env_runtime.delivery import deliver_groups
 from atroposlib.env_runtime.difficulty import DifficultyFilter
 from atroposlib.env_runtime.outbox import OUTBOX_MAX_GROUPS, Outbox
 from atroposlib.env_runtime.scheduling import (
@@ -154,7 +155,7 @@ class ServeLoop:
             if self.difficulty is not None:
                 self.difficulty.note(item, outcome.scores)
             if outcome.groups:
-                await env.handle_send_to_api(outcome.groups, item)
+                await deliver_groups(env, outcome.groups, item, send_to_api=True)
         finally:
             try:
                 await env.cleanup()

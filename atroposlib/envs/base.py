@@ -40,7 +40,6 @@ from atroposlib.envs.run_state import (
     RunState,
     RunStateView,
     batch_share,
-    deliver,
     state_property,
 )
 from atroposlib.envs.runners import get_runner
@@ -374,24 +373,22 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,
     ) -> list[ScoredDataGroup]:
-        """Check and record groups; write them to the run's sinks and the API outbox.
+        """For an env that sends groups itself: check them, then deliver them like the runners do.
 
-        Groups that come from a runner were checked there (``run_item``) and are not checked
-        again; groups an env passes itself are checked here.
-        Accepted groups go to every sink of the run (JSONL, W&B) and, with ``do_send_to_api``
-        (serve mode), to the outbox the serve loop drains, so a finished group is never lost
-        to an API outage. Each sent group gets ``policy_version``: the trainer step when its
-        rollout started (else ``curr_step``), unless it already has one. Returns the accepted
-        groups.
+        Groups already checked (a ``CheckedGroups``) are not checked again. Accepted groups go
+        through :func:`atroposlib.env_runtime.delivery.deliver_checked`: the
+        ``prepare_checked_groups`` hook, normalising and recording, every sink of the run (JSONL,
+        W&B) and, with ``do_send_to_api`` (serve mode), the outbox the serve loop drains, so a
+        finished group is never lost to an API outage. Each sent group gets ``policy_version``:
+        the trainer step when its rollout started (else ``curr_step``), unless it already has
+        one. The runners deliver their own groups without coming back here, unless a subclass
+        overrides this method. Returns the accepted groups.
 
         Raises:
             RuntimeError: ``do_send_to_api`` outside the serve loop (there is no outbox).
         """
         checked = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
-        await self.prepare_checked_groups(checked)
-        accepted = self._accept_groups(checked, abort_on_any_max_length_exceeded, item)
-        await deliver(self._run_state, accepted, item, do_send_to_api)
-        return accepted
+        return await get_runner("deliver")(self, checked, item, do_send_to_api)
 
     async def prepare_checked_groups(self, groups: CheckedGroups) -> None:
         """Hook: change, in place, the groups that passed the check before they are recorded.

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from atroposlib.envs.groups import completion_lengths
-from atroposlib.inference.policy_version import oldest_served_version
 
 #: Trainer step when the current rollout started; set per rollout task by the serve loop. The
 #: fallback policy version of a group whose inference server reports none.
@@ -114,38 +113,6 @@ def batch_share(batch_size: int, status: dict[str, Any], min_batch_allocation: f
     return int(batch_size * share)
 
 
-async def deliver(state: RunState, groups: list[Any], item: Any, send_to_api: bool) -> None:
-    """Write accepted ``groups`` to every sink of ``state``, then (``send_to_api``) its outbox.
-
-    Each group queued for the API gets ``policy_version`` (unless it already has one): the
-    oldest policy version the inference servers reported for this item's completions
-    (:func:`~atroposlib.inference.policy_version.oldest_served_version`: an
-    ``atropos-inference-node`` tags each answer with the version of the weights that produced
-    it, and a group is as stale as its stalest rollout); without such a report, the trainer
-    step when its rollout started (:data:`ROLLOUT_POLICY_VERSION`), else ``state.curr_step``.
-
-    Raises:
-        RuntimeError: ``send_to_api`` without an outbox (only the serve loop has one).
-    """
-    for group in groups:
-        for sink in state.sinks:
-            await sink.write(group, item)
-    if not (send_to_api and groups):
-        return
-    if state.outbox is None:
-        raise RuntimeError(
-            "handle_send_to_api(do_send_to_api=True) needs the serve loop; use "
-            "do_send_to_api=False outside `serve`"
-        )
-    version = oldest_served_version()
-    if version is None:
-        version = ROLLOUT_POLICY_VERSION.get()
-    for group in groups:
-        if group.get("policy_version") is None:
-            group["policy_version"] = state.curr_step if version is None else version
-        await state.outbox.write(group, item)
-
-
 def state_property(name: str) -> property:
     """A read-only env attribute that reads ``RunState.<name>`` (Atropos-compatible names)."""
 
@@ -165,4 +132,4 @@ def state_property(name: str) -> property:
 RUN_STATE_FIELDS = tuple(f.name for f in fields(RunState))
 
 __all__ = ["ROLLOUT_POLICY_VERSION", "RUN_STATE_FIELDS", "RunState", "RunStateView", "batch_share",
-           "deliver", "state_property"]
+           "state_property"]

@@ -13,6 +13,8 @@ Modes and call signatures:
     * ``"process"``: ``await runner(env, show_progress)`` -> JSONL path or None
       (``BaseEnv.process_manager``).
     * ``"evaluate"``: ``await runner(env)`` -> ``metrics.json`` path.
+    * ``"deliver"``: ``await runner(env, checked_groups, item, send_to_api)`` -> the accepted
+      groups (``BaseEnv.handle_send_to_api``, after its check).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ DEFAULT_RUNNERS = {
     "serve": "atroposlib.env_runtime.serve:serve",
     "process": "atroposlib.env_runtime.process:run_process",
     "evaluate": "atroposlib.env_runtime.process:run_evaluate",
+    "deliver": "atroposlib.env_runtime.delivery:deliver_checked",
 }
 
 _RUNNERS: dict[str, Callable[..., Any]] = {}

@@ -13,7 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState, deliver
+from atroposlib.env_runtime.delivery import write_groups
+from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState
 from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.manager import ServerManager
 from atroposlib.inference.policy_version import (
@@ -78,9 +79,9 @@ async def test_a_group_carries_the_oldest_version_among_its_rollouts():
     collect_served_versions()
     for version in (7, 5, 7):  # one rollout of the group came from a node that lagged
         record_served_version(version)
-    await deliver(state, [{"scores": [1.0]}], item=None, send_to_api=True)
+    await write_groups(state, [{"scores": [1.0]}], item=None, send_to_api=True)
     collect_served_versions()  # no node reported a version: the step the rollout started at
-    await deliver(state, [{"scores": [0.0]}], item=None, send_to_api=True)
+    await write_groups(state, [{"scores": [0.0]}], item=None, send_to_api=True)
     assert [g["policy_version"] for g in state.outbox.groups] == [5, 8]
 
 
