@@ -230,6 +230,8 @@ def check_advantages(bundle: Bundle) -> None:
     """
     import torch
 
+    if bundle.skipped:  # no update, nothing computed from the batch
+        return
     config = replay_config(bundle.header)
     again = sequence_arrays(bundle.kept, config.scale_advantages)
     for name in ("offsets", "advantages", "sampler_logprobs"):

@@ -59,10 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     from example_trainer.bundles import BundleError
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)  # type: ignore[attr-defined]
+    if args.torch_threads is not None and args.torch_threads < 1:
+        print("atropos-replay: --torch-threads must be >= 1 (or left out: the recorded count)", file=sys.stderr)
+        return 2
     try:
         if args.command == "verify":
             if args.rtol < 0:
-                print("atropos-replay: --rtol must be >= 0", file=sys.stderr)
+                print("atropos-replay: --rtol must be >= 0 (0: bit for bit)", file=sys.stderr)
                 return 2
             failed = redrive.verify(args.run_dir, args.step, rtol=args.rtol, torch_threads=args.torch_threads)
             return 1 if failed is not None else 0

@@ -7,7 +7,13 @@ import sys
 
 import pytest
 
-from example_trainer.bundles import list_steps, prune_bundles, read_bundle, write_bundle
+from example_trainer.bundles import (
+    check_advantages,
+    list_steps,
+    prune_bundles,
+    read_bundle,
+    write_bundle,
+)
 from example_trainer.config import TrainerConfig
 from example_trainer.replay_cli import main
 from tests.example_trainer.test_grpo_loop import _group, make_tiny_model, train_on
@@ -42,6 +48,11 @@ def _copy(run, tmp_path):
     return out
 
 
+def _replay_cli(*args):
+    return subprocess.run([sys.executable, "-m", "example_trainer.replay_cli", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
 def _recorded_losses(run):
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return [x["loss"] for x in lines if "loss" in x]
@@ -72,12 +83,15 @@ def test_verify_one_step_starts_from_the_nearest_checkpoint_before_it(recorded_r
     assert "re-driving steps 21..25 from checkpoint step 20" in out
 
 
-def test_replay_train_reproduces_the_loss_trace_exactly(recorded_run, tmp_path, capsys):
+def test_replay_train_reproduces_the_loss_trace_exactly(recorded_run, tmp_path):
+    # in a process of its own (the recording ran in this one), as `atropos-replay train` runs
     out = tmp_path / "trace.jsonl"
-    assert main(["train", str(recorded_run), "--out", str(out)]) == 0
+    proc = _replay_cli("train", str(recorded_run), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     replayed = [json.loads(x)["loss"] for x in out.read_text().splitlines()]
+    assert len(replayed) == STEPS and len(set(replayed)) > 1
     assert replayed == _recorded_losses(recorded_run)  # bit for bit, every step
-    assert "30 steps, loss trace identical to the recording" in capsys.readouterr().out
+    assert "30 steps, loss trace identical to the recording" in proc.stdout
 
 
 def test_a_flipped_byte_fails_verify_at_the_bundle_checksum(recorded_run, tmp_path):
@@ -86,8 +100,7 @@ def test_a_flipped_byte_fails_verify_at_the_bundle_checksum(recorded_run, tmp_pa
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
-    proc = subprocess.run([sys.executable, "-m", "example_trainer.replay_cli", "verify", str(run), "--all"],
-                          capture_output=True, text=True, timeout=300)
+    proc = _replay_cli("verify", str(run), "--all")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "verify: step 7: bundle checksum diverges" in proc.stdout
 
@@ -122,3 +135,16 @@ def test_retention_keeps_the_newest_k_and_verify_starts_at_a_kept_checkpoint(rec
     # a step whose bundles no kept checkpoint precedes cannot be re-driven: exit 2, with the fix
     assert main(["verify", str(run), "--step", "19"]) == 2
     assert "--replay-bundles" in capsys.readouterr().err
+
+
+def test_a_step_without_an_update_verifies_as_a_bundle_with_no_tensors(recorded_run, tmp_path, capsys):
+    # what the trainer writes when the batch checks refuse every group (or a batch was lost)
+    run = _copy(recorded_run, tmp_path)
+    header = {**read_bundle(run, STEPS).header, "batch": [], "dropped": [], "skipped": True,
+              "metrics": None}
+    write_bundle(run, STEPS + 1, header, {})
+    bundle = read_bundle(run, STEPS + 1)
+    assert bundle.skipped and bundle.loss is None
+    check_advantages(bundle)  # nothing computed, nothing to differ
+    assert main(["verify", str(run), "--step", str(STEPS + 1)]) == 0
+    assert f"verify: step {STEPS + 1}: ok" in capsys.readouterr().out
