@@ -16,7 +16,8 @@ from example_trainer.bundles import (
 )
 from example_trainer.config import TrainerConfig
 from example_trainer.replay_cli import main
-from tests.example_trainer.test_grpo_loop import _group, make_tiny_model, train_on
+from tests.example_trainer.test_exactly_once import _killed_and_resumed
+from tests.example_trainer.test_grpo_loop import _group, make_tiny_model, tiny_model, train_on  # noqa: F401
 from tests.fixtures.api_server import start_run_api
 
 STEPS = 30
@@ -148,3 +149,15 @@ def test_a_step_without_an_update_verifies_as_a_bundle_with_no_tensors(recorded_
     check_advantages(bundle)  # nothing computed, nothing to differ
     assert main(["verify", str(run), "--step", str(STEPS + 1)]) == 0
     assert f"verify: step {STEPS + 1}: ok" in capsys.readouterr().out
+
+
+def test_a_run_killed_and_resumed_verifies_across_the_resume(tiny_model, tmp_path, capsys):  # noqa: F811
+    """SIGKILL after run-api served batch 5 (checkpoint at 3), then --resume: the resumed trainer
+    trains steps 4 and 5 again and rewrites their bundles; every step re-drives as recorded."""
+    _killed_and_resumed(tiny_model, tmp_path, steps=6, interval=3, kill_at=5)
+    run = tmp_path / "b"
+    assert list_steps(run) == list(range(1, 7))
+    assert main(["verify", str(run), "--all"]) == 0
+    assert "verify: 6 step(s) re-driven, every stage holds" in capsys.readouterr().out
+    assert main(["verify", str(run), "--step", "5"]) == 0
+    assert "re-driving steps 4..5 from checkpoint step 3" in capsys.readouterr().out
