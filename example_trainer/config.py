@@ -223,6 +223,14 @@ class TrainerConfig(BaseSettings):
         "full checkpoint holds the weights and the optimizer state: about 1.5 GiB for "
         "SmolLM2-135M.")
 
+    replay_bundles: int | None = Field(
+        default=100, ge=0, description="Write each consumed batch, with its advantages, sampler "
+        "log-probs, RNG state, loss and grad norm, to <run_dir>/bundles/ as a checksummed "
+        "bundle (atropos-replay verifies and re-drives steps from them) and keep the newest N; "
+        "0 keeps all, null writes none. A bundle is about the size of the batch's JSON (tens "
+        "of KiB to a few MiB). Keep at least checkpoint_interval x checkpoint_keep so every "
+        "kept step can be re-driven from a kept checkpoint.")
+
     # ---------------------------------------------------------------- vLLM
     vllm_url: str | None = Field(default=None, description="Use this already-running vLLM "
                                  "(e.g. http://127.0.0.1:9100/v1) instead of launching one; "

@@ -162,14 +162,17 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 run.stopped = "stop_requested"
                 break
             wait_s = time.perf_counter() - wait_start
-            batch = run.guard.filter(step, batch)  # bad groups dropped with one error line each
+            served, batch = batch, run.guard.filter(step, batch)  # bad groups dropped, one error line each
             if not batch:  # nothing left: the step counts, no update (never fetched again)
+                run.bundles.write(step, served, [], 0.0, None, None)
                 run.steps_done = step
                 run.runlog.log(step, {"skipped_groups": run.guard.last_step_dropped,
                                       "batch_wait_seconds": wait_s})
                 continue
             # ---------------------------------------------------------- 2-3. loss, backward, optimizer
-            metrics = stepper.run(step, batch, run.lr_progress(step))
+            progress, rng = run.lr_progress(step), run.bundles.rng()  # RNG before the step: replay restores it
+            metrics = stepper.run(step, batch, progress)
+            run.bundles.write(step, served, batch, progress, rng, metrics)  # batch, advantages, loss
             run.steps_done = step  # from here on a checkpoint holds this step's update
             stop_requested(dist, run.stop)  # vLLM died during the step: end before syncing to it
             # ---------------------------------------------------------- 4. sync vLLM

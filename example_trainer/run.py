@@ -51,6 +51,7 @@ class TrainingRun:
         """
         from example_trainer import checkpoint as ckpt_io
         from example_trainer.batch_checks import BatchGuard
+        from example_trainer.bundles import BundleRecorder
         from example_trainer.metrics import TrainerMetrics
         from example_trainer.replay import Replay
         from example_trainer.report import NullRunLog, RunLog
@@ -79,6 +80,7 @@ class TrainingRun:
                                 on_drop=lambda reason: prom.groups_dropped.labels(reason).inc(),
                                 on_skip=prom.batches_skipped.inc)
         self.stop = install_stop_handler()
+        self.bundles = BundleRecorder(config, run_dir, policy, dist)  # replay bundles (rank 0)
         self.watch: Any = None  # the vLLM health watch (rank 0, once vLLM is up)
         self.replay = Replay()  # resumed: the steps run-api served after the checkpoint (lost ones -> [])
         self.client: Any = None  # rank 0's AtroposClient, once registered
