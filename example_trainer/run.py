@@ -53,7 +53,7 @@ class TrainingRun:
         from example_trainer.batch_checks import BatchGuard
         from example_trainer.bundles import BundleRecorder
         from example_trainer.metrics import TrainerMetrics
-        from example_trainer.replay import Replay
+        from example_trainer.resumed_batches import Replay
         from example_trainer.report import NullRunLog, RunLog
         from example_trainer.stopping import install_stop_handler
         from example_trainer.vllm_sync import VLLMSync
@@ -167,7 +167,7 @@ class TrainingRun:
         """Register with run-api (rank 0) with the checkpoint's step; on a resume the client then fetches again the batches served after it."""
         from atroposlib.api.client import AtroposClient
         from atroposlib.api.models import Registration
-        from example_trainer.replay import announce
+        from example_trainer.resumed_batches import announce
 
         config, start_step = self.config, self.policy.start_step
         if self.dist.is_main:
