@@ -298,6 +298,10 @@ def add_argument(container: Any, *args: Any, **kwargs: Any) -> argparse.Action:
         # as for argparse options whose default is None: no default shown; the help says
         # what leaving the flag out does. Defaults written by hand read like argparse's own.
         help_text = help_text.removesuffix(" (default: null)")
+        # pydantic-settings' spelling of a default factory: the empty value, or nothing
+        help_text = help_text.replace("(default factory: list)", "(default: [])").replace(
+            "(default factory: dict)", "(default: {})")
+        help_text = re.sub(r" \(default factory: [^()]*\)$", "", help_text)
         kwargs["help"] = re.sub(r"\(default (?![:)])", "(default: ", help_text)
     longs = [a for a in args if isinstance(a, str) and a.startswith("--")]
     if isinstance(metavar, str) and longs and _TYPE_METAVAR.fullmatch(metavar):
@@ -314,6 +318,135 @@ def settings_cli_source(model: type[Any], parser: argparse.ArgumentParser) -> An
     from pydantic_settings import CliSettingsSource
 
     return CliSettingsSource(model, root_parser=parser, add_argument_method=add_argument)
+
+
+def settings_parser(
+    model: type[BaseModel],
+    prefix: str | None = None,
+    *,
+    parser: argparse.ArgumentParser | None = None,
+    defaults: dict[str, Any] | None = None,
+    title: str | None = None,
+    docs: str | None = None,
+    **parser_kwargs: Any,
+) -> argparse.ArgumentParser:
+    """The command line of a settings model: one option per field, in the house style.
+
+    Every atroposlib command builds its flags here (run-api, atropos-grpo,
+    atropos-inference-node, the proxy, and each env's ``serve|process|evaluate``). Each flag
+    takes both spellings, ``--a_b`` and ``--a-b`` (:class:`ArgumentParser`), and shows one metavar
+    and default style (:func:`add_argument`).
+
+    Two grammars, by ``prefix``:
+
+    * ``prefix=None``: kebab-case flags parsed by pydantic-settings' ``CliSettingsSource``
+      (``--training-steps 20``, ``--reload``/``--no-reload``, lists as ``a,b`` or JSON).
+      Read the settings with :func:`parse_settings`. A plain ``BaseModel`` reads flags only; a
+      ``BaseSettings`` model also its environment variables, as its own config says.
+    * ``prefix="env"``: Atropos 0.4's env grammar, ``--env.group_size 8`` (values handed to
+      pydantic as strings, ``null`` for None, JSON lists; a bare boolean flag means true);
+      several models can share one parser. Read them with :func:`collect_overrides`.
+
+    Args:
+        model: the pydantic model whose fields become flags.
+        prefix: the flag namespace (``env`` gives ``--env.group_size``), or None.
+        parser: add the flags to this parser (or subparser); a new :class:`ArgumentParser` made
+            with ``parser_kwargs`` when None.
+        defaults: with a prefix: the defaults ``--help`` shows (e.g. ``config_init``'s).
+        title: with a prefix: the heading of the flags in ``--help``.
+        docs: a docs page (``docs/guides/trainer.md``) named at the end of ``--help``.
+        **parser_kwargs: ``ArgumentParser`` arguments (``prog``, ``description``, ...).
+
+    Returns:
+        The parser; without a prefix it carries the pydantic-settings source as
+        ``settings_source`` and the model as ``settings_model``.
+    """
+    if parser is None:
+        parser = ArgumentParser(**parser_kwargs)
+    if docs:
+        parser.epilog = f"{parser.epilog} Guide: {docs}." if parser.epilog else f"Guide: {docs}."
+    if prefix is not None:
+        add_model_options(parser, model, prefix, defaults, title)
+        return parser
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    settings_cls = model
+    if not issubclass(model, BaseSettings):  # flags only: no environment variables are read
+        config = SettingsConfigDict(extra="forbid", cli_kebab_case=True, cli_implicit_flags=True,
+                                    cli_hide_none_type=True)
+        settings_cls = type(f"{model.__name__}Flags", (BaseSettings, model),
+                            {"model_config": config, "__doc__": model.__doc__})
+    parser.settings_source = settings_cli_source(settings_cls, parser)  # type: ignore[attr-defined]
+    parser.settings_model = model  # type: ignore[attr-defined]
+    return parser
+
+
+def parse_settings(parser: argparse.ArgumentParser,
+                   argv: list[str] | argparse.Namespace | None = None) -> Any:
+    """The settings a :func:`settings_parser` parser (no prefix) makes of ``argv``.
+
+    Args:
+        parser: what :func:`settings_parser` returned.
+        argv: the arguments (``sys.argv[1:]`` when None), or what ``parser.parse_args`` made of
+            them (to read flags of its own too, such as :func:`add_config_flags`').
+
+    Returns:
+        An instance of the parser's model.
+
+    Raises:
+        SystemExit: 2 with ``prog: error: ...`` naming each bad flag and the fix; 0 after
+            ``--help``.
+    """
+    import sys
+
+    from pydantic_settings import BaseSettings, CliApp
+
+    model = parser.settings_model  # type: ignore[attr-defined]
+    source = parser.settings_source  # type: ignore[attr-defined]
+    if not isinstance(argv, argparse.Namespace):
+        argv = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        if issubclass(model, BaseSettings):
+            return CliApp.run(model, cli_args=argv, cli_settings_source=source)
+        return model.model_validate(source(parsed_args=argv)())
+    except ValidationError as exc:
+        parser.error(validation_error_message(exc, None, "flags", kebab=True))
+
+
+#: Keys whose values :func:`settings_text` never prints (bearer tokens).
+SECRET_KEYS = ("api_key", "vllm_api_key")
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Add ``--json`` to the parser of a ``config`` subcommand (see :func:`settings_text`)."""
+    parser.add_argument("--json", action="store_true", default=False,
+                        help="Print JSON (one object) instead of YAML.")
+
+
+def settings_text(data: dict[str, Any], as_json: bool) -> str:
+    """Resolved settings as a ``config`` subcommand prints them: YAML, or JSON with ``--json``.
+
+    Every key named in :data:`SECRET_KEYS` that holds a value, at any depth, prints as
+    ``"***"``. Values JSON cannot hold print as their ``str()``.
+
+    Args:
+        data: the settings, e.g. ``model.model_dump(mode="json")``.
+        as_json: JSON (one line per key, indented) instead of YAML.
+    """
+    def masked(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: "***" if k in SECRET_KEYS and value[k] not in (None, "") else masked(v)
+                    for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [masked(v) for v in value]
+        return value
+
+    plain = json.loads(json.dumps(masked(data), default=str))
+    if as_json:
+        return json.dumps(plain, indent=2)
+    import yaml
+
+    return yaml.safe_dump(plain, sort_keys=False).rstrip("\n")
 
 
 #: A metavar that spells a Python type (``int``, ``SecretStr``, ``list[str]``, ``dict[str,int]``).
@@ -348,6 +481,36 @@ class ArgumentParser(argparse.ArgumentParser):
         """``argparse``'s ``add_argument`` through :func:`add_argument` (one metavar style)."""
         return add_argument(self, *args, **kwargs)
 
+    def parse_known_args(self, args: typing.Any = None, namespace: typing.Any = None) -> typing.Any:
+        """``argparse``'s ``parse_known_args``, each flag taken in either spelling.
+
+        ``--a_b`` and ``--a-b`` name the same option (:func:`other_spelling`), whichever one the
+        parser declares; a parser that declares both keeps them apart. Arguments after ``--``
+        are left as given.
+        """
+        import sys
+
+        raw = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args([self.other_spelling(a) for a in _before_double_dash(raw)]
+                                        + raw[len(_before_double_dash(raw)):], namespace)
+
+    def other_spelling(self, arg: str) -> str:
+        """``arg`` respelt as the option this parser declares, when only the other spelling is.
+
+        ``--env.group-size=8`` -> ``--env.group_size=8`` when the parser has ``--env.group_size``;
+        anything else (values, known or unknown flags) is returned unchanged.
+        """
+        if not arg.startswith("--") or arg == "--":
+            return arg
+        flag, sep, value = arg.partition("=")
+        known = self._option_string_actions
+        if flag in known:
+            return arg
+        for twin in ("--" + flag[2:].replace("-", "_"), "--" + flag[2:].replace("_", "-")):
+            if twin in known:
+                return twin + sep + value
+        return arg
+
     def error(self, message: str) -> typing.NoReturn:
         """Print ``prog: error: message`` (with did-you-mean hints), then the usage; exit 2."""
         prefix = "unrecognized arguments: "
@@ -358,6 +521,11 @@ class ArgumentParser(argparse.ArgumentParser):
             usage = f"usage: {self.prog} [-h] [flags]\n"
         self.exit(2, f"{self.prog}: error: {message}\n\n{usage}"
                   f"(run {self.prog} --help for every flag)\n")
+
+
+def _before_double_dash(args: list[str]) -> list[str]:
+    """The arguments before the first ``--`` (all of them when there is none)."""
+    return args[:args.index("--")] if "--" in args else args
 
 
 def validation_error_message(
@@ -408,7 +576,9 @@ __all__ = [
     "ArgumentParser",
     "HelpFormatter",
     "SUGGEST_CUTOFF",
+    "SECRET_KEYS",
     "add_argument",
+    "add_config_flags",
     "add_model_options",
     "adjust_model_defaults",
     "api_key_arg",
@@ -419,6 +589,9 @@ __all__ = [
     "get_double_dash_flags",
     "get_prefixed_pydantic_model",
     "merge_dicts",
+    "parse_settings",
+    "settings_parser",
+    "settings_text",
     "unknown_flag_message",
     "validation_error_message",
     "settings_cli_source",
