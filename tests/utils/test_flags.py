@@ -118,3 +118,13 @@ def test_trainer_config_json_prints_the_resolved_settings():
     bad = _run("-m", "example_trainer.grpo", "config", "--lr", "abc")
     assert bad.returncode == 2 and "--lr: Input should be a valid number" in bad.stderr
 
+
+def test_launcher_reads_the_group_size_through_the_env_config_subcommand():
+    from atroposlib.launch.config import EnvSection, env_arg_check
+
+    script = str(REPO / "environments/arithmetic_server.py")
+    check = env_arg_check(EnvSection(name="a", script=script, args={"env.group-size": 4}))
+    assert (check.problems, check.group_size) == ([], 4)
+    check = env_arg_check(EnvSection(name="a", script=script, args={"env.group_size": "x"}))
+    assert check.group_size is None
+    assert check.problems[0].startswith("envs.a.args: --env.group_size: Input should be a valid integer")
