@@ -8,13 +8,10 @@ reads to learn each env's ``group_size``). Bearer tokens print as ``***``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from atroposlib.envs.constants import ENV_NAMESPACE, OPENAI_NAMESPACE
 from atroposlib.utils.flags import settings_text
-
-if TYPE_CHECKING:
-    from atroposlib.env_runtime.command_line import EnvCommand
 
 
 def _dump(value: Any) -> Any:
@@ -28,8 +25,8 @@ def _dump(value: Any) -> Any:
     return str(value)
 
 
-def settings_document(command: EnvCommand) -> dict[str, Any]:
-    """The resolved settings of ``command`` as one mapping.
+def settings_document(command: Any) -> dict[str, Any]:
+    """The resolved settings of ``command`` (an ``EnvCommand``) as one mapping.
 
     Keys: ``mode``; ``env`` (every env config field); ``openai`` (a list with one mapping per
     inference server, or one mapping for a ``ServerBaseline``); each extra server namespace by
@@ -48,7 +45,7 @@ def settings_document(command: EnvCommand) -> dict[str, Any]:
     }
 
 
-def print_settings(command: EnvCommand) -> None:
+def print_settings(command: Any) -> None:
     """Print :func:`settings_document` as YAML, or as JSON when ``command.show == "json"``."""
     print(settings_text(settings_document(command), command.show == "json"))
 

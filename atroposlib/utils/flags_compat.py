@@ -119,7 +119,8 @@ def get_double_dash_flags(argv: list[str] | None = None) -> dict[str, Any]:
     ``--key=value`` and ``--key value`` give the string value (``"None"`` gives None); a flag
     followed by nothing or by another option gives ``True``. Single-dash options and bare
     arguments are skipped. Parsing is argparse's: each ``--name`` seen is declared as an
-    optional-value option of an :class:`ArgumentParser`, then the arguments are parsed.
+    optional-value option of an ``argparse.ArgumentParser`` (prefix matching off), then the
+    arguments are parsed.
 
     Args:
         argv: the arguments to read; ``sys.argv[1:]`` when None.
@@ -130,10 +131,8 @@ def get_double_dash_flags(argv: list[str] | None = None) -> dict[str, Any]:
     import argparse
     import sys
 
-    from atroposlib.utils.flags import ArgumentParser
-
     args = sys.argv[1:] if argv is None else list(argv)
-    parser = ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     seen: set[str] = set()
     for arg in args:
         name = arg[2:].split("=", 1)[0]
