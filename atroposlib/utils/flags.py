@@ -1,12 +1,16 @@
-"""Command-line flags: the parser every console script uses, and config models as flags.
+"""Command-line flags: the parser every console script uses, and settings models as flags.
 
 Atropos 0.4's path for this module, ``atroposlib.utils.cli``, is this module (:mod:`atroposlib.compat.aliases`).
 
-The ``ArgumentParser`` with did-you-mean errors, shared defaults, and the mapping of pydantic
-config models to argparse options (``--prefix.field``) and back to dicts: parsing is argparse's and validation is pydantic's. Values stay
-strings (pydantic coerces them), except ``None``/``null`` -> None and JSON lists/objects.
-A flag given without a value means ``true`` (``--env.use_wandb``); negative numbers can be
-written ``--env.x=-1`` or ``--env.x -1``.
+Every command builds its flags with :func:`settings_parser` (one option per field of a pydantic
+model) on :class:`ArgumentParser` (did-you-mean errors, no prefix matching, and each flag in both
+spellings, ``--a_b`` and ``--a-b``). Two grammars: kebab-case flags parsed by pydantic-settings
+(run-api, atropos-grpo, atropos-inference-node, the proxy; :func:`parse_settings`), and
+Atropos 0.4's env grammar ``--prefix.field`` (:func:`add_model_options`, :func:`collect_overrides`):
+parsing is argparse's and validation is pydantic's. Env values stay strings (pydantic coerces
+them), except ``None``/``null`` -> None and JSON lists/objects. A flag given without a value
+means ``true`` (``--env.use_wandb``); negative numbers can be written ``--env.x=-1`` or
+``--env.x -1``. ``config`` subcommands print resolved settings with :func:`settings_text`.
 """
 
 from __future__ import annotations
