@@ -51,31 +51,54 @@ def main(argv: list[str] | None = None) -> int:
         after Ctrl-C, 143 after SIGTERM, 1 otherwise); 2 for a bad flag, layout, ``--resume``
         directory or pre-flight check (one line each on stderr, no traceback).
     """
-    from pydantic import ValidationError
-    from pydantic_settings import CliApp
-
     from atroposlib.errors import ConfigError
-    from atroposlib.utils.flags import ArgumentParser, settings_cli_source, validation_error_message
+    from atroposlib.utils.flags import parse_settings
 
-    parser = ArgumentParser(
-        prog="atropos-grpo",
-        description="Train a policy with GRPO-family losses on batches from run-api, pushing "
-        "each step's weights to vLLM (one it launches, or --vllm-url servers). Guide: "
-        "docs/guides/trainer.md.")
-    source = settings_cli_source(TrainerConfig, parser)
-    try:
-        config = CliApp.run(TrainerConfig, cli_args=sys.argv[1:] if argv is None else argv,
-                            cli_settings_source=source)
-    except ValidationError as exc:
-        print(f"atropos-grpo: {validation_error_message(exc, None, 'flags', kebab=True)}",
-              file=sys.stderr)
-        return 2
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["config"]:
+        return print_config(args[1:])
+    config = parse_settings(build_parser(), args)
     try:
         summary = train(config)
     except ConfigError as exc:  # pre-flight, batch layout, --fsdp, --resume: the message is the fix
         print(f"atropos-grpo: {exc}", file=sys.stderr)
         return 2
     return exit_code(summary, config.training_steps)
+
+
+def build_parser(prog: str = "atropos-grpo", description: str | None = None) -> Any:
+    """The ``atropos-grpo`` parser: one kebab-case flag per :class:`TrainerConfig` field."""
+    from atroposlib.utils.flags import settings_parser
+
+    return settings_parser(
+        TrainerConfig, prog=prog,
+        description=description or "Train a policy with GRPO-family losses on batches from "
+        "run-api, pushing each step's weights to vLLM (one it launches, or --vllm-url servers). "
+        "Every flag also takes underscores (--batch_size). `atropos-grpo config [--json] "
+        "[flags]` prints the settings the flags resolve to and exits.",
+        docs="docs/guides/trainer.md")
+
+
+def print_config(argv: list[str]) -> int:
+    """``atropos-grpo config [--json] [flags]``: print the resolved settings; train nothing.
+
+    The settings are what ``atropos-grpo [flags]`` would train with (defaults, then
+    ``ATROPOS_GRPO_*`` variables, then flags), as YAML (the ``trainer:`` section of an
+    atropos-launch file) or as one JSON object; ``api_key``/``vllm_api_key`` print as ``***``.
+
+    Returns:
+        0; a bad flag exits with code 2 (``SystemExit``), as it does for training.
+    """
+    from atroposlib.utils.flags import add_config_flags, parse_settings, settings_text
+
+    parser = build_parser("atropos-grpo config", "Print the settings that atropos-grpo with "
+                          "these flags would train with (defaults < ATROPOS_GRPO_* variables < "
+                          "flags), then exit. Every flag also takes underscores.")
+    add_config_flags(parser)
+    namespace = parser.parse_args(argv)
+    config = parse_settings(parser, namespace)
+    print(settings_text(config.model_dump(mode="json"), namespace.json))
+    return 0
 
 
 def exit_code(summary: dict[str, Any], training_steps: int) -> int:

@@ -54,7 +54,7 @@ def build_parser() -> ArgumentParser:
         "rest",
         nargs=argparse.REMAINDER,
         metavar="MODE [FLAGS]",
-        help="serve|process|evaluate and the environment's own flags",
+        help="serve|process|evaluate|config and the environment's own flags",
     )
     return parser
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         parser.error(str(exc))
     if not args.rest:
-        parser.error(f"{args.name}: give a mode: serve, process or evaluate (then its flags)")
+        parser.error(f"{args.name}: give a mode: serve, process or evaluate (then its flags), or config to print its settings")
     from atroposlib.env_runtime.command_line import run_cli
 
     # The env command line names itself after argv[0] in usage and errors.

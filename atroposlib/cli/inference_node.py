@@ -33,6 +33,19 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv[:cut], argv[cut + 1:]
 
 
+def build_parser() -> Any:
+    """The ``atropos-inference-node`` parser: one flag per ``NodeSettings`` field."""
+    from atroposlib.inference.node.settings import NodeSettings
+    from atroposlib.utils.flags import settings_parser
+
+    return settings_parser(NodeSettings, prog="atropos-inference-node",
+                           description="Serve a model with vLLM and take new weights from a "
+                           "trainer over HTTP, on a node that shares no disk with it. Every "
+                           "flag also takes underscores (--weights_dir).",
+                           epilog="Flags after -- are passed to vLLM unchanged.",
+                           docs="docs/inference-node.md")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atropos-inference-node``; returns the exit code.
 
@@ -40,25 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 after Ctrl-C, 143 after SIGTERM, 1 when vLLM failed to start or exited, 2 for a bad
         flag, key file or busy port (one line on stderr).
     """
-    from pydantic import ValidationError
-    from pydantic_settings import CliApp
-
-    from atroposlib.inference.node.settings import SETTINGS_ENV, NodeSettings
-    from atroposlib.utils.flags import ArgumentParser, settings_cli_source, validation_error_message
+    from atroposlib.inference.node.settings import SETTINGS_ENV
+    from atroposlib.utils.flags import parse_settings
 
     ours, vllm_args = split_argv(sys.argv[1:] if argv is None else argv)
-    parser = ArgumentParser(prog="atropos-inference-node",
-                            description="Serve a model with vLLM and take new weights from a "
-                            "trainer over HTTP, on a node that shares no disk with it. Guide: "
-                            "docs/inference-node.md.",
-                            epilog="Flags after -- are passed to vLLM unchanged.")
-    source = settings_cli_source(NodeSettings, parser)
-    try:
-        settings = CliApp.run(NodeSettings, cli_args=ours, cli_settings_source=source)
-    except ValidationError as exc:
-        print(f"atropos-inference-node: {validation_error_message(exc, None, 'flags', kebab=True)}",
-              file=sys.stderr)
-        return 2
+    settings = parse_settings(build_parser(), ours)
     from atroposlib.utils.preflight import check_port_free
 
     busy = check_port_free(settings.host, settings.port, f"stop it or pass --port {settings.port + 1}")

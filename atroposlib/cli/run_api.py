@@ -20,71 +20,34 @@ import logging
 import os
 import signal
 import sys
-import types
-import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
 
 from atroposlib.api.settings import SETTINGS_ENV, ApiSettings
-from atroposlib.utils.flags import ArgumentParser, HelpFormatter
-
-
-def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
-    """Argparse ``type`` and extra kwargs for a settings field annotation."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType) and len(args) == 1:
-        return _flag_type(args[0])
-    if origin is typing.Literal:
-        return str, {"choices": list(args)}
-    if origin is list:
-        return str, {"nargs": "*"}
-    if annotation in (int, float, str):
-        return annotation, {}
-    if annotation is Path:
-        return str, {}
-    return str, {}
+from atroposlib.utils import flags
+from atroposlib.utils.flags import settings_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the ``run-api`` argument parser (one flag per ApiSettings field)."""
-    parser = ArgumentParser(
+    return settings_parser(
+        ApiSettings,
         prog="run-api",
-        description="Run the atroposlib trajectory API (Atropos 0.4 compatible) in the foreground.",
-        formatter_class=HelpFormatter,
+        description="Run the atroposlib trajectory API (Atropos 0.4 compatible) in the foreground. "
+        "Every flag also takes underscores (--max_queued_groups).",
+        docs="docs/guides/trajectory-api.md",
     )
-    for name, info in ApiSettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        default = None if info.default_factory else info.default
-        help_text = (info.description or "").replace("%", "%%")
-        if info.annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                                default=default, help=help_text)
-            continue
-        kind, extra = _flag_type(info.annotation)
-        if name == "api_key":
-            default = None
-        parser.add_argument(flag, dest=name, type=kind, default=default, help=help_text, **extra)
-    return parser
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> ApiSettings:
-    """Parse CLI flags into validated settings; exits with a clear message on bad values."""
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    values = {k: v for k, v in vars(ns).items() if v is not None}
-    if values.get("env_heartbeat_timeout_s") == 0:
-        values["env_heartbeat_timeout_s"] = None
-    try:
-        return ApiSettings(**values)
-    except ValidationError as exc:
-        lines = [f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-                 if e["loc"] else e["msg"].removeprefix("Value error, ") for e in exc.errors()]
-        parser.error("; ".join(lines))
-        raise  # unreachable: parser.error exits
+    """Parse CLI flags into validated settings; exits with a clear message on bad values.
+
+    ``--env-heartbeat-timeout-s 0`` turns the heartbeat timeout off (as null does).
+    """
+    settings = flags.parse_settings(build_parser(), None if argv is None else list(argv))
+    if settings.env_heartbeat_timeout_s == 0:
+        settings = settings.model_copy(update={"env_heartbeat_timeout_s": None})
+    return settings
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

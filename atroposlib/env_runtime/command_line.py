@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import difflib
 import logging
 import signal
@@ -50,8 +51,9 @@ from atroposlib.inference.clients.manager import ServerManagerConfig
 from atroposlib.inference.clients.resolve import resolve_server_configs, validated
 from atroposlib.utils.flags import (
     ArgumentParser,
-    add_model_options,
+    add_config_flags,
     collect_overrides,
+    settings_parser,
     unknown_flag_message,
 )
 from atroposlib.utils.yaml_file import load_yaml
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MODES = ("serve", "process", "evaluate")
+#: The docs page of this command line, named in its ``--help``.
+ENV_CLI_DOCS = "docs/guides/environments.md"
 #: What ``config_init()`` returns: ``(env_config, server_configs)``.
 InitDefaults = tuple[BaseEnvConfig, Any]
 _YAML_KEYS = (ENV_NAMESPACE, OPENAI_NAMESPACE, "slurm", "testing", "max_n_completions", "proxy_url")
@@ -71,6 +75,8 @@ _MODE_HELP = {
     "serve": "Register with the trajectory API and keep it supplied with scored groups.",
     "process": "Generate groups offline (no API) into a JSONL file plus an HTML viewer.",
     "evaluate": "Run evaluate() once and write metrics.json.",
+    "config": "Print the settings that --mode (serve unless given) would run with, layered as it layers "
+    "them, then exit (YAML; JSON with --json). Starts nothing.",
 }
 
 
@@ -99,6 +105,8 @@ class EnvCommand:
         extra_servers: the env's extra server namespaces as constructor keywords, e.g.
             ``{"teacher_server_configs": [APIServerConfig(...)]}``.
         wait_for_services: wait for unreachable services instead of failing at once.
+        show: ``yaml`` or ``json`` for the ``config`` subcommand (print the settings, run
+            nothing); None to run ``mode``.
     """
 
     mode: str
@@ -107,6 +115,7 @@ class EnvCommand:
     manager: ServerManagerConfig
     extra_servers: dict[str, list[APIServerConfig | InferenceClient]] = field(default_factory=dict)
     wait_for_services: bool = False
+    show: str | None = None
 
 
 def mode_env_defaults(env_cls: type[BaseEnv], mode: str, base: dict[str, Any]) -> dict[str, Any]:
@@ -316,13 +325,21 @@ def build_parser(env_cls: type[BaseEnv], defaults: InitDefaults | None = None) -
     parser = ArgumentParser(
         prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else env_cls.__name__,
         description=f"{env_cls.__name__} ({env_cls.name or 'unnamed env'}): "
-        "serve | process | evaluate. Layering: config_init < --config YAML < flags.",
+        "serve | process | evaluate | config. Layering: config_init < --config YAML < flags.",
+        epilog=f"Guide: {ENV_CLI_DOCS}.",
     )
-    sub = parser.add_subparsers(dest="mode", metavar="{serve,process,evaluate}", required=True)
+    sub = parser.add_subparsers(dest="mode", metavar="{serve,process,evaluate,config}", required=True)
     parser.mode_parsers = {}  # type: ignore[attr-defined]
-    for mode in MODES:
-        mode_parser = sub.add_parser(mode, help=_MODE_HELP[mode], description=_MODE_HELP[mode])
-        parser.mode_parsers[mode] = mode_parser  # type: ignore[attr-defined]
+    for command in (*MODES, "config"):
+        mode_parser = sub.add_parser(command, help=_MODE_HELP[command], description=_MODE_HELP[command]
+                                     + " Every flag also takes dashes (--env.group-size).",
+                                     epilog=f"Guide: {ENV_CLI_DOCS}.")
+        mode = "serve" if command == "config" else command  # the flags config shows are serve's
+        if command == "config":
+            mode_parser.add_argument("--mode", dest="config_mode", choices=MODES, default="serve",
+                                     help="The mode whose settings to print.")
+            add_config_flags(mode_parser)
+        parser.mode_parsers[command] = mode_parser  # type: ignore[attr-defined]
         mode_parser.add_argument(
             "--config",
             default=None,
@@ -334,20 +351,16 @@ def build_parser(env_cls: type[BaseEnv], defaults: InitDefaults | None = None) -
             mode_parser.add_argument(old, dest="wait_for_services", action="store_const", const=value,
                                      default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         env_defaults = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
-        add_model_options(
-            mode_parser, _env_config_class(env_cls, init_env), ENV_NAMESPACE, env_defaults, "env options"
-        )
-        add_model_options(
-            mode_parser, APIServerConfig, OPENAI_NAMESPACE, server_defaults, "inference server (--openai.*)"
-        )
-        add_model_options(mode_parser, ServerManagerConfig, None, None, "server manager")
-        add_model_options(mode_parser, RunnerOptions, None, {"wait_for_services": mode == "serve"}, "runner")
-        if mode in NAMESPACE_MODES:
-            for prefix, keyword in _server_namespaces(env_cls).items():
-                add_model_options(
-                    mode_parser, APIServerConfig, prefix, None,
-                    f"{prefix} inference server (--{prefix}.*, passed as {keyword})",
-                )
+        for model, prefix, shown, title in (
+            (_env_config_class(env_cls, init_env), ENV_NAMESPACE, env_defaults, "env options"),
+            (APIServerConfig, OPENAI_NAMESPACE, server_defaults, "inference server (--openai.*)"),
+            (ServerManagerConfig, "", None, "server manager"),
+            (RunnerOptions, "", {"wait_for_services": mode == "serve"}, "runner"),
+            *((APIServerConfig, prefix, None, f"{prefix} inference server (--{prefix}.*, passed as "
+               f"{keyword})") for prefix, keyword in _server_namespaces(env_cls).items()
+              if mode in NAMESPACE_MODES),
+        ):
+            settings_parser(model, prefix, parser=mode_parser, defaults=shown, title=title)
     return parser
 
 
@@ -366,10 +379,13 @@ def parse_command(env_cls: type[BaseEnv], argv: list[str] | None = None) -> EnvC
     mode_parser = parser.mode_parsers[namespace.mode]  # type: ignore[attr-defined]
     if unknown:
         mode_parser.error(unknown_flag_message(unknown, mode_parser))
+    show = ("json" if namespace.json else "yaml") if namespace.mode == "config" else None
     try:
-        return build_command(env_cls, namespace.mode, namespace, defaults)
+        command = build_command(env_cls, namespace.config_mode if show else namespace.mode,
+                                namespace, defaults)
     except ConfigError as exc:
         mode_parser.error(str(exc))
+    return dataclasses.replace(command, show=show) if show else command
 
 
 def parse_args(
@@ -522,6 +538,10 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         command = parse_command(env_cls, argv)
+        if command.show:  # the config subcommand: print the settings, start nothing
+            from atroposlib.env_runtime.settings_report import print_settings
+
+            return print_settings(command)
         mode, env = command.mode, env_from_command(env_cls, command)
         env_preflight(mode, env, wait=command.wait_for_services)
     except ConfigError as exc:  # e.g. a teacher that cannot be used; a failed pre-flight

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -459,31 +460,33 @@ class EnvArgCheck:
 
 
 def env_arg_check(env: EnvSection, timeout: float = 30.0) -> EnvArgCheck:
-    """Parse one env's ``args`` with its script's own parser, as ``serve`` will.
+    """Parse one env's ``args`` with its script's own command line, as ``serve`` will.
 
-    The launcher reads the env's settings from this one parse, never from the raw ``args``
-    (which may leave a setting to the env's defaults). The script is imported (not run) in a
-    child Python, so its top-level code cannot affect the launcher, to find the ``BaseEnv``
-    subclass it defines. A script that cannot be imported, takes longer than ``timeout``
-    seconds, or defines none or several env classes is not checked here (its own start-up
+    Runs ``python SCRIPT config --json ARGS`` (the env's public ``config`` subcommand, which
+    layers ``config_init`` < ``--config`` YAML < flags exactly as ``serve`` does and prints the
+    result), so the launcher reads the env's settings from that one parse, never from the raw
+    ``args`` (which may leave a setting to the env's defaults). A script that cannot run, takes
+    longer than ``timeout`` seconds, or prints no settings is not checked here (its own start-up
     still reports its problems): the check is empty.
     """
     import json
 
-    code = ("import json, sys; from atroposlib.launch.config import EnvSection, _env_arg_check; "
-            "print(json.dumps(_env_arg_check(EnvSection.model_validate_json(sys.argv[1]))))")
     try:
-        child = subprocess.run([sys.executable, "-c", code, env.model_dump_json()],
+        child = subprocess.run([sys.executable, env.script, "config", "--json", *flags(env.args)],
                                capture_output=True, text=True, timeout=timeout,
                                env={**OFFLINE_ENV, **os.environ})
-        lines = child.stdout.strip().splitlines()
-        found = json.loads(lines[-1]) if child.returncode == 0 and lines else {}
-    except (subprocess.TimeoutExpired, ValueError):
+    except subprocess.TimeoutExpired:
         return EnvArgCheck()
-    if not isinstance(found, dict):
+    if child.returncode == 2:
+        return EnvArgCheck(_flag_problems(child.stderr, env))
+    out = child.stdout  # the JSON object, after anything the script itself printed first
+    try:
+        found = json.loads(out[0 if out.startswith("{") else out.rfind("\n{\n") + 1:]) \
+            if child.returncode == 0 else {}
+    except ValueError:
         return EnvArgCheck()
-    size = found.get("group_size")
-    return EnvArgCheck([str(p) for p in found.get("problems") or []], size if isinstance(size, int) else None)
+    size = (found.get("env") or {}).get("group_size") if isinstance(found, dict) else None
+    return EnvArgCheck([], size if isinstance(size, int) and not isinstance(size, bool) else None)
 
 
 def env_arg_problems(env: EnvSection, timeout: float = 30.0) -> list[str]:
@@ -491,56 +494,33 @@ def env_arg_problems(env: EnvSection, timeout: float = 30.0) -> list[str]:
     return env_arg_check(env, timeout).problems
 
 
-def _env_arg_check(env: EnvSection) -> dict[str, Any]:
-    """:func:`env_arg_check` in this process (it imports the env script); a JSON-able dict."""
-    import importlib.util
-    import inspect
+#: One line of the env command line's unknown-flag error (:func:`atroposlib.utils.flags.unknown_flag_message`).
+_UNKNOWN_FLAG = re.compile(r"unknown flag --(?P<flag>\S+?)(?:; did you mean --(?P<close>\S+)\?|;.*)?$")
 
-    from atroposlib.env_runtime.command_line import build_command, build_parser
-    from atroposlib.envs.base import BaseEnv
 
+def _flag_problems(stderr: str, env: EnvSection) -> list[str]:
+    """The env command line's error (exit code 2) as launcher problems, by full key path.
+
+    ``PROG config: error: unknown flag --env.group_sise; did you mean --env.group_size?`` becomes
+    ``envs.NAME.args.env.group_sise: unknown flag; did you mean envs.NAME.args.env.group_size?``;
+    a value the env config refuses becomes ``envs.NAME.args: --env.group_size: ...``. The
+    error ends at the first blank line (the usage follows it).
+    """
     where = f"envs.{env.name}.args"
-    spec = importlib.util.spec_from_file_location(f"_atropos_launch_check_{env.name}", env.script)
-    if spec is None or spec.loader is None:
-        return {}
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:  # noqa: BLE001 - its own start-up will report the script's failure
-        return {}
-    envs = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, BaseEnv)
-            and not inspect.isabstract(c) and not c.__module__.startswith("atroposlib.envs.")]
-    # The class the script defines; else the one it imports (a checkout's environments/X.py
-    # launcher imports its class from atroposlib.environments).
-    classes = [c for c in envs if c.__module__ == module.__name__] or envs
-    if len(classes) != 1:
-        return {}
-    defaults = classes[0].config_init()
-    parser = build_parser(classes[0], defaults)
-    mode_parser = parser.mode_parsers["serve"]  # type: ignore[attr-defined]
-
-    def _raise(message: str) -> None:
-        raise ConfigError(message)
-
-    for p in (parser, mode_parser):
-        p.error = _raise  # type: ignore[method-assign]
-    known = sorted(s[2:] for a in mode_parser._actions for s in a.option_strings if s.startswith("--"))
+    text = stderr.split(": error: ", 1)[1] if ": error: " in stderr else stderr.strip()
     problems = []
-    for key in env.args:
-        if key not in known:
-            close = _closest(key, known)
-            problems.append(f"{where}.{key}: unknown flag" + (
-                f"; did you mean {' or '.join(f'{where}.{c}' for c in close)}?" if close
+    for line in text.split("\n\n", 1)[0].splitlines():
+        line = line.strip()
+        unknown = _UNKNOWN_FLAG.match(line)
+        if unknown:
+            close = unknown.group("close")
+            problems.append(f"{where}.{unknown.group('flag')}: unknown flag" + (
+                f"; did you mean {where}.{close}?" if close
                 else f"; see `python {env.script} serve --help`"))
-    if problems:
-        return {"problems": problems}
-    try:
-        namespace, _ = parser.parse_known_args(["serve", *flags(env.args)])
-        command = build_command(classes[0], "serve", namespace, defaults)
-    except ConfigError as exc:
-        return {"problems": [f"{where}: {line.strip()}" for line in str(exc).splitlines()
-                             if line.strip() and not line.strip().startswith("invalid env configuration")]}
-    return {"problems": [], "group_size": command.env_config.group_size}
+        elif line and not (line.startswith("invalid ") and line.endswith(":")):
+            problems.append(f"{where}: {line}")
+    return problems or [f"{where}: the env refused its flags (exit code 2); run `python "
+                        f"{env.script} serve` with them to see why"]
 
 
 def launch_preflight(config: LaunchConfig) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atroposlib.proxy.errors import validation_message
 from atroposlib.proxy.models import (
@@ -19,32 +20,37 @@ from atroposlib.proxy.models import (
     ProxyConfig,
     ProxySettings,
 )
-from atroposlib.utils.flags import ArgumentParser
+from atroposlib.utils.flags import parse_settings, settings_parser
+
+PROG = "python -m atroposlib.compat.managed_server_proxy"
+
+
+class ProxyFlags(BaseModel):
+    """The proxy's command line: where it listens, its servers file and its session limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: Path | None = Field(default=None, description="servers.json: {model_name, servers: "
+                                "[{base_url, server_type, api_key?}], tokenizer_name?}; leave it "
+                                "out to configure the proxy later through POST /setup.")
+    host: str = Field(default="127.0.0.1", description="Bind address (0.0.0.0 only on a "
+                      "trusted network: there is no authentication).")
+    port: int = Field(default=9100, ge=0, le=65535, description="TCP port.")
+    session_ttl: float = Field(default=DEFAULT_SESSION_TTL_S, description="Seconds a session "
+                               "may stay idle before it is deleted.")
+    max_sessions: int = Field(default=DEFAULT_MAX_SESSIONS, description="Most open sessions; "
+                              "more answer 429.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="uvicorn log level.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command-line parser of ``python -m ...managed_server_proxy``."""
-    parser = ArgumentParser(
-        prog="python -m atroposlib.compat.managed_server_proxy",
+    """The command-line parser of ``python -m ...managed_server_proxy`` (one flag per field)."""
+    return settings_parser(
+        ProxyFlags, prog=PROG,
         description="OpenAI-compatible proxy whose sessions track exact token ids and "
-        "log-probs (ManagedServer) for agent frameworks.",
-    )
-    parser.add_argument("--config", type=Path, default=None,
-                        help="servers.json: {model_name, servers: [{base_url, server_type, "
-                        "api_key?}], tokenizer_name?}; omit to configure later via POST /setup")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="bind address (default 127.0.0.1; use 0.0.0.0 only on a trusted "
-                        "network: there is no authentication)")
-    parser.add_argument("--port", type=int, default=9100, help="TCP port (default 9100)")
-    parser.add_argument("--session-ttl", type=float, default=DEFAULT_SESSION_TTL_S,
-                        help="seconds a session may stay idle before it is deleted "
-                        f"(default {DEFAULT_SESSION_TTL_S:g})")
-    parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS,
-                        help=f"most open sessions; more answer 429 (default {DEFAULT_MAX_SESSIONS})")
-    parser.add_argument("--log-level", default="info",
-                        choices=["critical", "error", "warning", "info", "debug"],
-                        help="uvicorn log level (default info)")
-    return parser
+        "log-probs (ManagedServer) for agent frameworks. Every flag also takes underscores "
+        "(--max_sessions).", docs="docs/guides/proxy.md")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     from atroposlib.errors import ConfigError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_settings(parser, argv)
     try:
         config = ProxyConfig.from_file(args.config) if args.config else None
         settings = ProxySettings(session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
@@ -71,4 +77,3 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper())
     uvicorn.run(create_app(config, settings), host=args.host, port=args.port,
                 log_level=args.log_level)
-

@@ -1,18 +1,21 @@
-"""Command-line flags: the parser every console script uses, and config models as flags.
+"""Command-line flags: the parser every console script uses, and settings models as flags.
 
 Atropos 0.4's path for this module, ``atroposlib.utils.cli``, is this module (:mod:`atroposlib.compat.aliases`).
 
-The ``ArgumentParser`` with did-you-mean errors, shared defaults, and the mapping of pydantic
-config models to argparse options (``--prefix.field``) and back to dicts: parsing is argparse's and validation is pydantic's. Values stay
-strings (pydantic coerces them), except ``None``/``null`` -> None and JSON lists/objects.
-A flag given without a value means ``true`` (``--env.use_wandb``); negative numbers can be
-written ``--env.x=-1`` or ``--env.x -1``.
+Every command builds its flags with :func:`settings_parser` (one option per field of a pydantic
+model) on :class:`ArgumentParser` (did-you-mean errors, no prefix matching, and each flag in both
+spellings, ``--a_b`` and ``--a-b``). Two grammars: kebab-case flags parsed by pydantic-settings
+(run-api, atropos-grpo, atropos-inference-node, the proxy; :func:`parse_settings`), and
+Atropos 0.4's env grammar ``--prefix.field`` (:func:`add_model_options`, :func:`collect_overrides`):
+parsing is argparse's and validation is pydantic's. Env values stay strings (pydantic coerces
+them), except ``None``/``null`` -> None and JSON lists/objects. A flag given without a value
+means ``true`` (``--env.use_wandb``); negative numbers can be written ``--env.x=-1`` or
+``--env.x -1``. ``config`` subcommands print resolved settings with :func:`settings_text`.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import re
 import types
@@ -20,10 +23,19 @@ import typing
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, create_model
+# Field and create_model: Atropos 0.4's module exported them
+from pydantic import BaseModel, Field, ValidationError, create_model  # noqa: F401
 
 from atroposlib.defaults import DEFAULT_API_URL
 from atroposlib.errors import ConfigError
+
+# the error messages (closest_flag ...) live in flag_errors; importable from here as before
+from atroposlib.utils.flag_errors import (
+    SUGGEST_CUTOFF,
+    closest_flag,
+    unknown_flag_message,
+    validation_error_message,
+)
 
 #: Strings that mean None on the command line (except for a field whose choices are words
 #: such as ``none``, and that cannot be None: there the word is the value).
@@ -151,102 +163,6 @@ def collect_overrides(namespace: argparse.Namespace, prefixes: list[str]) -> dic
     return out
 
 
-#: How alike (``difflib`` ratio, 0..1) an unknown flag's name must be to a known one to be suggested.
-SUGGEST_CUTOFF = 0.75
-
-#: Words that say nothing about what an argument is, left out when matching flags to positionals.
-_FILLER_WORDS = frozenset({"a", "an", "the", "of", "to", "for", "and", "or", "e.g", "eg", "by", "in", "on"})
-
-
-def _words(text: str) -> list[str]:
-    """Lower-case words of a flag or argument name: ``--output-file`` -> ``["output", "file"]``."""
-    return [w for w in re.split(r"[^a-z0-9]+", text.lower()) if w and w not in _FILLER_WORDS]
-
-
-def _split_prefix(flag: str) -> tuple[str, str]:
-    """``--env.group_size`` -> ``("env", "group_size")``; ``--lr`` -> ``("", "lr")``."""
-    name = flag.lstrip("-")
-    prefix, _, rest = name.rpartition(".")
-    return prefix, rest
-
-
-def closest_flag(flag: str, known: list[str]) -> str | None:
-    """The known flag ``flag`` most likely misspells, or None when none is close.
-
-    Names are compared without their dashes and, among flags of the same ``--prefix.``, without
-    the shared prefix (which would make any two ``--env.*`` flags look alike): a ``difflib``
-    ratio of at least :data:`SUGGEST_CUTOFF` (``--trainng-steps`` -> ``--training-steps``). When
-    none is that close, a single known flag whose words are all in ``flag``'s, or the other way
-    round, is suggested (``--model-name`` -> ``--model``).
-    """
-    prefix, name = _split_prefix(flag)
-    candidates = {k: _split_prefix(k) for k in known if k.startswith("--")}
-    same = {k: n for k, (p, n) in candidates.items() if p == prefix}
-    scored = [(difflib.SequenceMatcher(None, name, n).ratio(), k) for k, n in same.items()]
-    scored += [(difflib.SequenceMatcher(None, flag.lstrip("-"), k.lstrip("-")).ratio(), k)
-               for k in candidates if k not in same]
-    best = max(scored, default=(0.0, ""))
-    if best[0] >= SUGGEST_CUTOFF:
-        return best[1]
-    words = set(_words(name))
-    nested = [k for k, n in same.items() if words and (set(_words(n)) <= words or words <= set(_words(n)))]
-    return nested[0] if len(nested) == 1 else None
-
-
-def _positional_hint(flag: str, parser: argparse.ArgumentParser) -> str | None:
-    """Explain that ``flag`` names a positional argument of ``parser`` (``--output`` for FILEPATH).
-
-    A positional matches when one of the flag's words is part of, or contains, one of the words of
-    its name, its metavar or the first words of its help (``--output``, ``--outfile`` and
-    ``--output-file`` all match ``filepath`` helped as "output JSONL file").
-    """
-    flag_words = [w for w in _words(flag) if len(w) >= 3]
-    for action in parser._actions:
-        if action.option_strings or isinstance(action, argparse._SubParsersAction):
-            continue
-        help_text = action.help if isinstance(action.help, str) and action.help != argparse.SUPPRESS else ""
-        summary = re.split(r"[,;(]| - ", help_text, maxsplit=1)[0].strip().rstrip(".")
-        metavar = action.metavar if isinstance(action.metavar, str) else ""
-        names = set(_words(action.dest) + _words(metavar) + _words(summary)[:3])
-        if not any(w in n or (len(n) >= 4 and n in w) for w in flag_words for n in names):
-            continue
-        shown = metavar or action.dest.upper()
-        if summary[1:2].islower():  # "Output file" -> "output file", but "JSONL file" stays
-            summary = summary[0].lower() + summary[1:]
-        what = f"the {summary} is " if summary else ""
-        return (f"{what}the positional argument {shown}, given without a flag: "
-                f"{parser.prog} {shown} [flags]")
-    return None
-
-
-def unknown_flag_message(unknown: list[str], parser: argparse.ArgumentParser) -> str:
-    """Build an error naming each unknown flag and the closest known one, one line per flag.
-
-    ``unknown flag --env.group_sze; did you mean --env.group_size?`` (closeness: see
-    :func:`closest_flag`); a flag that names a positional argument says so instead
-    (``unknown flag --output; the output JSONL file is the positional argument FILEPATH, given
-    without a flag: atropos-sft-gen FILEPATH [flags]``). A bare value right after an unknown
-    flag (``--env.typo 8``) is taken as that flag's value.
-    """
-    known = [s for action in parser._actions for s in action.option_strings]
-    lines = []
-    previous_was_flag = False
-    for arg in unknown:
-        if not arg.startswith("-"):
-            if not previous_was_flag:
-                lines.append(f"unexpected argument {arg!r}")
-            previous_was_flag = False
-            continue
-        flag = arg.split("=", 1)[0]
-        previous_was_flag = "=" not in arg
-        close = closest_flag(flag, known)
-        positional = None if close else _positional_hint(flag, parser)
-        hint = (f"; did you mean {close}?" if close else f"; {positional}" if positional
-                else "; see --help for every flag")
-        lines.append(f"unknown flag {flag}{hint}")
-    return "\n".join(lines)
-
-
 def api_key_arg(value: str) -> str:
     """Argparse ``type`` of an ``--api-key`` flag: a non-empty bearer token.
 
@@ -297,6 +213,10 @@ def add_argument(container: Any, *args: Any, **kwargs: Any) -> argparse.Action:
         # as for argparse options whose default is None: no default shown; the help says
         # what leaving the flag out does. Defaults written by hand read like argparse's own.
         help_text = help_text.removesuffix(" (default: null)")
+        # pydantic-settings' spelling of a default factory: the empty value, or nothing
+        help_text = help_text.replace("(default factory: list)", "(default: [])").replace(
+            "(default factory: dict)", "(default: {})")
+        help_text = re.sub(r" \(default factory: [^()]*\)$", "", help_text)
         kwargs["help"] = re.sub(r"\(default (?![:)])", "(default: ", help_text)
     longs = [a for a in args if isinstance(a, str) and a.startswith("--")]
     if isinstance(metavar, str) and longs and _TYPE_METAVAR.fullmatch(metavar):
@@ -313,6 +233,135 @@ def settings_cli_source(model: type[Any], parser: argparse.ArgumentParser) -> An
     from pydantic_settings import CliSettingsSource
 
     return CliSettingsSource(model, root_parser=parser, add_argument_method=add_argument)
+
+
+def settings_parser(
+    model: type[BaseModel],
+    prefix: str | None = None,
+    *,
+    parser: argparse.ArgumentParser | None = None,
+    defaults: dict[str, Any] | None = None,
+    title: str | None = None,
+    docs: str | None = None,
+    **parser_kwargs: Any,
+) -> argparse.ArgumentParser:
+    """The command line of a settings model: one option per field, in the house style.
+
+    Every atroposlib command builds its flags here (run-api, atropos-grpo,
+    atropos-inference-node, the proxy, and each env's ``serve|process|evaluate``). Each flag
+    takes both spellings, ``--a_b`` and ``--a-b`` (:class:`ArgumentParser`), and shows one metavar
+    and default style (:func:`add_argument`).
+
+    Two grammars, by ``prefix``:
+
+    * ``prefix=None``: kebab-case flags parsed by pydantic-settings' ``CliSettingsSource``
+      (``--training-steps 20``, ``--reload``/``--no-reload``, lists as ``a,b`` or JSON).
+      Read the settings with :func:`parse_settings`. A plain ``BaseModel`` reads flags only; a
+      ``BaseSettings`` model also its environment variables, as its own config says.
+    * ``prefix="env"``: Atropos 0.4's env grammar, ``--env.group_size 8`` (values handed to
+      pydantic as strings, ``null`` for None, JSON lists; a bare boolean flag means true);
+      several models can share one parser. Read them with :func:`collect_overrides`.
+
+    Args:
+        model: the pydantic model whose fields become flags.
+        prefix: the flag namespace (``env`` gives ``--env.group_size``), or None.
+        parser: add the flags to this parser (or subparser); a new :class:`ArgumentParser` made
+            with ``parser_kwargs`` when None.
+        defaults: with a prefix: the defaults ``--help`` shows (e.g. ``config_init``'s).
+        title: with a prefix: the heading of the flags in ``--help``.
+        docs: a docs page (``docs/guides/trainer.md``) named at the end of ``--help``.
+        **parser_kwargs: ``ArgumentParser`` arguments (``prog``, ``description``, ...).
+
+    Returns:
+        The parser; without a prefix it carries the pydantic-settings source as
+        ``settings_source`` and the model as ``settings_model``.
+    """
+    if parser is None:
+        parser = ArgumentParser(**parser_kwargs)
+    if docs:
+        parser.epilog = f"{parser.epilog} Guide: {docs}." if parser.epilog else f"Guide: {docs}."
+    if prefix is not None:
+        add_model_options(parser, model, prefix, defaults, title)
+        return parser
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    settings_cls = model
+    if not issubclass(model, BaseSettings):  # flags only: no environment variables are read
+        config = SettingsConfigDict(extra="forbid", cli_kebab_case=True, cli_implicit_flags=True,
+                                    cli_hide_none_type=True)
+        settings_cls = type(f"{model.__name__}Flags", (BaseSettings, model),
+                            {"model_config": config, "__doc__": model.__doc__})
+    parser.settings_source = settings_cli_source(settings_cls, parser)  # type: ignore[attr-defined]
+    parser.settings_model = model  # type: ignore[attr-defined]
+    return parser
+
+
+def parse_settings(parser: argparse.ArgumentParser,
+                   argv: list[str] | argparse.Namespace | None = None) -> Any:
+    """The settings a :func:`settings_parser` parser (no prefix) makes of ``argv``.
+
+    Args:
+        parser: what :func:`settings_parser` returned.
+        argv: the arguments (``sys.argv[1:]`` when None), or what ``parser.parse_args`` made of
+            them (to read flags of its own too, such as :func:`add_config_flags`').
+
+    Returns:
+        An instance of the parser's model.
+
+    Raises:
+        SystemExit: 2 with ``prog: error: ...`` naming each bad flag and the fix; 0 after
+            ``--help``.
+    """
+    import sys
+
+    from pydantic_settings import BaseSettings, CliApp
+
+    model = parser.settings_model  # type: ignore[attr-defined]
+    source = parser.settings_source  # type: ignore[attr-defined]
+    if not isinstance(argv, argparse.Namespace):
+        argv = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        if issubclass(model, BaseSettings):
+            return CliApp.run(model, cli_args=argv, cli_settings_source=source)
+        return model.model_validate(source(parsed_args=argv)())
+    except ValidationError as exc:
+        parser.error(validation_error_message(exc, None, "flags", kebab=True))
+
+
+#: Keys whose values :func:`settings_text` never prints (bearer tokens).
+SECRET_KEYS = ("api_key", "vllm_api_key")
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Add ``--json`` to the parser of a ``config`` subcommand (see :func:`settings_text`)."""
+    parser.add_argument("--json", action="store_true", default=False,
+                        help="Print JSON (one object) instead of YAML.")
+
+
+def settings_text(data: dict[str, Any], as_json: bool) -> str:
+    """Resolved settings as a ``config`` subcommand prints them: YAML, or JSON with ``--json``.
+
+    Every key named in :data:`SECRET_KEYS` that holds a value, at any depth, prints as
+    ``"***"``. Values JSON cannot hold print as their ``str()``.
+
+    Args:
+        data: the settings, e.g. ``model.model_dump(mode="json")``.
+        as_json: JSON (one line per key, indented) instead of YAML.
+    """
+    def masked(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: "***" if k in SECRET_KEYS and value[k] not in (None, "") else masked(v)
+                    for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [masked(v) for v in value]
+        return value
+
+    plain = json.loads(json.dumps(masked(data), default=str))
+    if as_json:
+        return json.dumps(plain, indent=2)
+    import yaml
+
+    return yaml.safe_dump(plain, sort_keys=False).rstrip("\n")
 
 
 #: A metavar that spells a Python type (``int``, ``SecretStr``, ``list[str]``, ``dict[str,int]``).
@@ -347,6 +396,36 @@ class ArgumentParser(argparse.ArgumentParser):
         """``argparse``'s ``add_argument`` through :func:`add_argument` (one metavar style)."""
         return add_argument(self, *args, **kwargs)
 
+    def parse_known_args(self, args: typing.Any = None, namespace: typing.Any = None) -> typing.Any:
+        """``argparse``'s ``parse_known_args``, each flag taken in either spelling.
+
+        ``--a_b`` and ``--a-b`` name the same option (:func:`other_spelling`), whichever one the
+        parser declares; a parser that declares both keeps them apart. Arguments after ``--``
+        are left as given.
+        """
+        import sys
+
+        raw = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args([self.other_spelling(a) for a in _before_double_dash(raw)]
+                                        + raw[len(_before_double_dash(raw)):], namespace)
+
+    def other_spelling(self, arg: str) -> str:
+        """``arg`` respelt as the option this parser declares, when only the other spelling is.
+
+        ``--env.group-size=8`` -> ``--env.group_size=8`` when the parser has ``--env.group_size``;
+        anything else (values, known or unknown flags) is returned unchanged.
+        """
+        if not arg.startswith("--") or arg == "--":
+            return arg
+        flag, sep, value = arg.partition("=")
+        known = self._option_string_actions
+        if flag in known:
+            return arg
+        for twin in ("--" + flag[2:].replace("-", "_"), "--" + flag[2:].replace("_", "-")):
+            if twin in known:
+                return twin + sep + value
+        return arg
+
     def error(self, message: str) -> typing.NoReturn:
         """Print ``prog: error: message`` (with did-you-mean hints), then the usage; exit 2."""
         prefix = "unrecognized arguments: "
@@ -359,171 +438,19 @@ class ArgumentParser(argparse.ArgumentParser):
                   f"(run {self.prog} --help for every flag)\n")
 
 
-def validation_error_message(
-    exc: ValidationError, prefix: str | None, source: str = "configuration", kebab: bool = False
-) -> str:
-    """Rewrite a pydantic ValidationError so each problem names the flag to fix.
-
-    Args:
-        exc: the error from validating a config model.
-        prefix: flag namespace (``env`` gives ``--env.field``), or None for top-level flags.
-        source: what was being validated, for the first line.
-        kebab: spell flags with dashes (``--lora-r``), as parsers with kebab-case flags do.
-
-    Returns:
-        ``invalid SOURCE:`` then one line per problem; a whole-model check (no field) is shown
-        as its message alone, without pydantic's "Value error, " prefix.
-    """
-    lines = [f"invalid {source}:"]
-    for error in exc.errors():
-        msg = error["msg"].removeprefix("Value error, ")
-        if not error["loc"]:
-            lines.append(f"  {msg}")
-            continue
-        loc = ".".join(str(p) for p in error["loc"])
-        if kebab:
-            loc = loc.replace("_", "-")
-        flag = f"--{prefix}.{loc}" if prefix else f"--{loc}"
-        given = error.get("input")
-        if error["type"] == "extra_forbidden":
-            lines.append(f"  {flag}: unknown field (check the spelling; see --help)")
-        else:
-            lines.append(f"  {flag}: {msg} (got {given!r})")
-    return "\n".join(lines)
+def _before_double_dash(args: list[str]) -> list[str]:
+    """The arguments before the first ``--`` (all of them when there is none)."""
+    return args[:args.index("--")] if "--" in args else args
 
 
-# --- Atropos 0.4 helpers (kept at their old import path) ------------------------------------
-
-
-def _field_spec(field: Any, default: Any = ...) -> tuple[Any, Any]:
-    """``(annotation, Field(...))`` re-declaring a pydantic field for ``create_model``.
-
-    Keeps the description; the default is ``default`` when given, else the field's own default
-    or default factory.
-    """
-    kwargs: dict[str, Any] = {}
-    if field.description is not None:
-        kwargs["description"] = field.description
-    if default is not ...:
-        kwargs["default"] = default
-    elif field.default_factory is not None:
-        kwargs["default_factory"] = field.default_factory
-    else:
-        kwargs["default"] = field.default
-    return field.annotation, Field(**kwargs)
-
-
-def get_prefixed_pydantic_model(base_model: type[BaseModel], prefix: str) -> type[BaseModel]:
-    """A new pydantic model with every field of ``base_model`` renamed ``prefix + name``.
-
-    Args:
-        base_model: the model class whose fields are copied (type, default or default factory,
-            description; validators are not carried over).
-        prefix: prepended to each field name, e.g. ``"env."``.
-
-    Returns:
-        A model class named ``Prefix`` + ``base_model``'s name (``prefix.capitalize()``).
-    """
-    fields = {f"{prefix}{name}": _field_spec(field) for name, field in base_model.model_fields.items()}
-    return create_model(f"{prefix.capitalize()}{base_model.__name__}", **fields)
-
-
-def merge_dicts(*dicts: dict[str, Any]) -> dict[str, Any]:
-    """Merge dicts left to right; a later value wins, and two dicts at one key merge recursively.
-
-    Args:
-        *dicts: the dicts to merge (none are modified).
-
-    Returns:
-        A new dict (``{}`` when given none).
-    """
-    merged: dict[str, Any] = {}
-    for current in dicts:
-        for key, value in current.items():
-            if isinstance(value, dict) and isinstance(merged.get(key), dict):
-                merged[key] = merge_dicts(merged[key], value)
-            else:
-                merged[key] = value
-    return merged
-
-
-def extract_namespace(model: Any, prefix: str) -> dict[str, Any]:
-    """The entries of ``model`` whose key starts with ``prefix``, with the prefix removed.
-
-    Args:
-        model: a pydantic model (``model_dump()``), an object with ``to_dict()``, or a dict.
-        prefix: e.g. ``"env."``.
-
-    Returns:
-        ``{key without prefix: value}`` for the matching keys.
-
-    Raises:
-        TypeError: ``model`` is none of the above.
-    """
-    if hasattr(model, "model_dump"):
-        data = model.model_dump()
-    elif hasattr(model, "to_dict"):
-        data = model.to_dict()
-    elif isinstance(model, dict):
-        data = model
-    else:
-        raise TypeError(f"expected a pydantic model, an object with to_dict() or a dict, got "
-                        f"{type(model).__name__}")
-    return {key[len(prefix):]: value for key, value in data.items() if key.startswith(prefix)}
-
-
-def adjust_model_defaults(
-    model_class: type[BaseModel], defaults: dict[str, Any] | BaseModel
-) -> type[BaseModel]:
-    """A subclass of ``model_class`` whose listed fields get new defaults.
-
-    Args:
-        model_class: the pydantic model to derive from; other fields are inherited unchanged.
-        defaults: ``{field: new default}`` or a model instance (its ``model_dump()``); keys that
-            are not fields of ``model_class`` are ignored. A ``None`` default for a field with a
-            default factory keeps the factory.
-
-    Returns:
-        A class named ``<model_class name>WithDefaults``.
-    """
-    values = defaults.model_dump() if isinstance(defaults, BaseModel) else dict(defaults)
-    overridden = {}
-    for name, field in model_class.model_fields.items():
-        if name not in values:
-            continue
-        keep_factory = values[name] is None and field.default_factory is not None
-        overridden[name] = _field_spec(field) if keep_factory else _field_spec(field, values[name])
-    return create_model(f"{model_class.__name__}WithDefaults", __base__=model_class, **overridden)
-
-
-def get_double_dash_flags(argv: list[str] | None = None) -> dict[str, Any]:
-    """Every ``--flag`` of the command line as a dict, without declaring the flags first.
-
-    ``--key=value`` and ``--key value`` give the string value (``"None"`` gives None); a flag
-    followed by nothing or by another option gives ``True``. Single-dash options and bare
-    arguments are skipped. Parsing is argparse's: each ``--name`` seen is declared as an
-    optional-value option of an :class:`ArgumentParser`, then the arguments are parsed.
-
-    Args:
-        argv: the arguments to read; ``sys.argv[1:]`` when None.
-
-    Returns:
-        ``{flag name without "--": value}``.
-    """
-    import sys
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    parser = ArgumentParser(add_help=False)
-    seen: set[str] = set()
-    for arg in args:
-        name = arg[2:].split("=", 1)[0]
-        if arg.startswith("--") and name and name not in seen:
-            seen.add(name)
-            parser.add_argument(f"--{name}", dest=name, nargs="?", const=True,
-                                default=argparse.SUPPRESS)
-    namespace, _ = parser.parse_known_args(args)
-    return {key: None if value == "None" else value for key, value in vars(namespace).items()}
-
+# Atropos 0.4's helpers, at their old import path (their home: atroposlib.utils.flags_compat)
+from atroposlib.utils.flags_compat import (  # noqa: E402
+    adjust_model_defaults,
+    extract_namespace,
+    get_double_dash_flags,
+    get_prefixed_pydantic_model,
+    merge_dicts,
+)
 
 __all__ = [
     "DEFAULT_API_URL",
@@ -531,7 +458,9 @@ __all__ = [
     "ArgumentParser",
     "HelpFormatter",
     "SUGGEST_CUTOFF",
+    "SECRET_KEYS",
     "add_argument",
+    "add_config_flags",
     "add_model_options",
     "adjust_model_defaults",
     "api_key_arg",
@@ -542,6 +471,9 @@ __all__ = [
     "get_double_dash_flags",
     "get_prefixed_pydantic_model",
     "merge_dicts",
+    "parse_settings",
+    "settings_parser",
+    "settings_text",
     "unknown_flag_message",
     "validation_error_message",
     "settings_cli_source",

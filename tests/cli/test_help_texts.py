@@ -70,7 +70,8 @@ ENV_SCRIPT = ["environments/arithmetic_server.py"]
 HELP_COMMANDS = {
     **{name: _script(name, "--help") for name in SCRIPTS},
     "env script": [*ENV_SCRIPT, "--help"],
-    **{f"env script {mode}": [*ENV_SCRIPT, mode, "--help"] for mode in ("serve", "process", "evaluate")},
+    **{f"env script {mode}": [*ENV_SCRIPT, mode, "--help"] for mode in ("serve", "process", "evaluate", "config")},
+    "atropos-grpo config": _script("atropos-grpo", "config", "--help"),
     "atropos-env arithmetic serve": _script("atropos-env", "arithmetic", "serve", "--help"),
     **{module: ["-m", module, "--help"] for module in (
         "atroposlib.compat.managed_server_proxy",
