@@ -53,8 +53,8 @@ class TrainingRun:
         from example_trainer.batch_checks import BatchGuard
         from example_trainer.bundles import BundleRecorder
         from example_trainer.metrics import TrainerMetrics
-        from example_trainer.resumed_batches import Replay
         from example_trainer.report import NullRunLog, RunLog
+        from example_trainer.resumed_batches import Replay
         from example_trainer.stopping import install_stop_handler
         from example_trainer.vllm_sync import VLLMSync
 
