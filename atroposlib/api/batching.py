@@ -12,6 +12,7 @@ import orjson
 from atroposlib.api.codec import group_json
 from atroposlib.api.core import StateCore
 from atroposlib.api.errors import StepConflictError
+from atroposlib.api.ledger import LedgerEntry
 from atroposlib.api.packing import (
     allocation_needs,
     find_subset,
@@ -93,6 +94,8 @@ class Batching:
             self.core.served_tokens += g.n_tokens
         pruned = self._prune_served()
         with self.core.transaction("recording a served batch"):
+            self.core.record(LedgerEntry("served", ref=step, detail={"groups": len(chosen)},
+                                         served=sum(g.ledger_tokens for g in chosen)))
             self.core.store.mark_served(ids, step)
             self.core.store.set_meta("step", step)
             self.core.store.put_batch(step, ids)
@@ -125,6 +128,8 @@ class Batching:
             del self.core.groups[g.id]
             self.core.stale_dropped[orjson.dumps(g.env_id).decode()] += 1
         with self.core.transaction("dropping stale groups"):
+            for g in stale:
+                self.core.record(LedgerEntry("stale", g.env_id, g.id, stale=g.ledger_tokens))
             self.core.store.delete_groups(g.id for g in stale)
             self.core.store.set_meta("stale_dropped", dict(self.core.stale_dropped))
         self.core.changed()

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from atroposlib.api.errors import InsufficientStorageError, UnknownEnvError
+from atroposlib.api.ledger import LedgerEntry, LedgerTotals, ledger_view
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.models import Registration
 from atroposlib.api.settings import REPLAY_BATCHES_CAP, ApiSettings
@@ -126,6 +127,8 @@ class StateCore:
         self.replies: OrderedDict[str, IdempotentReply] = OrderedDict(
             (r.key, r) for r in snap.replies)
         self.next_reply_seq = max((r.seq for r in snap.replies), default=0) + 1
+        #: the run ledger's totals (the journal's sums; see :mod:`atroposlib.api.ledger`)
+        self.ledger: LedgerTotals = self.store.journal.totals()
         self.version = 0
         self.no_batch_key: tuple | None = None
         self.no_batch_reason = ""
@@ -175,6 +178,17 @@ class StateCore:
         self.queued_size_counts[g.n_seqs] -= 1
         if not self.queued_size_counts[g.n_seqs]:
             del self.queued_size_counts[g.n_seqs]
+
+    def record(self, entry: LedgerEntry) -> None:
+        """Append ``entry`` to the ledger's journal and totals (inside a :meth:`transaction`)."""
+        self.store.journal.append(entry)
+        self.ledger.add(entry)
+
+    def ledger_view(self) -> dict[str, Any]:
+        """The run ledger with the queue's and the buffers' tokens now (``GET /ledger``)."""
+        queued = sum(g.ledger_tokens for g in self.queue.values())
+        buffered = sum(p.ledger_tokens for parts in self.partials.values() for p in parts)
+        return ledger_view(self.ledger, queued, buffered)
 
     def close(self) -> None:
         """Close the store (flushes SQLite)."""

@@ -19,6 +19,7 @@ from atroposlib.api.errors import (
     PayloadTooLargeError,
     QueueFullError,
 )
+from atroposlib.api.ledger import drops_entry, group_entry
 from atroposlib.api.models import PER_TOKEN_FIELDS, ScoredData
 from atroposlib.api.packing import find_subset
 from atroposlib.api.store import GroupMeta, IdempotentReply, PartialMeta
@@ -174,13 +175,18 @@ class Ingestion:
         with self.core.transaction("storing scored data"):
             for group, target, n_tokens in zip(groups, targets, sizes, strict=True):
                 blob = encode_group(group)
+                entry = group_entry(group, group.env_id)  # the run ledger's record of it
+                kept = entry.sampled - entry.masked_tokens
                 # a group with an excluded list accounts for all its members: complete as sent
                 if target is None or len(group.tokens) == target or group.excluded is not None:
-                    self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob,
-                                  group.policy_version)
+                    entry.ref = self._enqueue(group.env_id, len(group.tokens), n_tokens, now, blob,
+                                              group.policy_version, kept).id
                     results.append({"status": "received"})
                 else:
-                    results.append(self._buffer(group, target, n_tokens, now, blob))
+                    results.append(self._buffer(group, target, n_tokens, now, blob, kept))
+                self.core.record(entry)
+                if group.env_drops is not None:
+                    self.core.record(drops_entry(group.env_drops, group.env_id))
             self.core.store.set_meta("next_id", self.core.next_id)
             self.core.store.set_meta("next_partial_id", self.core.next_partial_id)
             if remember is not None:
@@ -264,8 +270,9 @@ class Ingestion:
             )
 
     def _enqueue(self, env_id: int | None, n_seqs: int, n_tokens: int, now: float, blob: bytes,
-                 policy_version: int | None = None) -> GroupMeta:
-        g = GroupMeta(self.core.next_id, env_id, n_seqs, n_tokens, now, policy_version=policy_version)
+                 policy_version: int | None = None, ledger_tokens: int = 0) -> GroupMeta:
+        g = GroupMeta(self.core.next_id, env_id, n_seqs, n_tokens, now, policy_version=policy_version,
+                      ledger_tokens=ledger_tokens)
         self.core.store.put_group(g, blob)
         self.core.next_id += 1
         self.core.groups[g.id] = g
@@ -273,11 +280,12 @@ class Ingestion:
         self.core.latest_id = g.id
         return g
 
-    def _buffer(self, group: ScoredData, target: int, n_tokens: int, now: float, blob: bytes) -> dict[str, Any]:
+    def _buffer(self, group: ScoredData, target: int, n_tokens: int, now: float, blob: bytes,
+                ledger_tokens: int = 0) -> dict[str, Any]:
         env_id = key = group.env_id
         assert key is not None
         p = PartialMeta(self.core.next_partial_id, key, target, _signature(group, target),
-                        len(group.tokens), n_tokens, now, group.policy_version)
+                        len(group.tokens), n_tokens, now, group.policy_version, ledger_tokens)
         self.core.next_partial_id += 1
         self.core.store.put_partial(p, blob)
         buf = self.core.partials.setdefault(key, [])
@@ -291,13 +299,14 @@ class Ingestion:
             merged = merge_partials([group_python(blobs[q.id]) for q in parts])
             versions = [q.policy_version for q in parts if q.policy_version is not None]
             self._enqueue(env_id, target, sum(q.n_tokens for q in parts), now, encode_group(merged),
-                          min(versions, default=None))  # the oldest weights that contributed
+                          min(versions, default=None),  # the oldest weights that contributed
+                          sum(q.ledger_tokens for q in parts))
             self._drop_partials(key, parts)
         while len(buf) > self.core.settings.max_buffered_groups_per_env:
             oldest = buf[0]
             blob_old = self.core.store.partial_blobs([oldest.id])[oldest.id]
             self._enqueue(env_id, oldest.n_seqs, oldest.n_tokens, now, blob_old,
-                          oldest.policy_version)
+                          oldest.policy_version, oldest.ledger_tokens)
             self._drop_partials(key, [oldest])
             log.warning("env %s: partial-group buffer full (%d groups); queued a partial group of "
                         "%d/%d sequences unmerged", env_id, self.core.settings.max_buffered_groups_per_env,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atroposlib.api.store import GroupMeta
@@ -64,6 +64,26 @@ class _QueueCollector(LiveCollector):
         yield GaugeMetricFamily(_name("queue_max_staleness_steps"), "Policy versions the oldest "
                                 "queued group is behind the step (0 without policy versions).",
                                 value=max((core.step - v for v in versions), default=0))
+        yield from _ledger_families(core.ledger_view())
+
+
+def _ledger_families(ledger: dict[str, Any]) -> Iterator[Metric]:
+    """The run ledger's counts (read from the journal's totals, so they survive a restart with --db)."""
+    rollouts = CounterMetricFamily(_name("ledger_rollouts"), "Rollouts sampled, by outcome "
+                                   "(completed, masked, failed; every attempt counts).",
+                                   labels=["outcome"])
+    for outcome in ("completed", "masked", "failed"):
+        rollouts.add_metric([outcome], ledger["rollouts"][outcome])
+    yield rollouts
+    tokens = CounterMetricFamily(_name("ledger_tokens"), "Completion tokens by fate: sampled, "
+                                 "served, dropped_stale, dropped_filter, dropped_masked.",
+                                 labels=["fate"])
+    for fate in ("sampled", "served", "dropped_stale", "dropped_filter", "dropped_masked"):
+        tokens.add_metric([fate], ledger["tokens"][fate])
+    yield tokens
+    yield GaugeMetricFamily(_name("ledger_queued_tokens"), "Completion tokens queued or "
+                            "buffered now (the ledger's fate 'queued').",
+                            value=ledger["tokens"]["queued"])
 
 
 class ApiMetrics:

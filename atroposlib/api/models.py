@@ -237,6 +237,35 @@ class ExcludedMember(BaseModel):
         return self
 
 
+class EnvDrops(BaseModel):
+    """Groups an env sampled and then dropped itself (its filters), since the last group it sent.
+
+    An atroposlib extension carried by a group (:attr:`ScoredData.env_drops`) for run-api's
+    ledger (``docs/guides/ledger.md``); it rides on the group's POST (a retry counts it once),
+    is never served back, and stock servers ignore it. Tokens are completion tokens.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    groups: Index = Field(description="Groups dropped.")
+    completed: Index = Field(default=0, description="Their completed rollouts.")
+    masked: Index = Field(default=0, description="Their masked rollouts.")
+    failed: Index = Field(default=0, description="Their failed rollouts (retries included).")
+    tokens: Index = Field(default=0, description="Completion tokens of their kept members.")
+    masked_tokens: Index = Field(default=0, description="Those of their masked members.")
+    groups_by_reason: dict[str, Index] = Field(default_factory=dict, description="Groups by reason.")
+    tokens_by_reason: dict[str, Index] = Field(default_factory=dict, description="Tokens by reason.")
+
+    @model_validator(mode="after")
+    def _reasons_add_up(self) -> EnvDrops:
+        for name, total in (("groups", self.groups), ("tokens", self.tokens)):
+            parts = getattr(self, f"{name}_by_reason")
+            if parts and sum(parts.values()) != total:
+                raise ValueError(f"env_drops.{name}_by_reason sums to {sum(parts.values())} "
+                                 f"but {name} is {total}")
+        return self
+
+
 class ScoredData(BaseModel):
     """One scored rollout group: ``POST /scored_data`` body, and each element of a ``/batch``.
 
@@ -306,6 +335,9 @@ class ScoredData(BaseModel):
         description="Members of the group left out of tokens/masks/scores: masked (weighted 0, "
         "kept for inspection) or failed (no score). They count in no group statistic. A group "
         "that carries this list is complete as sent and is never merged with others.")
+    # atroposlib extension: queue metadata for run-api's ledger, never served back
+    env_drops: EnvDrops | None = Field(default=None, description="Groups the sender dropped "
+                                       "after sampling since its last group, for the ledger.")
 
     @field_validator("messages")
     @classmethod
@@ -384,7 +416,7 @@ OUTCOME_FIELDS = ("rollout_ids", "attempts", "excluded")
 #: is queue metadata, not part of the served group, and :data:`OUTCOME_FIELDS` follow these
 #: keys only when a group carries them).
 GROUP_FIELDS = tuple(name for name in ScoredData.model_fields
-                     if name != "policy_version" and name not in OUTCOME_FIELDS)
+                     if name not in ("policy_version", "env_drops") and name not in OUTCOME_FIELDS)
 
 
 def outcome_shape_error(rollout_ids: list[str] | None, attempts: list[int] | None,
@@ -529,13 +561,12 @@ class Status(BaseModel):
     current_step: int = Field(description="Batches served so far (plus starting_step).")
     queue_size: int = Field(description="Groups queued and not yet served.")
     max_staleness: int | None = Field(
-        default=None, description="Staleness limit in force (only present when one is set)."
-    )
+        default=None, description="Staleness limit in force (only present when one is set).")
     stale_groups_dropped: dict[str, int] | None = Field(
-        default=None,
-        description="Groups dropped as too stale, per env id ('null' for groups without one); "
-        "present when a staleness limit is set or something was dropped.",
-    )
+        default=None, description="Groups dropped as too stale, per env id ('null' for groups "
+        "without one); present when a staleness limit is set or something was dropped.")
+    ledger: dict[str, Any] | None = Field(default=None, description="The run ledger (as GET "
+                                          "/ledger), only with ?ledger=true.")
 
 
 class EnvStatus(BaseModel):

@@ -143,9 +143,13 @@ class ApiState:
         return self.batching.batch_for_step(step)
 
     # ------------------------------------------------------------------ reads
-    def status(self) -> dict[str, Any]:
+    def status(self, ledger: bool = False) -> dict[str, Any]:
         """``GET /status``: see :meth:`Views.status`."""
-        return self.views.status()
+        return self.views.status(ledger)
+
+    def ledger(self, entries: int = 0, after: int = 0) -> dict[str, Any]:
+        """``GET /ledger``: see :meth:`Views.ledger`."""
+        return self.views.ledger(entries, after)
 
     def status_env(self, env_id: int) -> dict[str, Any]:
         """``GET /status-env``: see :meth:`Views.status_env`."""

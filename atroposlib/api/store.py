@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from atroposlib.api.ledger import MemoryJournal, SqliteJournal
 from atroposlib.errors import AtroposError
 
 __all__ = ["GroupMeta", "IdempotentReply", "MemoryStore", "PartialMeta", "Snapshot", "SqliteStore",
@@ -60,6 +61,8 @@ class GroupMeta:
         received_at: UNIX time it entered the queue.
         served_step: the step whose batch contained it; None while queued.
         policy_version: trainer step of the weights that generated it, or None (never stale).
+        ledger_tokens: its completion tokens, as the ledger counts them (0 for a group stored
+            before the ledger existed, which the ledger never counted as sampled either).
     """
 
     id: int
@@ -69,13 +72,14 @@ class GroupMeta:
     received_at: float
     served_step: int | None = None
     policy_version: int | None = None
+    ledger_tokens: int = 0
 
 
 @dataclass(slots=True)
 class PartialMeta:
     """A buffered partial group waiting to be merged into a full group of ``target`` sequences.
 
-    ``policy_version`` is the sender's policy version (None: unknown); see :class:`GroupMeta`.
+    ``policy_version`` and ``ledger_tokens`` are as in :class:`GroupMeta`.
     """
 
     id: int
@@ -86,6 +90,7 @@ class PartialMeta:
     n_tokens: int
     received_at: float
     policy_version: int | None = None
+    ledger_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -135,6 +140,8 @@ class MemoryStore:
         self._undo: list[Callable[[], None]] | None = None
         self._replies: dict[str, IdempotentReply] = {}
         self._batches: dict[int, list[int]] = {}
+        #: the run ledger's journal (totals and the newest entries)
+        self.journal = MemoryJournal(lambda: self._undo)
 
     def load(self) -> Snapshot:
         """Return the current contents (metadata only, copies: the caller may change them)."""
@@ -256,6 +263,7 @@ class MemoryStore:
         self._partials.clear()
         self._replies.clear()
         self._batches.clear()
+        self.journal.reset()
 
     def close(self) -> None:
         """Nothing to release."""
@@ -280,8 +288,9 @@ CREATE TABLE IF NOT EXISTS replies (
 CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, ids BLOB NOT NULL);
 """
 #: 2 added the policy_version columns (a version-1 file gets them on open); 3 the batches
-#: table (a version-2 file's last batch, kept in meta, is read as the one kept batch).
-_SCHEMA_VERSION = 3
+#: table (a version-2 file's last batch, kept in meta, is read as the one kept batch); 4 the
+#: ledger table and the ledger_tokens columns (0 for the groups of an older file).
+_SCHEMA_VERSION = 4
 
 
 def _chunks(ids: Iterable[int], size: int = 500) -> Iterator[list[int]]:
@@ -339,6 +348,11 @@ class SqliteStore:
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if "policy_version" not in columns:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN policy_version INTEGER")
+            if "ledger_tokens" not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN ledger_tokens INTEGER "
+                                 "NOT NULL DEFAULT 0")
+        #: the run ledger's journal (the ledger table, written in this store's transactions)
+        self.journal = SqliteJournal(self._db)
         self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         self._depth = 0
 
@@ -352,14 +366,14 @@ class SqliteStore:
                 GroupMeta(*row)
                 for row in db.execute(
                     "SELECT id, env_id, n_seqs, n_tokens, received_at, served_step, "
-                    "policy_version FROM groups ORDER BY id"
+                    "policy_version, ledger_tokens FROM groups ORDER BY id"
                 )
             ],
             [
                 PartialMeta(*row)
                 for row in db.execute(
                     "SELECT id, env_id, target, signature, n_seqs, n_tokens, received_at, "
-                    "policy_version FROM partials ORDER BY id"
+                    "policy_version, ledger_tokens FROM partials ORDER BY id"
                 )
             ],
             [
@@ -416,9 +430,9 @@ class SqliteStore:
         """Store a queued group."""
         self._db.execute(
             "INSERT INTO groups (id, env_id, n_seqs, n_tokens, received_at, served_step, "
-            "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "policy_version, ledger_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (meta.id, meta.env_id, meta.n_seqs, meta.n_tokens, meta.received_at, meta.served_step,
-             meta.policy_version),
+             meta.policy_version, meta.ledger_tokens),
         )
         self._db.execute("INSERT INTO group_blobs VALUES (?, ?)", (meta.id, blob))
 
@@ -451,9 +465,9 @@ class SqliteStore:
         """Store a buffered partial group."""
         self._db.execute(
             "INSERT INTO partials (id, env_id, target, signature, n_seqs, n_tokens, received_at, "
-            "blob, policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "blob, policy_version, ledger_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (meta.id, meta.env_id, meta.target, meta.signature, meta.n_seqs, meta.n_tokens,
-             meta.received_at, blob, meta.policy_version),
+             meta.received_at, blob, meta.policy_version, meta.ledger_tokens),
         )
 
     def partial_blobs(self, ids: Iterable[int]) -> dict[int, bytes]:
@@ -490,6 +504,7 @@ class SqliteStore:
         """Drop everything (``/reset_data``)."""
         for table in ("meta", "envs", "groups", "group_blobs", "partials", "replies", "batches"):
             self._db.execute(f"DELETE FROM {table}")
+        self.journal.reset()
 
     def close(self) -> None:
         """Checkpoint the WAL and close the file."""

@@ -27,16 +27,32 @@ class Views:
         """Work on ``core`` (shared with the other parts of the state)."""
         self.core = core
 
-    def status(self) -> dict[str, Any]:
+    def status(self, ledger: bool = False) -> dict[str, Any]:
         """``GET /status``: current step and number of queued groups.
 
         With a staleness limit set (or after any drop), also ``max_staleness`` and
         ``stale_groups_dropped`` (``{env_id: groups}``); otherwise the stock two keys.
+        ``ledger`` (``?ledger=true``) adds the run ledger under ``"ledger"`` (:meth:`ledger`).
         """
         out: dict[str, Any] = {"current_step": self.core.step, "queue_size": len(self.core.queue)}
         if self.core.max_staleness is not None or self.core.stale_dropped:
             out["max_staleness"] = self.core.max_staleness
             out["stale_groups_dropped"] = dict(self.core.stale_dropped)
+        if ledger:
+            out["ledger"] = self.core.ledger_view()
+        return out
+
+    def ledger(self, entries: int = 0, after: int = 0) -> dict[str, Any]:
+        """``GET /ledger``: the run ledger (:func:`atroposlib.api.ledger.ledger_view`).
+
+        Args:
+            entries: also return up to this many journal entries with ``seq > after``
+                (``"entries"``, oldest first; without ``--db`` only the newest 10,000 are kept).
+            after: the last entry ``seq`` the reader has seen.
+        """
+        out = self.core.ledger_view()
+        if entries:
+            out["entries"] = [e.as_json() for e in self.core.store.journal.entries(after, entries)]
         return out
 
     def status_env(self, env_id: int) -> dict[str, Any]:

@@ -35,9 +35,29 @@ async def wandb_info(state: StateDep) -> Response:
 
 
 @router.get("/status", response_model=Status)
-async def status(state: StateDep) -> Response:
-    """Current step (batches served) and the number of queued groups."""
-    return json_response(state.status())
+async def status(
+    state: StateDep,
+    ledger: Annotated[bool, Query(description="Add the run ledger (as GET /ledger) under "
+                                  "`ledger`; without it the answer is Atropos 0.4's.")] = False,
+) -> Response:
+    """Current step (batches served) and the number of queued groups (and the ledger on request)."""
+    return json_response(state.status(ledger))
+
+
+@router.get("/ledger")
+async def ledger(
+    state: StateDep,
+    entries: Annotated[int, Query(ge=0, le=10_000, description="Also return up to this many "
+                                  "journal entries (0: none).")] = 0,
+    after: Annotated[int, Query(ge=0, description="Only entries whose seq is above this.")] = 0,
+) -> Response:
+    """The run ledger: what became of every rollout and completion token run-api saw.
+
+    ``rollouts``: ``sampled = completed + masked + failed``; ``tokens``: ``sampled = served +
+    dropped_stale + dropped_filter + dropped_masked + queued``; ``closes`` says both hold (see
+    docs/guides/ledger.md). An atroposlib extension: stock Atropos servers have no such route.
+    """
+    return json_response(state.ledger(entries, after))
 
 
 @router.get(
