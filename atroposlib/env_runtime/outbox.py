@@ -22,6 +22,7 @@ from tenacity import (
 )
 
 from atroposlib.api.client import new_idempotency_key
+from atroposlib.envs.drops import attach_drops
 from atroposlib.errors import ApiBackpressureError, ApiRejectedError, ApiUnavailableError
 
 if TYPE_CHECKING:
@@ -56,6 +57,10 @@ class Outbox:
         self.sending: dict[str, Any] | None = None
         self.sending_key: str | None = None  # the Idempotency-Key of `sending`
         self.sent_since_status = 0  # groups sent since the last /status-env (not counted there yet)
+
+    def _drops(self) -> Any:
+        """The env's :class:`~atroposlib.envs.drops.DropTally` (None for an env without one)."""
+        return getattr(getattr(self.env, "run_state", None), "drops", None)
 
     def unsent(self) -> int:
         """Groups finished but not yet counted by the API's last status."""
@@ -120,6 +125,9 @@ class Outbox:
         """Drain the outbox forever, one group at a time, in order."""
         while True:
             group = await self.queue.get()
+            # the env's dropped groups since the last one ride on this group (same body, same key
+            # on every retry: counted once by run-api's ledger)
+            attach_drops(group, self._drops())
             self.sending = group  # if cancelled mid-send, flush() sends it again (same key)
             self.sending_key = new_idempotency_key()
             try:
@@ -161,6 +169,8 @@ class Outbox:
         deadline = time.monotonic() + self.flush_timeout
         left = 0
         for group, key in pending:
+            if key is None:  # never posted yet (a posted body must not change: same key)
+                attach_drops(group, self._drops())
             if time.monotonic() >= deadline or not await self.send_group(group, deadline, key):
                 left += 1
         if left:

@@ -150,7 +150,7 @@ async def run_item(
         return outcome
     checked = check_groups(
         candidates, env.config.group_size, env.config.ensure_scores_are_not_same,
-        env.run_state.max_seq_len if check_length else -1, env.stats,
+        env.run_state.max_seq_len if check_length else -1, env.stats, env.run_state.drops,
     )
     outcome.groups = checked
     outcome.dropped = [(Skip(key), message) for key, message in checked.dropped]

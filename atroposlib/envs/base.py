@@ -299,8 +299,14 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         members = await run_members(
             roll, n, timeout=config.rollout_timeout, ids=ids,
             retries=config.max_rollout_retries if config.failed_rollout_policy == "retry" else 0)
-        if not keep_group(members, config.failed_rollout_policy, config.min_completed_rollouts):
+        try:
+            kept = keep_group(members, config.failed_rollout_policy, config.min_completed_rollouts)
+        except Exception:
+            self._run_state.drops.add_members(members, "failed_members")  # for run-api's ledger
+            raise
+        if not kept:
             self.stats["groups_dropped_too_few_completed"] += 1
+            self._run_state.drops.add_members(members, "too_few_completed")
             return None
         return members
 
@@ -348,6 +354,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         return check_groups(
             scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
             self._run_state.max_seq_len if abort_on_any_max_length_exceeded else -1, self.stats,
+            self._run_state.drops,
         )
 
     def _accept_groups(

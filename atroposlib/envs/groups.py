@@ -241,6 +241,7 @@ def check_groups(
     ensure_scores_are_not_same: bool,
     max_seq_len: int,
     stats: Any,
+    drops: Any = None,
 ) -> CheckedGroups:
     """The one scored-group check of the env side: the usable groups of ``scored_data``.
 
@@ -255,6 +256,8 @@ def check_groups(
         max_seq_len: drop groups with a sequence this long or longer (-1 = no limit).
         stats: counter (``Counter[str]``) that gets ``groups_dropped_<reason>`` += 1 per drop
             (``invalid`` also for non-dict entries).
+        drops: a :class:`~atroposlib.envs.drops.DropTally` that counts each dropped group's
+            rollouts and tokens for run-api's ledger (None: not counted).
     """
     if isinstance(scored_data, CheckedGroups):
         return scored_data
@@ -274,6 +277,8 @@ def check_groups(
         key, message = problem
         checked.dropped.append(problem)
         stats[f"groups_dropped_{key}"] += 1
+        if drops is not None:
+            drops.add(group, key)
         (logger.debug if key == "same_scores" else logger.warning)("dropping group: %s", message)
     return checked
 

@@ -19,6 +19,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from atroposlib.envs.drops import DropTally
 from atroposlib.envs.groups import completion_lengths
 
 #: Trainer step when the current rollout started; set per rollout task by the serve loop. The
@@ -51,6 +52,8 @@ class RunState:
             ``async write(group, item)`` and ``async close()``.
         outbox: the sink that queues groups for the API (serve mode only).
         eval_mode: running ``evaluate`` mode (evaluation files are always written).
+        drops: groups sampled and then dropped by the env's checks, not yet reported to
+            run-api's ledger (the outbox attaches them to the next group it sends).
     """
 
     env_id: int | None = None
@@ -69,6 +72,7 @@ class RunState:
     sinks: list[Any] = field(default_factory=list)
     outbox: Any = None
     eval_mode: bool = False
+    drops: DropTally = field(default_factory=DropTally)
 
     @classmethod
     def for_config(cls, config: Any, **values: Any) -> RunState:
