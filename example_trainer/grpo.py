@@ -190,7 +190,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 run.bundles.write(step, served, [], 0.0, None, None)
                 run.steps_done = step
                 run.runlog.log(step, {"skipped_groups": run.guard.last_step_dropped,
-                                      "batch_wait_seconds": wait_s})
+                                      "batch_wait_seconds": wait_s, **run.ledger.step(served, [])})
                 continue
             # ---------------------------------------------------------- 2-3. loss, backward, optimizer
             progress, rng = run.lr_progress(step), run.bundles.rng()  # RNG before the step: replay restores it
@@ -209,7 +209,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 run.save_checkpoint(f"step_{step}")
             # ---------------------------------------------------------- 6. log
             run.runlog.log(step, {**metrics, "skipped_groups": run.guard.last_step_dropped,
-                                  "batch_wait_seconds": wait_s, **sync_metrics}, progress=run.progress(step))
+                                  "batch_wait_seconds": wait_s, **sync_metrics,
+                                  **run.ledger.step(served, batch)}, progress=run.progress(step))
             last_step_total = time.perf_counter() - wait_start
             # ---------------------------------------------------------- 7. periodic eval
             if config.eval_interval and step % config.eval_interval == 0 and step != config.training_steps:

@@ -69,6 +69,14 @@ class TrainerMetrics:
         self.batches_lost = Counter(f"{PREFIX}_batches_lost", "Batches served after the "
                                     "checkpoint that run-api no longer kept at --resume.",
                                     registry=r)
+        self.ledger_fraction = Gauge(f"{PREFIX}_ledger_fraction", "Run ledger waste so far, by "
+                                     "name: infra_failed_rate, masked_frac (of rollouts "
+                                     "sampled), stale_token_frac, filter_token_frac, "
+                                     "all_same_token_frac (of completion tokens sampled).",
+                                     ["name"], registry=r)
+        self.ledger_tokens = Gauge(f"{PREFIX}_ledger_tokens", "Run ledger completion tokens so "
+                                   "far, by fate (run-api's counts, and the trainer's trained "
+                                   "and dropped_poison).", ["fate"], registry=r)
         self.vllm_up = Gauge(f"{PREFIX}_vllm_up", "1 while the trainer's vLLM is healthy, 0 once "
                              "the health watch found it dead.", registry=r)
         self.port: int | None = None
@@ -87,6 +95,7 @@ class TrainerMetrics:
         if "loss" not in record and "skipped_groups" not in record:
             return
         self.step.set(step)
+        self._observe_ledger(record)
         if "batch_wait_seconds" in record:
             self.batch_wait.observe(record["batch_wait_seconds"])
         if "loss" not in record:  # a skipped step: nothing was trained
@@ -101,6 +110,16 @@ class TrainerMetrics:
         if "sync/update_seconds" in record:
             self.sync.observe(record.get("sync/save_seconds", 0.0) + record["sync/update_seconds"])
             self.vllm_policy_version.set(step)
+
+    def _observe_ledger(self, record: dict[str, Any]) -> None:
+        """Set the ledger gauges from a step record's ``ledger/tokens_*`` and fraction keys."""
+        for name in ("infra_failed_rate", "masked_frac", "stale_token_frac", "filter_token_frac",
+                     "all_same_token_frac"):
+            if name in record:
+                self.ledger_fraction.labels(name).set(record[name])
+        for key, value in record.items():
+            if key.startswith("ledger/tokens_"):
+                self.ledger_tokens.labels(key.removeprefix("ledger/tokens_")).set(value)
 
     def close(self) -> None:
         """Stop serving (idempotent)."""

@@ -52,6 +52,7 @@ class TrainingRun:
         from example_trainer import checkpoint as ckpt_io
         from example_trainer.batch_checks import BatchGuard
         from example_trainer.bundles import BundleRecorder
+        from example_trainer.ledger import TrainerLedger
         from example_trainer.metrics import TrainerMetrics
         from example_trainer.report import NullRunLog, RunLog
         from example_trainer.resumed_batches import Replay
@@ -79,6 +80,8 @@ class TrainingRun:
                                 report=dist.is_main,
                                 on_drop=lambda reason: prom.groups_dropped.labels(reason).inc(),
                                 on_skip=prom.batches_skipped.inc)
+        # the trainer's half of the run ledger (trained and poison-dropped tokens; summary.json)
+        self.ledger = TrainerLedger.resumed(past if resume is not None and dist.is_main else [])
         self.stop = install_stop_handler()
         self.bundles = BundleRecorder(config, run_dir, policy, dist)  # replay bundles (rank 0)
         self.watch: Any = None  # the vLLM health watch (rank 0, once vLLM is up)
@@ -171,7 +174,8 @@ class TrainingRun:
 
         config, start_step = self.config, self.policy.start_step
         if self.dist.is_main:
-            client = self.client = AtroposClient(config.api_url, api_key=config.api_key)
+            client = self.client = self.ledger.client = AtroposClient(config.api_url,
+                                                                      api_key=config.api_key)
             client.register(Registration(
                 wandb_group=config.wandb_group or "", wandb_project=config.wandb_project or "",
                 batch_size=config.batch_size, max_token_len=config.max_token_len,
@@ -331,6 +335,7 @@ class TrainingRun:
             mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
             mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
             **self.guard.summary(), replayed_batches=self.replay.replayed, lost_batches=len(self.replay.lost),
+            ledger=self.ledger.summary(refresh=failure is None) if dist.is_main else None,
         )
         runlog.close()
         if dist.is_main:

@@ -37,7 +37,7 @@ import orjson
 from atroposlib.type_definitions import IGNORE_INDEX
 
 __all__ = ["ENTRY_KINDS", "LedgerEntry", "LedgerTotals", "MemoryJournal", "SqliteJournal",
-           "completion_tokens", "drops_entry", "group_entry", "ledger_view"]
+           "completion_tokens", "drops_entry", "group_entry", "group_counts", "ledger_view"]
 
 #: What a journal entry records: a group accepted (queued or buffered), the groups an env
 #: dropped after sampling, a queued group dropped as stale, a served batch.
@@ -47,6 +47,32 @@ ENTRY_KINDS = ("group", "env_drops", "stale", "served")
 def completion_tokens(masks: Iterable[Iterable[int]] | None) -> int:
     """Completion tokens of a group's rows: labels that are not ``-100`` (``[G][T_i]`` -> int)."""
     return sum(sum(1 for label in row if label != IGNORE_INDEX) for row in masks or ())
+
+
+def group_counts(group: dict[str, Any]) -> dict[str, int]:
+    """Rollouts and completion tokens of one wire group given as a dict (as ``/batch`` serves it).
+
+    The rules of :func:`group_entry`, for readers of plain JSON (the trainer, the env's tally).
+
+    Returns:
+        ``{"completed", "masked", "failed", "tokens", "masked_tokens"}``: ``tokens`` are the kept
+        members' completion tokens, ``masked_tokens`` those of masked members with a sequence.
+
+    Raises:
+        TypeError, ValueError, AttributeError: malformed rows.
+    """
+    failed = sum(int(a) for a in group.get("attempts") or ())
+    masked = masked_tokens = 0
+    for member in group.get("excluded") or ():
+        failed += int(member.get("attempt") or 0)
+        if member.get("outcome") == "masked":
+            masked += 1
+            masks = member.get("masks")
+            masked_tokens += completion_tokens([masks] if masks is not None else None)
+        else:
+            failed += 1
+    return {"completed": len(group.get("tokens") or ()), "masked": masked, "failed": failed,
+            "tokens": completion_tokens(group.get("masks")), "masked_tokens": masked_tokens}
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from atroposlib.api.ledger import completion_tokens
+from atroposlib.api.ledger import group_counts
 
 __all__ = ["DropTally", "attach_drops"]
 
@@ -53,26 +53,12 @@ class DropTally:
         if not isinstance(group, dict) or reason == "invalid":
             return
         try:
-            tokens = completion_tokens(group.get("masks"))
-            completed = len(group.get("tokens") or ())
-            failed = sum(int(a) for a in group.get("attempts") or ())
-            masked = masked_tokens = 0
-            for member in group.get("excluded") or ():
-                failed += int(member.get("attempt") or 0)
-                if member.get("outcome") == "masked":
-                    masked += 1
-                    masks = member.get("masks")
-                    masked_tokens += completion_tokens([masks] if masks is not None else None)
-                else:
-                    failed += 1
+            counts = group_counts(group)
         except (TypeError, ValueError, AttributeError):  # a malformed group: its rows are unknown
             return
-        self.completed += completed
-        self.masked += masked
-        self.failed += failed
-        self.tokens += tokens
-        self.masked_tokens += masked_tokens
-        self.tokens_by_reason[reason] += tokens
+        for name in ("completed", "masked", "failed", "tokens", "masked_tokens"):
+            setattr(self, name, getattr(self, name) + counts[name])
+        self.tokens_by_reason[reason] += counts["tokens"]
 
     def add_members(self, members: Any, reason: str) -> None:
         """Count a group dropped before it was built, from its rollout members.
