@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 
 import httpx
 
-from atroposlib.api.client import AsyncAtroposClient
+from atroposlib.api.client import AsyncAtroposClient, AtroposClient
 from atroposlib.api.factory import build_app
+from atroposlib.api.models import Registration
 from atroposlib.api.settings import ApiSettings
 from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
 from atroposlib.envs.drops import DropTally
 from atroposlib.envs.groups import check_groups
 from atroposlib.envs.outcomes import Member
-from atroposlib.testing.fake_server import FakeServer
+from atroposlib.testing.fake_server import FakeOpenAIServer, FakeServer
+from tests.env_runtime.test_serve import _pull_batches, _register_trainer, _start_env, _stop
+from tests.fixtures.api_server import start_run_api
 from tests.fixtures.lossy import LoseReplies, first_n
 from tests.fixtures.sample_envs import ChatLengthEnv
 
@@ -70,3 +75,41 @@ async def test_the_next_group_carries_the_drops_once_even_when_its_reply_is_lost
     assert ledger["rollouts"]["completed"] == 4 and ledger["closes"]
     assert ledger["dropped_filter_by_reason"] == {"same_scores": {"groups": 1, "tokens": 4}}
     assert env.run_state.drops.take() is None  # reported: nothing left to carry
+
+
+def test_the_identity_closes_after_kill_9_of_the_env_and_of_run_api(tiny_tokenizer_dir, tmp_path) -> None:
+    db, log = tmp_path / "q.db", tmp_path / "env.log"
+    api = start_run_api(db=db)
+    proc = None
+    try:
+        with FakeOpenAIServer() as inference:
+            trainer = _register_trainer(api.url, tmp_path)
+            proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
+            assert len(_pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
+            os.killpg(proc.pid, signal.SIGKILL)  # the env dies with groups in flight
+            proc.wait(15)
+            mid = httpx.get(api.url + "/ledger").json()
+            api.kill()
+            api = start_run_api(db=db, port=api.port)
+            after = httpx.get(api.url + "/ledger").json()
+            # a new env process feeds the restarted server; the counts go on from the journal
+            trainer = AtroposClient(api.url)  # the trainer resumes after the step it trained
+            trainer.register(Registration(
+                wandb_group="g", wandb_project="p", batch_size=8, max_token_len=512,
+                checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoint_interval=-1,
+                starting_step=1, num_steps=1000))
+            proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
+            assert len(_pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
+            _stop(proc, log)
+            end = httpx.get(api.url + "/ledger").json()
+    finally:
+        if proc is not None and proc.poll() is None:
+            _stop(proc, log)
+        api.stop()
+    assert mid["closes"] and after == mid and end["closes"]
+    assert mid["tokens"]["served"] > 0 and end["tokens"]["served"] > mid["tokens"]["served"]
+    for ledger in (mid, end):
+        t, r = ledger["tokens"], ledger["rollouts"]
+        assert t["sampled"] == t["served"] + t["dropped_stale"] + t["dropped_filter"] + \
+            t["dropped_masked"] + t["queued"]
+        assert r["sampled"] == r["completed"] + r["masked"] + r["failed"]
