@@ -1,0 +1,312 @@
+"""Weight deltas: only the elements that changed since the version a server last applied.
+
+A delta turns the tensors a server holds (``old``, version ``base_version``) into the trainer's
+current ones (``new``, version ``version``), bit for bit. Elements are compared as raw bits (a
+bf16 tensor as int16, an fp32 one as int32), so ``-0.0`` vs ``0.0`` and NaN payloads count as
+changes and the result is exact.
+
+Two encodings, per changed tensor:
+
+* ``index``: the flat positions of the changed elements (int32) and their new values (the
+  tensor's dtype): 6 bytes per changed bf16 element.
+* ``xor``: ``old ^ new`` over the raw bits, split into byte planes (all high bytes, then all low
+  bytes: unchanged elements and small mantissa changes leave long runs of zeros), compressed
+  with zlib (level 1, the fastest).
+
+``benchmarks/bench_delta_sync.py`` measured both on consecutive trainer steps of the bundled
+model; the default is the one it found smaller at comparable speed (see
+:data:`DEFAULT_ENCODING`).
+
+Wire format: one safetensors file (bytes). Per changed tensor ``NAME`` it holds ``NAME|i``
+(int32) and ``NAME|v`` (index) or ``NAME|x`` (uint8, xor); its ``__metadata__`` key
+``atropos.delta`` is JSON ``{"base_version", "version", "encoding", "tensors": {NAME:
+{"sha256", "dtype", "shape"}}}`` naming every changed tensor with the sha-256 of its new bytes.
+
+Checksum: sha-256 of a tensor's raw bytes (little-endian, C order). It is in the standard
+library, hardware-accelerated (~0.7 GB/s on this project's 2-core CPU box, 0.1 s for the 70 MB
+of the quickstart's 10 trained bf16 layers), the same hash as the node's ``Content-Digest``, and
+an accidental match is out of the question, so a matching checksum means identical weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from atroposlib.errors import AtroposError
+
+#: Encodings :func:`encode` writes.
+ENCODINGS = ("index", "xor")
+#: The encoding used unless a caller picks one (measured smaller here; see the module doc).
+DEFAULT_ENCODING = "index"
+#: safetensors metadata key of the delta header.
+HEADER_KEY = "atropos.delta"
+#: zlib level of the ``xor`` encoding (1: fastest).
+ZLIB_LEVEL = 1
+
+_INT_VIEW = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+class DeltaError(AtroposError, ValueError):
+    """A delta cannot be applied; ``reason`` is ``base`` (another base version or tensor
+    set), ``checksum`` (a result differs from the trainer's) or ``payload`` (malformed)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class DeltaHeader:
+    """What a delta says about itself.
+
+    Attributes:
+        base_version: the version the receiver must hold.
+        version: the version it holds after applying.
+        encoding: ``index`` or ``xor``.
+        tensors: changed tensor name -> ``{"sha256": hex, "dtype": "bfloat16", "shape": [..]}``.
+    """
+
+    base_version: int
+    version: int
+    encoding: str
+    tensors: dict[str, dict[str, Any]]
+
+
+@dataclass
+class DeltaStats:
+    """Sizes of one encoded delta.
+
+    Attributes:
+        nbytes: bytes of the payload.
+        full_nbytes: bytes of the same tensors sent whole (the raw tensor bytes).
+        elements: elements of all tensors compared.
+        changed: elements that differ.
+        tensors_changed: tensors with at least one changed element.
+        seconds: time taken to encode (including checksums).
+    """
+
+    nbytes: int = 0
+    full_nbytes: int = 0
+    elements: int = 0
+    changed: int = 0
+    tensors_changed: int = 0
+    seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def changed_fraction(self) -> float:
+        """Changed elements / elements compared (0 when nothing was compared)."""
+        return self.changed / self.elements if self.elements else 0.0
+
+
+def _bits(tensor: Any) -> Any:
+    """``tensor`` flattened and viewed as signed integers of its element width (no copy)."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    width = flat.element_size()
+    if width not in _INT_VIEW:
+        raise ValueError(f"cannot take the bits of {tensor.dtype} elements")
+    return flat.view(getattr(torch, _INT_VIEW[width]))
+
+
+def checksum(tensor: Any) -> str:
+    """sha-256 hex digest of ``tensor``'s raw bytes (C order; the tensor is made contiguous on the CPU)."""
+    import torch
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.sha256(flat.numpy().data).hexdigest()
+
+
+def _dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def encode_tensor(old: Any, new: Any, encoding: str = DEFAULT_ENCODING) -> dict[str, Any]:
+    """The entries (suffix -> tensor) turning ``old`` into ``new``; ``{}`` when they are equal.
+
+    Args:
+        old: the tensor the receiver holds (any shape; CPU).
+        new: the tensor it must hold: same shape and dtype.
+        encoding: ``index`` (``{"i": int32 positions, "v": values}``) or ``xor``
+            (``{"x": uint8 zlib-compressed byte planes of old ^ new}``).
+
+    Raises:
+        ValueError: shapes or dtypes differ, or an unknown encoding.
+    """
+    import torch
+
+    if old.shape != new.shape or old.dtype != new.dtype:
+        raise ValueError(f"cannot encode a change of shape or dtype ({tuple(old.shape)} "
+                         f"{old.dtype} -> {tuple(new.shape)} {new.dtype}); send the tensor whole")
+    a, b = _bits(old.contiguous()), _bits(new.contiguous())
+    if encoding == "index":
+        positions = torch.nonzero(a != b).reshape(-1)
+        if positions.numel() == 0:
+            return {}
+        if a.numel() > 2**31 - 1:
+            raise ValueError("a tensor of more than 2**31 - 1 elements needs int64 positions")
+        return {"i": positions.to(torch.int32), "v": new.detach().reshape(-1)[positions].contiguous()}
+    if encoding == "xor":
+        x = torch.bitwise_xor(a, b)
+        if not bool(x.any()):
+            return {}
+        planes = x.view(torch.uint8).reshape(-1, x.element_size()).t().contiguous().reshape(-1)
+        packed = zlib.compress(planes.numpy().data, ZLIB_LEVEL)
+        return {"x": torch.frombuffer(bytearray(packed), dtype=torch.uint8)}
+    raise ValueError(f"unknown delta encoding {encoding!r}; use one of {', '.join(ENCODINGS)}")
+
+
+def apply_tensor(old: Any, entries: dict[str, Any], encoding: str) -> Any:
+    """``old`` with the change ``entries`` (from :func:`encode_tensor`) applied, as a new tensor.
+
+    Raises:
+        DeltaError: (``payload``) the entries do not fit ``old``.
+    """
+    import torch
+
+    out = old.detach().contiguous().clone()
+    flat = out.reshape(-1)
+    try:
+        if encoding == "index":
+            positions, values = entries["i"].to(torch.int64), entries["v"]
+            if positions.numel() != values.numel() or values.dtype != old.dtype:
+                raise ValueError("positions and values disagree")
+            flat[positions] = values
+            return out
+        if encoding == "xor":
+            raw = zlib.decompress(entries["x"].numpy().tobytes())
+            width = flat.element_size()
+            if len(raw) != flat.numel() * width:
+                raise ValueError(f"{len(raw)} bytes for {flat.numel()} elements")
+            planes = torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(width, -1)
+            x = planes.t().contiguous().reshape(-1).view(_bits(out).dtype)
+            bits = _bits(out)
+            bits.bitwise_xor_(x)
+            return out
+    except (KeyError, IndexError, ValueError, RuntimeError, zlib.error) as exc:
+        raise DeltaError("payload", f"the delta does not fit its tensor ({exc})") from None
+    raise DeltaError("payload", f"unknown delta encoding {encoding!r}")
+
+
+def encode(old: dict[str, Any], new: dict[str, Any], *, base_version: int, version: int,
+           encoding: str = DEFAULT_ENCODING) -> tuple[bytes, DeltaStats]:
+    """The delta turning ``old`` (version ``base_version``) into ``new`` (``version``), as bytes.
+
+    Args:
+        old: ``{name: tensor}`` the receiver holds (CPU tensors).
+        new: ``{name: tensor}`` it must hold: the same names, shapes and dtypes.
+        base_version: version of ``old``.
+        version: version of ``new``.
+        encoding: ``index`` or ``xor``.
+
+    Returns:
+        ``(payload, stats)``: the safetensors bytes (see the module doc) and their sizes.
+
+    Raises:
+        ValueError: the names, a shape or a dtype differ (then send the tensors whole).
+    """
+    import time
+
+    from safetensors.torch import save
+
+    begin = time.perf_counter()
+    if set(old) != set(new):
+        raise ValueError(f"the tensor sets differ ({len(old)} held, {len(new)} new); send them whole")
+    stats = DeltaStats()
+    body: dict[str, Any] = {}
+    described: dict[str, dict[str, Any]] = {}
+    for name, tensor in new.items():
+        tensor = tensor.detach().to("cpu")
+        stats.elements += tensor.numel()
+        stats.full_nbytes += tensor.numel() * tensor.element_size()
+        entries = encode_tensor(old[name], tensor, encoding)
+        if not entries:
+            continue
+        stats.tensors_changed += 1
+        stats.changed += int(entries["i"].numel()) if encoding == "index" else int(
+            (_bits(old[name].contiguous()) != _bits(tensor.contiguous())).sum())
+        for suffix, value in entries.items():
+            body[f"{name}|{suffix}"] = value
+        described[name] = {"sha256": checksum(tensor), "dtype": _dtype_name(tensor),
+                           "shape": list(tensor.shape)}
+    header = {"base_version": base_version, "version": version, "encoding": encoding,
+              "tensors": described}
+    payload = save(body, metadata={HEADER_KEY: json.dumps(header)})
+    stats.nbytes = len(payload)
+    stats.seconds = time.perf_counter() - begin
+    return payload, stats
+
+
+def read_header(payload: bytes) -> DeltaHeader:
+    """The header of a delta payload.
+
+    Raises:
+        DeltaError: (``payload``) not a delta.
+    """
+    import struct
+
+    try:
+        (length,) = struct.unpack("<Q", payload[:8])
+        meta = json.loads(payload[8:8 + length]).get("__metadata__") or {}
+        raw = json.loads(meta[HEADER_KEY])
+        return DeltaHeader(int(raw["base_version"]), int(raw["version"]), str(raw["encoding"]),
+                           dict(raw["tensors"]))
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DeltaError("payload", f"not a weight delta ({type(exc).__name__}: {exc})") from None
+
+
+def apply(payload: bytes, base: dict[str, Any], base_version: int | None) -> tuple[dict[str, Any], DeltaHeader]:
+    """The tensors a delta changes, with their new values, after checking every checksum.
+
+    Nothing is modified: ``base`` stays as it was, whatever happens.
+
+    Args:
+        payload: bytes from :func:`encode`.
+        base: ``{name: tensor}`` the receiver holds.
+        base_version: the version ``base`` is (None: unknown, refused).
+
+    Returns:
+        ``({name: new tensor}, header)`` for the changed tensors only.
+
+    Raises:
+        DeltaError: ``base`` (the delta starts from another version, or names a tensor ``base``
+            lacks), ``checksum`` (a result's sha-256 differs from the trainer's: the bases
+            differed) or ``payload`` (malformed).
+    """
+    from safetensors.torch import load
+
+    header = read_header(payload)
+    if base_version is None or header.base_version != base_version:
+        raise DeltaError("base", f"the delta starts from version {header.base_version}, the "
+                                 f"receiver holds {base_version}")
+    missing = sorted(set(header.tensors) - set(base))
+    if missing:
+        raise DeltaError("base", f"{len(missing)} tensor(s) of the delta are not held (e.g. "
+                                 f"{', '.join(missing[:3])})")
+    try:
+        body = load(payload)
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        raise DeltaError("payload", f"unreadable delta body ({exc})") from None
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in body.items():
+        name, _, suffix = key.rpartition("|")
+        grouped.setdefault(name, {})[suffix] = value
+    out: dict[str, Any] = {}
+    for name, info in header.tensors.items():
+        tensor = apply_tensor(base[name], grouped.get(name, {}), header.encoding)
+        if checksum(tensor) != info.get("sha256"):
+            raise DeltaError("checksum", f"{name}: the result's sha-256 differs from the "
+                                         "trainer's (the receiver's copy was not the trainer's "
+                                         f"version {header.base_version})")
+        out[name] = tensor
+    return out, header
+
+
+__all__ = ["DEFAULT_ENCODING", "ENCODINGS", "HEADER_KEY", "DeltaError", "DeltaHeader", "DeltaStats",
+           "apply", "apply_tensor", "checksum", "encode", "encode_tensor", "read_header"]
