@@ -5,7 +5,7 @@ current ones (``new``, version ``version``), bit for bit. Elements are compared 
 bf16 tensor as int16, an fp32 one as int32), so ``-0.0`` vs ``0.0`` and NaN payloads count as
 changes and the result is exact.
 
-Two encodings, per changed tensor:
+Two encodings, chosen per changed tensor (``auto``) or forced for all:
 
 * ``index``: the flat positions of the changed elements (int32) and their new values (the
   tensor's dtype): 6 bytes per changed bf16 element.
@@ -13,14 +13,19 @@ Two encodings, per changed tensor:
   bytes: unchanged elements and small mantissa changes leave long runs of zeros), compressed
   with zlib (level 1, the fastest).
 
-``benchmarks/bench_delta_sync.py`` measured both on consecutive trainer steps of the bundled
-model; the default is the one it found smaller at comparable speed (see
-:data:`DEFAULT_ENCODING`).
+Index/value costs ``4 + w`` bytes per changed element (``w``: element width) against ``w`` per
+element sent whole, so it wins when few elements change; XOR + zlib wins when many do (an
+Adam step moves most bf16 weights of a full fine-tune by an ulp or so: measured on the bundled
+model by ``benchmarks/bench_delta_sync.py``). ``auto`` (the default) takes index/value for a
+tensor whose changed fraction is at most :data:`INDEX_MAX_FRACTION` of ``w / (4 + w)`` (the
+break-even), XOR + zlib above it.
 
 Wire format: one safetensors file (bytes). Per changed tensor ``NAME`` it holds ``NAME|i``
 (int32) and ``NAME|v`` (index) or ``NAME|x`` (uint8, xor); its ``__metadata__`` key
 ``atropos.delta`` is JSON ``{"base_version", "version", "encoding", "tensors": {NAME:
-{"sha256", "dtype", "shape"}}}`` naming every changed tensor with the sha-256 of its new bytes.
+{"sha256", "dtype", "shape"}}, "unchanged": {NAME: sha256}}``: every changed tensor with the
+sha-256 of its new bytes, and the sha-256 of every other tensor, so the receiver checks all of
+them (unchanged ones against the checksum it kept, without hashing them again).
 
 Checksum: sha-256 of a tensor's raw bytes (little-endian, C order). It is in the standard
 library, hardware-accelerated (~0.7 GB/s on this project's 2-core CPU box, 0.1 s for the 70 MB
@@ -39,9 +44,13 @@ from typing import Any
 from atroposlib.errors import AtroposError
 
 #: Encodings :func:`encode` writes.
-ENCODINGS = ("index", "xor")
-#: The encoding used unless a caller picks one (measured smaller here; see the module doc).
-DEFAULT_ENCODING = "index"
+ENCODINGS = ("auto", "index", "xor")
+#: The encoding used unless a caller picks one (see the module doc).
+DEFAULT_ENCODING = "auto"
+#: ``auto``: index/value while the changed fraction is at most this share of its break-even
+#: ``w / (4 + w)`` (10% of the elements for bf16); XOR + zlib, which compresses the runs of
+#: unchanged elements, above it.
+INDEX_MAX_FRACTION = 0.3
 #: safetensors metadata key of the delta header.
 HEADER_KEY = "atropos.delta"
 #: zlib level of the ``xor`` encoding (1: fastest).
@@ -51,8 +60,11 @@ _INT_VIEW = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
 
 class DeltaError(AtroposError, ValueError):
-    """A delta cannot be applied; ``reason`` is ``base`` (another base version or tensor
-    set), ``checksum`` (a result differs from the trainer's) or ``payload`` (malformed)."""
+    """A delta cannot be applied.
+
+    ``reason`` is ``base`` (another base version or tensor set), ``checksum`` (a result differs
+    from the trainer's) or ``payload`` (malformed).
+    """
 
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
@@ -67,7 +79,7 @@ class DeltaHeader:
     Attributes:
         base_version: the version the receiver must hold.
         version: the version it holds after applying.
-        encoding: ``index`` or ``xor``.
+        encoding: ``auto`` (each tensor's entries say which), ``index`` or ``xor``.
         tensors: changed tensor name -> ``{"sha256": hex, "dtype": "bfloat16", "shape": [..]}``.
     """
 
@@ -75,6 +87,7 @@ class DeltaHeader:
     version: int
     encoding: str
     tensors: dict[str, dict[str, Any]]
+    unchanged: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -96,7 +109,7 @@ class DeltaStats:
     changed: int = 0
     tensors_changed: int = 0
     seconds: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)  # sha-256 of every new tensor
 
     @property
     def changed_fraction(self) -> float:
@@ -133,8 +146,9 @@ def encode_tensor(old: Any, new: Any, encoding: str = DEFAULT_ENCODING) -> dict[
     Args:
         old: the tensor the receiver holds (any shape; CPU).
         new: the tensor it must hold: same shape and dtype.
-        encoding: ``index`` (``{"i": int32 positions, "v": values}``) or ``xor``
-            (``{"x": uint8 zlib-compressed byte planes of old ^ new}``).
+        encoding: ``index`` (``{"i": int32 positions, "v": values}``), ``xor``
+            (``{"x": uint8 zlib-compressed byte planes of old ^ new}``) or ``auto`` (either,
+            see :data:`INDEX_MAX_FRACTION`).
 
     Raises:
         ValueError: shapes or dtypes differ, or an unknown encoding.
@@ -145,6 +159,13 @@ def encode_tensor(old: Any, new: Any, encoding: str = DEFAULT_ENCODING) -> dict[
         raise ValueError(f"cannot encode a change of shape or dtype ({tuple(old.shape)} "
                          f"{old.dtype} -> {tuple(new.shape)} {new.dtype}); send the tensor whole")
     a, b = _bits(old.contiguous()), _bits(new.contiguous())
+    if encoding == "auto":
+        differ = a != b
+        changed = int(differ.sum())
+        if changed == 0:
+            return {}
+        width = a.element_size()
+        encoding = "index" if changed <= INDEX_MAX_FRACTION * a.numel() * width / (4 + width) else "xor"
     if encoding == "index":
         positions = torch.nonzero(a != b).reshape(-1)
         if positions.numel() == 0:
@@ -172,6 +193,8 @@ def apply_tensor(old: Any, entries: dict[str, Any], encoding: str) -> Any:
 
     out = old.detach().contiguous().clone()
     flat = out.reshape(-1)
+    if encoding == "auto":
+        encoding = "xor" if "x" in entries else "index"
     try:
         if encoding == "index":
             positions, values = entries["i"].to(torch.int64), entries["v"]
@@ -195,7 +218,8 @@ def apply_tensor(old: Any, entries: dict[str, Any], encoding: str) -> Any:
 
 
 def encode(old: dict[str, Any], new: dict[str, Any], *, base_version: int, version: int,
-           encoding: str = DEFAULT_ENCODING) -> tuple[bytes, DeltaStats]:
+           encoding: str = DEFAULT_ENCODING,
+           checksums: dict[str, str] | None = None) -> tuple[bytes, DeltaStats]:
     """The delta turning ``old`` (version ``base_version``) into ``new`` (``version``), as bytes.
 
     Args:
@@ -203,10 +227,13 @@ def encode(old: dict[str, Any], new: dict[str, Any], *, base_version: int, versi
         new: ``{name: tensor}`` it must hold: the same names, shapes and dtypes.
         base_version: version of ``old``.
         version: version of ``new``.
-        encoding: ``index`` or ``xor``.
+        encoding: ``auto`` (per tensor), ``index`` or ``xor``.
+        checksums: sha-256 of ``old``'s tensors where already known (unchanged tensors are
+            then not hashed again); None: computed.
 
     Returns:
-        ``(payload, stats)``: the safetensors bytes (see the module doc) and their sizes.
+        ``(payload, stats)``: the safetensors bytes (see the module doc), their sizes and
+        ``stats.checksums`` (sha-256 of every tensor of ``new``).
 
     Raises:
         ValueError: the names, a shape or a dtype differ (then send the tensors whole).
@@ -227,16 +254,20 @@ def encode(old: dict[str, Any], new: dict[str, Any], *, base_version: int, versi
         stats.full_nbytes += tensor.numel() * tensor.element_size()
         entries = encode_tensor(old[name], tensor, encoding)
         if not entries:
+            known = (checksums or {}).get(name)
+            stats.checksums[name] = known if known is not None else checksum(tensor)
             continue
         stats.tensors_changed += 1
-        stats.changed += int(entries["i"].numel()) if encoding == "index" else int(
+        stats.changed += int(entries["i"].numel()) if "i" in entries else int(
             (_bits(old[name].contiguous()) != _bits(tensor.contiguous())).sum())
         for suffix, value in entries.items():
             body[f"{name}|{suffix}"] = value
-        described[name] = {"sha256": checksum(tensor), "dtype": _dtype_name(tensor),
+        stats.checksums[name] = checksum(tensor)
+        described[name] = {"sha256": stats.checksums[name], "dtype": _dtype_name(tensor),
                            "shape": list(tensor.shape)}
     header = {"base_version": base_version, "version": version, "encoding": encoding,
-              "tensors": described}
+              "tensors": described,
+              "unchanged": {n: c for n, c in stats.checksums.items() if n not in described}}
     payload = save(body, metadata={HEADER_KEY: json.dumps(header)})
     stats.nbytes = len(payload)
     stats.seconds = time.perf_counter() - begin
@@ -256,12 +287,13 @@ def read_header(payload: bytes) -> DeltaHeader:
         meta = json.loads(payload[8:8 + length]).get("__metadata__") or {}
         raw = json.loads(meta[HEADER_KEY])
         return DeltaHeader(int(raw["base_version"]), int(raw["version"]), str(raw["encoding"]),
-                           dict(raw["tensors"]))
+                           dict(raw["tensors"]), dict(raw.get("unchanged") or {}))
     except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DeltaError("payload", f"not a weight delta ({type(exc).__name__}: {exc})") from None
 
 
-def apply(payload: bytes, base: dict[str, Any], base_version: int | None) -> tuple[dict[str, Any], DeltaHeader]:
+def apply(payload: bytes, base: dict[str, Any], base_version: int | None,
+          checksums: dict[str, str] | None = None) -> tuple[dict[str, Any], DeltaHeader]:
     """The tensors a delta changes, with their new values, after checking every checksum.
 
     Nothing is modified: ``base`` stays as it was, whatever happens.
@@ -270,6 +302,8 @@ def apply(payload: bytes, base: dict[str, Any], base_version: int | None) -> tup
         payload: bytes from :func:`encode`.
         base: ``{name: tensor}`` the receiver holds.
         base_version: the version ``base`` is (None: unknown, refused).
+        checksums: sha-256 of ``base``'s tensors where known (what the receiver computed when
+            it applied them); the others are hashed here.
 
     Returns:
         ``({name: new tensor}, header)`` for the changed tensors only.
@@ -285,7 +319,7 @@ def apply(payload: bytes, base: dict[str, Any], base_version: int | None) -> tup
     if base_version is None or header.base_version != base_version:
         raise DeltaError("base", f"the delta starts from version {header.base_version}, the "
                                  f"receiver holds {base_version}")
-    missing = sorted(set(header.tensors) - set(base))
+    missing = sorted((set(header.tensors) | set(header.unchanged)) - set(base))
     if missing:
         raise DeltaError("base", f"{len(missing)} tensor(s) of the delta are not held (e.g. "
                                  f"{', '.join(missing[:3])})")
@@ -293,6 +327,12 @@ def apply(payload: bytes, base: dict[str, Any], base_version: int | None) -> tup
         body = load(payload)
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
         raise DeltaError("payload", f"unreadable delta body ({exc})") from None
+    for name, expected in header.unchanged.items():
+        held = (checksums or {}).get(name) or checksum(base[name])
+        if held != expected:
+            raise DeltaError("checksum", f"{name}: the receiver's copy differs from the trainer's "
+                                         f"version {header.base_version} (sha-256 {held[:12]}... "
+                                         f"vs {expected[:12]}...)")
     grouped: dict[str, dict[str, Any]] = {}
     for key, value in body.items():
         name, _, suffix = key.rpartition("|")

@@ -14,6 +14,7 @@ from typing import Any
 
 from atroposlib.errors import InferenceError
 from atroposlib.inference.weights.base import WeightTarget
+from atroposlib.inference.worker_extension import DELTA_APPLY_RPC, DELTA_SEED_RPC
 
 #: What to do when a stock vLLM refuses a reload.
 DEV_MODE_FIX = "start that vLLM with VLLM_SERVER_DEV_MODE=1 to allow weight reloads"
@@ -56,6 +57,53 @@ def reload_from_dir(client: Any, root: str, weights_dir: Path, *, fix: str = DEV
     vllm_post(client, root, "/reset_prefix_cache", fix=fix)
 
 
+def apply_delta(client: Any, root: str, payload: bytes, *, fix: str = DEV_MODE_FIX) -> dict[str, Any]:
+    """Have every worker of the vLLM at ``root`` apply a weight delta in memory, then drop stale KV.
+
+    ``POST /collective_rpc {"method": "atropos_delta_apply", "args": [base64 of payload]}`` (the
+    dev-mode route passes strings only), then ``POST /reset_prefix_cache`` when it applied. The
+    server must run atroposlib's worker extension (the trainer's own vLLM does).
+
+    Returns:
+        ``{"applied": True, "version", ...}`` when every worker applied it; else ``{"applied":
+        False, "reason", "detail"}`` (another base, a checksum mismatch, no worker extension):
+        then nothing changed unless a worker failed while loading (reason ``load``).
+    """
+    import base64
+
+    try:
+        answer = vllm_post(client, root, "/collective_rpc", {
+            "method": DELTA_APPLY_RPC, "args": [base64.b64encode(payload).decode()]}, fix=fix).json()
+    except InferenceError as exc:
+        return {"applied": False, "reason": "load", "detail": str(exc)[:500]}
+    results = answer.get("results") or []
+    refused = [r for r in results if not (isinstance(r, dict) and r.get("applied"))]
+    if not results or refused:
+        first = refused[0] if refused else {}
+        first = first if isinstance(first, dict) else {"detail": str(first)}
+        return {"applied": False, "reason": first.get("reason", "unknown"),
+                "detail": first.get("detail", "no worker answered")}
+    vllm_post(client, root, "/reset_prefix_cache", fix=fix)
+    return results[0]
+
+
+def seed_delta(client: Any, root: str, weights_dir: Path, version: int) -> bool:
+    """Have the vLLM at ``root`` take the ``*.safetensors`` it just reloaded from ``weights_dir`` as its delta base.
+
+    Returns:
+        False when it cannot (it runs without atroposlib's worker extension): it then only
+        ever gets full syncs.
+    """
+    try:
+        vllm_post(client, root, "/collective_rpc", {
+            "method": DELTA_SEED_RPC, "args": [str(weights_dir), str(version)]}, fix=DEV_MODE_FIX)
+    except InferenceError as exc:
+        print(f"[grpo] {root} cannot take weight deltas (it runs without atroposlib's worker "
+              f"extension?): {str(exc)[:200]}; it gets full syncs", flush=True)
+        return False
+    return True
+
+
 def write_tensors(tensors: dict[str, Any], weights_dir: Path) -> float:
     """Write ``tensors`` as ``weights_dir/model.safetensors`` (replaced); return the seconds.
 
@@ -73,36 +121,46 @@ def write_tensors(tensors: dict[str, Any], weights_dir: Path) -> float:
 class ExternalVLLM(WeightTarget):
     """Stock vLLM servers (``--vllm-url``) sharing a filesystem with the trainer.
 
-    Each push writes ``model.safetensors`` into ``weights_dir`` and has every server reload it,
-    one after another.
+    A server running atroposlib's worker extension (``--worker-extension-cls
+    atroposlib.inference.worker_extension.AtroposWorkerExtension``) gets a weight delta over
+    ``/collective_rpc`` once it holds a version the trainer pushed; otherwise each push writes
+    ``model.safetensors`` into ``weights_dir`` and has the servers reload it, one after another.
 
     Args:
         roots: the servers' root URLs (no ``/v1``); each runs with ``VLLM_SERVER_DEV_MODE=1``.
         weights_dir: a directory every server reads at the same path.
+        encoding: ``weight_sync_encoding`` (``full``: never a delta).
     """
 
-    def __init__(self, roots: list[str], weights_dir: Path):
+    def __init__(self, roots: list[str], weights_dir: Path, encoding: str = "auto"):
+        from atroposlib.inference.weights.delta_sync import DeltaServers
+
         self.roots = [r.rstrip("/").removesuffix("/v1") for r in roots]
         self.weights_dir = Path(weights_dir)
+        self._servers = DeltaServers(self.roots, encoding)
 
     def push(self, tensors: dict[str, Any], version: int,
-             metadata: dict[str, str] | None = None) -> dict[str, float]:
-        """Write ``tensors`` and reload every server (see :meth:`WeightTarget.push`).
+             metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        """Send a delta or write and reload ``tensors`` on every server (see :meth:`WeightTarget.push`).
 
         Returns:
-            ``sync/save_seconds`` (writing) and ``sync/update_seconds`` (all reloads).
+            ``sync/save_seconds`` (encoding, writing), ``sync/update_seconds`` (all updates) and
+            the fields of :func:`~atroposlib.inference.weights.delta_sync.sync_record`.
 
         Raises:
             InferenceError: a server refused or failed the reload (e.g. not in dev mode).
         """
         import httpx
 
-        save_s = write_tensors(tensors, self.weights_dir)
-        begin = time.perf_counter()
-        with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
-            for root in self.roots:
+        def full(roots: list[str]) -> tuple[float, float]:
+            save_s = write_tensors(tensors, self.weights_dir)
+            begin = time.perf_counter()
+            for root in roots:
                 reload_from_dir(client, root, self.weights_dir.resolve())
-        return {"sync/save_seconds": save_s, "sync/update_seconds": time.perf_counter() - begin}
+            return save_s, time.perf_counter() - begin
+
+        with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
+            return self._servers.push(tensors, version, full, client, self.weights_dir.resolve())
 
 
 def load_adapter(roots: list[str], lora_name: str, adapter_dir: Path, *, fix: str) -> float:
@@ -130,4 +188,5 @@ def load_adapter(roots: list[str], lora_name: str, adapter_dir: Path, *, fix: st
     return time.perf_counter() - begin
 
 
-__all__ = ["DEV_MODE_FIX", "ExternalVLLM", "load_adapter", "reload_from_dir", "vllm_post", "write_tensors"]
+__all__ = ["DEV_MODE_FIX", "ExternalVLLM", "apply_delta", "load_adapter", "reload_from_dir", "seed_delta",
+           "vllm_post", "write_tensors"]

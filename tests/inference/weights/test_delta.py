@@ -107,3 +107,16 @@ def test_checksum_is_sha256_of_the_raw_bytes():
     t = torch.tensor([1.0, -0.0, 2.5], dtype=torch.bfloat16)
     assert delta.checksum(t) == hashlib.sha256(t.view(torch.int16).numpy().tobytes()).hexdigest()
     assert delta.checksum(t) != delta.checksum(torch.tensor([1.0, 0.0, 2.5], dtype=torch.bfloat16))
+
+
+def test_an_unchanged_tensor_that_differs_at_the_receiver_is_caught():
+    old = {"a": torch.zeros(8, dtype=torch.bfloat16), "b": torch.ones(8, dtype=torch.bfloat16)}
+    new = {"a": old["a"].clone(), "b": old["b"].clone()}
+    new["a"][0] = 1.0
+    payload, stats = delta.encode(old, new, base_version=1, version=2)
+    assert set(stats.checksums) == {"a", "b"}
+    receiver = {"a": old["a"].clone(), "b": old["b"].clone()}
+    receiver["b"][5] = 3.0  # the trainer never sends "b": its checksum still catches this
+    with pytest.raises(DeltaError) as mismatch:
+        delta.apply(payload, receiver, 1)
+    assert mismatch.value.reason == "checksum" and mismatch.value.detail.startswith("b:")
