@@ -221,11 +221,11 @@ class NodeFleet(WeightTarget):
             raise ValueError(f"a LoRA push needs metadata={{{ADAPTER_CONFIG_KEY!r}: adapter_config.json "
                              "text}; see adapter_metadata()")
         begin_all = time.perf_counter()
+        unique = unique_storage(tensors)
         selected: dict[str, dict[str, Any]] = {}
         for dtype in sorted({n.dtype for n in self.nodes}):
             # LoRA adapters keep their own dtype (peft's), as before
-            keep = None if kind == "lora" else dtype
-            selected[dtype] = select(unique_storage(tensors), list(unique_storage(tensors)), keep)
+            selected[dtype] = select(unique, list(unique), None if kind == "lora" else dtype)
         payload = Payload(version, kind, self.lora_name, selected, self.directory, len(tensors),
                           metadata)
         fractions = []
@@ -321,9 +321,7 @@ class NodeFleet(WeightTarget):
                                    f"HTTP {answer.status_code}: {answer.text[:300]}")
                     if answer.status_code != 409:  # 409: nothing changed there; else it may be broken
                         return f"HTTP {answer.status_code}: {answer.text[:300]}", "delta", sent
-                if node.path == "file" and payload.kind == "full":
-                    await asyncio.to_thread(payload.write_files, node.dtype)
-                elif node.path == "file":
+                if node.path == "file":  # written once per version, when a node needs them
                     await asyncio.to_thread(payload.write_files, node.dtype)
                 answer = await self._request(client, node, payload)
                 sent += len(payload.body(node.dtype)) if node.path == "http" else 0
