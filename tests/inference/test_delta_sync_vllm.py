@@ -106,3 +106,76 @@ def test_twenty_delta_syncs_match_the_trainer_bit_for_bit_and_serve_full_sync_lo
     err = capsys.readouterr().err
     assert err.count("WARNING") == 1 and bf16_vllm.root_url in err and "checksum" in err
     assert target.push(step(), 23)["sync/path"] == "delta"
+
+
+def test_an_inference_node_applies_deltas_over_http_and_serves_what_a_full_push_serves(
+        bundled_model_dir, tmp_path):
+    """``atropos-inference-node`` (real vLLM, bf16, no shared disk): deltas reach vLLM's worker
+    in-process (``collective_rpc`` with the bytes) and serve the same log-probs as a full push."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from atroposlib.inference.vllm_process import find_free_port
+    from atroposlib.inference.weights.node_http import NodeFleet
+
+    port = find_free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "node.log", "wb")  # noqa: SIM115 - the child owns it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atroposlib.cli.inference_node", "--model", str(bundled_model_dir),
+         "--port", str(port), "--dtype", "bfloat16", "--served-model-name", "smollm2",
+         "--serve-base", "--weights-dir", str(tmp_path / "weights"), "--log", str(tmp_path / "vllm.log"),
+         "--", "--max-model-len", "512"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            assert proc.poll() is None, (tmp_path / "node.log").read_text()[-4000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the node did not become healthy"
+            time.sleep(1)
+        prompt_ids = AutoTokenizer.from_pretrained(bundled_model_dir)(PROMPT).input_ids
+        weights = load_file(str(bundled_model_dir / "model.safetensors"))
+        master = {n: t.float().clone() for n, t in weights.items() if n.startswith(BLOCKS)}
+        generator = torch.Generator().manual_seed(1)
+
+        def step() -> dict[str, torch.Tensor]:
+            for tensor in master.values():
+                tensor.add_(torch.randn(tensor.shape, generator=generator).sign() * 2e-4)
+            return {n: t.clone() for n, t in master.items()}  # fp32: the fleet casts to bf16
+
+        fleet = NodeFleet.connect([url], timeout=600)
+        paths = [fleet.push(step(), v)["sync/path"] for v in range(1, 7)]
+        status = httpx.get(f"{url}/atropos/status", timeout=30).json()
+        last = step()
+        assert fleet.push(last, 7)["sync/path"] == "delta"
+        after_deltas = _node_logprobs(url, prompt_ids)
+        fleet.close()
+        full = NodeFleet.connect([url], timeout=600, encoding="full")
+        assert full.push(last, 8)["sync/path"] == "full"
+        after_full = _node_logprobs(url, prompt_ids)
+        full.close()
+    finally:
+        proc.terminate()
+        proc.wait(120)
+    assert paths == ["full"] + ["delta"] * 5
+    assert status["last_update"]["source"] == "delta" and status["policy_version"] == 6
+    assert after_deltas == after_full
+
+
+def _node_logprobs(url: str, prompt_ids: list[int]) -> list[float]:
+    answer = httpx.post(f"{url}/v1/completions", timeout=300, json={
+        "model": "smollm2", "prompt": prompt_ids, "max_tokens": 1, "echo": True, "logprobs": 0,
+        "temperature": 0})
+    answer.raise_for_status()
+    return answer.json()["choices"][0]["logprobs"]["token_logprobs"][1:]
