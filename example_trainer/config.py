@@ -272,8 +272,8 @@ class TrainerConfig(BaseSettings):
         default="auto", description="How weights reach atropos-inference-node nodes in "
         "--vllm-url: auto = the node reads them from this run directory when it runs on this "
         "host and sees it, else they are pushed over HTTP; http = always push; nccl = vLLM's "
-        "NCCL weight transfer (CUDA, nodes started with --weight-transfer nccl; never run in "
-        "this project's tests).")
+        "NCCL weight transfer (CUDA, nodes started with --weight-transfer nccl, or nccl-sparse "
+        "for deltas; never run in this project's tests).")
     vllm_api_key: str | None = Field(default=None, description="Bearer token of the inference "
                                      "servers in --vllm-url (null: the ATROPOS_API_KEY "
                                      "environment variable).")

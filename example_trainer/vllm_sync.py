@@ -363,7 +363,8 @@ def connect_nodes(config: Any, urls: list[str], weights_dir: Path, lora_name: st
     if config.weight_transport == "nccl":
         from atroposlib.inference.weights.nccl import NcclFleet
 
-        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
+        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout,  # type: ignore[return-value]
+                                 config.weight_sync_encoding)
     from atroposlib.inference.weights.node_http import NodeFleet
 
     fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,

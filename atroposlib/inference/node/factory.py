@@ -44,7 +44,7 @@ def build_app(state: NodeState) -> FastAPI:
     app.state.node = state
     app.include_router(status.router)
     app.include_router(weights.router)
-    if state.settings.weight_transfer == "nccl":
+    if state.settings.weight_transfer in ("nccl", "nccl-sparse"):
         app.include_router(nccl.router)
     app.add_exception_handler(PayloadError, _payload_error)
     app.add_exception_handler(UpdateFailed, _update_failed)

@@ -103,7 +103,7 @@ class NodeStatus(BaseModel):
     dtype: str = Field(description="vLLM's dtype, e.g. bfloat16; pushes should use it.")
     hostname: str
     boot_id: str = Field(description="This host's boot id (with hostname: same machine?).")
-    weight_transfer: Literal["http", "nccl"]
+    weight_transfer: Literal["http", "nccl", "nccl-sparse"]
     workers: int | None = Field(default=None, description="vLLM's worker processes (tensor x "
                                 "pipeline x data parallel): an NCCL weight transfer group has "
                                 "these plus the trainer's sender.")
