@@ -4,6 +4,10 @@ The one place that asks a vLLM server to reload weights over HTTP: ``POST /colle
 (``reload_weights`` with the directory) then ``POST /reset_prefix_cache``. Both are vLLM's
 development routes: the server must run with ``VLLM_SERVER_DEV_MODE=1``. The trainer's own
 vLLM (:mod:`~atroposlib.inference.weights.local_vllm`) reloads through the same calls.
+
+Deltas take the same route: :class:`DeltaServers` sends a server that holds the version pushed
+last only the changed elements (``POST /collective_rpc atropos_delta_apply``, applied in memory
+by atroposlib's worker extension), and the full directory reload to every other server.
 """
 
 from __future__ import annotations
@@ -118,6 +122,88 @@ def write_tensors(tensors: dict[str, Any], weights_dir: Path) -> float:
     return time.perf_counter() - begin
 
 
+class DeltaServers:
+    """Delta-or-full pushes to vLLM servers reached over ``/collective_rpc``.
+
+    The trainer's own vLLM, or stock servers sharing the weights directory.
+
+    Args:
+        roots: the servers' root URLs.
+        encoding: ``weight_sync_encoding`` (``auto``, ``index``, ``xor`` or ``full``).
+    """
+
+    def __init__(self, roots: list[str], encoding: str):
+        from atroposlib.inference.weights.delta_sync import DeltaBase, delta_format
+
+        fmt = delta_format(encoding)
+        self.base = DeltaBase(fmt) if fmt else None
+        #: root -> the version its worker extension holds as delta base (None: needs a full sync)
+        self.at: dict[str, int | None] = {r: None for r in roots}
+
+    def push(self, tensors: dict[str, Any], version: int, full: Any, client: Any,
+             weights_dir: Any) -> dict[str, Any]:
+        """Send ``tensors`` as ``version``: a delta to the servers at the base, ``full(roots)`` to the rest.
+
+        Args:
+            tensors: ``{HF name: tensor}`` in the servers' dtype (tied copies are dropped here).
+            version: the policy version.
+            full: ``full(roots) -> (save_seconds, update_seconds)`` writes ``tensors`` into
+                ``weights_dir`` and reloads those servers from it.
+            client: an ``httpx.Client``.
+            weights_dir: the directory ``full`` writes (the servers seed their base from it).
+
+        Returns:
+            ``sync/save_seconds``, ``sync/update_seconds`` and :func:`sync_record`'s fields.
+        """
+        from atroposlib.inference.weights.delta_sync import (
+            sync_record,
+            tensor_bytes,
+            warn_full_sync,
+        )
+        from atroposlib.inference.weights.select import unique_storage
+
+        begin = time.perf_counter()
+        tensors = unique_storage(tensors)
+        full_nbytes = tensor_bytes(tensors)
+        save_s = update_s = 0.0
+        sent = 0
+        fraction = 1.0
+        needs_full = list(self.at)
+        checksums = None
+        if self.base is not None and self.base.matches(tensors):
+            payload, stats = self.base.encode(tensors, version)
+            save_s, fraction, checksums = stats.seconds, stats.changed_fraction, stats.checksums
+            # a delta no smaller than the tensors themselves: send them whole
+            at_base = [r for r in self.at if self.at[r] == self.base.version
+                       and stats.nbytes < full_nbytes]
+            needs_full = [r for r in self.at if r not in at_base]
+            mark = time.perf_counter()
+            for root in at_base:
+                answer = apply_delta(client, root, payload)
+                sent += len(payload)
+                if answer.get("applied"):
+                    self.at[root] = version
+                else:
+                    self.at[root] = None
+                    warn_full_sync(root, version, f"{answer.get('reason')}: {answer.get('detail')}")
+                    needs_full.append(root)
+            update_s = time.perf_counter() - mark
+        if needs_full:
+            write_s, reload_s = full(needs_full)
+            save_s, update_s = save_s + write_s, update_s + reload_s
+            sent += full_nbytes
+            for root in needs_full:
+                self.at[root] = version if self.base is not None and seed_delta(
+                    client, root, weights_dir, version) else None
+        if self.base is not None:
+            if any(v == version for v in self.at.values()):
+                self.base.commit(tensors, version, checksums)
+            else:
+                self.base.forget()
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s,
+                **sync_record("full" if needs_full else "delta", sent, full_nbytes,
+                              time.perf_counter() - begin, fraction)}
+
 class ExternalVLLM(WeightTarget):
     """Stock vLLM servers (``--vllm-url``) sharing a filesystem with the trainer.
 
@@ -133,8 +219,6 @@ class ExternalVLLM(WeightTarget):
     """
 
     def __init__(self, roots: list[str], weights_dir: Path, encoding: str = "auto"):
-        from atroposlib.inference.weights.delta_sync import DeltaServers
-
         self.roots = [r.rstrip("/").removesuffix("/v1") for r in roots]
         self.weights_dir = Path(weights_dir)
         self._servers = DeltaServers(self.roots, encoding)
@@ -188,5 +272,5 @@ def load_adapter(roots: list[str], lora_name: str, adapter_dir: Path, *, fix: st
     return time.perf_counter() - begin
 
 
-__all__ = ["DEV_MODE_FIX", "ExternalVLLM", "apply_delta", "load_adapter", "reload_from_dir", "seed_delta",
-           "vllm_post", "write_tensors"]
+__all__ = ["DEV_MODE_FIX", "DeltaServers", "ExternalVLLM", "apply_delta", "load_adapter", "reload_from_dir",
+           "seed_delta", "vllm_post", "write_tensors"]

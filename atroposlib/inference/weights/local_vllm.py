@@ -18,6 +18,7 @@ from atroposlib.inference.weights.base import WeightTarget
 from atroposlib.inference.weights.external_vllm import (
     DEV_MODE_FIX,
     RELOAD_TIMEOUT_S,
+    DeltaServers,
     reload_from_dir,
     vllm_post,
     write_tensors,
@@ -127,8 +128,6 @@ class LocalVLLM(WeightTarget):
             InferenceError: vLLM died, refused or failed the reload.
         """
         import httpx
-
-        from atroposlib.inference.weights.delta_sync import DeltaServers
 
         if self._servers is None:  # a stand-in process without a URL takes full pushes only
             root = getattr(self.process, "root_url", None)
