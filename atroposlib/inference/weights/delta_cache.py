@@ -13,8 +13,9 @@ vLLM's layer-wise reload only rebuilds a module once every part of it has arrive
 not only the changed ones.
 
 Memory: the cache holds the synced subset once per worker, in the pushed dtype (the quickstart's
-10 trained layers of SmolLM2-135M in bf16: 71 MB; a full fine-tune of all 30 layers and the final
-norm: 213 MB). The trainer keeps one copy of the same size.
+10 trained layers of SmolLM2-135M in bf16: 71 MB; a full fine-tune of every tensor, the tied
+embeddings once: 269 MB, as ``benchmarks/bench_delta_sync.py`` records in
+``trainer_copy_bytes``). The trainer keeps one copy of the same size.
 """
 
 from __future__ import annotations
