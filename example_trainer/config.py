@@ -261,6 +261,13 @@ class TrainerConfig(BaseSettings):
         "it (the upstream way); lora: hot-load the LoRA adapter into a vLLM started with "
         "--enable-lora, served as <served_model_name>-lora (point the envs at that name); none: "
         "never update vLLM.")
+    weight_sync_encoding: Literal["auto", "index", "xor", "full"] = Field(
+        default="auto", description="What a weight sync sends a server that holds the version "
+        "the trainer pushed last (reload, and atropos-inference-node nodes): auto = only the "
+        "elements that changed (a delta, index/value or XOR+zlib per tensor, whichever fits), "
+        "applied inside vLLM by atroposlib's worker extension and checked by sha-256; index / "
+        "xor = that delta format for every tensor; full = the whole tensors every time. A "
+        "server at another version, or whose checksum differs, gets a full sync.")
     weight_sync_interval: int = Field(default=1, ge=1, description="Sync vLLM every N steps "
                                       "(and always after the last step).")
     weight_sync_timeout: float = Field(default=120.0, gt=0, description="Seconds one weight "
@@ -273,8 +280,8 @@ class TrainerConfig(BaseSettings):
         default="auto", description="How weights reach atropos-inference-node nodes in "
         "--vllm-url: auto = the node reads them from this run directory when it runs on this "
         "host and sees it, else they are pushed over HTTP; http = always push; nccl = vLLM's "
-        "NCCL weight transfer (CUDA, nodes started with --weight-transfer nccl; never run in "
-        "this project's tests).")
+        "NCCL weight transfer (CUDA, nodes started with --weight-transfer nccl, or nccl-sparse "
+        "for deltas; never run in this project's tests).")
     vllm_api_key: str | None = Field(default=None, description="Bearer token of the inference "
                                      "servers in --vllm-url (null: the ATROPOS_API_KEY "
                                      "environment variable).")

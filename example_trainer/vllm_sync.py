@@ -44,7 +44,9 @@ class VLLMSync:
     * ``reload``: save safetensors into ``<run_dir>/vllm_weights`` and ask the running vLLM to
       load them (``POST /collective_rpc reload_weights`` + ``/reset_prefix_cache``): ~1 s on CPU.
       Once vLLM holds the frozen weights (it was launched on the starting model, or got one
-      full sync) only the trained tensors are written; vLLM keeps the others.
+      full sync) only the trained tensors are written; vLLM keeps the others. Once it holds the
+      version pushed last, only the elements that changed are sent (a delta applied in memory
+      by atroposlib's worker extension; ``weight_sync_encoding``, default ``auto``).
     * ``restart``: save a full checkpoint there and restart vLLM on it (~30 s on CPU; the
       environments retry while it is down).
     * ``lora``: save only the LoRA adapter and hot-load it (``POST /v1/load_lora_adapter``,
@@ -86,7 +88,8 @@ class VLLMSync:
         self._external_url = self._external_urls[0] if self._external_urls else None
         # the WeightTarget the weights go to: stock vLLM servers, or (set by start) the nodes
         # among them or the vLLM the trainer launched
-        self.target: Any = ExternalVLLM(self._external_urls, self.weights_dir) if self._external_urls else None
+        self.target: Any = ExternalVLLM(self._external_urls, self.weights_dir,
+                                        config.weight_sync_encoding) if self._external_urls else None
         self.fleet: Any = None  # the target when it is atropos-inference-node nodes (NodeFleet/NcclFleet)
         self._pending: Any = None  # the background sync in flight (concurrent.futures.Future)
         # whether vLLM holds the trainer's frozen weights: true when the trainer launches it on
@@ -132,7 +135,7 @@ class VLLMSync:
         )
         begin = time.perf_counter()
         self.process.start(timeout=cfg.vllm_start_timeout)
-        self.target = LocalVLLM(self.process, self.weights_dir)
+        self.target = LocalVLLM(self.process, self.weights_dir, cfg.weight_sync_encoding)
         return time.perf_counter() - begin
 
     @property
@@ -232,7 +235,9 @@ class VLLMSync:
             if not (self.weights_dir / "config.json").exists():
                 hf_model.config.save_pretrained(self.weights_dir)
         if self.target is None:  # a process handed in without start() (tests, benchmarks)
-            self.target = LocalVLLM(self.process, self.weights_dir)
+            self.target = LocalVLLM(self.process, self.weights_dir, self.config.weight_sync_encoding)
+        if mode == "reload":
+            self._note_adapter_size(model)
         if not background:
             return self.target.push(tensors, version, metadata)
         from concurrent.futures import ThreadPoolExecutor
@@ -243,6 +248,21 @@ class VLLMSync:
         zeros = {"sync/update_seconds": 0.0} if self.fleet is not None else \
             {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
         return {**zeros, **previous, "sync/wait_seconds": waited}
+
+    def _note_adapter_size(self, model: Any) -> None:
+        """LoRA with ``reload``: log once how the adapter alone compares with a full push of the merged blocks."""
+        from example_trainer.lora import is_lora
+
+        if getattr(self, "_adapter_noted", False) or not is_lora(model):
+            return
+        self._adapter_noted = True
+        adapter = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+        print(f"[grpo] LoRA run with --weight-sync reload: pushes carry the merged blocks (a delta "
+              f"of their changed elements once vLLM holds the last version); the adapter alone is "
+              f"{adapter / 2**20:.1f} MiB. When that is smaller than sync/bytes in metrics.jsonl, "
+              "--weight-sync lora sends only the adapter (vLLM serves it as "
+              f"{self.config.served_model_name}-lora: point the environments at that name).",
+              flush=True)
 
     def summary(self) -> dict[str, Any]:
         """Weight-sync fields for the run summary (inference nodes only; ``{}`` otherwise)."""
@@ -259,17 +279,20 @@ class VLLMSync:
 
     def _load_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> dict[str, float]:
         """Save the adapter and load it in place into every vLLM server (``lora`` mode)."""
+        from atroposlib.inference.weights.delta_sync import sync_record
         from example_trainer.lora import save_adapter
 
         begin = time.perf_counter()
         adapter_dir = (self.weights_dir / "adapter").resolve()
         save_adapter(model, adapter_dir, state_dict)
         save_s = time.perf_counter() - begin
+        nbytes = sum(f.stat().st_size for f in adapter_dir.glob("*.safetensors"))
         update_s = load_adapter(
             self._external_urls or [self.process.base_url], self.model_name, adapter_dir,
             fix=f"start that vLLM with --enable-lora --max-lora-rank {self.config.lora_r} and "
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use --weight-sync reload")
-        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s}
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s,
+                **sync_record("lora", nbytes, nbytes, time.perf_counter() - begin, 1.0)}
 
     def _wait_external(self) -> float:
         """Wait until every external server answers ``GET /health`` (fail fast, not at step 1)."""
@@ -340,11 +363,12 @@ def connect_nodes(config: Any, urls: list[str], weights_dir: Path, lora_name: st
     if config.weight_transport == "nccl":
         from atroposlib.inference.weights.nccl import NcclFleet
 
-        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout)  # type: ignore[return-value]
+        return NcclFleet.connect(urls, api_key, config.weight_sync_timeout,  # type: ignore[return-value]
+                                 config.weight_sync_encoding)
     from atroposlib.inference.weights.node_http import NodeFleet
 
     fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
-                                      config.weight_transport, lora_name)
+                                      config.weight_transport, lora_name, config.weight_sync_encoding)
     if fleet is not None and config.weight_sync == "lora":
         without = [n.url for n in fleet.nodes if not n.lora_enabled]
         if without:

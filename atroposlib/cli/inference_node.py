@@ -94,6 +94,8 @@ def _serve(settings: Any, vllm_args: list[str], env: dict[str, str], auth: bool)
     extra = ["--middleware", MIDDLEWARE]
     if settings.weight_transfer == "nccl":
         extra += ["--weight-transfer-config", '{"backend": "nccl"}']
+    elif settings.weight_transfer == "nccl-sparse":  # vLLM's sparse (delta) NCCL engine
+        extra += ["--weight-transfer-config", '{"backend": "sparse_nccl"}']
     vllm = VLLMProcess(settings.model, served_model_name=settings.served_model_name,
                        host=settings.host, port=settings.port, dtype=settings.dtype,
                        max_model_len=settings.max_model_len, extra_args=[*extra, *vllm_args],

@@ -70,7 +70,9 @@ def test_lora_sync_hot_loads_the_saved_adapter_in_place_under_one_name(tmp_path)
         assert sync.model_name == "policy-lora"  # what rollouts must request
         metrics = sync.sync(model, tokenizer=None)
         sync.sync(model, tokenizer=None)
-    assert set(metrics) == {"sync/save_seconds", "sync/update_seconds"}
+    assert set(metrics) == {"sync/save_seconds", "sync/update_seconds", "sync/path", "sync/bytes",
+                            "sync/full_bytes", "sync/seconds", "sync/changed_fraction"}
+    assert metrics["sync/path"] == "lora" and metrics["sync/bytes"] > 0
     assert [(x["lora_name"], x["load_inplace"]) for x in vllm.loads] == [("policy-lora", True)] * 2
     adapter = Path(vllm.loads[0]["lora_path"])
     assert adapter.is_absolute() and adapter == (tmp_path / "vllm_weights" / "adapter").resolve()

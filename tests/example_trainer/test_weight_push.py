@@ -246,3 +246,43 @@ def test_lora_runs_push_the_adapter_which_the_node_loads_in_place(tmp_path):
     assert metrics["sync/nodes_failed"] == 0 and with_lora.state.version == 2
     assert with_lora.state.last_update.kind == "lora"
     assert plain.models.loads == []
+
+
+def _train_a_little(model, elements: int = 3) -> None:
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.view(-1)[:elements] += 0.5
+
+
+def test_a_node_at_the_last_version_gets_a_delta_and_one_that_refuses_it_the_full_weights(
+        tmp_path, tiny_model, capsys):
+    model, model_dir = tiny_model
+    servers = start_nodes(tmp_path, model_dir, 2)
+    try:
+        sync = sync_for(tmp_path, model_dir, servers, weight_transport="http")
+        first = sync.sync(model, None, version=1)
+        _train_a_little(model)
+        second = sync.sync(model, None, version=2)
+        sources = [s.state.last_update.source for s in servers]
+        servers[1].engine.delta.reset()  # node 1 lost its copy (as after a vLLM restart)
+        capsys.readouterr()
+        _train_a_little(model)
+        third = sync.sync(model, None, version=3)
+        sync.stop()
+    finally:
+        for server in servers:
+            server.thread.stop()
+    assert first["sync/path"] == "full" and first["sync/changed_fraction"] == 1.0
+    assert second["sync/path"] == "delta" and sources == ["delta", "delta"]
+    assert second["sync/bytes"] < second["sync/full_bytes"] / 2
+    assert 0 < second["sync/changed_fraction"] < 0.5
+    assert third["sync/path"] == "full" and third["sync/nodes_ok"] == 2
+    err = capsys.readouterr().err
+    assert err.count("WARNING") == 1 and servers[1].thread.url in err and servers[0].thread.url not in err
+    assert [s.state.last_update.source for s in servers] == ["delta", "http"]
+    state = model.state_dict()
+    for server in servers:  # both serve the trainer's weights exactly
+        assert server.state.version == 3
+        for name in ("model.layers.1.mlp.up_proj.weight", "model.norm.weight"):
+            assert torch.equal(torch.from_numpy(served(server)[name]), state[name])

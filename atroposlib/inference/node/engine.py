@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.errors import InferenceError
-from atroposlib.inference.worker_extension import DISCARD_PARTIAL_RELOAD_RPC
+from atroposlib.inference.worker_extension import (
+    DELTA_APPLY_RPC,
+    DELTA_RESET_RPC,
+    DELTA_SEED_RPC,
+    DISCARD_PARTIAL_RELOAD_RPC,
+)
 
 logger = logging.getLogger("atroposlib.inference.node")
 
@@ -91,6 +96,43 @@ class VLLMEngine:
                 logger.exception("could not discard the failed reload's leftovers in vLLM "
                                  "(it runs without atroposlib's worker extension?)")
             raise
+
+    async def delta_seed(self, weights_dir: Path, version: int) -> bool:
+        """Have every worker keep the tensors just reloaded from ``weights_dir`` as its delta base.
+
+        Returns:
+            False when a worker cannot (vLLM runs another worker extension): full syncs only.
+        """
+        try:
+            await self.client.collective_rpc(DELTA_SEED_RPC, args=(str(weights_dir), version))
+        except Exception as exc:  # noqa: BLE001 - no worker extension: deltas off, not an error
+            logger.info("weight deltas off (vLLM's workers cannot keep a delta base: %s)", exc)
+            return False
+        return True
+
+    async def delta_apply(self, payload: bytes) -> dict[str, Any]:
+        """Apply a weight delta in every worker (checked, then loaded; see ``DeltaCache.apply``).
+
+        Returns:
+            The first worker's answer when all applied it, else the first refusal
+            (``{"applied": False, "reason", "detail"}``).
+
+        Raises:
+            Exception: vLLM failed while loading (the model may be half-written).
+        """
+        results = await self.client.collective_rpc(DELTA_APPLY_RPC, args=(payload,))
+        results = list(results or [])
+        refused = [r for r in results if not (isinstance(r, dict) and r.get("applied"))]
+        if not results:
+            return {"applied": False, "reason": "payload", "detail": "no worker answered"}
+        return refused[0] if refused else results[0]
+
+    async def delta_reset(self) -> None:
+        """Forget the delta base in every worker (best effort)."""
+        try:
+            await self.client.collective_rpc(DELTA_RESET_RPC)
+        except Exception:  # noqa: BLE001 - without the extension there is nothing to forget
+            logger.debug("no delta base to reset")
 
     async def reset_prefix_cache(self) -> None:
         """Drop cached KV blocks computed with the previous weights."""

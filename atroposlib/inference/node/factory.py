@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from atroposlib import __version__
 from atroposlib.inference.node.payload import PayloadError
 from atroposlib.inference.node.routes import nccl, status, weights
-from atroposlib.inference.node.state import NodeState, UpdateFailed
+from atroposlib.inference.node.state import DeltaRefused, NodeState, UpdateFailed
 
 
 async def _payload_error(request: Request, exc: Exception) -> JSONResponse:
@@ -23,6 +23,11 @@ async def _payload_error(request: Request, exc: Exception) -> JSONResponse:
 async def _update_failed(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, UpdateFailed)
     return JSONResponse({"detail": exc.detail}, status_code=500)
+
+
+async def _delta_refused(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DeltaRefused)
+    return JSONResponse({"detail": exc.detail, "reason": exc.reason}, status_code=409)
 
 
 def build_app(state: NodeState) -> FastAPI:
@@ -39,10 +44,11 @@ def build_app(state: NodeState) -> FastAPI:
     app.state.node = state
     app.include_router(status.router)
     app.include_router(weights.router)
-    if state.settings.weight_transfer == "nccl":
+    if state.settings.weight_transfer in ("nccl", "nccl-sparse"):
         app.include_router(nccl.router)
     app.add_exception_handler(PayloadError, _payload_error)
     app.add_exception_handler(UpdateFailed, _update_failed)
+    app.add_exception_handler(DeltaRefused, _delta_refused)
     return app
 
 

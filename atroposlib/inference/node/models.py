@@ -7,6 +7,9 @@ Routes (all under ``/atropos/``, bearer token as for the OpenAI routes):
 * ``PUT  /atropos/weights?version=N[&kind=lora&lora_name=X]`` body: a safetensors file,
   header ``Content-Digest: sha-256=:<base64>:`` -> :class:`WeightsApplied`
 * ``POST /atropos/weights/load`` :class:`LoadWeights` -> :class:`WeightsApplied`
+* ``PUT  /atropos/weights/delta?version=N`` body: a weight delta
+  (:mod:`atroposlib.inference.weights.delta`), header ``Content-Digest`` -> :class:`WeightsApplied`;
+  409 (nothing changed) when the node holds another base version or a checksum differs
 * ``POST /atropos/nccl/{init,start,update,finish,shutdown}`` (``--weight-transfer nccl`` only)
 
 Every completion the node serves carries ``X-Atropos-Policy-Version: N``, the version of the
@@ -33,7 +36,7 @@ PROBE_PREFIX = ".atropos-probe-"
 #: What a node is doing: no weights yet, serving, applying an update, or broken (refusing).
 ServingState = Literal["awaiting_weights", "serving", "applying", "failed"]
 #: How weights reached the node.
-WeightsSource = Literal["base", "http", "path", "nccl"]
+WeightsSource = Literal["base", "http", "path", "nccl", "delta"]
 
 
 def content_digest(payload: bytes) -> str:
@@ -74,7 +77,8 @@ class LastUpdate(BaseModel):
 
     version: int = Field(description="Policy version (trainer step) now served.")
     source: WeightsSource = Field(description="base (the starting model), http (pushed), path "
-                                  "(read from a directory on this host) or nccl.")
+                                  "(read from a directory on this host), nccl, or delta (only "
+                                  "the changed elements, applied in memory).")
     kind: Literal["full", "lora"] = Field(default="full", description="Model tensors or a LoRA "
                                           "adapter.")
     tensors: int = Field(default=0, description="Tensors in the update.")
@@ -83,6 +87,9 @@ class LastUpdate(BaseModel):
                                    "checking the body (0 when read from a path).")
     drain_seconds: float = Field(default=0.0, description="Waiting for completions in flight.")
     apply_seconds: float = Field(default=0.0, description="vLLM loading the weights.")
+    delta_ready: bool = Field(default=False, description="The node can take the next push as a "
+                              "delta against this version (its vLLM runs atroposlib's worker "
+                              "extension, which keeps the pushed tensors).")
 
 
 class NodeStatus(BaseModel):
@@ -96,7 +103,7 @@ class NodeStatus(BaseModel):
     dtype: str = Field(description="vLLM's dtype, e.g. bfloat16; pushes should use it.")
     hostname: str
     boot_id: str = Field(description="This host's boot id (with hostname: same machine?).")
-    weight_transfer: Literal["http", "nccl"]
+    weight_transfer: Literal["http", "nccl", "nccl-sparse"]
     workers: int | None = Field(default=None, description="vLLM's worker processes (tensor x "
                                 "pipeline x data parallel): an NCCL weight transfer group has "
                                 "these plus the trainer's sender.")

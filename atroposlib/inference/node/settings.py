@@ -73,10 +73,12 @@ class NodeSettings(BaseSettings):
                                "503 answers while the node has no weights.")
     max_weights_bytes: int = Field(default=64 * 2**30, gt=0, description="Largest weight push "
                                    "accepted (bytes); larger -> 413.")
-    weight_transfer: Literal["http", "nccl"] = Field(
+    weight_transfer: Literal["http", "nccl", "nccl-sparse"] = Field(
         default="http", description="http: receive safetensors over HTTP (tested); nccl: also "
         "start vLLM's NCCL weight-transfer engine and accept NCCL broadcasts from a trainer "
-        "with --weight-transport nccl (CUDA only; never run in this project's CI).")
+        "with --weight-transport nccl (CUDA only; never run in this project's CI); "
+        "nccl-sparse: the same with vLLM's sparse NCCL engine, which receives only the changed "
+        "elements (flat indices and values) after the first sync (CUDA only; never run).")
     start_timeout_s: float = Field(default=600.0, gt=0, description="Seconds to wait for vLLM "
                                    "to become healthy.")
     log: Path | None = Field(default=None, description="vLLM's log file; null: a new file in "

@@ -34,6 +34,15 @@ logger = logging.getLogger("atroposlib.inference.node")
 ABORT_GRACE_S = 30.0
 
 
+class DeltaRefused(AtroposError):
+    """A weight delta does not apply here (HTTP 409); ``reason`` is ``base`` or ``checksum``."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
 class UpdateFailed(AtroposError):
     """vLLM failed to apply an update (HTTP 500); ``detail`` says what the node serves now."""
 
@@ -190,15 +199,20 @@ class NodeState:
             previous_state = self.state
             drain_s = await self._close_and_drain()
             begin = time.perf_counter()
+            delta_ready = False
             try:
                 if kind == "lora":
                     await self.engine.load_lora(lora_name or "", directory)
                 else:
                     await self.engine.reload(directory)
+                    # the next push may be a delta against exactly these tensors
+                    delta_ready = await self.engine.delta_seed(directory, version)
                 await self.engine.reset_prefix_cache()
                 await self.engine.set_weight_version(version)
             except Exception as exc:  # noqa: BLE001 - any engine failure: roll back, report
                 self.updates["failed"] += 1
+                if kind != "lora":
+                    await self.engine.delta_reset()
                 detail = await self._roll_back(previous_state, kind, exc)
                 raise UpdateFailed(detail) from exc
             finally:
@@ -210,8 +224,60 @@ class NodeState:
             self.bytes_received += nbytes
             update = LastUpdate(version=version, source=source, kind=kind, tensors=tensors,
                                 bytes=nbytes, receive_seconds=receive_s, drain_seconds=drain_s,
-                                apply_seconds=time.perf_counter() - begin)
+                                apply_seconds=time.perf_counter() - begin, delta_ready=delta_ready)
             self._commit(update, directory if source == "http" else None)
+            return update
+
+    async def apply_delta(self, payload: bytes, version: int, *, tensors: int = 0,
+                          receive_s: float = 0.0) -> LastUpdate:
+        """Apply a weight delta (only the changed elements) in vLLM's memory and serve ``version``.
+
+        The gate closes as for :meth:`apply`. Every worker applies the delta onto its copy of the
+        tensors it last applied, checks each result's sha-256 against the trainer's, and only
+        then loads the touched blocks; the version flips after all of that.
+
+        Raises:
+            DeltaRefused: the node holds another base version, or a checksum differs (nothing
+                changed; the node keeps serving its version: push the full weights).
+            UpdateFailed: vLLM failed while loading (the node refuses completions until a full
+                push succeeds: the weights may be half-written and no file restores them).
+        """
+        self._sync()
+        assert self._lock is not None and self._open is not None
+        async with self._lock:
+            previous_state = self.state
+            drain_s = await self._close_and_drain()
+            begin = time.perf_counter()
+            try:
+                answer = await self.engine.delta_apply(payload)
+                if answer.get("applied"):
+                    await self.engine.reset_prefix_cache()
+                    await self.engine.set_weight_version(version)
+            except Exception as exc:  # noqa: BLE001 - a failed load: nothing restores it
+                self.updates["failed"] += 1
+                await self.engine.delta_reset()
+                self.state = "failed"
+                self.last_error = f"a weight delta failed while loading ({type(exc).__name__}: {exc})"
+                self._open.set()
+                raise UpdateFailed(f"{self.last_error}; the node refuses completions until a "
+                                   "full push succeeds") from exc
+            finally:
+                await self._resume()
+            if not answer.get("applied"):
+                self.state = previous_state
+                self._open.set()
+                raise DeltaRefused(str(answer.get("reason", "unknown")),
+                                   f"{answer.get('detail', 'refused')}; nothing changed (policy "
+                                   f"version {self.version}): push the full weights")
+            if self.state == "failed":
+                self.updates["failed"] += 1
+                raise UpdateFailed(self.last_error or "vLLM did not resume")
+            self.updates["applied"] += 1
+            self.bytes_received += len(payload)
+            update = LastUpdate(version=version, source="delta", tensors=tensors,
+                                bytes=len(payload), receive_seconds=receive_s, drain_seconds=drain_s,
+                                apply_seconds=time.perf_counter() - begin, delta_ready=True)
+            self._commit(update, None)
             return update
 
     def _commit(self, update: LastUpdate, owned_dir: Path | None) -> None:
@@ -271,6 +337,7 @@ class NodeState:
         """
         last = self.last_update
         pushed = self._owned.get("full")
+        # a path, NCCL or delta update left nothing on disk to rebuild the served version from
         if last is not None and last.kind == "full" and last.source not in ("base", "http"):
             return False
         base = _local_model_dir(self.settings.model or "")
@@ -334,4 +401,4 @@ def _local_model_dir(model: str) -> Path | None:
         return None
 
 
-__all__ = ["NodeState", "UpdateFailed", "boot_id"]
+__all__ = ["DeltaRefused", "NodeState", "UpdateFailed", "boot_id"]

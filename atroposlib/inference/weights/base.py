@@ -16,10 +16,12 @@ The targets:
 * :class:`~atroposlib.inference.weights.nccl.NcclFleet`: the same nodes over vLLM's NCCL
   weight transfer (CUDA only).
 
-Encodings. A push carries the full current values of the tensors it names (any subset of the
-model's tensors: the server keeps the others). A future encoding that sends less than that
-(a delta against the version the server holds) fits in as a target option that changes the
-body a target builds from ``tensors`` and names its base version in ``metadata``; the
+Encodings. A push hands over the full current values of the tensors it names (any subset of
+the model's tensors: the server keeps the others). What goes over the wire is the target's
+choice: to a server that holds the version pushed last, the trainer's vLLM, stock servers and
+inference nodes send only the elements that changed (a delta,
+:mod:`~atroposlib.inference.weights.delta`, against the target's copy of that version,
+:mod:`~atroposlib.inference.weights.delta_sync`), and the whole tensors to any other; the
 ``push`` signature and the trainer's side stay as they are.
 """
 

@@ -4,6 +4,10 @@ The one place that asks a vLLM server to reload weights over HTTP: ``POST /colle
 (``reload_weights`` with the directory) then ``POST /reset_prefix_cache``. Both are vLLM's
 development routes: the server must run with ``VLLM_SERVER_DEV_MODE=1``. The trainer's own
 vLLM (:mod:`~atroposlib.inference.weights.local_vllm`) reloads through the same calls.
+
+Deltas take the same route: :class:`DeltaServers` sends a server that holds the version pushed
+last only the changed elements (``POST /collective_rpc atropos_delta_apply``, applied in memory
+by atroposlib's worker extension), and the full directory reload to every other server.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from atroposlib.errors import InferenceError
 from atroposlib.inference.weights.base import WeightTarget
+from atroposlib.inference.worker_extension import DELTA_APPLY_RPC, DELTA_SEED_RPC
 
 #: What to do when a stock vLLM refuses a reload.
 DEV_MODE_FIX = "start that vLLM with VLLM_SERVER_DEV_MODE=1 to allow weight reloads"
@@ -56,6 +61,53 @@ def reload_from_dir(client: Any, root: str, weights_dir: Path, *, fix: str = DEV
     vllm_post(client, root, "/reset_prefix_cache", fix=fix)
 
 
+def apply_delta(client: Any, root: str, payload: bytes, *, fix: str = DEV_MODE_FIX) -> dict[str, Any]:
+    """Have every worker of the vLLM at ``root`` apply a weight delta in memory, then drop stale KV.
+
+    ``POST /collective_rpc {"method": "atropos_delta_apply", "args": [base64 of payload]}`` (the
+    dev-mode route passes strings only), then ``POST /reset_prefix_cache`` when it applied. The
+    server must run atroposlib's worker extension (the trainer's own vLLM does).
+
+    Returns:
+        ``{"applied": True, "version", ...}`` when every worker applied it; else ``{"applied":
+        False, "reason", "detail"}`` (another base, a checksum mismatch, no worker extension):
+        then nothing changed unless a worker failed while loading (reason ``load``).
+    """
+    import base64
+
+    try:
+        answer = vllm_post(client, root, "/collective_rpc", {
+            "method": DELTA_APPLY_RPC, "args": [base64.b64encode(payload).decode()]}, fix=fix).json()
+    except InferenceError as exc:
+        return {"applied": False, "reason": "load", "detail": str(exc)[:500]}
+    results = answer.get("results") or []
+    refused = [r for r in results if not (isinstance(r, dict) and r.get("applied"))]
+    if not results or refused:
+        first = refused[0] if refused else {}
+        first = first if isinstance(first, dict) else {"detail": str(first)}
+        return {"applied": False, "reason": first.get("reason", "unknown"),
+                "detail": first.get("detail", "no worker answered")}
+    vllm_post(client, root, "/reset_prefix_cache", fix=fix)
+    return results[0]
+
+
+def seed_delta(client: Any, root: str, weights_dir: Path, version: int) -> bool:
+    """Have the vLLM at ``root`` take the ``*.safetensors`` it just reloaded from ``weights_dir`` as its delta base.
+
+    Returns:
+        False when it cannot (it runs without atroposlib's worker extension): it then only
+        ever gets full syncs.
+    """
+    try:
+        vllm_post(client, root, "/collective_rpc", {
+            "method": DELTA_SEED_RPC, "args": [str(weights_dir), str(version)]}, fix=DEV_MODE_FIX)
+    except InferenceError as exc:
+        print(f"[grpo] {root} cannot take weight deltas (it runs without atroposlib's worker "
+              f"extension?): {str(exc)[:200]}; it gets full syncs", flush=True)
+        return False
+    return True
+
+
 def write_tensors(tensors: dict[str, Any], weights_dir: Path) -> float:
     """Write ``tensors`` as ``weights_dir/model.safetensors`` (replaced); return the seconds.
 
@@ -70,39 +122,129 @@ def write_tensors(tensors: dict[str, Any], weights_dir: Path) -> float:
     return time.perf_counter() - begin
 
 
+class DeltaServers:
+    """Delta-or-full pushes to vLLM servers reached over ``/collective_rpc``.
+
+    The trainer's own vLLM, or stock servers sharing the weights directory.
+
+    Args:
+        roots: the servers' root URLs.
+        encoding: ``weight_sync_encoding`` (``auto``, ``index``, ``xor`` or ``full``).
+    """
+
+    def __init__(self, roots: list[str], encoding: str):
+        from atroposlib.inference.weights.delta_sync import DeltaBase, delta_format
+
+        fmt = delta_format(encoding)
+        self.base = DeltaBase(fmt) if fmt else None
+        #: root -> the version its worker extension holds as delta base (None: needs a full sync)
+        self.at: dict[str, int | None] = {r: None for r in roots}
+
+    def push(self, tensors: dict[str, Any], version: int, full: Any, client: Any,
+             weights_dir: Any) -> dict[str, Any]:
+        """Send ``tensors`` as ``version``: a delta to the servers at the base, ``full(roots)`` to the rest.
+
+        Args:
+            tensors: ``{HF name: tensor}`` in the servers' dtype (tied copies are dropped here).
+            version: the policy version.
+            full: ``full(roots) -> (save_seconds, update_seconds)`` writes ``tensors`` into
+                ``weights_dir`` and reloads those servers from it.
+            client: an ``httpx.Client``.
+            weights_dir: the directory ``full`` writes (the servers seed their base from it).
+
+        Returns:
+            ``sync/save_seconds``, ``sync/update_seconds`` and :func:`sync_record`'s fields.
+        """
+        from atroposlib.inference.weights.delta_sync import (
+            sync_record,
+            tensor_bytes,
+            warn_full_sync,
+        )
+        from atroposlib.inference.weights.select import unique_storage
+
+        begin = time.perf_counter()
+        tensors = unique_storage(tensors)
+        full_nbytes = tensor_bytes(tensors)
+        save_s = update_s = 0.0
+        sent = 0
+        fraction = 1.0
+        needs_full = list(self.at)
+        checksums = None
+        if self.base is not None and self.base.matches(tensors):
+            payload, stats = self.base.encode(tensors, version)
+            save_s, fraction, checksums = stats.seconds, stats.changed_fraction, stats.checksums
+            # a delta no smaller than the tensors themselves: send them whole
+            at_base = [r for r in self.at if self.at[r] == self.base.version
+                       and stats.nbytes < full_nbytes]
+            needs_full = [r for r in self.at if r not in at_base]
+            mark = time.perf_counter()
+            for root in at_base:
+                answer = apply_delta(client, root, payload)
+                sent += len(payload)
+                if answer.get("applied"):
+                    self.at[root] = version
+                else:
+                    self.at[root] = None
+                    warn_full_sync(root, version, f"{answer.get('reason')}: {answer.get('detail')}")
+                    needs_full.append(root)
+            update_s = time.perf_counter() - mark
+        if needs_full:
+            write_s, reload_s = full(needs_full)
+            save_s, update_s = save_s + write_s, update_s + reload_s
+            sent += full_nbytes
+            for root in needs_full:
+                self.at[root] = version if self.base is not None and seed_delta(
+                    client, root, weights_dir, version) else None
+        if self.base is not None:
+            if any(v == version for v in self.at.values()):
+                self.base.commit(tensors, version, checksums)
+            else:
+                self.base.forget()
+        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s,
+                **sync_record("full" if needs_full else "delta", sent, full_nbytes,
+                              time.perf_counter() - begin, fraction)}
+
 class ExternalVLLM(WeightTarget):
     """Stock vLLM servers (``--vllm-url``) sharing a filesystem with the trainer.
 
-    Each push writes ``model.safetensors`` into ``weights_dir`` and has every server reload it,
-    one after another.
+    A server running atroposlib's worker extension (``--worker-extension-cls
+    atroposlib.inference.worker_extension.AtroposWorkerExtension``) gets a weight delta over
+    ``/collective_rpc`` once it holds a version the trainer pushed; otherwise each push writes
+    ``model.safetensors`` into ``weights_dir`` and has the servers reload it, one after another.
 
     Args:
         roots: the servers' root URLs (no ``/v1``); each runs with ``VLLM_SERVER_DEV_MODE=1``.
         weights_dir: a directory every server reads at the same path.
+        encoding: ``weight_sync_encoding`` (``full``: never a delta).
     """
 
-    def __init__(self, roots: list[str], weights_dir: Path):
+    def __init__(self, roots: list[str], weights_dir: Path, encoding: str = "auto"):
         self.roots = [r.rstrip("/").removesuffix("/v1") for r in roots]
         self.weights_dir = Path(weights_dir)
+        self._servers = DeltaServers(self.roots, encoding)
 
     def push(self, tensors: dict[str, Any], version: int,
-             metadata: dict[str, str] | None = None) -> dict[str, float]:
-        """Write ``tensors`` and reload every server (see :meth:`WeightTarget.push`).
+             metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        """Send a delta or write and reload ``tensors`` on every server (see :meth:`WeightTarget.push`).
 
         Returns:
-            ``sync/save_seconds`` (writing) and ``sync/update_seconds`` (all reloads).
+            ``sync/save_seconds`` (encoding, writing), ``sync/update_seconds`` (all updates) and
+            the fields of :func:`~atroposlib.inference.weights.delta_sync.sync_record`.
 
         Raises:
             InferenceError: a server refused or failed the reload (e.g. not in dev mode).
         """
         import httpx
 
-        save_s = write_tensors(tensors, self.weights_dir)
-        begin = time.perf_counter()
-        with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
-            for root in self.roots:
+        def full(roots: list[str]) -> tuple[float, float]:
+            save_s = write_tensors(tensors, self.weights_dir)
+            begin = time.perf_counter()
+            for root in roots:
                 reload_from_dir(client, root, self.weights_dir.resolve())
-        return {"sync/save_seconds": save_s, "sync/update_seconds": time.perf_counter() - begin}
+            return save_s, time.perf_counter() - begin
+
+        with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
+            return self._servers.push(tensors, version, full, client, self.weights_dir.resolve())
 
 
 def load_adapter(roots: list[str], lora_name: str, adapter_dir: Path, *, fix: str) -> float:
@@ -130,4 +272,5 @@ def load_adapter(roots: list[str], lora_name: str, adapter_dir: Path, *, fix: st
     return time.perf_counter() - begin
 
 
-__all__ = ["DEV_MODE_FIX", "ExternalVLLM", "load_adapter", "reload_from_dir", "vllm_post", "write_tensors"]
+__all__ = ["DEV_MODE_FIX", "DeltaServers", "ExternalVLLM", "apply_delta", "load_adapter", "reload_from_dir",
+           "seed_delta", "vllm_post", "write_tensors"]

@@ -18,6 +18,7 @@ from atroposlib.inference.weights.base import WeightTarget
 from atroposlib.inference.weights.external_vllm import (
     DEV_MODE_FIX,
     RELOAD_TIMEOUT_S,
+    DeltaServers,
     reload_from_dir,
     vllm_post,
     write_tensors,
@@ -89,35 +90,62 @@ class WeightReload:
 
 
 class LocalVLLM(WeightTarget):
-    """The vLLM process this trainer launched, reloaded from a directory after each push.
+    """The vLLM process this trainer launched: a weight delta applied in memory, or a reload from a directory.
+
+    Once vLLM holds a version the trainer pushed (after the first full push), each push of the
+    same tensors is a delta (only the changed elements) applied by atroposlib's worker extension
+    inside vLLM (:mod:`~atroposlib.inference.weights.delta_sync`); a push that cannot be one
+    (the first, another tensor set, a refused delta) writes ``model.safetensors`` and reloads it.
 
     Args:
         process: a started :class:`~atroposlib.inference.vllm_process.VLLMProcess` (any
-            object with :meth:`WeightReload.reload_weights` and ``heap_released_bytes``).
-        weights_dir: where each push writes ``model.safetensors`` (on this host).
+            object with :meth:`WeightReload.reload_weights`, ``heap_released_bytes`` and
+            ``root_url``).
+        weights_dir: where a full push writes ``model.safetensors`` (on this host).
+        encoding: ``weight_sync_encoding``: ``auto`` / ``index`` / ``xor`` (deltas where
+            possible) or ``full`` (always write and reload).
     """
 
-    def __init__(self, process: Any, weights_dir: Path):
+    def __init__(self, process: Any, weights_dir: Path, encoding: str = "auto"):
         self.process = process
         self.weights_dir = Path(weights_dir)
+        self.encoding = encoding
+        self._servers: Any = None
 
     def push(self, tensors: dict[str, Any], version: int,
-             metadata: dict[str, str] | None = None) -> dict[str, float]:
-        """Write ``tensors`` and hot-reload them (see :meth:`WeightTarget.push`).
+             metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        """Apply ``tensors`` as a delta, or write and hot-reload them (see :meth:`WeightTarget.push`).
 
         Returns:
-            ``sync/save_seconds``, ``sync/update_seconds`` and, with atroposlib's worker
-            extension, ``sync/vllm_heap_released_mb`` (MiB of free heap vLLM's workers gave
-            back to the OS after the reload).
+            ``sync/save_seconds`` (encoding or writing), ``sync/update_seconds`` (vLLM
+            applying or reloading), the fields of
+            :func:`~atroposlib.inference.weights.delta_sync.sync_record` (``sync/path``,
+            ``sync/bytes``, ``sync/full_bytes``, ``sync/seconds``, ``sync/changed_fraction``)
+            and, with atroposlib's worker extension, ``sync/vllm_heap_released_mb`` (MiB of
+            free heap vLLM's workers gave back to the OS after the update).
 
         Raises:
             InferenceError: vLLM died, refused or failed the reload.
         """
-        save_s = write_tensors(tensors, self.weights_dir)
-        update_s = self.process.reload_weights(self.weights_dir)
+        import httpx
+
+        if self._servers is None:  # a stand-in process without a URL takes full pushes only
+            root = getattr(self.process, "root_url", None)
+            self._servers = DeltaServers([root or "local"], self.encoding if root else "full")
+
+        def full(roots: list[str]) -> tuple[float, float]:
+            return write_tensors(tensors, self.weights_dir), self.process.reload_weights(self.weights_dir)
+
+        self.process.heap_released_bytes = None
+        with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
+            metrics = self._servers.push(tensors, version, full, client, self.weights_dir.resolve())
+            if metrics["sync/path"] == "delta" and self.process.releases_heap:
+                answer = vllm_post(client, self.process.root_url, "/collective_rpc",
+                                   {"method": RELEASE_FREE_HEAP_RPC}, fix=DEV_MODE_FIX).json()
+                self.process.heap_released_bytes = sum(int(r) for r in answer.get("results", []))
         released = self.process.heap_released_bytes
         heap = {} if released is None else {"sync/vllm_heap_released_mb": released / 2**20}
-        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s, **heap}
+        return {**metrics, **heap}
 
 
 __all__ = ["LocalVLLM", "WeightReload"]

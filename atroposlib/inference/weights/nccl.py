@@ -21,6 +21,19 @@ to the node).
 
 Failure: a node that fails a round is marked stale and not used again in this run (an NCCL group
 that failed mid-broadcast cannot be reused); restart the trainer to bring it back.
+
+Deltas (nodes started with ``--weight-transfer nccl-sparse``, equally NEVER RUN). vLLM 0.32 ships
+a sparse NCCL engine (``backend: sparse_nccl``, ``vllm/distributed/weight_transfer/
+sparse_nccl_engine.py``): per checkpoint tensor the trainer broadcasts flat int32 indices and
+their values, and vLLM's checkpoint-patch loader writes them into its (fused, sharded) runtime
+parameters in place. The first round, and every round after the node missed one, carries every
+element (indices ``0..n-1``: 3x the bytes of a dense bf16 broadcast); later rounds carry only the
+elements that changed since the version the trainer last sent that node
+(:func:`sparse_patch_arrays`, against the trainer's :class:`~atroposlib.inference.weights.
+delta_sync.DeltaBase`). Unlike the HTTP deltas, nothing checks a checksum on the node: vLLM's
+engine applies the patches straight to its parameters and keeps no copy to hash, so a node that
+silently lost an update stays wrong until a full round; only a GPU run could show how the
+patches, the bytes and the time behave.
 """
 
 from __future__ import annotations
@@ -34,6 +47,39 @@ from urllib.parse import urlsplit
 from atroposlib.errors import InferenceError
 from atroposlib.inference.node.models import NodeStatus
 from atroposlib.inference.weights.base import WeightTarget
+
+#: Node ``weight_transfer`` values this fleet drives.
+NCCL_TRANSFERS = ("nccl", "nccl-sparse")
+
+
+def sparse_patch_arrays(old: dict[str, Any] | None,
+                        new: dict[str, Any]) -> list[tuple[str, Any, Any, tuple[int, ...]]]:
+    """The ``(name, int32 flat indices, values, shape)`` patches that turn ``old`` into ``new``.
+
+    Args:
+        old: what the node holds (same names, shapes and dtypes as ``new``), or None: every
+            element is sent (a full round over the sparse engine).
+        new: ``{HF name: tensor}`` in the node's dtype.
+
+    Returns:
+        One patch per tensor with a change (per tensor when ``old`` is None), in ``new``'s order;
+        indices into the flattened tensor, values of ``new`` there.
+    """
+    import torch
+
+    from atroposlib.inference.weights.delta import encode_tensor
+
+    patches = []
+    for name, tensor in new.items():
+        flat = tensor.detach().reshape(-1)
+        if old is None:
+            indices = torch.arange(flat.numel(), dtype=torch.int32, device=flat.device)
+            patches.append((name, indices, flat.contiguous(), tuple(tensor.shape)))
+            continue
+        entries = encode_tensor(old[name], tensor, "index")
+        if entries:
+            patches.append((name, entries["i"], entries["v"], tuple(tensor.shape)))
+    return patches
 
 
 class NodeWeightSyncClient:
@@ -116,8 +162,13 @@ class NcclFleet(WeightTarget):
     :class:`~atroposlib.inference.weights.node_http.NodeFleet`; build it with :meth:`connect`.
     """
 
-    def __init__(self, statuses: list[tuple[str, NodeStatus]], headers: dict[str, str], timeout: float):
+    def __init__(self, statuses: list[tuple[str, NodeStatus]], headers: dict[str, str], timeout: float,
+                 encoding: str = "auto"):
+        from atroposlib.inference.weights.delta_sync import delta_format
+
         self.statuses, self.headers, self.timeout = statuses, headers, timeout
+        self.deltas = delta_format(encoding) is not None
+        self._bases: dict[str, Any] = {}  # root -> DeltaBase of what that sparse node holds
         self.engines: dict[str, Any] = {}
         self.clients: dict[str, NodeWeightSyncClient] = {}
         self.stale: set[str] = set()
@@ -126,8 +177,11 @@ class NcclFleet(WeightTarget):
         self.nodes = [root for root, _ in statuses]
 
     @classmethod
-    def connect(cls, urls: list[str], api_key: str | None, timeout: float) -> NcclFleet:
-        """Check that every URL is a node started with ``--weight-transfer nccl``.
+    def connect(cls, urls: list[str], api_key: str | None, timeout: float,
+                encoding: str = "auto") -> NcclFleet:
+        """Check that every URL is a node started with ``--weight-transfer nccl`` or ``nccl-sparse``.
+
+        ``encoding`` (``weight_sync_encoding``): ``full`` sends every element to sparse nodes too.
 
         Raises:
             InferenceError: a URL is not such a node, or CUDA is not available here.
@@ -144,12 +198,12 @@ class NcclFleet(WeightTarget):
             root = url.rstrip("/").removesuffix("/v1")
             answer = httpx.get(f"{root}/atropos/status", headers=headers, timeout=30, trust_env=False)
             status = NodeStatus.model_validate(answer.json()) if answer.status_code == 200 else None
-            if status is None or status.weight_transfer != "nccl" or not status.workers:
+            if status is None or status.weight_transfer not in NCCL_TRANSFERS or not status.workers:
                 raise InferenceError(f"{root} is not an atropos-inference-node started with "
                                      "--weight-transfer nccl; restart it so, or use "
                                      "--weight-transport auto (HTTP)")
             statuses.append((root, status))
-        return cls(statuses, headers, timeout)
+        return cls(statuses, headers, timeout, encoding)
 
     def _engine(self, root: str, status: NodeStatus) -> Any:
         import torch
@@ -163,10 +217,20 @@ class NcclFleet(WeightTarget):
                 self._source = _DictSource(torch.device("cuda", torch.cuda.current_device()))
             host = urlsplit(root).hostname or "127.0.0.1"
             address = _address_towards(host)
-            info = NCCLTrainerInitInfo(master_address=address, master_port=find_free_port(address),
-                                       world_size=1 + int(status.workers or 1), rank=0)
             client = NodeWeightSyncClient(root, self.headers, self.timeout)
             self.clients[root] = client
+            if status.weight_transfer == "nccl-sparse":
+                from vllm.distributed.weight_transfer.sparse_nccl_engine import (
+                    SparseNCCLTrainerInitInfo,
+                )
+
+                sparse = SparseNCCLTrainerInitInfo(
+                    master_address=address, master_port=find_free_port(address),
+                    world_size=1 + int(status.workers or 1), rank=0)
+                self.engines[root] = WeightTransferTrainerFactory.trainer_init(sparse, client=client)
+                return self.engines[root]
+            info = NCCLTrainerInitInfo(master_address=address, master_port=find_free_port(address),
+                                       world_size=1 + int(status.workers or 1), rank=0)
             self.engines[root] = WeightTransferTrainerFactory.trainer_init(
                 info, client=client, source=self._source.build())
         return self.engines[root]
@@ -179,14 +243,21 @@ class NcclFleet(WeightTarget):
         (model weights only: no LoRA adapters over NCCL).
 
         Returns:
-            ``sync/update_seconds``, ``sync/nodes_ok`` and ``sync/nodes_failed``.
+            ``sync/update_seconds``, ``sync/nodes_ok``, ``sync/nodes_failed`` and the fields
+            of :func:`~atroposlib.inference.weights.delta_sync.sync_record` (``delta`` when
+            every node that took this round got only the changed elements).
         """
         import time
 
         import torch
 
+        from atroposlib.inference.weights.delta_sync import tensor_bytes
+
         begin = time.perf_counter()
         failed = 0
+        sent = full_bytes = 0
+        paths: set[str] = set()
+        fractions: list[float] = []
         for root, status in self.statuses:
             if root in self.stale:
                 failed += 1
@@ -196,23 +267,73 @@ class NcclFleet(WeightTarget):
                 engine = self._engine(root, status)
                 assert self._source is not None
                 dtype = getattr(torch, status.dtype)  # the node's dtype: no cast on arrival
-                self._source.tensors = {n: t.to(dtype) for n, t in tensors.items()}
+                chosen = {n: t.to(dtype) for n, t in tensors.items()}
+                full_bytes += tensor_bytes(chosen)
                 self.clients[root].version = version
-                done = threading.Thread(target=engine.send_weights, daemon=True)
+                if status.weight_transfer == "nccl-sparse":
+                    send, nbytes, path = self._sparse_round(root, engine, chosen, version, fractions)
+                else:
+                    self._source.tensors = chosen
+                    send, nbytes, path = engine.send_weights, tensor_bytes(chosen), "full"
+                done = threading.Thread(target=send, daemon=True)
                 done.start()
                 done.join(self.timeout)
                 if done.is_alive():
                     raise TimeoutError(f"no answer within --weight-sync-timeout {self.timeout:.0f} s")
+                sent += nbytes
+                paths.add(path)
+                if root in self._bases:
+                    self._bases[root].commit(chosen, version)
             except Exception as exc:  # noqa: BLE001 - a failed node is reported, training goes on
                 failed += 1
                 self.failures += 1
                 self.stale.add(root)
+                self._bases.pop(root, None)
                 print(f"[grpo] WARNING: NCCL weight sync to {root} failed ({exc}); it is no longer "
                       "updated in this run. Fix the node and restart the trainer, or use "
                       "--weight-transport auto (HTTP, which re-syncs nodes by itself).",
                       file=sys.stderr, flush=True)
-        return {"sync/update_seconds": time.perf_counter() - begin,
-                "sync/nodes_ok": float(len(self.statuses) - failed), "sync/nodes_failed": float(failed)}
+        from atroposlib.inference.weights.delta_sync import sync_record
+
+        seconds = time.perf_counter() - begin
+        return {"sync/update_seconds": seconds, "sync/nodes_ok": float(len(self.statuses) - failed),
+                "sync/nodes_failed": float(failed),
+                **sync_record("delta" if paths == {"delta"} else "full", sent, full_bytes, seconds,
+                              sum(fractions) / len(fractions) if fractions else 1.0)}
+
+    def _sparse_round(self, root: str, engine: Any, chosen: dict[str, Any], version: int,
+                      fractions: list[float]) -> tuple[Any, int, str]:
+        """What one sparse node is sent: ``(callable that sends, bytes, path)``.
+
+        Only the changed elements when the trainer knows what the node holds (it took the
+        previous round), every element otherwise.
+        """
+        from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+
+        from atroposlib.inference.weights.delta_sync import DeltaBase
+
+        base = self._bases.get(root)
+        held = base.tensors if base is not None and base.matches(chosen) else None
+        arrays = sparse_patch_arrays(held, {n: t.to("cpu") for n, t in chosen.items()} if held else chosen)
+        if self.deltas:
+            self._bases.setdefault(root, DeltaBase("index"))
+        device = next(iter(chosen.values())).device if chosen else None
+        patches = [SparseWeightPatch(name=n, indices=i.to(device), values=v.to(device), full_shape=s)
+                   for n, i, v, s in arrays]
+        nbytes = sum(i.numel() * i.element_size() + v.numel() * v.element_size() for _, i, v, _ in arrays)
+        if held is not None:
+            total = sum(t.numel() for t in chosen.values())
+            fractions.append(sum(i.numel() for _, i, _, _ in arrays) / total if total else 0.0)
+        client = self.clients[root]
+
+        def send() -> None:
+            if patches:
+                engine.send_weights(patches)
+            else:  # nothing changed: only the version moves
+                client.start_weight_update()
+                client.finish_weight_update()
+
+        return send, nbytes, "delta" if held is not None else "full"
 
     def summary(self) -> dict[str, Any]:
         """Weight-sync fields for the run summary."""
@@ -231,4 +352,4 @@ class NcclFleet(WeightTarget):
                 print(f"[grpo] leaving {root}'s NCCL group failed: {exc}", file=sys.stderr, flush=True)
 
 
-__all__ = ["NcclFleet", "NodeWeightSyncClient"]
+__all__ = ["NCCL_TRANSFERS", "NcclFleet", "NodeWeightSyncClient", "sparse_patch_arrays"]

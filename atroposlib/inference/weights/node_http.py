@@ -70,19 +70,41 @@ class Node:
     lora_enabled: bool = False
     stale: bool = False
     failures: int = 0
+    delta_version: int | None = None  # the version the node can take a delta against
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 @dataclass
 class Payload:
-    """One version of the weights, ready for every node."""
+    """One version of the weights, ready for every node (full bodies built when first needed)."""
 
     version: int
     kind: Literal["full", "lora"]
     lora_name: str | None
-    bodies: dict[str, bytes]  # node dtype -> safetensors bytes (http nodes)
+    selected: dict[str, dict[str, Any]]  # node dtype -> tensors cast to it
     directory: Path | None  # where file-path nodes read it
     tensors: int
+    metadata: dict[str, str] | None = None
+    deltas: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # dtype -> (base version, delta)
+    bodies: dict[str, bytes] = field(default_factory=dict)  # dtype -> safetensors bytes
+    files_written: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def body(self, dtype: str) -> bytes:
+        """The full safetensors body in ``dtype`` (serialized once)."""
+        from atroposlib.inference.weights.select import serialize
+
+        with self.lock:
+            if dtype not in self.bodies:
+                self.bodies[dtype] = serialize(self.selected[dtype], self.metadata)
+            return self.bodies[dtype]
+
+    def write_files(self, dtype: str) -> None:
+        """Write what file-path nodes read (once), in their dtype."""
+        with self.lock:
+            if not self.files_written and self.directory is not None:
+                _write_files(self.selected[dtype], self.directory, self.metadata)
+                self.files_written = True
 
 
 class NodeFleet(WeightTarget):
@@ -97,7 +119,8 @@ class NodeFleet(WeightTarget):
     """
 
     def __init__(self, nodes: list[Node], api_key: str | None, timeout: float,
-                 weights_dir: Path | None = None, lora_name: str | None = None):
+                 weights_dir: Path | None = None, lora_name: str | None = None,
+                 encoding: str = "auto"):
         if weights_dir is None and any(n.path == "file" for n in nodes):
             raise ValueError("file-path nodes need weights_dir, the directory they read")
         self.nodes = nodes
@@ -107,6 +130,11 @@ class NodeFleet(WeightTarget):
         self.directory = None if weights_dir is None else (
             Path(weights_dir) / "adapter" if lora_name else Path(weights_dir))
         self.version: int | None = None
+        from atroposlib.inference.weights.delta_sync import delta_format
+
+        #: the delta format (None: full pushes only, as for LoRA adapters)
+        self.delta_format = None if lora_name else delta_format(encoding)
+        self._bases: dict[str, Any] = {}  # node dtype -> DeltaBase (what the nodes last applied)
         self._last: Payload | None = None
         self._payload_lock = threading.Lock()
         self._stop = threading.Event()
@@ -115,7 +143,8 @@ class NodeFleet(WeightTarget):
     # ------------------------------------------------------------------ discovery
     @classmethod
     def connect(cls, urls: list[str], api_key: str | None = None, *, timeout: float = 120.0,
-                weights_dir: Path | None = None, lora_name: str | None = None) -> NodeFleet:
+                weights_dir: Path | None = None, lora_name: str | None = None,
+                encoding: str = "auto") -> NodeFleet:
         """Reach ``atropos-inference-node`` nodes, ready to :meth:`push` to.
 
         Args:
@@ -126,12 +155,14 @@ class NodeFleet(WeightTarget):
                 weights as a file there instead of over HTTP. None: every node over HTTP.
             lora_name: push LoRA adapters (nodes started with ``--enable-lora``), served under
                 this name; None: model weights.
+            encoding: ``weight_sync_encoding``: ``auto`` / ``index`` / ``xor`` send a node at
+                the trainer's base version only the changed elements; ``full`` never.
 
         Raises:
             InferenceError: a URL is not a node (it answers no ``GET /atropos/status``), runs
                 without LoRA though ``lora_name`` is set, refused the key or did not answer.
         """
-        fleet, plain = cls.discover(urls, api_key, timeout, weights_dir, "auto", lora_name)
+        fleet, plain = cls.discover(urls, api_key, timeout, weights_dir, "auto", lora_name, encoding)
         if plain or fleet is None:
             raise InferenceError(f"{', '.join(plain) or 'no URL'}: not an atropos-inference-node "
                                  "(no GET /atropos/status); start one with `atropos-inference-node`")
@@ -143,14 +174,15 @@ class NodeFleet(WeightTarget):
 
     @classmethod
     def discover(cls, urls: list[str], api_key: str | None, timeout: float, weights_dir: Path | None,
-                 transport: str = "auto", lora_name: str | None = None) -> tuple[NodeFleet | None, list[str]]:
+                 transport: str = "auto", lora_name: str | None = None,
+                 encoding: str = "auto") -> tuple[NodeFleet | None, list[str]]:
         """:func:`find_nodes`, the nodes as a fleet: ``(fleet or None, plain vLLM URLs)``.
 
         Raises:
             InferenceError: as :func:`find_nodes`.
         """
         nodes, plain = find_nodes(urls, api_key, weights_dir, transport)
-        return (cls(nodes, api_key, timeout, weights_dir, lora_name) if nodes else None), plain
+        return (cls(nodes, api_key, timeout, weights_dir, lora_name, encoding) if nodes else None), plain
 
     # ------------------------------------------------------------------ pushing
     def push(self, tensors: dict[str, Any], version: int,
@@ -166,28 +198,46 @@ class NodeFleet(WeightTarget):
             metadata: with ``lora_name``: ``{ADAPTER_CONFIG_KEY: adapter_config.json text}``
                 (see :func:`adapter_metadata`); else None.
 
+        A node known to hold the version the trainer last pushed gets a delta (only the changed
+        elements, ``PUT /atropos/weights/delta``); one that refuses it (another base, a checksum
+        mismatch) is named in one warning and sent the full weights in the same push.
+
         Returns:
-            ``sync/update_seconds``, ``sync/bytes_sent``, ``sync/nodes_ok`` and
-            ``sync/nodes_failed`` (nodes without this version: failed now or still stale).
+            ``sync/update_seconds``, ``sync/bytes_sent``, ``sync/nodes_ok``,
+            ``sync/nodes_failed`` (nodes without this version: failed now or still stale) and
+            the fields of :func:`~atroposlib.inference.weights.delta_sync.sync_record`
+            (``sync/path``: ``delta`` when every node got one, ``full`` or ``lora``).
             A node that failed is warned about once and re-sent the weights by a background
             watcher when it answers again; nothing is raised for it.
 
         Raises:
             ValueError: ``lora_name`` is set and ``metadata`` carries no adapter config.
         """
-        from atroposlib.inference.weights.select import select, serialize
+        from atroposlib.inference.weights.delta_sync import DeltaBase
+        from atroposlib.inference.weights.select import select, unique_storage
 
         kind: Literal["full", "lora"] = "lora" if self.lora_name else "full"
         if kind == "lora" and ADAPTER_CONFIG_KEY not in (metadata or {}):
             raise ValueError(f"a LoRA push needs metadata={{{ADAPTER_CONFIG_KEY!r}: adapter_config.json "
                              "text}; see adapter_metadata()")
-        bodies: dict[str, bytes] = {}
-        for dtype in sorted({n.dtype for n in self.nodes if n.path == "http"}):
-            bodies[dtype] = serialize(select(tensors, list(tensors), dtype), metadata)
-        directory = self.directory
-        if directory is not None and any(n.path == "file" for n in self.nodes):
-            _write_files(tensors, directory, metadata)
-        payload = Payload(version, kind, self.lora_name, bodies, directory, len(tensors))
+        begin_all = time.perf_counter()
+        unique = unique_storage(tensors)
+        selected: dict[str, dict[str, Any]] = {}
+        for dtype in sorted({n.dtype for n in self.nodes}):
+            # LoRA adapters keep their own dtype (peft's), as before
+            selected[dtype] = select(unique, list(unique), None if kind == "lora" else dtype)
+        payload = Payload(version, kind, self.lora_name, selected, self.directory, len(tensors),
+                          metadata)
+        fractions = []
+        checksums: dict[str, dict[str, str]] = {}
+        for dtype, chosen in selected.items():
+            base = self._bases.get(dtype)
+            if self.delta_format and base is not None and base.matches(chosen) and any(
+                    n.delta_version == base.version for n in self.nodes if n.dtype == dtype):
+                body, stats = base.encode(chosen, version)
+                payload.deltas[dtype] = (base.version, body)
+                fractions.append(stats.changed_fraction)
+                checksums[dtype] = stats.checksums
         with self._payload_lock:
             self._last, self.version = payload, version
         # stale nodes get this version from the watcher once they answer; a node the watcher
@@ -204,47 +254,96 @@ class NodeFleet(WeightTarget):
             for node in targets:
                 node.lock.release()
         seconds = time.perf_counter() - begin
-        sent = 0
-        for node, error in zip(targets, results, strict=True):
+        sent = full_bytes = 0
+        paths = set()
+        for node, (error, path, nbytes) in zip(targets, results, strict=True):
+            sent += nbytes
+            full_bytes += sum(t.numel() * t.element_size() for t in selected[node.dtype].values())
             if error is None:
-                sent += len(bodies.get(node.dtype, b"")) if node.path == "http" else 0
+                paths.add(path)
             else:
                 self._mark_stale(node, version, error)
+        for dtype, chosen in selected.items():  # what the nodes of each dtype hold now
+            if self.delta_format and any(n.delta_version == version for n in self.nodes if n.dtype == dtype):
+                self._bases.setdefault(dtype, DeltaBase(self.delta_format)).commit(
+                    chosen, version, checksums.get(dtype))
+            else:
+                self._bases.pop(dtype, None)
         for node in self.nodes:
             if node.stale and node not in targets:
                 node.failures += 1  # skipped while stale: this sync did not land there either
-        failed = len(self.nodes) - len(targets) + sum(e is not None for e in results)
+        failed = len(self.nodes) - len(targets) + sum(r[0] is not None for r in results)
         self._ensure_watcher()
-        return {"sync/update_seconds": seconds, "sync/bytes_sent": float(sent),
-                "sync/nodes_ok": float(len(self.nodes) - failed), "sync/nodes_failed": float(failed)}
+        from atroposlib.inference.weights.delta_sync import sync_record
 
-    async def _send_all(self, nodes: list[Node], payload: Payload) -> list[str | None]:
+        path = "lora" if kind == "lora" else "delta" if paths == {"delta"} else "full"
+        fraction = sum(fractions) / len(fractions) if fractions else 1.0
+        return {"sync/update_seconds": seconds, "sync/bytes_sent": float(sent),
+                "sync/nodes_ok": float(len(self.nodes) - failed), "sync/nodes_failed": float(failed),
+                **sync_record(path, sent, full_bytes, time.perf_counter() - begin_all, fraction)}
+
+    async def _send_all(self, nodes: list[Node], payload: Payload,
+                        full: bool = False) -> list[tuple[str | None, str, int]]:
         import httpx
 
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), trust_env=False,
                                      headers=self.headers) as client:
-            return list(await asyncio.gather(*(self._send(client, n, payload) for n in nodes)))
+            return list(await asyncio.gather(*(self._send(client, n, payload, full) for n in nodes)))
 
-    async def _send(self, client: Any, node: Node, payload: Payload) -> str | None:
-        """Send ``payload`` to one node within the timeout; None on success, else the reason."""
+    async def _send(self, client: Any, node: Node, payload: Payload,
+                    full: bool = False) -> tuple[str | None, str, int]:
+        """Send ``payload`` to one node within the timeout: ``(None or why it failed, path, bytes sent)``.
+
+        A delta where the node is at its base (unless ``full``); a refused delta is followed by
+        the full weights, with one warning naming the node.
+        """
         import httpx
 
+        from atroposlib.inference.weights.delta_sync import warn_full_sync
+
+        sent = 0
+        path = "lora" if payload.kind == "lora" else "full"
         try:
-            answer = await asyncio.wait_for(self._request(client, node, payload), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                at_base = payload.deltas.get(node.dtype)
+                if not full and at_base is not None and node.delta_version == at_base[0]:
+                    body = at_base[1]
+                    answer = await client.put(
+                        f"{node.url}/atropos/weights/delta", params={"version": payload.version},
+                        content=body, headers={DIGEST_HEADER: content_digest(body),
+                                               "Content-Type": "application/octet-stream"})
+                    sent += len(body)
+                    if answer.status_code == 200:
+                        node.delta_version = payload.version
+                        return None, "delta", sent
+                    node.delta_version = None
+                    warn_full_sync(f"inference node {node.url}", payload.version,
+                                   f"HTTP {answer.status_code}: {answer.text[:300]}")
+                    if answer.status_code != 409:  # 409: nothing changed there; else it may be broken
+                        return f"HTTP {answer.status_code}: {answer.text[:300]}", "delta", sent
+                if node.path == "file":  # written once per version, when a node needs them
+                    await asyncio.to_thread(payload.write_files, node.dtype)
+                answer = await self._request(client, node, payload)
+                sent += len(payload.body(node.dtype)) if node.path == "http" else 0
         except TimeoutError:
-            return f"no answer within --weight-sync-timeout {self.timeout:.0f} s"
+            return f"no answer within --weight-sync-timeout {self.timeout:.0f} s", path, sent
         except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc or 'connection failed'}"
+            return f"{type(exc).__name__}: {exc or 'connection failed'}", path, sent
         if answer.status_code != 200:
-            return f"HTTP {answer.status_code}: {answer.text[:300]}"
-        return None
+            return f"HTTP {answer.status_code}: {answer.text[:300]}", path, sent
+        try:
+            ready = bool(answer.json()["update"].get("delta_ready"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            ready = False
+        node.delta_version = payload.version if ready and payload.kind == "full" else None
+        return None, path, sent
 
     def _request(self, client: Any, node: Node, payload: Payload) -> Any:
         if node.path == "file":
             return client.post(f"{node.url}/atropos/weights/load", json={
                 "path": str(Path(payload.directory or ".").resolve()), "version": payload.version,
                 "kind": payload.kind, "lora_name": payload.lora_name})
-        body = payload.bodies[node.dtype]
+        body = payload.body(node.dtype)
         params: dict[str, Any] = {"version": payload.version, "kind": payload.kind}
         if payload.lora_name:
             params["lora_name"] = payload.lora_name
@@ -316,9 +415,9 @@ class NodeFleet(WeightTarget):
                 if not node.stale:
                     _log(f"inference node {node.url} serves version {status.policy_version} "
                          f"({status.state}), not {payload.version}: it restarted? re-sending")
-                if node.path == "http":  # maybe restarted in another dtype: any body will do
-                    node.dtype = status.dtype if status.dtype in payload.bodies else next(iter(payload.bodies))
-                error = asyncio.run(self._send_all([node], payload))[0]
+                # maybe restarted in another dtype: any of the payload's will do
+                node.dtype = status.dtype if status.dtype in payload.selected else next(iter(payload.selected))
+                error = asyncio.run(self._send_all([node], payload, full=True))[0][0]
                 if error is not None:
                     self._mark_stale(node, payload.version, error, count=False)
                     return False

@@ -105,6 +105,18 @@ def serialize(tensors: dict[str, Any], metadata: dict[str, str] | None = None) -
     return save(tensors, metadata=metadata)
 
 
+def unique_storage(tensors: dict[str, Any]) -> dict[str, Any]:
+    """``tensors`` without those sharing storage with an earlier one (tied weights: the first name kept)."""
+    seen: set[int] = set()
+    unique = {}
+    for name, tensor in tensors.items():
+        key = tensor.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor
+    return unique
+
+
 def save_tensors(tensors: dict[str, Any], path: Any) -> None:
     """Write ``tensors`` as one safetensors file at ``path``.
 
@@ -113,14 +125,9 @@ def save_tensors(tensors: dict[str, Any], path: Any) -> None:
     """
     from safetensors.torch import save_file
 
-    seen: set[int] = set()
-    unique = {}
-    for name, tensor in tensors.items():
-        key = tensor.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            unique[name] = tensor.contiguous()
+    unique = {n: t.contiguous() for n, t in unique_storage(tensors).items()}
     save_file(unique, str(path), metadata={"format": "pt"})
 
 
-__all__ = ["hf_name", "layer_key", "names_to_send", "save_tensors", "select", "serialize", "tied_names"]
+__all__ = ["hf_name", "layer_key", "names_to_send", "save_tensors", "select", "serialize", "tied_names",
+           "unique_storage"]

@@ -26,7 +26,13 @@ from atroposlib.inference.node.middleware import NodeMiddleware
 from atroposlib.inference.node.models import content_digest
 from atroposlib.inference.node.settings import NodeSettings
 from atroposlib.inference.node.state import NodeState
-from atroposlib.inference.worker_extension import DISCARD_PARTIAL_RELOAD_RPC
+from atroposlib.inference.weights.delta_cache import DeltaCache
+from atroposlib.inference.worker_extension import (
+    DELTA_APPLY_RPC,
+    DELTA_RESET_RPC,
+    DELTA_SEED_RPC,
+    DISCARD_PARTIAL_RELOAD_RPC,
+)
 
 KEY = "node-s3cret"
 
@@ -66,6 +72,8 @@ class FakeEngineClient:
         self.adapters: dict[str, str] = {}
         self.model_config = SimpleNamespace(dtype="torch.float32")
         self.vllm_config = SimpleNamespace(lora_config=None)
+        self.delta = DeltaCache()  # the worker extension's delta base, real
+        self.deltas_enabled = True  # False: a vLLM without atroposlib's worker extension
 
     async def pause_generation(self, mode: str = "abort", clear_cache: bool = True) -> None:
         self.calls.append(f"pause:{mode}")
@@ -79,6 +87,8 @@ class FakeEngineClient:
         if method == DISCARD_PARTIAL_RELOAD_RPC:  # what vLLM's workers run after a failed reload
             self.calls.append("discard")
             return [0]
+        if method in (DELTA_SEED_RPC, DELTA_APPLY_RPC, DELTA_RESET_RPC):
+            return self._delta_rpc(method, args)
         assert method == "reload_weights"
         self.calls.append("reload")
         assert self.paused, "weights reloaded while vLLM was scheduling"
@@ -90,6 +100,22 @@ class FakeEngineClient:
         for file in sorted(Path(kwargs["weights_path"]).glob("*.safetensors")):
             self.weights.update(load_file(file))
         return [None]
+
+    def _delta_rpc(self, method: str, args: tuple) -> list:
+        if not self.deltas_enabled:
+            raise RuntimeError(f"Method {method} not found")  # what vLLM answers without it
+        self.calls.append(method)
+        if method == DELTA_SEED_RPC:
+            return [self.delta.seed_from_dir(args[0], int(args[1]))]
+        if method == DELTA_RESET_RPC:
+            self.delta.reset()
+            return [None]
+        assert self.paused, "delta applied while vLLM was scheduling"
+
+        def load(pairs):
+            self.weights.update({name: tensor.numpy().copy() for name, tensor in pairs})
+
+        return [self.delta.apply(args[0], load)]
 
     async def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False) -> bool:
         self.calls.append("reset_prefix_cache")

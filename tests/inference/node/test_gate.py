@@ -86,7 +86,7 @@ async def test_a_push_is_applied_paused_and_whole_then_tags_every_completion(fak
     expected = {**base_tensors(), **layer1(2.0)}  # the other tensors keep their values
     assert served.json()["weights"] == fingerprint(expected)
     assert served.headers[POLICY_VERSION_HEADER] == "7"
-    assert fake_node.engine.calls == ["pause:wait", "reload", "reset_prefix_cache", "resume"]
+    assert fake_node.engine.calls == ["pause:wait", "reload", "atropos_delta_seed", "reset_prefix_cache", "resume"]
     assert fake_node.engine.version == "7"  # vLLM's own weight version follows
     assert status["policy_version"] == 7 and status["state"] == "serving"
     assert status["dtype"] == "float32" and status["boot_id"]
@@ -166,7 +166,7 @@ async def test_completions_still_running_after_the_drain_timeout_are_aborted(tmp
         applied = await push(http, layer1(2.0), 2)
         await stuck
     assert applied.status_code == 200
-    assert server.engine.calls[-5:] == ["pause:abort", "pause:wait", "reload", "reset_prefix_cache", "resume"]
+    assert server.engine.calls[-6:] == ["pause:abort", "pause:wait", "reload", "atropos_delta_seed", "reset_prefix_cache", "resume"]
 
 
 async def test_a_failed_load_puts_the_last_push_back_and_keeps_serving_it(fake_node):
@@ -182,8 +182,8 @@ async def test_a_failed_load_puts_the_last_push_back_and_keeps_serving_it(fake_n
     assert served.json()["weights"] == fingerprint({**base_tensors(), **layer1(1.0)})  # no NaN left
     assert status["state"] == "serving" and "worker crashed" in status["last_error"]
     # the failed reload's leftovers discarded, then the starting model and the last push reloaded
-    assert fake_node.engine.calls[-6:] == ["reload", "discard", "reload", "reload",
-                                           "reset_prefix_cache", "resume"]
+    assert fake_node.engine.calls[-7:] == ["reload", "discard", "atropos_delta_reset", "reload",
+                                           "reload", "reset_prefix_cache", "resume"]
 
 
 async def test_pushed_directories_are_replaced_not_accumulated(fake_node):

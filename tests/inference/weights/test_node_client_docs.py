@@ -76,7 +76,7 @@ def test_the_documented_example_keeps_a_node_on_the_trainers_weights(node, tiny_
                  "model.norm.weight"):
         assert torch.equal(torch.from_numpy(served[name]), state[name])  # trained 3 times: sent
     assert node.state.last_update.tensors == 10  # block 1 (9 tensors) and the final norm
-    assert node.state.last_update.source == "http"
+    assert node.state.last_update.source == "delta"  # pushes after the first: the changes only
 
 
 def test_connect_refuses_what_is_not_a_node_and_a_wrong_key(node):

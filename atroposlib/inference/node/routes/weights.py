@@ -1,7 +1,8 @@
-"""``PUT /atropos/weights`` (a pushed safetensors body) and ``POST /atropos/weights/load`` (a directory on this host).
+"""``PUT /atropos/weights`` (a pushed safetensors body), ``POST /atropos/weights/load`` (a directory on this host) and ``PUT /atropos/weights/delta`` (only the changed elements).
 
 A push is received into the node's weights directory while the old weights keep serving, its
-checksum and header are verified, and only then is it applied (:meth:`NodeState.apply`).
+checksum and header are verified, and only then is it applied (:meth:`NodeState.apply`). A
+delta is received into memory and applied inside vLLM (:meth:`NodeState.apply_delta`).
 """
 
 from __future__ import annotations
@@ -167,6 +168,75 @@ async def put_weights(
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
+    return WeightsApplied(policy_version=update.version, update=update)
+
+
+async def _receive_bytes(request: Request, state: NodeState) -> tuple[bytes, bytes]:
+    """The whole body (a delta is small) and its sha-256, within --max-weights-bytes."""
+    limit = state.settings.max_weights_bytes
+    digest = hashlib.sha256()
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"the delta exceeds --max-weights-bytes {limit}; raise it on "
+                                     "the node")
+        digest.update(chunk)
+        parts.append(chunk)
+    return b"".join(parts), digest.digest()
+
+
+_DELTA_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "Missing or wrong Content-Digest, or not a weight delta; nothing changed"},
+    409: {"description": "The node holds another base version, or a result's checksum differs "
+                         "from the trainer's (`reason`: base or checksum); nothing changed: push "
+                         "the full weights"},
+    413: _ERRORS[413],
+    500: {"description": "vLLM failed while loading; the node refuses completions until a full "
+                         "push succeeds"},
+}
+
+
+@router.put("/weights/delta", response_model=WeightsApplied, responses=_DELTA_ERRORS)
+async def put_weights_delta(
+    request: Request, state: StateDep,
+    version: Annotated[int, Query(ge=0, description="Policy version (trainer step) the delta leads to.")],
+) -> WeightsApplied:
+    """Apply a weight delta (only the changed elements) in memory and serve ``version``.
+
+    The body is :func:`atroposlib.inference.weights.delta.encode`'s payload: against the version
+    the node serves, with the sha-256 of every changed tensor. Each of vLLM's workers applies it
+    onto its copy of the tensors it last applied, checks every checksum, and only then loads
+    the touched blocks (no file). A node at another base version, or whose result differs from
+    the trainer's, answers 409 and keeps serving: the trainer then pushes the full weights
+    (``PUT /atropos/weights``).
+    """
+    from atroposlib.inference.weights.delta import DeltaError, read_header
+
+    raw_digest = request.headers.get(DIGEST_HEADER)
+    if not raw_digest:
+        raise HTTPException(400, f"send the body's checksum as '{DIGEST_HEADER}: "
+                                 "sha-256=:<base64 of its sha256>:' (RFC 9530)")
+    try:
+        expected = parse_content_digest(raw_digest)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    begin = time.perf_counter()
+    body, received = await _receive_bytes(request, state)
+    if received != expected:
+        raise PayloadError(f"{DIGEST_HEADER} does not match the body (sent sha-256 "
+                           f"{_b64(expected)}, received {_b64(received)}, {len(body)} bytes); "
+                           f"nothing changed (policy version {state.version}); push again", 400)
+    try:
+        header = read_header(body)
+    except DeltaError as exc:
+        raise PayloadError(exc.detail, 400) from None
+    if header.version != version:
+        raise PayloadError(f"the delta leads to version {header.version}, the query says "
+                           f"{version}", 400)
+    update = await state.apply_delta(body, version, tensors=len(header.tensors),
+                                     receive_s=time.perf_counter() - begin)
     return WeightsApplied(policy_version=update.version, update=update)
 
 
