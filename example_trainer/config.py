@@ -263,11 +263,14 @@ class TrainerConfig(BaseSettings):
         "never update vLLM.")
     weight_sync_encoding: Literal["auto", "index", "xor", "full"] = Field(
         default="auto", description="What a weight sync sends a server that holds the version "
-        "the trainer pushed last (reload, and atropos-inference-node nodes): auto = only the "
-        "elements that changed (a delta, index/value or XOR+zlib per tensor, whichever fits), "
-        "applied inside vLLM by atroposlib's worker extension and checked by sha-256; index / "
-        "xor = that delta format for every tensor; full = the whole tensors every time. A "
-        "server at another version, or whose checksum differs, gets a full sync.")
+        "the trainer pushed last: auto = only the elements that changed (a delta, index/value or "
+        "XOR+zlib per tensor, whichever fits) to servers in --vllm-url and atropos-inference-node "
+        "nodes, and the full tensors to the trainer's own vLLM on this host (there a delta costs "
+        "more than the copy it saves: docs/benchmarks.md); index / xor = that delta format for "
+        "every tensor and every server, the trainer's own vLLM included; full = the whole "
+        "tensors every time. Deltas are applied inside vLLM by atroposlib's worker extension and "
+        "checked by sha-256; a server at another version, or whose checksum differs, gets a "
+        "full sync.")
     weight_sync_interval: int = Field(default=1, ge=1, description="Sync vLLM every N steps "
                                       "(and always after the last step).")
     weight_sync_timeout: float = Field(default=120.0, gt=0, description="Seconds one weight "

@@ -286,3 +286,11 @@ def test_a_node_at_the_last_version_gets_a_delta_and_one_that_refuses_it_the_ful
         assert server.state.version == 3
         for name in ("model.layers.1.mlp.up_proj.weight", "model.norm.weight"):
             assert torch.equal(torch.from_numpy(served(server)[name]), state[name])
+
+
+def test_the_trainers_own_vllm_gets_full_syncs_unless_a_delta_format_is_named():
+    # measured: on one host a delta costs more than the memory copy it saves (benchmarks/bench_delta_sync.py)
+    from example_trainer.vllm_sync import local_encoding
+
+    assert local_encoding("auto") == "full"
+    assert [local_encoding(e) for e in ("index", "xor", "full")] == ["index", "xor", "full"]
