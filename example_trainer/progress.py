@@ -10,7 +10,19 @@ the head of each step line, :func:`~example_trainer.grpo.wait_for_batch` while i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
+
+
+def step_ranges(steps: Iterable[int]) -> str:
+    """Steps as runs: ``[4, 5, 6, 9]`` -> ``"4..6, 9"`` (``"none"`` when empty)."""
+    out: list[str] = []
+    for step in sorted(steps):
+        if out and out[-1].split("..")[-1] == str(step - 1):
+            out[-1] = f"{out[-1].split('..')[0]}..{step}"
+        else:
+            out.append(str(step))
+    return ", ".join(out) or "none"
 
 
 def duration(seconds: float | None) -> str:

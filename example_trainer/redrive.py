@@ -33,6 +33,7 @@ from example_trainer.bundles import (
     restore_bundle_rng,
     weights_fingerprint,
 )
+from example_trainer.progress import step_ranges
 
 #: The stages :func:`verify` checks, in order.
 STAGES = ("bundle checksum", "advantages", "loss", "gradients", "weights")
@@ -100,7 +101,7 @@ def base_for(run_dir: str | Path, first: int, available: Iterable[int]) -> int:
             return s
     raise ReplayError(
         f"step {first} cannot be re-driven: no checkpoint at or before step {first - 1} is followed "
-        f"by bundles up to step {first} (bundles kept: {_span(have)}; checkpoints: "
+        f"by bundles up to step {first} (bundles kept: {step_ranges(have)}; checkpoints: "
         f"{sorted(s for s in bases(run_dir) if s)}). Record with more --replay-bundles (0 keeps all) "
         "or more --checkpoint-keep")
 
@@ -197,7 +198,7 @@ def verify(run_dir: str | Path, steps: list[int] | None = None, rtol: float = 0.
     targets = sorted(set(steps)) if steps else available
     missing = [s for s in targets if s not in available]
     if missing:
-        raise ReplayError(f"no bundle for step(s) {_span(missing)}; the run has bundles for {_span(available)}")
+        raise ReplayError(f"no bundle for step(s) {step_ranges(missing)}; the run has bundles for {step_ranges(available)}")
     if steps is None:  # every step: re-drive from the earliest base that reaches a kept bundle
         start = _earliest_start(run_dir, available)
         chain = list(range(start + 1, available[-1] + 1))  # a missing bundle fails its checksum stage
@@ -213,7 +214,7 @@ def verify(run_dir: str | Path, steps: list[int] | None = None, rtol: float = 0.
             say(f"verify: step {exc.step}: {exc.stage} diverges: {exc.detail}")
             return StepCheck(exc.step, stage=exc.stage, detail=exc.detail)
     if unreached:
-        say(f"verify: steps {_span(unreached)}: bundle checksum and advantages hold; not re-driven "
+        say(f"verify: steps {step_ranges(unreached)}: bundle checksum and advantages hold; not re-driven "
             f"(no checkpoint before them is kept)")
     redriver: Redriver | None = None
     for step in chain:
@@ -291,14 +292,3 @@ def _earliest_start(run_dir: str | Path, available: list[int]) -> int:
         except ReplayError as exc:
             errors.append(exc)
     raise errors[-1] if errors else ReplayError("no bundles")
-
-
-def _span(steps: Iterable[int]) -> str:
-    """``[1, 2, 3, 7]`` -> ``"1..3, 7"`` (``"none"`` when empty)."""
-    out: list[str] = []
-    for step in sorted(steps):
-        if out and out[-1].split("..")[-1] == str(step - 1):
-            out[-1] = f"{out[-1].split('..')[0]}..{step}"
-        else:
-            out.append(str(step))
-    return ", ".join(out) or "none"

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.api.client import ResumedSteps
+from example_trainer.progress import step_ranges
 
 
 @dataclass
@@ -71,11 +72,11 @@ def announce(resumed: ResumedSteps | None, checkpoint_step: int, run_dir: Path, 
     if resumed.refetched:
         print(f"[grpo] run-api served {len(resumed.refetched)} batch(es) after checkpoint step "
               f"{checkpoint_step} that the checkpoint does not hold: training them again "
-              f"(steps {_ranges(resumed.refetched)})", flush=True)
+              f"(steps {step_ranges(resumed.refetched)})", flush=True)
     if replay.lost:
         groups = _logged_groups(run_dir, replay.lost)
         known = f", {groups} groups by metrics.jsonl" if groups is not None else ""
-        print(f"[grpo] warning: run-api no longer keeps the batches of steps {_ranges(replay.lost)} "
+        print(f"[grpo] warning: run-api no longer keeps the batches of steps {step_ranges(replay.lost)} "
               f"({len(replay.lost)} batch(es): {len(replay.lost) * batch_size} sequences{known}), "
               "served before the trainer stopped: their groups never reach the weights. A run-api "
               "that keeps more served batches (with --db) avoids this", flush=True)
@@ -95,14 +96,3 @@ def _logged_groups(run_dir: Path, steps: list[int]) -> int | None:
             if isinstance(record, dict) and record.get("step") in steps and "groups" in record:
                 last[record["step"]] = int(record["groups"]) + int(record.get("skipped_groups", 0))
     return sum(last.values()) if all(s in last for s in steps) else None
-
-
-def _ranges(steps: list[int]) -> str:
-    """``[4, 5, 6, 9]`` -> ``"4..6, 9"``."""
-    out: list[str] = []
-    for step in sorted(steps):
-        if out and out[-1].split("..")[-1] == str(step - 1):
-            out[-1] = f"{out[-1].split('..')[0]}..{step}"
-        else:
-            out.append(str(step))
-    return ", ".join(out)

@@ -112,6 +112,22 @@ def _verify(incoming: Path, kind: str, state: NodeState) -> Header:
     return header
 
 
+def _expected_digest(request: Request) -> bytes:
+    """The sha-256 the ``Content-Digest`` header promises for the body (RFC 9530).
+
+    Raises:
+        HTTPException: 400 when the header is missing or malformed.
+    """
+    raw_digest = request.headers.get(DIGEST_HEADER)
+    if not raw_digest:
+        raise HTTPException(400, f"send the body's checksum as '{DIGEST_HEADER}: "
+                                 "sha-256=:<base64 of its sha256>:' (RFC 9530)")
+    try:
+        return parse_content_digest(raw_digest)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
 def _require_lora(state: NodeState, kind: str, lora_name: str | None) -> None:
     if kind != "lora":
         return
@@ -137,14 +153,7 @@ async def put_weights(
     ``Content-Digest: sha-256=:<base64>:`` (RFC 9530). A body that fails the checksum or the
     checks is refused with 4xx and the previous weights keep serving.
     """
-    raw_digest = request.headers.get(DIGEST_HEADER)
-    if not raw_digest:
-        raise HTTPException(400, f"send the body's checksum as '{DIGEST_HEADER}: "
-                                 "sha-256=:<base64 of its sha256>:' (RFC 9530)")
-    try:
-        expected = parse_content_digest(raw_digest)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from None
+    expected = _expected_digest(request)
     _require_lora(state, kind, lora_name)
     begin = time.perf_counter()
     incoming, received, size = await _receive(request, state)
@@ -214,14 +223,7 @@ async def put_weights_delta(
     """
     from atroposlib.inference.weights.delta import DeltaError, read_header
 
-    raw_digest = request.headers.get(DIGEST_HEADER)
-    if not raw_digest:
-        raise HTTPException(400, f"send the body's checksum as '{DIGEST_HEADER}: "
-                                 "sha-256=:<base64 of its sha256>:' (RFC 9530)")
-    try:
-        expected = parse_content_digest(raw_digest)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from None
+    expected = _expected_digest(request)
     begin = time.perf_counter()
     body, received = await _receive_bytes(request, state)
     if received != expected:
