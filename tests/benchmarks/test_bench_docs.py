@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from benchmarks import bench_docs
+from benchmarks import bench_docs, docs_tables
 from benchmarks.results import RESULTS_DIR, ROOT
 
 #: a figure: a percentage, a ratio, or an amount of memory or time
@@ -91,8 +91,8 @@ def test_broken_markers_are_named(broken, message):
 
 
 def test_ranges_give_their_count_and_selections_say_so():
-    assert bench_docs.span([0.848, 0.876, 0.857], bench_docs.pct) == "84.8-87.6% (n=3)"
-    assert bench_docs.span([0.5], bench_docs.pct) == "50.0% (n=1)"
+    assert docs_tables.span([0.848, 0.876, 0.857], docs_tables.pct) == "84.8-87.6% (n=3)"
+    assert docs_tables.span([0.5], docs_tables.pct) == "50.0% (n=1)"
     d4 = bench_docs.render("runs-d4")
     assert d4.count("a selection") == 1
     assert "a selection" in bench_docs.render("readme-d4")
