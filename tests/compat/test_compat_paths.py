@@ -52,10 +52,16 @@ def test_the_module_keeps_its_own_identity():
     new = importlib.import_module("atroposlib.inference.clients.vllm_client")
     assert old is new and new.__spec__.name == "atroposlib.inference.clients.vllm_client"
     assert type(new.__loader__).__name__ == "SourceFileLoader"
-    assert importlib.reload(old) is new
     assert "class VLLMClient" in __import__("inspect").getsource(old)
     cls = old.VLLMServer
     assert pickle.loads(pickle.dumps(cls)) is cls and cls.__module__ == new.__name__
+    # reload in a child: in this process it would make new class objects, and the classes
+    # other tests imported would stop matching the instances the code creates
+    code = ("import importlib; old = importlib.import_module('atroposlib.envs.server_handling.vllm_server'); "
+            "new = importlib.import_module('atroposlib.inference.clients.vllm_client'); "
+            "assert importlib.reload(old) is new; print('ok')")
+    proc = _run(code)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 def test_patching_the_old_path_patches_the_code_that_runs(monkeypatch):
