@@ -60,7 +60,7 @@ async def deliver_checked(env: BaseEnv, groups: CheckedGroups, item: Any,
         RuntimeError: ``send_to_api`` outside the serve loop (there is no outbox).
     """
     await env.prepare_checked_groups(groups)
-    accepted = env._accept_groups(groups)  # checked already: normalised and recorded only
+    accepted = env._run_state.accept(groups, env.config.include_messages, env.tokenizer.decode)
     await write_groups(env._run_state, accepted, item, send_to_api)
     return accepted
 

@@ -32,7 +32,6 @@ from atroposlib.envs.groups import (
     aggregate_items,
     check_groups,
     gather_rollouts,
-    normalise_group,
 )
 from atroposlib.envs.outcomes import Member, attach_outcomes, keep_group, run_members
 from atroposlib.envs.run_state import (
@@ -367,11 +366,8 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
 
         Returns the accepted groups, with every optional key present (None when absent).
         """
-        accepted = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
-        for group in accepted:
-            normalise_group(group, self.config.include_messages, self._decode)
-            self._run_state.record_accepted(group)
-        return accepted
+        return self._run_state.accept(self._check_groups(scored_data, abort_on_any_max_length_exceeded),
+                                      self.config.include_messages, self._decode)
 
     async def handle_send_to_api(
         self,

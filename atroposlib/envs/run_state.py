@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextvars
 from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from atroposlib.envs.drops import DropTally
-from atroposlib.envs.groups import completion_lengths
+from atroposlib.envs.groups import completion_lengths, normalise_group
 
 #: Trainer step when the current rollout started; set per rollout task by the serve loop. The
 #: fallback policy version of a group whose inference server reports none.
@@ -84,6 +85,23 @@ class RunState:
         self.stats["groups_accepted"] += 1
         self.completion_lengths.extend(completion_lengths(group))
         del self.completion_lengths[: max(0, len(self.completion_lengths) - 10_000)]
+
+    def accept(self, groups: Iterable[Any], include_messages: bool,
+               decode: Callable[[list[int]], str]) -> list[Any]:
+        """Normalise checked ``groups`` in place for sending and record each; returns them.
+
+        ``groups`` passed the scored-group check already
+        (:func:`~atroposlib.envs.groups.check_groups`); each gets every optional key
+        (:func:`~atroposlib.envs.groups.normalise_group`, ``decode`` turning tokens into a
+        transcript when ``include_messages`` and it has none) and is counted
+        (:meth:`record_accepted`).
+        """
+        accepted = []
+        for group in groups:
+            normalise_group(group, include_messages, decode)
+            self.record_accepted(group)
+            accepted.append(group)
+        return accepted
 
 
 class RunStateView:
