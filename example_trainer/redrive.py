@@ -10,7 +10,9 @@ for each step puts back the RNG states the bundle recorded and runs the trainer'
 :func:`verify` checks each step stage by stage, in this order, and stops at the first stage
 that diverges: ``bundle checksum`` (the bytes against the ``.sha256``), ``advantages`` (and
 sampler log-probs, recomputed from the batch), ``loss``, ``gradients`` (the gradient norm
-before clipping) and ``weights`` (a fingerprint of the trainable parameters after the step).
+before clipping) and ``weights`` (a fingerprint of the trainable parameters after the step,
+and, where the run kept a checkpoint of that step, every trainable tensor against the
+checkpoint's, element for element).
 :func:`train` re-drives every recorded step and compares the loss trace.
 """
 
@@ -131,6 +133,7 @@ class Redriver:
         self.policy = load_training_policy(config, dist, bases(run_dir)[base], device)
         self.stepper = StepRunner(config, dist, self.policy, device)
         self.base = base
+        self.checkpoints = {step: ckpt for step, ckpt in bases(run_dir).items() if ckpt is not None}
 
     def run(self, bundle: Bundle) -> dict[str, Any] | None:
         """Re-drive one step; its metrics (None for a step without an update)."""
@@ -161,7 +164,59 @@ class Redriver:
             if not all(same(a, b, rtol) for a, b in zip(ours, theirs, strict=True)):
                 out.stage, out.detail = "weights", (f"trainable-parameter fingerprint [sum, sum of "
                                                     f"squares] re-driven {ours}, recorded {theirs}")
+        if out.stage is None and bundle.step in self.checkpoints and bundle.step != self.base:
+            differs = checkpoint_difference(self.policy.model, self.checkpoints[bundle.step], rtol)
+            if differs:
+                out.stage, out.detail = "weights", differs
         return out
+
+
+def _checkpoint_tensors(ckpt: Any) -> dict[str, Any]:
+    """The tensors a checkpoint's weights files hold, by name (the adapter's for a LoRA one)."""
+    from safetensors.torch import load_file
+
+    folder = ckpt.adapter_dir if ckpt.lora else ckpt.path
+    state: dict[str, Any] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    return state
+
+
+def checkpoint_difference(model: Any, ckpt: Any, rtol: float = 0.0) -> str | None:
+    """Compare the trainable parameters of ``model`` with the checkpoint of the same step.
+
+    Each trainable parameter is looked up in the checkpoint by its name (a LoRA adapter's
+    names without peft's adapter name, ``.default``) and compared element for element
+    (``torch.equal``; with ``rtol > 0``, ``torch.allclose(rtol=rtol, atol=0)``), in the
+    checkpoint's dtype.
+
+    Returns:
+        None when every trainable tensor the checkpoint holds is equal; else what differs
+        (the first tensor, its largest absolute difference, the checkpoint's path). A
+        checkpoint that holds none of the trainable parameters is reported too.
+    """
+    import torch
+
+    state = _checkpoint_tensors(ckpt)
+    compared = 0
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        saved = state.get(name.replace(".default.", ".")) if ckpt.lora else state.get(name)
+        if saved is None and name.startswith("base_model.model."):
+            saved = state.get(name[len("base_model.model."):])
+        if saved is None:
+            continue
+        compared += 1
+        ours = param.detach().to("cpu", saved.dtype)
+        equal = torch.equal(ours, saved) if rtol <= 0 else torch.allclose(ours, saved, rtol=rtol, atol=0.0)
+        if not equal:
+            gap = (ours.double() - saved.double()).abs().max().item()
+            return (f"{name} differs from the checkpoint {ckpt.path} (largest absolute "
+                    f"difference {gap:.3g})")
+    if not compared:
+        return f"the checkpoint {ckpt.path} holds none of the trainable parameters by name"
+    return None
 
 
 def same(a: float | None, b: float | None, rtol: float = 0.0) -> bool:

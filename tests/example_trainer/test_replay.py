@@ -161,3 +161,20 @@ def test_a_run_killed_and_resumed_verifies_across_the_resume(tiny_model, tmp_pat
     assert "verify: 6 step(s) re-driven, every stage holds" in capsys.readouterr().out
     assert main(["verify", str(run), "--step", "5"]) == 0
     assert "re-driving steps 4..5 from checkpoint step 3" in capsys.readouterr().out
+
+
+def test_verify_compares_the_weights_with_the_checkpoint_of_the_same_step(recorded_run, tmp_path, capsys):
+    """The weights stage holds every trainable tensor against checkpoints/step_20 (verify --all
+    re-drives 1..30 from the starting model), so a changed checkpoint tensor fails it there."""
+    from safetensors.torch import load_file, save_file
+
+    run = _copy(recorded_run, tmp_path)
+    [weights] = sorted((run / "checkpoints" / "step_20").glob("*.safetensors"))
+    state = load_file(str(weights))
+    name = next(k for k in state if "layers.1." in k and k.endswith("weight") and state[k].dim() == 2)
+    state[name][0, 0] += 1.0
+    save_file(state, str(weights), metadata={"format": "pt"})
+    assert main(["verify", str(run), "--all"]) == 1
+    out = capsys.readouterr().out
+    assert f"verify: step 20: weights diverges: model.{name.removeprefix('model.')}" in out
+    assert "differs from the checkpoint" in out and "step 19: ok" in out
