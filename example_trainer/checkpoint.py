@@ -58,32 +58,39 @@ class Checkpoint:
         return self.path / "adapter"
 
 
-def find_latest(run_dir: Path) -> Checkpoint | None:
-    """The complete checkpoint of ``run_dir`` with the most steps (``final`` wins a tie).
+def list_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
+    """The complete checkpoints of ``run_dir``, in the order of their directory names.
 
     Hidden directories (unfinished saves) and directories without ``checkpoint.json`` and
-    ``training_state.pt`` (e.g. checkpoints of older trainer versions) are ignored.
+    ``training_state.pt`` (e.g. checkpoints of older trainer versions) are left out.
 
     Args:
         run_dir: a run directory (holding ``checkpoints/``).
-
-    Returns:
-        The checkpoint, or None when there is none.
     """
-    found: list[tuple[int, bool, Checkpoint]] = []
     root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return None
-    for path in root.iterdir():
+    found: list[Checkpoint] = []
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
         if path.name.startswith(".") or not (path / STATE_FILE).is_file():
             continue
         try:
             meta = json.loads((path / META_FILE).read_text())
         except (OSError, ValueError):
             continue
-        ckpt = Checkpoint(path, int(meta["step"]), bool(meta.get("lora", False)))
-        found.append((ckpt.step, path.name == "final", ckpt))
-    return max(found, key=lambda x: x[:2])[2] if found else None
+        found.append(Checkpoint(path, int(meta["step"]), bool(meta.get("lora", False))))
+    return found
+
+
+def find_latest(run_dir: Path) -> Checkpoint | None:
+    """The complete checkpoint of ``run_dir`` with the most steps (``final`` wins a tie).
+
+    Args:
+        run_dir: a run directory (holding ``checkpoints/``).
+
+    Returns:
+        The checkpoint (see :func:`list_checkpoints` for which count), or None when there is none.
+    """
+    found = list_checkpoints(run_dir)
+    return max(found, key=lambda c: (c.step, c.path.name == "final")) if found else None
 
 
 def require_checkpoint(run_dir: str | Path, lora: bool) -> Checkpoint:

@@ -69,20 +69,13 @@ class StepCheck:
 def bases(run_dir: str | Path) -> dict[int, Any]:
     """Step -> where a re-drive after that step starts: 0 -> None (the starting model), k -> checkpoint.
 
-    Complete checkpoints only (:func:`example_trainer.checkpoint.find_latest`'s rules).
+    Complete checkpoints only (:func:`example_trainer.checkpoint.list_checkpoints`).
     """
-    from example_trainer.checkpoint import META_FILE, STATE_FILE, Checkpoint
+    from example_trainer.checkpoint import list_checkpoints
 
     found: dict[int, Any] = {0: None}
-    root = Path(run_dir) / "checkpoints"
-    for path in sorted(root.iterdir()) if root.is_dir() else []:
-        if path.name.startswith(".") or not (path / STATE_FILE).is_file():
-            continue
-        try:
-            meta = json.loads((path / META_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        found.setdefault(int(meta["step"]), Checkpoint(path, int(meta["step"]), bool(meta.get("lora", False))))
+    for ckpt in list_checkpoints(run_dir):
+        found.setdefault(ckpt.step, ckpt)
     return found
 
 

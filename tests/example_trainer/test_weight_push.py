@@ -15,7 +15,7 @@ from atroposlib.errors import InferenceError
 from example_trainer.config import TrainerConfig
 from example_trainer.vllm_sync import VLLMSync
 from tests.fixtures.app_thread import AppThread
-from tests.inference.node.conftest import KEY, FakeServer
+from tests.inference.node.conftest import KEY, FakeServer, tiny_node_model
 
 torch = pytest.importorskip("torch")
 
@@ -23,22 +23,12 @@ torch = pytest.importorskip("torch")
 @pytest.fixture
 def tiny_model(tmp_path):
     """A 2-layer Llama with only its last layer (and the final norm) trainable, saved as the nodes' model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from example_trainer.grpo import freeze_all_but_last_layers
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=2, num_attention_heads=2,
-                                         num_key_value_heads=2, max_position_embeddings=32,
-                                         tie_word_embeddings=True))
-    model.save_pretrained(tmp_path / "model")
-    freeze_all_but_last_layers(model, 1)
+    model, folder = tiny_node_model(tmp_path / "model")
     with torch.no_grad():
         for param in model.parameters():
             if param.requires_grad:
                 param.add_(0.25)  # "trained"
-    return model, tmp_path / "model"
+    return model, folder
 
 
 def start_nodes(tmp_path, model_dir, count: int, **settings):

@@ -37,6 +37,24 @@ from atroposlib.inference.worker_extension import (
 KEY = "node-s3cret"
 
 
+
+def tiny_node_model(folder: Path):
+    """A 2-layer tiny Llama saved to ``folder`` as a node's model, its last layer (and the final
+    norm) left trainable as the trainer leaves it: ``(model, folder)``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from example_trainer.grpo import freeze_all_but_last_layers
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=2, max_position_embeddings=32,
+                                         tie_word_embeddings=True))
+    model.save_pretrained(folder)
+    freeze_all_but_last_layers(model, 1)
+    return model, folder
+
 def base_tensors() -> dict[str, np.ndarray]:
     """The stand-in model: two 'layers' and a final norm."""
     return {"model.layers.0.w": np.zeros((2, 3), np.float32),

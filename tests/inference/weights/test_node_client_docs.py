@@ -15,7 +15,7 @@ import pytest
 
 from atroposlib.errors import InferenceError
 from tests.fixtures.app_thread import AppThread
-from tests.inference.node.conftest import KEY, FakeServer
+from tests.inference.node.conftest import KEY, FakeServer, tiny_node_model
 
 torch = pytest.importorskip("torch")
 
@@ -30,18 +30,7 @@ def _example() -> str:
 
 @pytest.fixture
 def tiny_model(tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from example_trainer.grpo import freeze_all_but_last_layers
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=2, num_attention_heads=2,
-                                         num_key_value_heads=2, max_position_embeddings=32,
-                                         tie_word_embeddings=True))
-    model.save_pretrained(tmp_path / "model")
-    freeze_all_but_last_layers(model, 1)
-    return model, tmp_path / "model"
+    return tiny_node_model(tmp_path / "model")
 
 
 @pytest.fixture
