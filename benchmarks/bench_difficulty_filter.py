@@ -71,7 +71,7 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
     With ``signal``, also the screen's signal of every (unscreened) item against its group
     (:func:`signal_fifths`).
     """
-    from atroposlib.env_runtime.difficulty import DifficultyFilter
+    from atroposlib.env_runtime.filtering import DifficultyFilter
     from atroposlib.env_runtime.step import run_item
     from atroposlib.environments.arithmetic_server import ArithmeticEnv
     from atroposlib.envs.helpers import default_server

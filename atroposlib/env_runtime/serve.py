@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from atroposlib.env_runtime.api_session import ApiSession
 from atroposlib.env_runtime.delivery import deliver_groups
-from atroposlib.env_runtime.difficulty import DifficultyFilter
+from atroposlib.env_runtime.filtering import DifficultyFilter
 from atroposlib.env_runtime.outbox import OUTBOX_MAX_GROUPS, Outbox
 from atroposlib.env_runtime.scheduling import (
     YIELD_WINDOW,

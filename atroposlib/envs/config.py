@@ -99,7 +99,7 @@ class BaseEnvConfig(BaseModel):
     difficulty_filter: bool = Field(
         default=False,
         description="serve: sample less often the items whose recent groups all scored the same "
-        "(online difficulty filtering; atroposlib.env_runtime.difficulty): each all-solved group "
+        "(online difficulty filtering; atroposlib.envs.item_filter): each all-solved group "
         "multiplies an item's sampling weight by difficulty_filter_solved_keep, each all-failed "
         "one by difficulty_filter_failed_keep, a mixed group restores it to 1, never below "
         "difficulty_filter_floor. Items are identified by the env's item_id().",

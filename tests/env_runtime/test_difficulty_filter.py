@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from atroposlib.env_runtime.difficulty import (
-    DifficultyFilter,
+from atroposlib.env_runtime.filtering import DifficultyFilter
+from atroposlib.envs.item_filter import (
     DifficultySampler,
     DifficultySettings,
     SolveRateModel,
@@ -150,7 +150,7 @@ def test_bad_settings_are_refused(bad):
 
 
 def test_settings_come_from_the_env_config():
-    from atroposlib.env_runtime.difficulty import settings_from_config
+    from atroposlib.envs.item_filter import settings_from_config
     from atroposlib.envs.base import BaseEnvConfig
 
     assert settings_from_config(BaseEnvConfig()) is None
