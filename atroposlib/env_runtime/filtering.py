@@ -1,7 +1,9 @@
-"""The serve loop's side of the item filter (:mod:`atroposlib.envs.item_filter`).
+"""The runners' side of the item filter (:mod:`atroposlib.envs.item_filter`).
 
-It draws items through the filter, feeds it each item's group scores and counts what it does
-in ``env.stats``.
+The one place the filter is applied: the serve loop and the ``process`` runner both take
+their items from :meth:`ItemFilter.next_item` and hand each item's group scores to
+:meth:`ItemFilter.note`, when the env config's ``item_filter.enabled`` is on
+(``--env.item_filter.enabled``, or the earlier ``difficulty_filter`` / ``zero_variance_keep``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from atroposlib.envs.item_filter import (
-    DifficultySampler,
-    DifficultySettings,
+    ItemFilterConfig,
+    ItemSampler,
     SolveRateModel,
     mixed_chance,
     settings_from_config,
@@ -25,8 +27,8 @@ logger = logging.getLogger(__name__)
 SIGNALS_HELD = 4096
 
 
-class DifficultyFilter:
-    """The serve loop's side of the filter: draws through it, feeds it, counts in ``env.stats``.
+class ItemFilter:
+    """The runners' side of the filter: draws through it, feeds it, counts in ``env.stats``.
 
     ``env.stats`` gets ``difficulty_drawn`` / ``difficulty_skipped`` (items drawn from the env,
     and drawn but not handed out), ``difficulty_replayed`` (held learnable items handed out
@@ -34,7 +36,7 @@ class DifficultyFilter:
     recorded by kind).
     """
 
-    def __init__(self, env: Any, settings: DifficultySettings):
+    def __init__(self, env: Any, settings: ItemFilterConfig):
         """Filter ``env``'s items; the draws are seeded by its config's ``seed`` (0 if none).
 
         Raises:
@@ -42,26 +44,30 @@ class DifficultyFilter:
                 single-turn envs with a reference answer can be screened).
         """
         self.env = env
-        self.sampler = DifficultySampler(settings, seed=int(getattr(env.config, "seed", 0) or 0))
+        self.sampler = ItemSampler(settings, seed=int(getattr(env.config, "seed", 0) or 0))
         self.model: SolveRateModel | None = None
         #: the signal of each screened item handed out and not yet noted, by item id
         self.signals: dict[Hashable, float] = {}
         if settings.screen > 1:
             if not callable(getattr(env, "answer_logprob", None)):
                 raise ValueError(
-                    f"difficulty_filter_screen={settings.screen} needs an env with "
+                    f"item_filter.screen={settings.screen} needs an env with "
                     f"answer_logprob(item) (SingleTurnEnv and its subclasses); "
-                    f"{type(env).__name__} has none: set difficulty_filter_screen to 1")
+                    f"{type(env).__name__} has none: set --env.item_filter.screen 1")
             self.model = SolveRateModel(window=settings.screen_window)
 
     @classmethod
-    def for_env(cls, env: Any) -> DifficultyFilter | None:
-        """A filter when ``env.config.difficulty_filter`` is on, else None."""
+    def for_env(cls, env: Any) -> ItemFilter | None:
+        """A filter when ``env.config.item_filter.enabled`` is on, else None.
+
+        Raises:
+            ValueError: as the constructor.
+        """
         settings = settings_from_config(env.config)
         return None if settings is None else cls(env, settings)
 
     async def next_item(self) -> Any:
-        """The next item to roll out (see :meth:`DifficultySampler.next_item`).
+        """The next item to roll out (see :meth:`~atroposlib.envs.item_filter.ItemSampler.next_item`).
 
         With screening on, one of ``screen`` candidates drawn that way, chosen by
         :meth:`screen`.
@@ -118,7 +124,7 @@ class DifficultyFilter:
             self.env.stats["difficulty_screen_failed"] += 1
             failed = self.env.stats["difficulty_screen_failed"]
             if failed == 1 or failed % 1000 == 0:  # a server without prompt log-probs fails every time
-                logger.warning("difficulty screen: answer_logprob failed %d time(s), last with %s: "
+                logger.warning("item filter screen: answer_logprob failed %d time(s), last with %s: "
                                "%s; such candidates rank last", failed, type(exc).__name__, exc)
             return None
 
@@ -145,4 +151,13 @@ class DifficultyFilter:
                 self.env.stats[f"difficulty_{kind}"] += n
 
 
-__all__ = ["SIGNALS_HELD", "DifficultyFilter"]
+#: The earlier name of :class:`ItemFilter`.
+DifficultyFilter = ItemFilter
+
+
+async def next_item(env: Any, item_filter: ItemFilter | None) -> Any:
+    """The env's next item: through ``item_filter`` when there is one, else ``get_next_item``."""
+    return await (env.get_next_item() if item_filter is None else item_filter.next_item())
+
+
+__all__ = ["SIGNALS_HELD", "DifficultyFilter", "ItemFilter", "next_item"]
