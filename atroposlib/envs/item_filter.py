@@ -191,11 +191,11 @@ class ItemFilterConfig(BaseModel):
 #: Earlier flat env-config keys -> the ``item_filter`` field each one sets
 #: (``zero_variance_keep`` sets four of them: :meth:`ItemFilterConfig.zero_variance`).
 LEGACY_KEYS: dict[str, str] = {
+    "zero_variance_keep": "solved_keep",  # first: a field's own key given beside it wins
     "difficulty_filter": "enabled",
     **{f"difficulty_filter_{name}": name for name in (
         "solved_keep", "failed_keep", "floor", "solved_score", "replay", "replay_size",
         "replay_times", "screen", "screen_rule")},
-    "zero_variance_keep": "solved_keep",
 }
 
 _warned: set[str] = set()
@@ -207,7 +207,8 @@ def move_legacy_keys(values: dict[str, Any], declared: Any = ()) -> dict[str, An
     Keys in ``declared`` (fields an env config class declares itself) stay where they are.
     Each old key is logged once per process, naming its new spelling. ``zero_variance_keep``
     applies :meth:`ItemFilterConfig.zero_variance` (a value of 1.0 leaves the filter as it
-    is); other flat keys override the same field of an ``item_filter`` given beside them.
+    is) first; the other flat keys then override the same field of it and of an
+    ``item_filter`` given beside them.
 
     Args:
         values: an env config's input mapping (not changed).
