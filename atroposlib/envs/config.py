@@ -16,8 +16,8 @@ from atroposlib.defaults import (
     DEFAULT_INFERENCE_URL,
     DEFAULT_ROLLOUT_TIMEOUT_S,
 )
-from atroposlib.errors import AtroposWarning, ConfigError
 from atroposlib.envs.item_filter import LEGACY_KEYS, ItemFilterConfig, move_legacy_keys
+from atroposlib.errors import AtroposWarning, ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.inference.clients.config import APIServerConfig
 
