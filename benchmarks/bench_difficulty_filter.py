@@ -1,21 +1,21 @@
-"""Share of sampled groups dropped as all-same scores, with and without online difficulty filtering.
+"""Share of sampled groups dropped as all-same scores, with and without the item filter.
 
 Counted in groups, not minutes, so a busy machine does not change it: the arithmetic env samples
 ``--groups`` groups (of 8 unless ``group_size`` is overridden) from a real vLLM serving a FIXED
 policy (the bundled model, or a checkpoint such as a run's ``checkpoints/final``),
 ``--concurrency`` groups at a time, through the same steps the serve loop takes (``run_item``,
-and :class:`DifficultyFilter` when on). Both arms use the same seed, so they draw the same
+and :class:`~atroposlib.env_runtime.filtering.ItemFilter` when on). Both arms use the same seed, so they draw the same
 stream of problems; the filter only skips some.
 For each arm: groups sampled, dropped as same scores (all solved / all failed), the share
 dropped overall and per window of ``--window`` groups, items skipped by the filter, candidates
-scored by its screen (``--env-arg difficulty_filter_screen=8``), the arm's wall seconds and
+scored by its screen (``--env-arg item_filter.screen=8``), the arm's wall seconds and
 its group size. ``--env-arg`` overrides the env config of the 'on' arm only; ``--all-arms-arg``
 overrides it in every arm (``--all-arms-arg group_size=4`` compares both arms with groups of 4)::
 
     python benchmarks/bench_difficulty_filter.py --groups 900 --difficulty 2
     python benchmarks/bench_difficulty_filter.py --groups 900 --model runs/x/checkpoints/final
     python benchmarks/bench_difficulty_filter.py --groups 300 --difficulty 4 --model runs/x/checkpoints/final \
-        --arms off,on,signal --env-arg difficulty_filter_screen=8
+        --arms off,on,signal --env-arg item_filter.screen=8
 
 A fixed policy is the filter's hard case for all-failed items (they never become learnable)
 and its easy case for all-solved ones (they never stop being solved); a training run moves
@@ -71,18 +71,20 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
     With ``signal``, also the screen's signal of every (unscreened) item against its group
     (:func:`signal_fifths`).
     """
-    from atroposlib.env_runtime.difficulty import DifficultyFilter
+    from atroposlib.env_runtime.filtering import ItemFilter, next_item
     from atroposlib.env_runtime.step import run_item
     from atroposlib.environments.arithmetic_server import ArithmeticEnv
     from atroposlib.envs.helpers import default_server
+    from atroposlib.utils.flags import merge_sections
 
     config, _ = ArithmeticEnv.config_init()
-    config = config.model_copy(update={"difficulty": difficulty, "group_size": 8, "use_wandb": False,
-                                       "tokenizer_name": model_dir, "difficulty_filter": filtered,
-                                       **overrides})
+    values = merge_sections(config.model_dump(), {
+        "difficulty": difficulty, "group_size": 8, "use_wandb": False, "tokenizer_name": model_dir,
+        "item_filter": {"enabled": filtered}}, type(config))
+    config = type(config)(**merge_sections(values, overrides, type(config)))
     env = ArithmeticEnv(config, [default_server(base_url=base_url, model_name="smollm2")])
     await env.setup()
-    chooser = DifficultyFilter.for_env(env)
+    chooser = ItemFilter.for_env(env)
     kinds: list[str] = []  # per group in finishing order: solved / failed / mixed
     lock = asyncio.Lock()
 
@@ -92,7 +94,7 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
                 if started[0] >= groups:
                     return
                 started[0] += 1
-                item = await (chooser.next_item() if chooser else env.get_next_item())
+                item = await next_item(env, chooser)
             answer_logprob = await env.answer_logprob(item) if signal else None
             outcome = await run_item(env, item, check_length=False)
             if answer_logprob is not None and outcome.scores:
@@ -121,8 +123,7 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
             "screened_items": int(env.stats.get("difficulty_screened", 0)),
             "seconds": round(seconds, 1), "group_size": int(config.group_size),
             **({"signal_by_fifth": signal_fifths(pairs)} if signal else {}),
-            "settings": {k: getattr(config, k) for k in type(config).model_fields
-                         if k.startswith("difficulty_filter")}}
+            "settings": {"item_filter": config.item_filter.model_dump()}}
 
 
 def arm_overrides(arm: str, env_args: list[str], all_arms_args: list[str]) -> dict[str, Any]:
@@ -134,7 +135,9 @@ def arm_overrides(arm: str, env_args: list[str], all_arms_args: list[str]) -> di
             int, ``true`` a bool, ``best`` a string).
 
     Returns:
-        ``{key: value}``; an ``env_args`` key wins over the same key in ``all_arms_args``.
+        ``{key: value}``; an ``env_args`` key wins over the same key in ``all_arms_args``. A
+        dotted key sets a field of a nested section: ``item_filter.screen=8`` gives
+        ``{"item_filter": {"screen": 8}}``.
 
     Raises:
         ValueError: an argument has no ``=``.
@@ -145,9 +148,18 @@ def arm_overrides(arm: str, env_args: list[str], all_arms_args: list[str]) -> di
         bad = [a for a in items if "=" not in a]
         if bad:
             raise ValueError(f"expected KEY=VALUE, got {bad[0]!r} (e.g. group_size=4)")
-        return {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in items)}
+        out: dict[str, Any] = {}
+        for key, value in (a.split("=", 1) for a in items):
+            *sections, name = key.split(".")
+            target = out
+            for section in sections:
+                target = target.setdefault(section, {})
+            target[name] = yaml.safe_load(value)
+        return out
 
-    return {**parse(all_arms_args), **(parse(env_args) if arm == "on" else {})}
+    common, own = parse(all_arms_args), parse(env_args) if arm == "on" else {}
+    return {**common, **own, **{k: {**common[k], **v} for k, v in own.items()
+                                if isinstance(v, dict) and isinstance(common.get(k), dict)}}
 
 
 def _env_seed(overrides: dict[str, dict[str, Any]]) -> int:
@@ -168,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="off,on", help="comma-separated: off, on, signal (off, "
                         "plus the screen's signal of each item against its group, by fifths)")
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="an env config override for the 'on' arm, e.g. difficulty_filter_floor=0.1")
+                        help="an env config override for the 'on' arm, e.g. item_filter.floor=0.1")
     parser.add_argument("--all-arms-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an env config override for every arm, e.g. group_size=4")
     parser.add_argument("--json-out", type=Path, default=None,

@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="our contenders' learning rate (default: their quickstart config's)")
     parser.add_argument("--ours-env-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an env arg for our contenders (repeatable), e.g. "
-                             "env.difficulty_filter=true")
+                             "env.item_filter.enabled=true")
     parser.add_argument("--ours-trainer-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a trainer setting for our contenders (repeatable, YAML value), "
                              "e.g. vllm_kv_cache_gib=2")

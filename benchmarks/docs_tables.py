@@ -351,10 +351,13 @@ def screen_table(name: str) -> Callable[[dict], str]:
         rows = []
         for arm in arms:
             settings = arm.get("settings") or {}
-            screen = settings.get("difficulty_filter_screen", 1) if arm.get("filter") else 1
-            what = "no screen" if screen <= 1 else (f"best of {screen}" if settings.get(
-                "difficulty_filter_screen_rule", "best") == "best" else f"{settings['difficulty_filter_screen_rule']}, "
-                f"{screen} candidates")
+            # the item_filter section; results written before it was nested: difficulty_filter_<field>
+            filt = settings.get("item_filter") or {k.removeprefix("difficulty_filter_"): v for k, v in
+                                                   settings.items() if k.startswith("difficulty_filter_")}
+            screen = filt.get("screen", 1) if arm.get("filter") else 1
+            rule = filt.get("screen_rule", "best")
+            what = "no screen" if screen <= 1 else (f"best of {screen}" if rule == "best"
+                                                    else f"{rule}, {screen} candidates")
             row = ([arm.get("run", "-")] if has_run else []) + [what, str(arm.get("group_size", settings.get("group_size", 8))),
                    arm.get("reference_reply") or "-", str(arm["groups"]), str(arm["mixed"]), f"{arm['dropped_share']:.1%}"]
             if timed:

@@ -52,6 +52,8 @@ MOVED: dict[str, str] = {
     _SH + "proxy_client": "atroposlib.compat.proxy_client",
     "atroposlib.envs.reward_fns": "atroposlib.rewards",
     "atroposlib.utils.cli": "atroposlib.utils.flags",
+    # atroposlib's own earlier path of the zero-variance filter (ZeroVarianceFilter, item_key)
+    "atroposlib.envs.prompt_filter": "atroposlib.envs.item_filter",
 }
 
 #: OpenAI's response types, which Atropos 0.4's inference modules imported at module level.

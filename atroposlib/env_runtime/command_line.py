@@ -53,6 +53,7 @@ from atroposlib.utils.flags import (
     ArgumentParser,
     add_config_flags,
     collect_overrides,
+    merge_sections,
     settings_parser,
     unknown_flag_message,
 )
@@ -180,7 +181,7 @@ def _reject_typed_unknown_fields(
     Raises:
         ConfigError: naming each unknown key and its closest declared field.
     """
-    known = set(config_cls.model_fields) | set(code_extras)
+    known = set(config_cls.model_fields) | set(code_extras) | set(config_cls.legacy_keys)
     unknown = sorted(set(yaml_env) - known)
     if not unknown:
         return
@@ -225,9 +226,10 @@ def build_command(
     overrides = collect_overrides(namespace, [ENV_NAMESPACE, OPENAI_NAMESPACE, "", *_server_namespaces(env_cls)])
     base_env = init_env.model_dump()
     env_values = {**base_env, **mode_env_defaults(env_cls, mode, base_env)}
-    env_values.update(data.get(ENV_NAMESPACE) or {})
-    env_values.update(overrides[ENV_NAMESPACE])
     env_cls_config = _env_config_class(env_cls, init_env)
+    # a nested section (item_filter) is merged field by field, layer over layer
+    env_values = merge_sections(env_values, data.get(ENV_NAMESPACE) or {}, env_cls_config)
+    env_values = merge_sections(env_values, overrides[ENV_NAMESPACE], env_cls_config)
     _reject_typed_unknown_fields(
         env_cls_config, data.get(ENV_NAMESPACE) or {}, init_env.model_extra or {}, namespace.config
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.env_runtime.delivery import deliver_groups
+from atroposlib.env_runtime.filtering import ItemFilter, next_item
 from atroposlib.env_runtime.sinks import JsonlSink, WandbSink, close_sinks, find_sink, local_sinks
 from atroposlib.env_runtime.step import REFUSAL_STREAK, refusal_message, run_item
 from atroposlib.envs.run_state import RunState
@@ -32,7 +33,9 @@ def start_run(env: BaseEnv, **values: Any) -> RunState:
 async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
     """Generate ``config.total_steps`` groups without an API and write them to JSONL + HTML.
 
-    ``total_steps <= 0`` means: until ``get_next_item`` returns None. Each item goes through
+    ``total_steps <= 0`` means: until ``get_next_item`` returns None. With
+    ``item_filter.enabled`` the items are drawn through the item filter
+    (:mod:`~atroposlib.env_runtime.filtering`), as in serve mode. Each item goes through
     :func:`~atroposlib.env_runtime.step.run_item` (no length limit: there is no trainer) and
     then :func:`~atroposlib.env_runtime.delivery.deliver_groups` (the env's sinks, no API), so
     the ``prepare_checked_groups`` hook of subclasses that enrich groups acts here too.
@@ -50,6 +53,7 @@ async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
     jsonl: JsonlSink | None = find_sink(state.sinks, JsonlSink)
     wandb_sink: WandbSink | None = find_sink(state.sinks, WandbSink)
     await env.setup()
+    item_filter = ItemFilter.for_env(env)
     if wandb_sink is not None:
         wandb_sink.start()
     target = state.total_steps if state.total_steps > 0 else math.inf
@@ -62,7 +66,7 @@ async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
     )
     try:
         while done < target:
-            item = backlog.pop(0) if backlog else await env.get_next_item()
+            item = backlog.pop(0) if backlog else await next_item(env, item_filter)
             if item is None:
                 logger.info("get_next_item returned None: stopping after %d groups", done)
                 break
@@ -71,6 +75,8 @@ async def run_process(env: BaseEnv, show_progress: bool = True) -> Path | None:
             if refusals >= REFUSAL_STREAK:
                 raise RolloutError(refusal_message(refusals, outcome.error))
             backlog.extend(outcome.backlog)
+            if item_filter is not None:
+                item_filter.note(item, outcome.scores)
             accepted = await deliver_groups(env, outcome.groups, item, send_to_api=False, check_length=False)
             await env.cleanup()
             if not accepted:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from atroposlib.env_runtime.api_session import ApiSession
 from atroposlib.env_runtime.delivery import deliver_groups
-from atroposlib.env_runtime.difficulty import DifficultyFilter
+from atroposlib.env_runtime.filtering import ItemFilter, next_item
 from atroposlib.env_runtime.outbox import OUTBOX_MAX_GROUPS, Outbox
 from atroposlib.env_runtime.scheduling import (
     YIELD_WINDOW,
@@ -113,7 +113,7 @@ class ServeLoop:
         self.last_progress_log = time.monotonic()
         self.finished = False
         self.metrics: Any = None  # the --env.metrics_port endpoint while serving
-        self.difficulty = DifficultyFilter.for_env(env)  # None unless --env.difficulty_filter
+        self.item_filter = ItemFilter.for_env(env)  # None unless --env.item_filter.enabled
 
     @property
     def client(self) -> AsyncAtroposClient:
@@ -152,8 +152,8 @@ class ServeLoop:
             if outcome.reason is not Skip.INFERENCE:
                 self.recent_yields.append(len(outcome.groups))
             self.backlog.extend(outcome.backlog)
-            if self.difficulty is not None:
-                self.difficulty.note(item, outcome.scores)
+            if self.item_filter is not None:
+                self.item_filter.note(item, outcome.scores)
             if outcome.groups:
                 await deliver_groups(env, outcome.groups, item, send_to_api=True)
         finally:
@@ -201,8 +201,7 @@ class ServeLoop:
             if self.backlog:
                 item = self.backlog.popleft()
             else:
-                item = await (self.env.get_next_item() if self.difficulty is None
-                              else self.difficulty.next_item())
+                item = await next_item(self.env, self.item_filter)
                 if item is None:
                     return
             task = asyncio.get_running_loop().create_task(self._worker(item))

@@ -56,7 +56,7 @@ class Outcome:
         dropped: ``(reason, message)`` for each group the checks dropped.
         duration: seconds spent in the env's hooks.
         scores: the scores of every group the env returned, before the checks (what the
-            difficulty filter learns from).
+            item filter learns from).
     """
 
     groups: list[ScoredDataGroup] = field(default_factory=list)

@@ -110,7 +110,7 @@ def problem_shape(a: int, op: str, b: int) -> str:
     :func:`make_problem` draws them) the borrows into them (below 100 only the units can
     borrow); ``*`` has no column flags. Difficulty 4 has 17 classes against about 11,000
     training problems, so each class recurs many times in a run: ``--env.difficulty_filter_by
-    shape`` gives the difficulty filter these classes as item ids.
+    shape`` gives the item filter these classes as item ids.
 
     Args:
         a: first operand (>= 0).
@@ -297,7 +297,7 @@ class ArithmeticEnvConfig(SingleTurnEnvConfig):
                              "on difficulty 4 it did not lower the dropped share and learned less "
                              "(docs: Benchmarks).")
     difficulty_filter_by: Literal["problem", "shape"] = Field(
-        default="problem", description="What --env.difficulty_filter keeps a record of: "
+        default="problem", description="What the item filter (--env.item_filter.*) keeps a record of: "
         "'problem' (each distinct problem; at difficulty 4 few recur within a run) or 'shape' "
         "(the operator, the operands' digit counts and the carries or borrows: 17 classes at "
         "difficulty 4, that recur all the time).")
@@ -338,7 +338,7 @@ class ArithmeticEnv(SingleTurnEnv):
         self.max_operand = min(cfg.curriculum_start, high) if cfg.curriculum else None
 
     def item_id(self, item: dict[str, Any]) -> str:
-        """The difficulty filter's id of a problem: the problem, or its :func:`problem_shape`."""
+        """The item filter's id of a problem: the problem, or its :func:`problem_shape`."""
         if self.config.difficulty_filter_by == "shape":
             return problem_shape(item["a"], item["op"], item["b"])
         return f"{item['a']}{item['op']}{item['b']}"
@@ -415,7 +415,7 @@ class ArithmeticEnv(SingleTurnEnv):
     def reference_reply(self, item: dict[str, Any]) -> tuple[str, str]:
         """``("57 + 12 =", " 69")``: the working the way trained policies write it, then the result.
 
-        The difficulty filter's screen (``--env.difficulty_filter_screen``) scores the result's
+        The item filter's screen (``--env.item_filter.screen``) scores the result's
         tokens after the working. Measured on a policy trained at difficulty 4 (it replies
         ``"57 + 12 = 69"``): with the bare result as the reference reply the signal did not
         predict a group's solve rate at all, and with this one it did.

@@ -77,7 +77,7 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
           the W&B rollout table.
         * ``save_checkpoint(step, data)`` / ``load_checkpoint()``: env state across restarts.
         * ``cleanup()``: runs after every item.
-        * ``item_id(item)``: the item's identity for ``--env.difficulty_filter``.
+        * ``item_id(item)``: the item's identity for the item filter (``--env.item_filter.*``).
 
     Class attributes: ``name`` (used for wandb/registration names and default file names),
     ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``InferenceClient`` =
@@ -327,15 +327,16 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         """Runs after every item (serve and process modes); default: nothing."""
 
     def item_id(self, item: Item) -> Hashable | None:
-        """A stable identity of a training item, for ``--env.difficulty_filter``.
+        """A stable identity of a training item, for the item filter (``--env.item_filter.*``).
 
         Items with the same id share one record of how their groups scored. Default: the
-        item's JSON (sorted keys; values JSON cannot hold written with ``str``). Override it
-        to return a dataset index or key, or None for items that should never be filtered.
+        item's JSON (sorted keys; values JSON cannot hold written with ``str``;
+        :func:`~atroposlib.envs.item_filter.item_key`). Override it to return a dataset index
+        or key, or None for items that should never be filtered.
         """
-        import json
+        from atroposlib.envs.item_filter import item_key
 
-        return json.dumps(item, sort_keys=True, default=str)
+        return item_key(item)
 
     # ------------------------------------------------------------------ group validation & sinks
     def _check_groups(

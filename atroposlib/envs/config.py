@@ -6,7 +6,7 @@ import sys
 import warnings
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -16,6 +16,7 @@ from atroposlib.defaults import (
     DEFAULT_INFERENCE_URL,
     DEFAULT_ROLLOUT_TIMEOUT_S,
 )
+from atroposlib.envs.item_filter import LEGACY_KEYS, ItemFilterConfig, move_legacy_keys
 from atroposlib.errors import AtroposWarning, ConfigError
 from atroposlib.inference.bundled import bundled_model_dir
 from atroposlib.inference.clients.config import APIServerConfig
@@ -57,6 +58,10 @@ class BaseEnvConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, use_enum_values=False)
 
+    #: Earlier flat keys still accepted (in Python, YAML and as hidden ``--env.*`` flags) and
+    #: the nested field each one sets (``difficulty_filter_floor`` -> ``item_filter.floor``).
+    legacy_keys: ClassVar[dict[str, str]] = {old: f"item_filter.{new}" for old, new in LEGACY_KEYS.items()}
+
     group_size: int = Field(default=4, ge=1, description="Rollouts (responses) per group.")
     max_num_workers: int = Field(
         default=-1,
@@ -96,58 +101,11 @@ class BaseEnvConfig(BaseModel):
         "gave a usable group, so groups dropped for equal scores do not hold places; <= 0 "
         "disables.",
     )
-    difficulty_filter: bool = Field(
-        default=False,
-        description="serve: sample less often the items whose recent groups all scored the same "
-        "(online difficulty filtering; atroposlib.env_runtime.difficulty): each all-solved group "
-        "multiplies an item's sampling weight by difficulty_filter_solved_keep, each all-failed "
-        "one by difficulty_filter_failed_keep, a mixed group restores it to 1, never below "
-        "difficulty_filter_floor. Items are identified by the env's item_id().",
-    )
-    difficulty_filter_solved_keep: float = Field(
-        default=0.1, gt=0, le=1, description="Weight factor after an all-solved group."
-    )
-    difficulty_filter_failed_keep: float = Field(
-        default=0.5, gt=0, le=1, description="Weight factor after an all-failed group."
-    )
-    difficulty_filter_floor: float = Field(
-        default=0.05, gt=0, le=1,
-        description="Least sampling weight of an item (no item is starved).",
-    )
-    difficulty_filter_solved_score: float = Field(
-        default=1.0, description="A group whose equal scores are >= this counts as solved."
-    )
-    difficulty_filter_replay: float = Field(
-        default=0.0, ge=0, lt=1,
-        description="With difficulty_filter: share of the items handed out that replay an item "
-        "whose recent group was mixed, drawn in proportion to the variance of that group's "
-        "scores (p(1-p) for 0/1 rewards: the learnability of Foster and Foerster 2025, "
-        "arXiv:2502.12272). For tasks whose items rarely recur. 0 disables. On arithmetic it "
-        "lowered held-out accuracy: measure first (see docs/benchmarks.md).",
-    )
-    difficulty_filter_replay_size: int = Field(
-        default=256, ge=1, description="Most learnable items held for replay."
-    )
-    difficulty_filter_replay_times: int = Field(
-        default=2, ge=1, description="Most replays of an item after the group that made it learnable."
-    )
-    difficulty_filter_screen: int = Field(
-        default=1, ge=1,
-        description="With difficulty_filter: candidates drawn per item handed out, of which the "
-        "one whose group is most likely to come back mixed is rolled out, by a solve rate "
-        "predicted from the policy's log-probability of the reference answer (one prompt-scoring "
-        "request per candidate, no sampling; the selection rule of Prompt Curriculum Learning, "
-        "arXiv:2510.01135). Needs a single-turn env with a reference answer and a vLLM server. "
-        "1 disables. Each candidate costs the sampler a prefill. On arithmetic it cut the groups "
-        "dropped as all-same, but held-out accuracy came out lower, and with small groups it "
-        "gave fewer mixed groups per second: measure first (see docs/benchmarks.md).",
-    )
-    difficulty_filter_screen_rule: Literal["best", "weighted"] = Field(
-        default="best",
-        description="With difficulty_filter_screen > 1: 'best' rolls out the candidate most "
-        "likely to come back mixed; 'weighted' draws one at random in proportion to that chance, "
-        "so items predicted near-certain (solved or failed) are still skipped but the candidates "
-        "in between keep their mix of problem types.",
+    item_filter: ItemFilterConfig = Field(
+        default_factory=ItemFilterConfig,
+        description="The item filter (atroposlib.envs.item_filter): skip, before sampling, items "
+        "whose recent groups all scored the same. --env.item_filter.<field>; the earlier flat "
+        "keys difficulty_filter, difficulty_filter_<field> and zero_variance_keep are accepted.",
     )
     tokenizer_name: str | None = Field(
         default=None,
@@ -301,6 +259,12 @@ class BaseEnvConfig(BaseModel):
         copy = super().model_copy(update=update, deep=deep)
         copy._frozen = False
         return copy
+
+    @model_validator(mode="before")
+    @classmethod
+    def _move_legacy_item_filter_keys(cls, data: Any) -> Any:
+        # difficulty_filter*, zero_variance_keep -> item_filter (logged once per key)
+        return move_legacy_keys(data, cls.model_fields) if isinstance(data, dict) else data
 
     @field_validator("tokenizer_name", mode="after")
     @classmethod

@@ -12,6 +12,7 @@ from atroposlib.utils.config_docs import model_table
 def generate() -> str:
     """Return the configuration reference as Markdown."""
     from atroposlib.envs.config import BaseEnvConfig
+    from atroposlib.envs.item_filter import ItemFilterConfig
     from atroposlib.envs.teacher_distillation_env import TeacherDistillationConfig
     from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
     from atroposlib.inference.clients.manager import ServerManagerConfig
@@ -33,6 +34,16 @@ def generate() -> str:
         "Subclass it to add env-specific fields; they get `--env.<field>` flags too.",
         "",
         model_table(BaseEnvConfig, "env"),
+        "",
+        "## `ItemFilterConfig` (`env: item_filter:` / `--env.item_filter.*`)",
+        "",
+        "The item filter's section of every env config (guide: Difficulty filtering). In YAML "
+        "a mapping under `env: item_filter:`; in Python `item_filter=ItemFilterConfig(...)` or a "
+        "dict. The earlier flat keys `difficulty_filter` and `difficulty_filter_<field>` "
+        "(`--env.difficulty_filter_floor 0.1`) and `zero_variance_keep` (solved_keep = "
+        "failed_keep = P, floor = P**4) are still accepted, with a deprecation line in the log.",
+        "",
+        model_table(ItemFilterConfig, "env.item_filter"),
         "",
         "## `APIServerConfig` (`openai:` / `--openai.*`)",
         "",

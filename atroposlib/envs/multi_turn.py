@@ -20,7 +20,6 @@ from atroposlib.envs.config import default_server
 from atroposlib.envs.episodes import Episode, ReplyHandler, run_episode
 from atroposlib.envs.groups import add_rollout, new_group
 from atroposlib.envs.outcomes import Member, attach_outcomes
-from atroposlib.envs.prompt_filter import ZeroVarianceFilter
 from atroposlib.envs.scoring import mean_details
 from atroposlib.type_definitions import Item, Message
 
@@ -40,12 +39,6 @@ class MultiTurnEnvConfig(BaseEnvConfig):
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (training).")
     eval_temperature: float = Field(default=0.0, ge=0, description="Evaluation temperature (0 = greedy).")
     seed: int = Field(default=0, description="Seed of ``self.rng`` (item generators, shuffles).")
-    zero_variance_keep: float = Field(
-        default=1.0, gt=0, le=1,
-        description="Skip items whose recent groups all scored the same, before sampling them: "
-        "an item whose last k groups had zero variance is sampled with probability "
-        "zero_variance_keep**k (k <= 4), as in GRESO (arXiv:2506.02177). 1.0 = off.",
-    )
     max_turns: int = Field(
         default=4, ge=1,
         description="Assistant turns per episode at most; an episode also ends early when the "
@@ -75,7 +68,8 @@ class MultiTurnEnv(BaseEnv):
     default env and server configs).
 
     Done for you: ``config_init`` (bundled tokenizer, the dev vLLM server), ``get_next_item``
-    (with the zero-variance item filter), ``collect_trajectories``, ``evaluate``,
+    (the runners apply the env config's ``item_filter`` to it, the zero-variance rule of
+    ``zero_variance_keep`` included), ``collect_trajectories``, ``evaluate``,
     ``train/percent_correct`` in ``wandb_log``, and the cursor (``self.iter``) in checkpoints.
     """
 
@@ -99,8 +93,6 @@ class MultiTurnEnv(BaseEnv):
         self.train_correct: list[float] = []
         self.train_scores: list[float] = []
         self.train_details: list[dict[str, Any]] = []
-        keep = float(getattr(self.config, "zero_variance_keep", 1.0))
-        self.item_filter = ZeroVarianceFilter(keep) if keep < 1.0 else None
 
     @classmethod
     def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
@@ -214,23 +206,20 @@ class MultiTurnEnv(BaseEnv):
     async def get_next_item(self) -> Item:
         """The training item at the cursor; advances the cursor.
 
-        With ``zero_variance_keep < 1`` items whose recent groups all scored the same are
-        skipped with a probability (:class:`~atroposlib.envs.prompt_filter.ZeroVarianceFilter`;
-        ``train/skipped_items`` counts them).
+        Items whose recent groups all scored the same are skipped by the runners' item filter
+        (``item_filter``, or ``zero_variance_keep < 1``:
+        :mod:`atroposlib.env_runtime.filtering`; ``train/difficulty_skipped`` counts them).
         """
-        def draw() -> Item:
-            item = self.train_item(self.iter)
-            self.iter += 1
-            return item
-
-        if self.item_filter is None:
-            return draw()
-        return self.item_filter.next_item(draw, self.rng)
+        item = self.train_item(self.iter)
+        self.iter += 1
+        return item
 
     def record_group(self, item: Item, group: ScoredDataGroup | None) -> ScoredDataGroup | None:
-        """Note a finished group's scores for the item filter; return the group unchanged."""
-        if self.item_filter is not None and group is not None:
-            self.item_filter.record(item, group["scores"])
+        """The last step of :meth:`finish_rollouts`; returns the group unchanged.
+
+        The item filter learns from the groups in the runners now; kept for subclasses that
+        override or call it.
+        """
         return group
 
     def record_train_score(self, score: float, details: Mapping[str, Any]) -> None:
@@ -241,7 +230,7 @@ class MultiTurnEnv(BaseEnv):
             self.train_details.append(dict(details))
 
     def finish_rollouts(self, item: Item, group: ScoredDataGroup) -> ScoredDataGroup | None:
-        """The last steps of every group: messages kept or not, :meth:`finish_group`, the filter."""
+        """The last steps of every group: messages kept or not, :meth:`finish_group`."""
         if not (self.send_messages or self.config.include_messages):
             group["messages"] = None
         return self.record_group(item, self.finish_group(item, group))
@@ -329,8 +318,6 @@ class MultiTurnEnv(BaseEnv):
             metrics["train/mean_score"] = sum(self.train_scores) / len(self.train_scores)
             metrics.update(self.details_metrics(self.train_details, "train"))
             self.train_correct, self.train_scores, self.train_details = [], [], []
-        if self.item_filter is not None:
-            metrics["train/skipped_items"] = float(self.item_filter.take_skipped())
         await super().wandb_log(metrics)
 
     def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:

@@ -150,8 +150,8 @@ class SingleTurnEnv(MultiTurnEnv):
         special tokens) and the log-probs of the answer's tokens and the template's end of turn
         under the serving policy are summed, given the prompt and the working before the answer.
         One prompt-scoring request to the inference server (vLLM's ``prompt_logprobs``), no
-        sampling: the difficulty filter's screen uses it to predict how often a group would
-        solve the item (``--env.difficulty_filter_screen``).
+        sampling: the item filter's screen uses it to predict how often a group would
+        solve the item (``--env.item_filter.screen``).
 
         Returns:
             The summed log-probability, or None when the item has no reference reply or the

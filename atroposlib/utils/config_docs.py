@@ -40,6 +40,9 @@ def model_table(
 ) -> str:
     """Render one model as a markdown table (flag, type, default, description).
 
+    A field holding a pydantic model (a nested section) shows ``--prefix.field.<field>``;
+    render that model with its own table (``flag_prefix="prefix.field"``).
+
     Args:
         model: the pydantic model.
         flag_prefix: ``"env"`` renders ``--env.<field>``; None renders ``--<field>``.
@@ -50,10 +53,14 @@ def model_table(
     for name, field in model.model_fields.items():
         if name in skip:
             continue
-        flag = f"`--{flag_prefix}.{name}`" if flag_prefix else f"`--{name}`"
+        flag = f"--{flag_prefix}.{name}" if flag_prefix else f"--{name}"
         description = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        nested = isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        # a nested section: one flag per field of its model (its own table), its defaults there
         rows.append(
-            f"| `{name}` | {flag} | {_type_name(field.annotation)} | "
+            f"| `{name}` | `{flag}.<field>` | {_type_name(field.annotation)} | "
+            f"see its table | {description} |" if nested else
+            f"| `{name}` | `{flag}` | {_type_name(field.annotation)} | "
             f"{_default(field.default)} | {description} |"
         )
     return "\n".join(rows)

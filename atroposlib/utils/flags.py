@@ -85,6 +85,18 @@ def _show_default(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (its section becomes ``--prefix.field.sub``), or None."""
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _field_default(field: Any) -> Any:
+    """A field's default, calling its default factory (a nested section's defaults)."""
+    if field.default_factory is not None:
+        return field.default_factory()
+    return field.default
+
+
 def add_model_options(
     parser: argparse.ArgumentParser | Any,
     model_cls: type[BaseModel],
@@ -93,6 +105,12 @@ def add_model_options(
     title: str | None = None,
 ) -> None:
     """Add one ``--prefix.field`` option per field of ``model_cls`` to ``parser``.
+
+    A field that holds a pydantic model (a nested section such as ``item_filter``) becomes one
+    option per field of that model, ``--prefix.field.sub`` (dest ``prefix.field.sub``;
+    :func:`collect_overrides` nests the values again). The model class's ``legacy_keys``
+    (old flat key -> dotted field it sets) become hidden options of the old names, typed as
+    the field they set, so earlier command lines keep working.
 
     Args:
         parser: the argparse parser (or subparser).
@@ -103,24 +121,45 @@ def add_model_options(
         title: heading of the option group in ``--help``.
     """
     group = parser.add_argument_group(title or (f"{prefix} options" if prefix else "options"))
-    defaults = defaults or {}
+    _add_field_options(group, model_cls, prefix, defaults or {})
+    for old, target in (getattr(model_cls, "legacy_keys", None) or {}).items():
+        if old in model_cls.model_fields:
+            continue
+        owner: Any = model_cls
+        *sections, name = target.split(".")
+        for section in sections:
+            owner = _nested_model(owner.model_fields[section].annotation)
+        group.add_argument(f"--{prefix}.{old}" if prefix else f"--{old}",
+                           **_option_kwargs(owner.model_fields[name].annotation,
+                                            f"{prefix}.{old}" if prefix else old, argparse.SUPPRESS))
+
+
+def _option_kwargs(annotation: Any, dest: str, help_text: str) -> dict[str, Any]:
+    """``add_argument`` keywords of one field's option (booleans take an optional value)."""
+    kwargs: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, "help": help_text,
+                              "metavar": _type_label(annotation)}
+    if _is_bool(annotation):
+        kwargs.update(nargs="?", const="true", metavar="BOOL")
+    elif _choice_is_a_none_word(annotation):
+        kwargs["type"] = _Verbatim
+    return kwargs
+
+
+def _add_field_options(group: Any, model_cls: type[BaseModel], prefix: str | None,
+                       defaults: Any) -> None:
+    """The options of ``model_cls``'s fields (nested sections recursively) on ``group``."""
+    if isinstance(defaults, BaseModel):
+        defaults = defaults.model_dump()
     for name, field in model_cls.model_fields.items():
-        flag = f"--{prefix}.{name}" if prefix else f"--{name}"
         dest = f"{prefix}.{name}" if prefix else name
-        shown = defaults.get(name, field.default)
+        shown = defaults.get(name, _field_default(field)) if isinstance(defaults, dict) else _field_default(field)
+        nested = _nested_model(field.annotation)
+        if nested is not None:
+            _add_field_options(group, nested, dest, shown)
+            continue
         description = field.description or ""
         help_text = f"{description} (default: {_show_default(shown)})".replace("%", "%%")
-        kwargs: dict[str, Any] = {
-            "dest": dest,
-            "default": argparse.SUPPRESS,
-            "help": help_text,
-            "metavar": _type_label(field.annotation),
-        }
-        if _is_bool(field.annotation):
-            kwargs.update(nargs="?", const="true", metavar="BOOL")
-        elif _choice_is_a_none_word(field.annotation):
-            kwargs["type"] = _Verbatim
-        group.add_argument(flag, **kwargs)
+        group.add_argument(f"--{dest}", **_option_kwargs(field.annotation, dest, help_text))
 
 
 def convert_value(raw: Any) -> Any:
@@ -150,7 +189,9 @@ def convert_value(raw: Any) -> Any:
 def collect_overrides(namespace: argparse.Namespace, prefixes: list[str]) -> dict[str, dict[str, Any]]:
     """Split parsed options into ``{prefix: {field: value}}`` (``""`` for unprefixed ones).
 
-    Only options actually given on the command line appear.
+    Only options actually given on the command line appear. A nested section's options
+    (``--env.item_filter.floor 0.2``) come back nested: ``{"env": {"item_filter": {"floor":
+    "0.2"}}}``.
     """
     out: dict[str, dict[str, Any]] = {p: {} for p in prefixes}
     for dest, raw in vars(namespace).items():
@@ -159,7 +200,39 @@ def collect_overrides(namespace: argparse.Namespace, prefixes: list[str]) -> dic
         else:
             prefix, name = "", dest
         if prefix in out:
-            out[prefix][name] = convert_value(raw)
+            target = out[prefix]
+            *sections, name = name.split(".")
+            for section in sections:
+                target = target.setdefault(section, {})
+            target[name] = convert_value(raw)
+    return out
+
+
+def merge_sections(base: dict[str, Any], new: dict[str, Any], model_cls: type[BaseModel]) -> dict[str, Any]:
+    """``base`` updated with ``new``; a nested section of ``model_cls`` is merged field by field.
+
+    So ``--env.item_filter.floor 0.2`` changes that one field of the section ``config_init``
+    or the YAML set, instead of replacing the whole section. Other values replace.
+
+    Args:
+        base: the lower layer's values (not changed).
+        new: the higher layer's values.
+        model_cls: the model whose nested-model fields are merged.
+
+    Returns:
+        A new mapping.
+    """
+    out = dict(base)
+    for key, value in new.items():
+        field = model_cls.model_fields.get(key)
+        nested = _nested_model(field.annotation) if field is not None else None
+        old = out.get(key)
+        if isinstance(old, BaseModel):
+            old = old.model_dump(exclude_unset=True)
+        if nested is not None and isinstance(value, dict) and isinstance(old, dict):
+            out[key] = merge_sections(old, value, nested)
+        else:
+            out[key] = value
     return out
 
 
@@ -471,6 +544,7 @@ __all__ = [
     "get_double_dash_flags",
     "get_prefixed_pydantic_model",
     "merge_dicts",
+    "merge_sections",
     "parse_settings",
     "settings_parser",
     "settings_text",

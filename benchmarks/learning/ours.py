@@ -64,7 +64,7 @@ def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | 
         difficulty: the arithmetic difficulty (``env.difficulty``).
         lr: replaces the config's learning rate when given.
         env_args: added to (or replacing) every env's ``args`` (e.g.
-            ``{"env.difficulty_filter": "true"}``).
+            ``{"env.item_filter.enabled": "true"}``).
         trainer_args: added to (or replacing) the ``trainer:`` section.
 
     Returns:

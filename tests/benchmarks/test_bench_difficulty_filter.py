@@ -24,11 +24,13 @@ def test_signal_fifths_rank_groups_by_their_answer_probability():
 
 def test_arm_overrides_apply_all_arms_args_everywhere_and_env_args_to_the_on_arm():
     bench = load_bench("bench_difficulty_filter.py")
-    env_args = ["difficulty_filter_screen=8", "group_size=16"]
+    env_args = ["item_filter.screen=8", "group_size=16", "item_filter.screen_rule=weighted"]
     common = ["group_size=4", "temperature=0.8"]
     assert bench.arm_overrides("off", env_args, common) == {"group_size": 4, "temperature": 0.8}
     assert bench.arm_overrides("signal", env_args, []) == {}
     assert bench.arm_overrides("on", env_args, common) == {
-        "group_size": 16, "temperature": 0.8, "difficulty_filter_screen": 8}
+        "group_size": 16, "temperature": 0.8, "item_filter": {"screen": 8, "screen_rule": "weighted"}}
+    assert bench.arm_overrides("on", env_args, ["item_filter.floor=0.1"])["item_filter"] == {
+        "floor": 0.1, "screen": 8, "screen_rule": "weighted"}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         bench.arm_overrides("off", [], ["group_size"])

@@ -11,6 +11,7 @@ import pytest
 
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.config_docs import generate
+from atroposlib.envs.item_filter import ItemFilterConfig
 from atroposlib.inference.clients.config import APIServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,9 +36,10 @@ def test_the_docs_config_page_is_generated_from_the_models():
 
 def test_every_field_default_and_description_is_documented():
     text = generate()
-    for model, prefix in ((BaseEnvConfig, "env"), (APIServerConfig, "openai")):
+    for model, prefix in ((BaseEnvConfig, "env"), (ItemFilterConfig, "env.item_filter"),
+                          (APIServerConfig, "openai")):
         for name, field in model.model_fields.items():
-            assert f"`--{prefix}.{name}`" in text
+            assert f"`--{prefix}.{name}`" in text or f"`--{prefix}.{name}.<field>`" in text
             assert field.description and field.description.split(".")[0][:30] in text
 
 

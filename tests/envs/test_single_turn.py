@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.env_runtime.checks import check_env
+from atroposlib.envs.item_filter import ItemFilterConfig
 from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
@@ -200,48 +201,41 @@ def test_a_score_of_the_wrong_type_says_what_came_back():
 
 
 async def test_zero_variance_keep_skips_items_whose_groups_all_scored_the_same(add_env_cls, tok_dir,
-                                                                            tmp_path, monkeypatch):
+                                                                            tmp_path):
+    """``zero_variance_keep`` (the earlier key) turns on the item filter the process runner applies."""
+    from atroposlib.env_runtime.process import run_process
+
     class TwoItems(add_env_cls):
         async def setup(self):
             self.train_items = [(1, 1), (5, 7)]
+            self.rolled = []
+
+        async def collect_trajectories(self, item):
+            self.rolled.append(item)
+            return await super().collect_trajectories(item)
 
     def reply(req):  # 1 + 1 is always solved (zero variance); 5 + 7 half the time
         return "2" if "1 + 1" in req.prompt else ["12", "13"][req.index % 2]
 
-    def make(**overrides):
-        config = _env(TwoItems, tok_dir, tmp_path, group_size=4, **overrides).config
-        return TwoItems(config, [FakeServer(reply)])
-
-    seen = {}
-
-    async def fake_base_log(self, metrics=None):
-        seen.update(metrics or {})
-
-    monkeypatch.setattr("atroposlib.envs.base.BaseEnv.wandb_log", fake_base_log)
     for keep, expect_skips in ((1.0, False), (0.01, True)):
-        env = make(zero_variance_keep=keep)
-        await env.setup()
-        for _ in range(2):  # one group of each item: 1 + 1 gets a zero-variance streak
-            item = await env.get_next_item()
-            group, _ = await env.collect_trajectories(item)
-            assert (len(set(group["scores"])) == 1) == (item == (1, 1))
-        drawn = [await env.get_next_item() for _ in range(20)]
-        seen.clear()
-        await env.wandb_log({})
+        config = _env(TwoItems, tok_dir, tmp_path, group_size=4, zero_variance_keep=keep, total_steps=20,
+                      use_wandb=False, data_path_to_save_groups=str(tmp_path / f"k{keep}.jsonl")).config
+        env = TwoItems(config, [FakeServer(reply)])
+        await run_process(env, show_progress=False)
+        assert env.rolled.count((5, 7)) == 20  # the groups with a signal, all sent
         if not expect_skips:  # off: the items alternate, nothing is counted
-            assert drawn == [(1, 1), (5, 7)] * 10 and "train/skipped_items" not in seen
-        else:
-            assert drawn.count((1, 1)) <= 2 and drawn.count((5, 7)) >= 18
-            assert seen["train/skipped_items"] == env.iter - 2 - len(drawn) > 0
-    # a group with a signal ends the streak: 1 + 1 is drawn again like any item
-    env.item_filter.record((1, 1), [1.0, 0.0, 1.0, 1.0])
-    assert env.item_filter.keep_probability((1, 1)) == 1.0
+            assert env.config.item_filter.enabled is False
+            assert env.rolled.count((1, 1)) >= 19 and "difficulty_skipped" not in env.stats
+        else:  # keep ** k, k <= 4: after one all-same group 1 + 1 is rarely drawn again
+            assert env.config.item_filter == ItemFilterConfig.zero_variance(0.01)
+            assert env.rolled.count((1, 1)) <= 2 and env.stats["difficulty_skipped"] > 0
+            assert env.stats["difficulty_drawn"] - env.stats["difficulty_skipped"] == len(env.rolled)
 
 
 def test_zero_variance_filter_streaks_are_capped_and_draws_bounded():
     import random
 
-    from atroposlib.envs.prompt_filter import ZeroVarianceFilter
+    from atroposlib.envs.prompt_filter import ZeroVarianceFilter  # the earlier path, an alias
 
     f = ZeroVarianceFilter(0.5, max_streak=2, max_draws=5)
     for _ in range(4):

@@ -1,27 +1,26 @@
-"""Online difficulty filtering: the seeded sampler's weights and draws, and a real serve run."""
+"""The item filter: the seeded sampler's weights and draws, the screen, and real serve runs."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections import Counter
 
 import pytest
 
-from atroposlib.env_runtime.difficulty import (
-    DifficultyFilter,
-    DifficultySampler,
-    DifficultySettings,
+from atroposlib.env_runtime.filtering import ItemFilter
+from atroposlib.envs.item_filter import (
+    ItemFilterConfig,
+    ItemSampler,
     SolveRateModel,
     mixed_chance,
     reply_log_odds,
 )
 
-SETTINGS = DifficultySettings(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0)
+SETTINGS = ItemFilterConfig(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0)
 
 
 def test_weights_follow_the_groups():
-    sampler = DifficultySampler(SETTINGS)
+    sampler = ItemSampler(SETTINGS)
     assert sampler.weight("new") == 1.0
     assert sampler.record("a", [1.0, 1.0, 1.0]) == "solved"
     assert sampler.weight("a") == pytest.approx(0.1)
@@ -53,7 +52,7 @@ async def _hand_out(sampler, items, n):
 
 
 async def test_items_are_handed_out_in_proportion_to_their_weights():
-    sampler = DifficultySampler(SETTINGS, seed=3)
+    sampler = ItemSampler(SETTINGS, seed=3)
     for _ in range(3):
         sampler.record("solved", [1.0] * 8)  # weight 0.05
     sampler.record("hard", [0.0] * 8)  # weight 0.5
@@ -67,7 +66,7 @@ async def test_items_are_handed_out_in_proportion_to_their_weights():
 
 async def test_draws_are_deterministic_for_a_seed():
     def run(seed):
-        sampler = DifficultySampler(SETTINGS, seed=seed)
+        sampler = ItemSampler(SETTINGS, seed=seed)
         sampler.record("x", [1.0] * 4)
         return asyncio.get_running_loop().create_task(_hand_out(sampler, ["x", "y", "z"], 200))
 
@@ -76,7 +75,7 @@ async def test_draws_are_deterministic_for_a_seed():
 
 
 async def test_no_item_is_starved_and_the_draw_is_bounded():
-    sampler = DifficultySampler(DifficultySettings(solved_keep=0.1, failed_keep=0.1, floor=0.05,
+    sampler = ItemSampler(ItemFilterConfig(solved_keep=0.1, failed_keep=0.1, floor=0.05,
                                                    solved_score=1.0, max_draws=3))
     for item in ("a", "b"):
         for _ in range(5):
@@ -100,12 +99,12 @@ async def test_no_item_is_starved_and_the_draw_is_bounded():
     assert await sampler.next_item(_draws(["a"]), lambda i: None) == "a"
 
 
-REPLAY = DifficultySettings(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0,
-                            replay=0.5, replay_size=2, replay_times=3)
+REPLAY = ItemFilterConfig(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0,
+                          replay=0.5, replay_size=2, replay_times=3)
 
 
 def test_mixed_items_are_held_for_replay_by_learnability():
-    sampler = DifficultySampler(REPLAY)
+    sampler = ItemSampler(REPLAY)
     sampler.record("half", [1.0, 0.0, 1.0, 0.0], item={"q": "half"})  # p = 0.5: priority 0.25
     sampler.record("rare", [1.0, 0.0, 0.0, 0.0], item={"q": "rare"})  # p = 0.25: 0.1875
     assert sampler.replays["half"].priority == pytest.approx(0.25)
@@ -123,16 +122,16 @@ def test_mixed_items_are_held_for_replay_by_learnability():
 
 
 async def test_replays_are_a_share_of_what_is_handed_out_and_end():
-    sampler = DifficultySampler(REPLAY, seed=5)
+    sampler = ItemSampler(REPLAY, seed=5)
     sampler.record("held", [1.0, 0.0], item="held")
     out = await _hand_out(sampler, ["fresh"], 40)
     assert out.count("held") == 3  # replay_times, then it leaves the set
     assert sampler.replays == {} and sampler.counts["replayed"] == 3
-    sampler = DifficultySampler(dataclasses.replace(REPLAY, replay_times=10_000), seed=5)
+    sampler = ItemSampler(REPLAY.model_copy(update={"replay_times": 10_000}), seed=5)
     sampler.record("held", [1.0, 0.0], item="held")
     out = await _hand_out(sampler, ["fresh"], 2000)
     assert 0.45 < out.count("held") / 2000 < 0.55  # the replay share
-    sampler = DifficultySampler(dataclasses.replace(REPLAY, replay=0.9, replay_times=10_000), seed=5)
+    sampler = ItemSampler(REPLAY.model_copy(update={"replay": 0.9, "replay_times": 10_000}), seed=5)
     sampler.record("p50", [1.0, 0.0], item="p50")  # priority 0.25
     sampler.record("p25", [1.0, 0.0, 0.0, 0.0], item="p25")  # 0.1875
     counts = Counter(await _hand_out(sampler, ["fresh"], 3000))
@@ -145,28 +144,23 @@ async def test_replays_are_a_share_of_what_is_handed_out_and_end():
                                  dict(screen_window=0), dict(screen_rule="softmax")])
 def test_bad_settings_are_refused(bad):
     values = dict(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0) | bad
-    with pytest.raises(ValueError, match="difficulty filter"):
-        DifficultySettings(**values)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        ItemFilterConfig(**values)
 
 
 def test_settings_come_from_the_env_config():
-    from atroposlib.env_runtime.difficulty import settings_from_config
     from atroposlib.envs.base import BaseEnvConfig
+    from atroposlib.envs.item_filter import settings_from_config
 
     assert settings_from_config(BaseEnvConfig()) is None
-    on = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_floor=0.2))
-    assert on.floor == 0.2 and on.solved_keep == BaseEnvConfig().difficulty_filter_solved_keep
-    assert on.replay == 0.0
-    replay = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_replay=0.5,
-                                                difficulty_filter_replay_size=8,
-                                                difficulty_filter_replay_times=4))
-    assert (replay.replay, replay.replay_size, replay.replay_times) == (0.5, 8, 4)
-    assert on.screen == 1
-    screened = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_screen=4))
-    assert screened.screen == 4 and screened.screen_rule == "best"
-    weighted = settings_from_config(BaseEnvConfig(difficulty_filter=True, difficulty_filter_screen=4,
-                                                  difficulty_filter_screen_rule="weighted"))
-    assert weighted.screen_rule == "weighted"
+    on = settings_from_config(BaseEnvConfig(item_filter={"enabled": True, "floor": 0.2}))
+    assert on.floor == 0.2 and on.solved_keep == ItemFilterConfig().solved_keep
+    assert on.replay == 0.0 and on.screen == 1 and on.screen_rule == "best"
+    weighted = settings_from_config(BaseEnvConfig(item_filter=ItemFilterConfig(
+        enabled=True, screen=4, screen_rule="weighted", replay=0.5, replay_size=8, replay_times=4)))
+    assert (weighted.screen, weighted.screen_rule) == (4, "weighted")
+    assert (weighted.replay, weighted.replay_size, weighted.replay_times) == (0.5, 8, 4)
+    assert settings_from_config(BaseEnvConfig(item_filter={"floor": 0.2})) is None  # not enabled
 
 
 # ------------------------------------------------------------------- screening by predicted solve rate
@@ -236,14 +230,14 @@ class ScreenedEnv:
 
 
 def _settings(**kw):
-    return DifficultySettings(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0, **kw)
+    return ItemFilterConfig(solved_keep=0.1, failed_keep=0.5, floor=0.05, solved_score=1.0, **kw)
 
 
 async def test_screening_hands_out_the_candidate_most_likely_to_come_back_mixed():
     import math
 
     env = ScreenedEnv([math.log(0.99), math.log(0.01), math.log(0.4), math.log(0.9)])
-    screen = DifficultyFilter(env, _settings(screen=4))
+    screen = ItemFilter(env, _settings(screen=4))
     assert await screen.next_item() == math.log(0.4)  # 0.4 beats 0.9, 0.99 and 0.01
     assert env.asked == [math.log(q) for q in (0.99, 0.01, 0.4, 0.9)]  # one request per candidate
     assert env.stats["difficulty_screened"] == 4
@@ -258,7 +252,7 @@ async def test_the_weighted_rule_draws_candidates_in_proportion_to_their_mixed_c
 
     solve_rates = (0.99, 0.01, 0.4, 0.9)
     env = ScreenedEnv([math.log(q) for q in solve_rates])
-    screen = DifficultyFilter(env, _settings(screen=4, screen_rule="weighted"))
+    screen = ItemFilter(env, _settings(screen=4, screen_rule="weighted"))
     draws = 4000
     picked = Counter()
     for _ in range(draws):
@@ -275,7 +269,7 @@ async def test_without_screening_no_answer_is_scored():
     import math
 
     env = ScreenedEnv([math.log(0.99), math.log(0.4)])
-    plain = DifficultyFilter(env, _settings())
+    plain = ItemFilter(env, _settings())
     assert plain.model is None
     assert await plain.next_item() == math.log(0.99)
     assert env.asked == [] and "difficulty_screened" not in env.stats
@@ -286,10 +280,10 @@ async def test_a_candidate_whose_answer_cannot_be_scored_ranks_last():
 
     good, broken = math.log(0.01), math.log(0.5)
     env = ScreenedEnv([broken, good], fail={broken})
-    screen = DifficultyFilter(env, _settings(screen=2))
+    screen = ItemFilter(env, _settings(screen=2))
     assert await screen.next_item() == good
     assert env.stats["difficulty_screen_failed"] == 1
-    every_one_broken = DifficultyFilter(ScreenedEnv([broken], fail={broken}), _settings(screen=3))
+    every_one_broken = ItemFilter(ScreenedEnv([broken], fail={broken}), _settings(screen=3))
     assert await every_one_broken.next_item() == broken  # the run goes on with the first draw
 
 
@@ -297,8 +291,8 @@ def test_screening_needs_an_env_that_scores_answers():
     class NoAnswers(ScreenedEnv):
         answer_logprob = None
 
-    with pytest.raises(ValueError, match="difficulty_filter_screen=4 needs an env with answer_logprob"):
-        DifficultyFilter(NoAnswers([0.0]), _settings(screen=4))
+    with pytest.raises(ValueError, match="item_filter.screen=4 needs an env with answer_logprob"):
+        ItemFilter(NoAnswers([0.0]), _settings(screen=4))
 
 
 # ---------------------------------------------------------------------------- a real serve run
@@ -326,7 +320,7 @@ class PoolEnv(ChatLengthEnv):
         return group, backlog
 
 
-async def _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter: bool, replay: float = 0.0) -> PoolEnv:
+async def _serve(run_api, tiny_tokenizer, tmp_path, enabled: bool, replay: float = 0.0) -> PoolEnv:
     from atroposlib.api.client import AsyncAtroposClient
     from atroposlib.api.models import Registration
     from atroposlib.env_runtime.serve import ServeLoop
@@ -334,8 +328,8 @@ async def _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter: bool, rep
     from atroposlib.testing.fake_server import FakeServer
 
     config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
-                           max_batches_offpolicy=2, difficulty_filter=difficulty_filter,
-                           difficulty_filter_replay=replay)
+                           max_batches_offpolicy=2,
+                           item_filter=ItemFilterConfig(enabled=enabled, replay=replay))
     env = PoolEnv(config, [FakeServer(["a", "bb", "ccc", "dddd", "eeeee"])])
     env.tokenizer = tiny_tokenizer
     trainer = AsyncAtroposClient(run_api.url)
@@ -355,7 +349,7 @@ async def _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter: bool, rep
 
 
 async def test_a_serve_run_samples_solved_items_less(run_api, tiny_tokenizer, tmp_path):
-    on = await _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter=True)
+    on = await _serve(run_api, tiny_tokenizer, tmp_path, enabled=True)
     solved_share = sum(n for item, n in on.rolled.items() if item.startswith("solved")) / sum(on.rolled.values())
     # weights 0.05 (after two solved groups) against 1: a few percent, plus the first visits
     assert solved_share < 0.2
@@ -364,14 +358,14 @@ async def test_a_serve_run_samples_solved_items_less(run_api, tiny_tokenizer, tm
 
 
 async def test_without_the_filter_every_item_is_sampled_alike(run_api, tiny_tokenizer, tmp_path):
-    off = await _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter=False)
+    off = await _serve(run_api, tiny_tokenizer, tmp_path, enabled=False)
     solved_share = sum(n for item, n in off.rolled.items() if item.startswith("solved")) / sum(off.rolled.values())
     assert 0.4 < solved_share < 0.6
     assert "difficulty_skipped" not in off.stats
 
 
 async def test_a_serve_run_replays_the_items_whose_groups_were_mixed(run_api, tiny_tokenizer, tmp_path):
-    env = await _serve(run_api, tiny_tokenizer, tmp_path, difficulty_filter=True, replay=0.5)
+    env = await _serve(run_api, tiny_tokenizer, tmp_path, enabled=True, replay=0.5)
     assert env.stats["difficulty_replayed"] > 0
     # a replay is handed out without a draw: fewer items drawn than rolled out
     assert env.stats["difficulty_drawn"] - env.stats["difficulty_skipped"] < sum(env.rolled.values())

@@ -1,4 +1,7 @@
-"""Online difficulty filtering: sample less often the items whose recent groups all scored the same.
+"""The item filter: sample less often the items whose recent groups all scored the same.
+
+Its settings are the ``item_filter`` section of every env config (:class:`ItemFilterConfig`,
+``--env.item_filter.*``); the runners apply it (:mod:`atroposlib.env_runtime.filtering`).
 
 A GRPO group whose rewards are all equal has zero advantage everywhere and teaches nothing; with
 ``ensure_scores_are_not_same`` the env drops it after paying for its rollouts. That is DAPO's
@@ -25,8 +28,13 @@ answers right every time leave the training pool). Per item id it keeps a sampli
 Items are drawn from the env as usual and each is kept with probability equal to its weight
 (rejection sampling, at most ``max_draws`` draws per item handed out), so the env's own order
 and item generator are untouched and an env needs only an item id (``BaseEnv.item_id``; by
-default the item's JSON). State is in memory only: a restarted env starts with every item
-unseen.
+default the item's JSON, :func:`item_key`). State is in memory only: a restarted env starts
+with every item unseen.
+
+The zero-variance rule of GRESO (Zheng et al. 2025, "Act Only When It Pays", arXiv:2506.02177,
+Sec. 4: an item whose last ``k`` groups were all-same is sampled with probability ``keep ** k``,
+``k <= 4``) is this filter with ``solved_keep = failed_keep = keep`` and ``floor = keep ** 4``
+(:meth:`ItemFilterConfig.zero_variance`; the ``zero_variance_keep`` env setting).
 
 For generated tasks with many distinct items (arithmetic at difficulty 4 has about 11,000
 training problems) items rarely recur within a short run, so the weights above do little. The
@@ -57,7 +65,7 @@ answer as the predictor instead of a separately trained value model.
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
 import math
 import random
@@ -67,67 +75,177 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 logger = logging.getLogger(__name__)
 
-#: Most signals of screened items held until their groups come back.
-SIGNALS_HELD = 4096
+def item_key(item: Any) -> str:
+    """The default item id (:meth:`~atroposlib.envs.base.BaseEnv.item_id`): the item's JSON.
+
+    Keys are sorted; values JSON cannot hold are written with ``str``. Items with the same key
+    share one record of how their groups scored.
+    """
+    return json.dumps(item, sort_keys=True, default=str)
 
 
-@dataclass(frozen=True)
-class DifficultySettings:
-    """The filter's knobs.
+class ItemFilterConfig(BaseModel):
+    """The item filter's settings: the ``item_filter`` section of every env config.
 
-    :func:`settings_from_config` reads them from the env config's ``difficulty_filter*``
-    fields, where their defaults live.
+    On the command line ``--env.item_filter.<field>`` (``--env.item-filter.solved-keep``
+    too), in YAML ``env: {item_filter: {...}}``, in Python
+    ``BaseEnvConfig(item_filter=ItemFilterConfig(enabled=True))`` or a dict. The defaults
+    live here and nowhere else. The earlier flat names (``difficulty_filter``,
+    ``difficulty_filter_<field>``, and ``zero_variance_keep``: :meth:`zero_variance`) are
+    still accepted by env configs (:data:`LEGACY_KEYS`).
 
-    Attributes:
-        solved_keep: weight factor after an all-solved group, in (0, 1].
-        failed_keep: weight factor after an all-failed group, in (0, 1].
-        floor: the least weight, in (0, 1]: the item is still drawn at this rate.
-        solved_score: a score at or above it counts as solved.
-        max_draws: items drawn at most to hand out one (the last is kept whatever its weight).
-        replay: share of the items handed out that are replays of learnable items, in [0, 1).
-        replay_size: most items held for replay.
-        replay_times: most replays of one item after the group that made it learnable.
-        screen: candidates scored per item handed out by their predicted solve rate (1 = no
-            screening; see :class:`SolveRateModel`).
-        screen_rule: ``"best"`` hands out the candidate with the highest chance of a mixed
-            group; ``"weighted"`` draws one in proportion to that chance.
-        screen_window: groups the solve-rate model is fitted on (the most recent).
+    The model is frozen (as the env config is once a runner starts): build a new one, or use
+    ``model_copy(update=...)``.
+
+    Raises:
+        pydantic.ValidationError (a ValueError): a factor or the floor outside (0, 1],
+            ``replay`` outside [0, 1), ``max_draws``, ``replay_size``, ``replay_times``,
+            ``screen`` or ``screen_window`` below 1, ``screen_rule`` neither ``"best"`` nor
+            ``"weighted"``, or an unknown field.
     """
 
-    solved_keep: float
-    failed_keep: float
-    floor: float
-    solved_score: float
-    max_draws: int = 64
-    replay: float = 0.0
-    replay_size: int = 256
-    replay_times: int = 2
-    screen: int = 1
-    screen_rule: Literal["best", "weighted"] = "best"
-    screen_window: int = 256
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        """Check the ranges.
+    enabled: bool = Field(
+        default=False,
+        description="Sample less often the items whose recent groups all scored the same "
+        "(online difficulty filtering): each all-solved group multiplies an item's sampling "
+        "weight by solved_keep, each all-failed one by failed_keep, a mixed group restores it "
+        "to 1, never below floor. Items are identified by the env's item_id(). Applied in "
+        "serve and process modes.",
+    )
+    solved_keep: float = Field(default=0.1, gt=0, le=1,
+                               description="Weight factor after an all-solved group.")
+    failed_keep: float = Field(default=0.5, gt=0, le=1,
+                               description="Weight factor after an all-failed group.")
+    floor: float = Field(default=0.05, gt=0, le=1,
+                         description="Least sampling weight of an item (no item is starved).")
+    solved_score: float = Field(
+        default=1.0, description="A group whose equal scores are >= this counts as solved.")
+    max_draws: int = Field(
+        default=64, ge=1,
+        description="Items drawn at most to hand out one (the last is kept whatever its weight).")
+    replay: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="Share of the items handed out that replay an item whose recent group was "
+        "mixed, drawn in proportion to the variance of that group's scores (p(1-p) for 0/1 "
+        "rewards: the learnability of Foster and Foerster 2025, arXiv:2502.12272). For tasks "
+        "whose items rarely recur. 0 disables. On arithmetic it lowered held-out accuracy: "
+        "measure first (see docs/benchmarks.md).",
+    )
+    replay_size: int = Field(default=256, ge=1, description="Most learnable items held for replay.")
+    replay_times: int = Field(
+        default=2, ge=1, description="Most replays of an item after the group that made it learnable.")
+    screen: int = Field(
+        default=1, ge=1,
+        description="Candidates drawn per item handed out, of which the one whose group is most "
+        "likely to come back mixed is rolled out, by a solve rate predicted from the policy's "
+        "log-probability of the reference answer (one prompt-scoring request per candidate, no "
+        "sampling; the selection rule of Prompt Curriculum Learning, arXiv:2510.01135). Needs a "
+        "single-turn env with a reference answer and a vLLM server. 1 disables. Each candidate "
+        "costs the sampler a prefill. On arithmetic it cut the groups dropped as all-same, but "
+        "held-out accuracy came out lower, and with small groups it gave fewer mixed groups per "
+        "second: measure first (see docs/benchmarks.md).",
+    )
+    screen_rule: Literal["best", "weighted"] = Field(
+        default="best",
+        description="With screen > 1: 'best' rolls out the candidate most likely to come back "
+        "mixed; 'weighted' draws one at random in proportion to that chance, so items predicted "
+        "near-certain (solved or failed) are still skipped but the candidates in between keep "
+        "their mix of problem types.",
+    )
+    screen_window: int = Field(
+        default=256, ge=1, description="Groups the solve-rate model is fitted on (the most recent).")
+
+    @classmethod
+    def zero_variance(cls, keep: float, max_streak: int = 4, **values: Any) -> ItemFilterConfig:
+        """The zero-variance rule of GRESO as item filter settings (``zero_variance_keep``).
+
+        Zheng et al. 2025 ("Act Only When It Pays", arXiv:2506.02177, Sec. 4) sample an item
+        whose last ``k`` groups were all zero-variance with probability ``keep ** k``, ``k``
+        capped at ``max_streak``. That is this filter with ``solved_keep = failed_keep = keep``
+        and ``floor = keep ** max_streak``: each all-same group multiplies the weight by
+        ``keep`` down to the floor, a mixed group restores it to 1.
+
+        Args:
+            keep: probability of sampling an item after one zero-variance group, in (0, 1];
+                1.0 gives a disabled filter.
+            max_streak: the streak counted at most, >= 1.
+            **values: other fields (``max_draws`` ...).
 
         Raises:
-            ValueError: a factor or the floor outside (0, 1], ``replay`` outside [0, 1), or
-                ``max_draws``, ``replay_size``, ``replay_times``, ``screen`` or
-                ``screen_window`` < 1, or ``screen_rule`` neither ``"best"`` nor ``"weighted"``.
+            ValueError: ``keep`` outside (0, 1] or ``max_streak`` < 1.
         """
-        for name in ("solved_keep", "failed_keep", "floor"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"difficulty filter {name} must be in (0, 1], got {value}")
-        if not 0.0 <= self.replay < 1.0:
-            raise ValueError(f"difficulty filter replay must be in [0, 1), got {self.replay}")
-        for name in ("max_draws", "replay_size", "replay_times", "screen", "screen_window"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"difficulty filter {name} must be >= 1, got {getattr(self, name)}")
-        if self.screen_rule not in ("best", "weighted"):
-            raise ValueError(f"difficulty filter screen_rule must be 'best' or 'weighted', "
-                             f"got {self.screen_rule!r}")
+        if not 0.0 < keep <= 1.0:
+            raise ValueError(f"zero_variance_keep must be in (0, 1], got {keep}")
+        if max_streak < 1:
+            raise ValueError(f"max_streak must be >= 1, got {max_streak}")
+        return cls(**{**values, "enabled": keep < 1.0, "solved_keep": keep, "failed_keep": keep,
+                      "floor": keep ** max_streak})
+
+
+#: Earlier flat env-config keys -> the ``item_filter`` field each one sets
+#: (``zero_variance_keep`` sets four of them: :meth:`ItemFilterConfig.zero_variance`).
+LEGACY_KEYS: dict[str, str] = {
+    "zero_variance_keep": "solved_keep",  # first: a field's own key given beside it wins
+    "difficulty_filter": "enabled",
+    **{f"difficulty_filter_{name}": name for name in (
+        "solved_keep", "failed_keep", "floor", "solved_score", "replay", "replay_size",
+        "replay_times", "screen", "screen_rule")},
+}
+
+_warned: set[str] = set()
+
+
+def move_legacy_keys(values: dict[str, Any], declared: Any = ()) -> dict[str, Any]:
+    """``values`` with the earlier flat item filter keys moved into ``values["item_filter"]``.
+
+    Keys in ``declared`` (fields an env config class declares itself) stay where they are.
+    Each old key is logged once per process, naming its new spelling. ``zero_variance_keep``
+    applies :meth:`ItemFilterConfig.zero_variance` (a value of 1.0 leaves the filter as it
+    is) first; the other flat keys then override the same field of it and of an
+    ``item_filter`` given beside them.
+
+    Args:
+        values: an env config's input mapping (not changed).
+        declared: field names the config class declares.
+
+    Returns:
+        A new mapping (``values`` itself when it holds no old key).
+    """
+    old = [key for key in LEGACY_KEYS if key in values and key not in declared]
+    if not old:
+        return values
+    out = dict(values)
+    section = out.get("item_filter")
+    if isinstance(section, BaseModel):
+        section = section.model_dump(exclude_unset=True)
+    section = dict(section or {})
+    for key in old:
+        value = out.pop(key)
+        if key not in _warned:
+            _warned.add(key)
+            new = ("item_filter.enabled, item_filter.solved_keep = item_filter.failed_keep = "
+                   "KEEP and item_filter.floor = KEEP**4" if key == "zero_variance_keep"
+                   else f"item_filter.{LEGACY_KEYS[key]} (--env.item_filter.{LEGACY_KEYS[key]})")
+            logger.warning("env config key %r is deprecated and still accepted: use %s", key, new)
+        if key == "zero_variance_keep":
+            keep = float(value)
+            if keep < 1.0:
+                section.update(ItemFilterConfig.zero_variance(keep).model_dump(
+                    include={"enabled", "solved_keep", "failed_keep", "floor"}))
+        else:
+            section[LEGACY_KEYS[key]] = value
+    out["item_filter"] = section
+    return out
+
+
+#: The earlier name of :class:`ItemFilterConfig`.
+DifficultySettings = ItemFilterConfig
 
 
 @dataclass(slots=True)
@@ -244,16 +362,16 @@ class SolveRateModel:
         self.coef = (a, b)
 
 
-class DifficultySampler:
+class ItemSampler:
     """Per-item weights from recent groups, and the seeded draw that applies them.
 
     Args:
-        settings: the knobs.
+        settings: the knobs (only ``enabled`` is not read: a sampler always filters).
         seed: seed of the acceptance draws (the same seed and the same sequence of items and
             scores give the same choices).
     """
 
-    def __init__(self, settings: DifficultySettings, seed: int = 0):
+    def __init__(self, settings: ItemFilterConfig, seed: int = 0):
         self.settings = settings
         self.rng = random.Random(seed)
         self.weights: dict[Hashable, float] = {}
@@ -333,13 +451,23 @@ class DifficultySampler:
             item = await draw()
             if item is None:
                 return None
-            self.counts["drawn"] += 1
-            key = item_id(item)
-            last = attempt == self.settings.max_draws - 1
-            if key is None or last or self.rng.random() < self.weight(key):
+            if self.accept(item_id(item), attempt):
                 return item
-            self.counts["skipped"] += 1
         return None  # pragma: no cover - the last draw is always accepted
+
+    def accept(self, key: Hashable | None, attempt: int, rng: random.Random | None = None) -> bool:
+        """Whether the ``attempt``-th item drawn (from 0), of id ``key``, is handed out.
+
+        Accepted with probability :meth:`weight` (one draw of ``rng``, the sampler's own when
+        None); an item without an id and the ``max_draws``-th item are always accepted, without
+        a draw. Counts the item as drawn, and as skipped when refused.
+        """
+        self.counts["drawn"] += 1
+        last = attempt >= self.settings.max_draws - 1
+        if key is None or last or (rng or self.rng).random() < self.weight(key):
+            return True
+        self.counts["skipped"] += 1
+        return False
 
     def take_counts(self) -> dict[str, int]:
         """The counters since the last call (then reset)."""
@@ -348,140 +476,62 @@ class DifficultySampler:
         return counts
 
 
-class DifficultyFilter:
-    """The serve loop's side of the filter: draws through it, feeds it, counts in ``env.stats``.
+#: The earlier name of :class:`ItemSampler`.
+DifficultySampler = ItemSampler
 
-    ``env.stats`` gets ``difficulty_drawn`` / ``difficulty_skipped`` (items drawn from the env,
-    and drawn but not handed out), ``difficulty_replayed`` (held learnable items handed out
-    again) and ``difficulty_solved`` / ``difficulty_failed`` / ``difficulty_mixed`` (groups
-    recorded by kind).
+
+def settings_from_config(config: Any) -> ItemFilterConfig | None:
+    """The env config's ``item_filter`` section, or None when it is off (or absent)."""
+    settings = getattr(config, "item_filter", None)
+    return settings if isinstance(settings, ItemFilterConfig) and settings.enabled else None
+
+
+class ZeroVarianceFilter:
+    """The zero-variance rule with its earlier interface: an :class:`ItemSampler` keyed by item.
+
+    Same choices as the item filter with :meth:`ItemFilterConfig.zero_variance` settings (an
+    item whose last ``k`` groups had zero variance is kept with probability ``keep ** k``,
+    ``k <= max_streak``); envs get it through ``zero_variance_keep`` or ``item_filter``.
+
+    Args:
+        keep: probability of sampling an item after ONE zero-variance group, in (0, 1].
+        max_streak: the streak counted at most, >= 1.
+        max_draws: items drawn at most per :meth:`next_item` call, >= 1; the last one drawn is
+            returned even if it would be skipped.
+
+    Raises:
+        ValueError: ``keep`` is not in (0, 1], or ``max_streak`` / ``max_draws`` is below 1.
     """
 
-    def __init__(self, env: Any, settings: DifficultySettings):
-        """Filter ``env``'s items; the draws are seeded by its config's ``seed`` (0 if none).
+    def __init__(self, keep: float, max_streak: int = 4, max_draws: int = 64):
+        if not 0.0 < keep <= 1.0:
+            raise ValueError(f"keep must be in (0, 1], got {keep}")
+        if max_streak < 1 or max_draws < 1:
+            raise ValueError(f"max_streak and max_draws must be >= 1, got {max_streak}, {max_draws}")
+        self.keep, self.max_streak, self.max_draws = keep, max_streak, max_draws
+        self.sampler = ItemSampler(ItemFilterConfig.zero_variance(keep, max_streak, max_draws=max_draws))
 
-        Raises:
-            ValueError: ``settings.screen`` > 1 but the env has no ``answer_logprob`` (only
-                single-turn envs with a reference answer can be screened).
-        """
-        self.env = env
-        self.sampler = DifficultySampler(settings, seed=int(getattr(env.config, "seed", 0) or 0))
-        self.model: SolveRateModel | None = None
-        #: the signal of each screened item handed out and not yet noted, by item id
-        self.signals: dict[Hashable, float] = {}
-        if settings.screen > 1:
-            if not callable(getattr(env, "answer_logprob", None)):
-                raise ValueError(
-                    f"difficulty_filter_screen={settings.screen} needs an env with "
-                    f"answer_logprob(item) (SingleTurnEnv and its subclasses); "
-                    f"{type(env).__name__} has none: set difficulty_filter_screen to 1")
-            self.model = SolveRateModel(window=settings.screen_window)
+    def record(self, item: Any, scores: Sequence[float]) -> None:
+        """Note a scored group of ``item`` (zero variance: more than one score, all equal)."""
+        self.sampler.record(item_key(item), scores)
 
-    @classmethod
-    def for_env(cls, env: Any) -> DifficultyFilter | None:
-        """A filter when ``env.config.difficulty_filter`` is on, else None."""
-        settings = settings_from_config(env.config)
-        return None if settings is None else cls(env, settings)
+    def keep_probability(self, item: Any) -> float:
+        """The chance that ``item`` is kept when drawn: ``keep ** streak`` (1.0 without one)."""
+        return self.sampler.weight(item_key(item))
 
-    async def next_item(self) -> Any:
-        """The next item to roll out (see :meth:`DifficultySampler.next_item`).
+    def next_item(self, draw: Callable[[], Any], rng: random.Random) -> Any:
+        """Draw items with ``draw()`` until one is kept (acceptance draws from ``rng``)."""
+        for attempt in range(self.max_draws):
+            item = draw()
+            if self.sampler.accept(item_key(item), attempt, rng):
+                return item
+        return None  # pragma: no cover - the last draw is always accepted
 
-        With screening on, one of ``screen`` candidates drawn that way, chosen by
-        :meth:`screen`.
-        """
-        try:
-            if self.model is None:
-                return await self.sampler.next_item(self.env.get_next_item, self.env.item_id)
-            candidates = []
-            for _ in range(self.sampler.settings.screen):
-                item = await self.sampler.next_item(self.env.get_next_item, self.env.item_id)
-                if item is None:
-                    break
-                candidates.append(item)
-            return await self.screen(candidates) if candidates else None
-        finally:
-            self._count()
-
-    async def screen(self, candidates: Sequence[Any]) -> Any:
-        """The candidate whose group is most likely to come back mixed (:func:`mixed_chance`).
-
-        With ``screen_rule="weighted"``, a candidate drawn at random with probability
-        proportional to that chance instead. Each candidate's signal is the env's
-        ``answer_logprob`` (requested concurrently); a candidate without one (None, or the
-        request failed) ranks last (is never drawn), and with no signal at all the first
-        candidate is handed out. Counts ``difficulty_screened`` (candidates
-        scored) in ``env.stats``.
-        """
-        assert self.model is not None
-        signals = await asyncio.gather(*(self._signal(c) for c in candidates))
-        self.env.stats["difficulty_screened"] += len(candidates)
-        group_size = int(getattr(self.env.config, "group_size", 1) or 1)
-        chances = [-1.0 if signal is None else mixed_chance(self.model.predict(signal), group_size)
-                   for signal in signals]
-        if self.sampler.settings.screen_rule == "weighted" and sum(c for c in chances if c > 0):
-            best = self.sampler.rng.choices(range(len(candidates)),
-                                            weights=[max(c, 0.0) for c in chances])[0]
-        else:
-            best = max(range(len(candidates)), key=chances.__getitem__)  # the first on ties
-        chosen = candidates[best]
-        if signals[best] is not None:
-            key = self.env.item_id(chosen)
-            if key is not None:
-                self.signals[key] = signals[best]
-                while len(self.signals) > SIGNALS_HELD:  # items never noted (a crashed rollout)
-                    del self.signals[next(iter(self.signals))]
-        return chosen
-
-    async def _signal(self, item: Any) -> float | None:
-        try:
-            return await self.env.answer_logprob(item)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - an unscored candidate ranks last, the run goes on
-            self.env.stats["difficulty_screen_failed"] += 1
-            failed = self.env.stats["difficulty_screen_failed"]
-            if failed == 1 or failed % 1000 == 0:  # a server without prompt log-probs fails every time
-                logger.warning("difficulty screen: answer_logprob failed %d time(s), last with %s: "
-                               "%s; such candidates rank last", failed, type(exc).__name__, exc)
-            return None
-
-    def note(self, item: Any, groups_scores: Sequence[Sequence[float]]) -> None:
-        """Record the scores of each group the env returned for ``item``.
-
-        A screened item's groups also refit the solve-rate model (a rollout scoring at least
-        ``solved_score`` counts as solved).
-        """
-        key = self.env.item_id(item)
-        if key is not None:
-            # an item re-queued without a group (inference down) keeps its signal for its retry
-            signal = self.signals.pop(key, None) if groups_scores else self.signals.get(key)
-            for scores in groups_scores:
-                self.sampler.record(key, scores, item)
-                if signal is not None and self.model is not None and scores:
-                    solved = sum(score >= self.sampler.settings.solved_score for score in scores)
-                    self.model.observe(signal, solved, len(scores))
-            self._count()
-
-    def _count(self) -> None:
-        for kind, n in self.sampler.take_counts().items():
-            if n:
-                self.env.stats[f"difficulty_{kind}"] += n
+    def take_skipped(self) -> int:
+        """Items skipped since the last call (and reset the count)."""
+        return self.sampler.take_counts()["skipped"]
 
 
-def settings_from_config(config: Any) -> DifficultySettings | None:
-    """The filter's settings from an env config, or None when ``difficulty_filter`` is off."""
-    if not getattr(config, "difficulty_filter", False):
-        return None
-    return DifficultySettings(solved_keep=config.difficulty_filter_solved_keep,
-                              failed_keep=config.difficulty_filter_failed_keep,
-                              floor=config.difficulty_filter_floor,
-                              solved_score=config.difficulty_filter_solved_score,
-                              replay=config.difficulty_filter_replay,
-                              replay_size=config.difficulty_filter_replay_size,
-                              replay_times=config.difficulty_filter_replay_times,
-                              screen=config.difficulty_filter_screen,
-                              screen_rule=config.difficulty_filter_screen_rule)
-
-
-__all__ = ["DifficultyFilter", "DifficultySampler", "DifficultySettings", "SolveRateModel",
-           "mixed_chance", "reply_log_odds", "settings_from_config"]
+__all__ = ["LEGACY_KEYS", "DifficultySampler", "DifficultySettings", "ItemFilterConfig",
+           "ItemSampler", "SolveRateModel", "ZeroVarianceFilter", "item_key", "mixed_chance",
+           "move_legacy_keys", "reply_log_odds", "settings_from_config"]
