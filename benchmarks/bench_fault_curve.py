@@ -10,7 +10,12 @@ Two runs of our GRPO loop on the quickstart (``atropos-launch`` with
   corrupt inference reply (``--kinds``), seeded (``--fault-seed``).
 
 Both use the same env seed (its training problems), the same ``--rollout-timeout`` and the same
-``--policy`` (``failed_rollout_policy``, default ``retry``). vLLM's sampling is not seeded, so
+``--policy`` (``failed_rollout_policy``, default ``retry``). The arithmetic env is a
+``SingleTurnEnv``: its group's replies come from one request, and a fault hits a member's
+scoring, so under ``retry`` a faulted member is scored again (its reply is kept) and the run
+mostly pays the time of the retries and of the timeouts; ``shrink`` sends shrunk groups, which
+pack into the quickstart's batches of 16 only beside groups that complete them (see the Rollout
+outcomes guide), so it may stall. vLLM's sampling is not seeded, so
 two clean runs differ too: compare the ratio with the spread of ``bench_learning.py --pairs``.
 After both runs, ONE evaluator (``bench_learning``'s: HF generate, greedy, fp32) scores each
 kept policy on the held-out problems. Printed: accuracy at each wall point for both runs and
@@ -19,7 +24,7 @@ their ratio ``faults / clean``, and the ratio of accuracy gained over the base m
 ledger (``summary.json``)::
 
     python benchmarks/bench_fault_curve.py --minutes 7
-    python benchmarks/bench_fault_curve.py --minutes 14 --rate 0.1 --policy shrink --loss grpo
+    python benchmarks/bench_fault_curve.py --minutes 14 --loss grpo --fault-seed 1
 """
 
 from __future__ import annotations
