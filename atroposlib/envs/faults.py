@@ -12,7 +12,9 @@ fails and how:
   :class:`InjectedInferenceError` (failed / ``inference``).
 
 A faulted attempt never reaches the real rollout (no inference call, no scoring), so a high
-rate costs little. Draws depend on ``(seed, group number, member index, attempt)`` only: the
+rate costs little; in a ``SingleTurnEnv`` the rollout is the member's scoring (the group's
+replies come from one request before it), so there a fault replaces the scoring of a sampled
+reply. Draws depend on ``(seed, group number, member index, attempt)`` only: the
 ``k``-th group an env rolls out gets the same faults in every run with the same seed, whatever
 the timing. Each injected fault can be appended to a JSONL log (one object per line:
 ``rollout_id``, ``attempt``, ``kind``, ``group``), so a test can check that no injected rollout
