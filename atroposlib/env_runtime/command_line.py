@@ -474,15 +474,21 @@ def build_env(env_cls: type[BaseEnv], argv: list[str] | None = None) -> tuple[st
 def env_from_command(env_cls: type[BaseEnv], command: EnvCommand) -> BaseEnv:
     """Construct the env a parsed command line describes (nothing started yet).
 
+    With ``ATROPOS_FAULTS`` set, a fraction of its rollouts fails on purpose
+    (:func:`atroposlib.envs.faults.install_from_environ`).
+
     Raises:
-        ConfigError: the env refuses its configuration (e.g. a teacher that cannot be used).
+        ConfigError: the env refuses its configuration (e.g. a teacher that cannot be used), or
+            ``ATROPOS_FAULTS`` does not parse.
     """
+    from atroposlib.envs.faults import install_from_environ
+
     manager = command.manager
     env = env_cls(command.env_config, command.servers, slurm=manager.slurm, testing=manager.testing,
                   **command.extra_servers)
     env.server.max_n_completions = manager.max_n_completions
     env.server.proxy_url = manager.proxy_url or env.server.proxy_url
-    return env
+    return install_from_environ(env)
 
 
 def env_preflight(mode: str, env: BaseEnv, wait: bool = False) -> None:
