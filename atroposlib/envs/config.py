@@ -197,7 +197,8 @@ class BaseEnvConfig(BaseModel):
     min_completed_rollouts: int = Field(
         default=2, ge=1,
         description="failed_rollout_policy 'shrink': fewest completed members a group with "
-        "failures may be sent with (a group of one has no learning signal: its advantage is 0).",
+        "failures may be sent with (a group of one has no baseline: the trainer then uses its raw "
+        "score as its advantage, as Atropos 0.4 does for single-sequence groups).",
     )
     max_rollout_retries: int = Field(
         default=2, ge=0, le=10,
