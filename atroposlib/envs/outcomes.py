@@ -123,6 +123,10 @@ async def run_members(
             member.error = None
         except asyncio.CancelledError:
             raise
+        except TimeoutError as exc:
+            # wait_for's own TimeoutError has no message: say which limit it ran past
+            member.error = exc if str(exc) or limit is None else TimeoutError(
+                f"rollout ran past rollout_timeout={limit:g} s")
         except Exception as exc:  # noqa: BLE001 - a member's failure is recorded, not raised
             member.error = exc
 
