@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from atroposlib.api.models import GROUP_FIELDS, OUTCOME_FIELDS, PER_TOKEN_FIELDS
+from atroposlib.api.models import GROUP_FIELDS, OUTCOME_FIELDS
+from atroposlib.api.shapes import PER_TOKEN_FIELDS
 
 MAGIC = b"AGB1"
 _HEADER = struct.Struct("<4sI")

@@ -20,8 +20,9 @@ from atroposlib.api.errors import (
     QueueFullError,
 )
 from atroposlib.api.ledger import drops_entry, group_entry
-from atroposlib.api.models import PER_TOKEN_FIELDS, ScoredData
+from atroposlib.api.models import ScoredData
 from atroposlib.api.packing import find_subset
+from atroposlib.api.shapes import PER_TOKEN_FIELDS
 from atroposlib.api.store import GroupMeta, IdempotentReply, PartialMeta
 
 log = logging.getLogger("atroposlib.api")

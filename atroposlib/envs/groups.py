@@ -12,7 +12,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
-from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+from atroposlib.api.shapes import group_shape_error
 from atroposlib.errors import RolloutError
 from atroposlib.type_definitions import REFERENCE_KEY, Item, Message
 
