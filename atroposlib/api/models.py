@@ -19,6 +19,7 @@ Wire conventions (Atropos 0.4, kept verbatim):
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -44,9 +45,11 @@ from atroposlib.type_definitions import IGNORE_INDEX, MASKED_LOGPROB  # noqa: F4
 MAX_ABS_SCORE = 1e6
 #: Largest size, step or count the API accepts (sizes, lengths, steps, env ids, weights).
 MAX_SIZE = 2**31
-#: Free-form JSON (messages, generation_params, overrides, images) may hold integers in this
+#: Free-form JSON (messages, generation_params, overrides, images, item) may hold integers in this
 #: range only: the server stores and serves them as signed 64-bit integers.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Largest ``item`` (the dataset item of a group) run-api accepts, in bytes of compact JSON.
+MAX_ITEM_BYTES = 64 * 1024
 
 
 def whole_number(low: int, high: int) -> Any:
@@ -339,6 +342,12 @@ class ScoredData(BaseModel):
     # atroposlib extension: queue metadata for run-api's ledger, never served back
     env_drops: EnvDrops | None = Field(default=None, description="Groups the sender dropped "
                                        "after sampling since its last group, for the ledger.")
+    # atroposlib extension: stock Atropos servers and trainers ignore it; run-api stores it and
+    # serves it back in /batch only when set (after the outcome fields).
+    item: Any | None = Field(
+        default=None, description="The dataset item the group was sampled for (free-form JSON, "
+        f"at most {MAX_ITEM_BYTES} bytes), as the env's scorer takes it: `atropos-replay "
+        "rescore` scores the recorded completions again from it. Null: not recorded.")
 
     @field_validator("messages")
     @classmethod
@@ -358,6 +367,19 @@ class ScoredData(BaseModel):
         problem = free_json_error(value)
         if problem:
             raise ValueError(problem)
+        return value
+
+    @field_validator("item")
+    @classmethod
+    def _item_is_small_json(cls, value: Any) -> Any:
+        problem = free_json_error(value)
+        if problem:
+            raise ValueError(problem)
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > MAX_ITEM_BYTES:
+            raise ValueError(f"item is {size} bytes of JSON, more than the {MAX_ITEM_BYTES} a "
+                             "group may carry: send a smaller item (the fields the env's scorer "
+                             "reads, or an id into its dataset), or leave item out")
         return value
 
     @model_validator(mode="after")
@@ -412,10 +434,11 @@ _SHAPE_FIELDS = ("tokens", "masks", "scores", *PER_TOKEN_FIELDS, "overrides", "m
 #: The rollout-outcome extension fields: stored with a group and served back only when set.
 OUTCOME_FIELDS = ("rollout_ids", "attempts", "excluded")
 #: Every field of a stored group, in wire order (the 14 keys upstream returns; ``policy_version``
-#: is queue metadata, not part of the served group, and :data:`OUTCOME_FIELDS` follow these
-#: keys only when a group carries them).
+#: is queue metadata, not part of the served group, and :data:`OUTCOME_FIELDS` then ``item``
+#: follow these keys only when a group carries them).
 GROUP_FIELDS = tuple(name for name in ScoredData.model_fields
-                     if name not in ("policy_version", "env_drops") and name not in OUTCOME_FIELDS)
+                     if name not in ("policy_version", "env_drops", "item")
+                     and name not in OUTCOME_FIELDS)
 
 
 class LatestExamplePlaceholder(BaseModel):
