@@ -267,6 +267,27 @@ def select_steps(run_dir: str | Path, steps: Sequence[int] | None) -> list[int]:
     return sorted(set(steps))
 
 
+def _load_tokenizer_if_needed(env: Any, groups: Sequence[dict[str, Any]]) -> None:
+    """Load the env's tokenizer now when rescoring needs it (token-only groups, cut-off replies).
+
+    Raises:
+        RescoreError: it cannot be loaded (the message names the setting that fixes it).
+    """
+    from atroposlib.envs.single_turn import SingleTurnEnv
+
+    needed = (env.truncated_reward is not None or type(env).score_group is not SingleTurnEnv.score_group
+              or any(not g.get("messages") for g in groups))
+    if not needed:
+        return
+    try:
+        env.tokenizer  # noqa: B018 - loads it
+    except Exception as exc:  # noqa: BLE001 - any loading failure gets the same advice
+        raise RescoreError(
+            f"cannot load the env's tokenizer {env.config.tokenizer_name!r} ({type(exc).__name__}: "
+            f"{exc}); rescoring decodes the recorded tokens with it: give the run's tokenizer with "
+            "--set tokenizer_name=NAME_OR_DIR") from exc
+
+
 def _echo_step(result: StepResult, echo: Any) -> None:
     """One line for the step, then one per changed member (rollout id, old -> new)."""
     skipped = f"; {result.without_item} group(s) without an item skipped" if result.without_item else ""
@@ -315,6 +336,7 @@ def rescore(run_dir: str | Path, env_name: str, steps: Sequence[int] | None = No
     total = sum(len(batch) for _, batch in batches)
     if not any(g.get("item") is not None for _, batch in batches for g in batch):
         raise RescoreError(NO_ITEMS.format(n=total))
+    _load_tokenizer_if_needed(env, [g for _, batch in batches for g in batch if g.get("item") is not None])
     echo(f"rescore: {type(env).__name__} on {len(chosen)} step(s) of {run_dir}")
 
     async def every_step() -> list[StepResult]:  # one event loop for the scorer's whole life

@@ -168,6 +168,11 @@ def test_token_only_groups_are_rescored_from_their_decoded_tokens(tiny_tokenizer
     assert main(["rescore", str(run), "--env", f"{HERE}:TokenOnlySumEnv", "--set", tok]) == 0
     assert main(["rescore", str(run), "--env", f"{HERE}:StrictSumEnv", "--set", tok]) == 1
     assert "4 of 16 score(s) changed" in capsys.readouterr().out
+    # decoding needs the run's tokenizer: one that cannot load is bad input, with the fix
+    missing = f"tokenizer_name={tmp_path / 'missing'}"
+    assert main(["rescore", str(run), "--env", f"{HERE}:TokenOnlySumEnv", "--set", missing]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load the env's tokenizer" in err and "--set tokenizer_name=" in err
 
 
 @pytest.mark.parametrize("max_tokens", [1, 256])
