@@ -4,7 +4,7 @@
 
     atropos-replay verify RUN_DIR [--step N | --all] [--rtol X]
     atropos-replay train RUN_DIR [--out trace.jsonl]
-    atropos-replay rescore RUN_DIR --env NAME [--step N | --all] [--set KEY=VALUE] [--json OUT]
+    atropos-replay rescore RUN_DIR --env NAME [--step N | --all] [--set KEY=VALUE] [--setup] [--json OUT]
 
 ``verify`` and ``train`` run on the CPU with no run-api, inference server or env: the bundles
 (:mod:`example_trainer.bundles`) hold every batch the trainer consumed, and the checkpoints
@@ -68,6 +68,9 @@ def build_parser() -> object:
     rescore.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="override a setting of the env's config_init() defaults (repeatable; "
                          "VALUE is JSON or text), e.g. --set answer_format=boxed")
+    rescore.add_argument("--setup", action="store_true",
+                         help="run the env's setup() first, for a scorer that uses what setup builds "
+                         "(it may load the env's dataset)")
     rescore.add_argument("--json", default=None, metavar="OUT",
                          help="also write the report (every changed member, totals) to OUT as JSON")
     return parser
@@ -113,7 +116,7 @@ def _rescore(args: object) -> int:
 
     try:
         results = rescore(args.run_dir, args.env, args.step, parse_settings(args.set),  # type: ignore[attr-defined]
-                          out=args.json)  # type: ignore[attr-defined]
+                          out=args.json, setup=args.setup)  # type: ignore[attr-defined]
     except RescoreError as exc:
         print(f"atropos-replay: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ wire's optional ``item`` field, sent by :class:`~atroposlib.envs.multi_turn.Mult
 the env's scorer on each completed member's completion: no policy, no inference server, no
 run-api. The env is built by name (an ``atroposlib.environments`` entry point such as ``gsm8k``,
 ``module:Class``, or an ecosystem prefix) with its ``config_init()`` defaults and optional
-setting overrides; its ``setup`` is not run.
+setting overrides; its ``setup`` runs only when asked (``setup=True``).
 
 For a :class:`~atroposlib.envs.single_turn.SingleTurnEnv` a member's new score is what the env
 computes for a reply at training time, before ``finish_group``: :meth:`reward_for` (its
@@ -307,7 +307,7 @@ NO_ITEMS = ("none of the {n} groups of the selected steps carries its dataset it
 
 def rescore(run_dir: str | Path, env_name: str, steps: Sequence[int] | None = None,
             settings: dict[str, Any] | None = None, out: str | Path | None = None,
-            echo: Any = print) -> list[StepResult]:
+            setup: bool = False, echo: Any = print) -> list[StepResult]:
     """Rescore the recorded completions of ``run_dir``'s bundles with env ``env_name``.
 
     Args:
@@ -316,6 +316,8 @@ def rescore(run_dir: str | Path, env_name: str, steps: Sequence[int] | None = No
         steps: the steps to rescore (None or empty: every recorded step).
         settings: env config overrides (field -> value) on top of ``config_init()``.
         out: write the report here as JSON (``env``, ``steps``, ``changed``, ``totals``).
+        setup: await the env's ``setup()`` first (for a scorer that uses what it builds; it
+            may load the env's dataset).
         echo: where the report lines go.
 
     Returns:
@@ -323,7 +325,8 @@ def rescore(run_dir: str | Path, env_name: str, steps: Sequence[int] | None = No
 
     Raises:
         RescoreError: no bundles, an unknown step, a damaged bundle, an env that is unknown or
-            not a SingleTurnEnv, a bad setting, or no selected group carrying its item.
+            not a SingleTurnEnv, a bad setting, no selected group carrying its item, a
+            tokenizer that cannot load, or (``setup``) an env whose ``setup()`` raised.
     """
     chosen = select_steps(run_dir, steps)
     env = build_env(load_env_class(env_name), settings)
@@ -339,7 +342,13 @@ def rescore(run_dir: str | Path, env_name: str, steps: Sequence[int] | None = No
     _load_tokenizer_if_needed(env, [g for _, batch in batches for g in batch if g.get("item") is not None])
     echo(f"rescore: {type(env).__name__} on {len(chosen)} step(s) of {run_dir}")
 
-    async def every_step() -> list[StepResult]:  # one event loop for the scorer's whole life
+    async def every_step() -> list[StepResult]:  # one event loop for the env's whole life
+        if setup:
+            try:
+                await env.setup()
+            except Exception as exc:  # noqa: BLE001 - the env's own failure, reported as bad input
+                raise RescoreError(f"{type(env).__name__}.setup() raised {_error(exc)}; rescore "
+                                   "without --setup, or fix what the env needs to set up") from exc
         results = []
         for step, batch in batches:
             results.append(await rescore_step(env, step, batch))

@@ -61,6 +61,16 @@ class BrokenSumEnv(SumEnv):
         raise RuntimeError("the scorer broke")
 
 
+class SetUpSumEnv(SumEnv):
+    """A scorer that uses what setup() builds (rescore runs setup only with --setup)."""
+
+    async def setup(self):
+        self.bonus = 0.0
+
+    def score(self, item, completion):
+        return super().score(item, completion) + self.bonus
+
+
 class TokenOnlySumEnv(SumEnv):
     """Groups without messages: rescore decodes the trained tokens."""
 
@@ -159,6 +169,12 @@ def test_a_scorer_that_raises_is_reported_for_every_member(run, capsys):
     text = capsys.readouterr().out
     assert text.count("-> error (RuntimeError: the scorer broke)") == 8
     assert "(8 scorer error(s)" in text
+
+
+def test_setup_runs_when_asked(run, capsys):
+    assert main(["rescore", str(run), "--env", f"{HERE}:SetUpSumEnv", "--step", "1"]) == 1
+    assert "(8 scorer error(s)" in capsys.readouterr().out  # no self.bonus without setup()
+    assert main(["rescore", str(run), "--env", f"{HERE}:SetUpSumEnv", "--setup"]) == 0
 
 
 def test_token_only_groups_are_rescored_from_their_decoded_tokens(tiny_tokenizer_dir, tmp_path, capsys):
