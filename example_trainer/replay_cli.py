@@ -4,12 +4,15 @@
 
     atropos-replay verify RUN_DIR [--step N | --all] [--rtol X]
     atropos-replay train RUN_DIR [--out trace.jsonl]
+    atropos-replay rescore RUN_DIR --env NAME [--step N | --all] [--set KEY=VALUE] [--setup] [--json OUT]
 
-Both run on the CPU with no run-api, inference server or env: the bundles
+``verify`` and ``train`` run on the CPU with no run-api, inference server or env: the bundles
 (:mod:`example_trainer.bundles`) hold every batch the trainer consumed, and the checkpoints
 (or the run's starting model) the weights to start from (:mod:`example_trainer.redrive`).
-Exit status: 0 when everything held, 1 when a stage diverged (``verify``) or a loss differs
-(``train``), 2 for bad flags or a run that cannot be re-driven. Guide: docs/guides/replay.md.
+``rescore`` runs an env's scorer on the recorded completions (:mod:`example_trainer.rescore`).
+Exit status: 0 when everything held, 1 when a stage diverged (``verify``), a loss differs
+(``train``) or a score changed (``rescore``), 2 for bad flags or a run that cannot be
+re-driven or rescored. Guide: docs/guides/replay.md.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ import sys
 
 
 def build_parser() -> object:
-    """The ``atropos-replay`` parser (subcommands ``verify`` and ``train``)."""
+    """The ``atropos-replay`` parser (subcommands ``verify``, ``train`` and ``rescore``)."""
     from atroposlib.utils.flags import ArgumentParser
 
     parser = ArgumentParser(
         prog="atropos-replay",
         description="Verify and re-drive a GRPO run's steps from the replay bundles it recorded "
-        "(<run_dir>/bundles), without run-api, an inference server or an env. Guide: "
-        "docs/guides/replay.md.")
+        "(<run_dir>/bundles), without run-api, an inference server or an env, or score its "
+        "recorded completions again with an env's scorer. Guide: docs/guides/replay.md.")
     sub = parser.add_subparsers(dest="command", required=True)
     verify = sub.add_parser(
         "verify", help="recompute advantages, loss, gradient norm and weights of recorded steps "
@@ -50,6 +53,26 @@ def build_parser() -> object:
     train.add_argument("run_dir", help="the run directory (holding bundles/)")
     train.add_argument("--out", default=None, help="write the re-driven loss trace here (JSON lines)")
     train.add_argument("--torch-threads", type=int, default=None, help="torch threads (default: the recorded count)")
+    rescore = sub.add_parser(
+        "rescore", help="run an env's scorer on the recorded completions and report which scores "
+        "changed",
+        description="Score every completed member of the recorded batches again with the env's "
+        "scorer (score(item, completion) of a SingleTurnEnv), from the dataset item each group "
+        "carries: no policy, no inference server. Exit 1 when a score changed, 2 for bad input.")
+    rescore.add_argument("run_dir", help="the run directory (holding bundles/)")
+    rescore.add_argument("--env", required=True, metavar="NAME",
+                         help="the env: a name from `atropos-env list` (e.g. gsm8k) or module:Class")
+    steps = rescore.add_mutually_exclusive_group()
+    steps.add_argument("--step", type=int, action="append", help="rescore this step (repeatable)")
+    steps.add_argument("--all", action="store_true", help="rescore every step with a bundle (the default)")
+    rescore.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a setting of the env's config_init() defaults (repeatable; "
+                         "VALUE is JSON or text), e.g. --set answer_format=boxed")
+    rescore.add_argument("--setup", action="store_true",
+                         help="run the env's setup() first, for a scorer that uses what setup builds "
+                         "(it may load the env's dataset)")
+    rescore.add_argument("--json", default=None, metavar="OUT",
+                         help="also write the report (every changed member, totals) to OUT as JSON")
     return parser
 
 
@@ -59,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     from example_trainer.bundles import BundleError
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)  # type: ignore[attr-defined]
+    if args.command == "rescore":
+        return _rescore(args)
     if args.torch_threads is not None and args.torch_threads < 1:
         print("atropos-replay: --torch-threads must be >= 1 (or left out: the recorded count)", file=sys.stderr)
         return 2
@@ -83,6 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"replay train: {len(trace)} steps, loss trace identical to the recording")
     return 0
+
+
+def _rescore(args: object) -> int:
+    """``atropos-replay rescore``: 0 when no score changed, 1 when some did, 2 for bad input."""
+    from example_trainer.rescore import RescoreError, parse_settings, rescore
+
+    try:
+        results = rescore(args.run_dir, args.env, args.step, parse_settings(args.set),  # type: ignore[attr-defined]
+                          out=args.json, setup=args.setup)  # type: ignore[attr-defined]
+    except RescoreError as exc:
+        print(f"atropos-replay: {exc}", file=sys.stderr)
+        return 2
+    return 1 if any(r.changed for r in results) else 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from atroposlib.api.models import GROUP_FIELDS, OUTCOME_FIELDS, PER_TOKEN_FIELDS
+from atroposlib.api.models import GROUP_FIELDS, OUTCOME_FIELDS
+from atroposlib.api.shapes import PER_TOKEN_FIELDS
 
 MAGIC = b"AGB1"
 _HEADER = struct.Struct("<4sI")
@@ -61,7 +62,8 @@ def encode_group(group: Any) -> bytes:
 
     Returns:
         The blob; :func:`group_json` renders it back to the exact 14-key JSON object (plus the
-        rollout-outcome fields, :data:`~atroposlib.api.models.OUTCOME_FIELDS`, the group has).
+        rollout-outcome fields, :data:`~atroposlib.api.models.OUTCOME_FIELDS`, and the
+        ``item`` the group has).
     """
     get = group.get if isinstance(group, dict) else (lambda k: getattr(group, k))
     tokens = get("tokens")
@@ -84,6 +86,9 @@ def encode_group(group: Any) -> bytes:
         if value is not None:
             rest[name] = [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else m
                           for m in value]
+    item = get("item")  # the dataset item (extension): stored only when the group has one
+    if item is not None:
+        rest["item"] = item
     specs = []
     offset = 0
     for name, arr in arrays:
@@ -97,7 +102,7 @@ def encode_group(group: Any) -> bytes:
 
 
 def decode_group(blob: bytes) -> dict[str, Any]:
-    """Decode a blob into a 14-key dict, plus the outcome fields the group has.
+    """Decode a blob into a 14-key dict, plus the outcome fields and ``item`` the group has.
 
     Packed fields are lists of 1-D numpy rows (views).
 
@@ -119,11 +124,13 @@ def decode_group(blob: bytes) -> dict[str, Any]:
         values[name] = np.split(flat, bounds) if rows else []
     group = {name: values.get(name) for name in GROUP_FIELDS}
     group.update((name, values[name]) for name in OUTCOME_FIELDS if values.get(name) is not None)
+    if values.get("item") is not None:
+        group["item"] = values["item"]
     return group
 
 
 def group_json(blob: bytes) -> bytes:
-    """Render a blob as the JSON object ``/batch`` returns: 14 keys, then outcome fields."""
+    """Render a blob as the JSON object ``/batch`` returns: 14 keys, then outcome fields and item."""
     return orjson.dumps(decode_group(blob), option=_NUMPY)
 
 

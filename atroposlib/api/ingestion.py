@@ -20,8 +20,9 @@ from atroposlib.api.errors import (
     QueueFullError,
 )
 from atroposlib.api.ledger import drops_entry, group_entry
-from atroposlib.api.models import PER_TOKEN_FIELDS, ScoredData
+from atroposlib.api.models import ScoredData
 from atroposlib.api.packing import find_subset
+from atroposlib.api.shapes import PER_TOKEN_FIELDS
 from atroposlib.api.store import GroupMeta, IdempotentReply, PartialMeta
 
 log = logging.getLogger("atroposlib.api")
@@ -41,6 +42,8 @@ def _signature(group: ScoredData, target: int) -> str:
     """Return the key of partials that may merge: same target, optional fields and group fields."""
     parts = [target, [_row_state(getattr(group, f)) for f in PER_SEQUENCE_FIELDS],
              group.generation_params, group.group_overrides, group.images]
+    if group.item is not None:  # parts of one group share its item (absent: the old key)
+        parts.append(group.item)
     return hashlib.sha1(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
@@ -49,7 +52,7 @@ def merge_partials(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
     Args:
         parts: groups as plain dicts (14 keys); per-sequence fields are concatenated, group-level
-            fields (generation_params, group_overrides, images, env_id) come from the first.
+            fields (generation_params, group_overrides, images, env_id, item) come from the first.
 
     Returns:
         The merged group dict.

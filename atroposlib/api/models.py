@@ -19,6 +19,7 @@ Wire conventions (Atropos 0.4, kept verbatim):
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -34,6 +35,7 @@ from pydantic import (
 )
 
 # the wire's label conventions, defined with the shared types below every package
+from atroposlib.api.shapes import PER_TOKEN_FIELDS, group_shape_error, outcome_shape_error
 from atroposlib.type_definitions import IGNORE_INDEX, MASKED_LOGPROB  # noqa: F401 - re-exported
 
 #: Largest absolute score run-api accepts. Rewards are small numbers (GRPO normalises them per
@@ -43,9 +45,11 @@ from atroposlib.type_definitions import IGNORE_INDEX, MASKED_LOGPROB  # noqa: F4
 MAX_ABS_SCORE = 1e6
 #: Largest size, step or count the API accepts (sizes, lengths, steps, env ids, weights).
 MAX_SIZE = 2**31
-#: Free-form JSON (messages, generation_params, overrides, images) may hold integers in this
+#: Free-form JSON (messages, generation_params, overrides, images, item) may hold integers in this
 #: range only: the server stores and serves them as signed 64-bit integers.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Largest ``item`` (the dataset item of a group) run-api accepts, in bytes of compact JSON.
+MAX_ITEM_BYTES = 64 * 1024
 
 
 def whole_number(low: int, high: int) -> Any:
@@ -338,6 +342,12 @@ class ScoredData(BaseModel):
     # atroposlib extension: queue metadata for run-api's ledger, never served back
     env_drops: EnvDrops | None = Field(default=None, description="Groups the sender dropped "
                                        "after sampling since its last group, for the ledger.")
+    # atroposlib extension: stock Atropos servers and trainers ignore it; run-api stores it and
+    # serves it back in /batch only when set (after the outcome fields).
+    item: Any | None = Field(
+        default=None, description="The dataset item the group was sampled for (free-form JSON, "
+        f"at most {MAX_ITEM_BYTES} bytes), as the env's scorer takes it: `atropos-replay "
+        "rescore` scores the recorded completions again from it. Null: not recorded.")
 
     @field_validator("messages")
     @classmethod
@@ -357,6 +367,19 @@ class ScoredData(BaseModel):
         problem = free_json_error(value)
         if problem:
             raise ValueError(problem)
+        return value
+
+    @field_validator("item")
+    @classmethod
+    def _item_is_small_json(cls, value: Any) -> Any:
+        problem = free_json_error(value)
+        if problem:
+            raise ValueError(problem)
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > MAX_ITEM_BYTES:
+            raise ValueError(f"item is {size} bytes of JSON, more than the {MAX_ITEM_BYTES} a "
+                             "group may carry: send a smaller item (the fields the env's scorer "
+                             "reads, or an id into its dataset), or leave item out")
         return value
 
     @model_validator(mode="after")
@@ -406,106 +429,16 @@ def free_json_error(value: Any) -> str | None:
     return None
 
 
-#: Optional fields with one entry per token of each sequence.
-PER_TOKEN_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
 _SHAPE_FIELDS = ("tokens", "masks", "scores", *PER_TOKEN_FIELDS, "overrides", "messages",
                  "distill_token_ids", "distill_logprobs")
 #: The rollout-outcome extension fields: stored with a group and served back only when set.
 OUTCOME_FIELDS = ("rollout_ids", "attempts", "excluded")
 #: Every field of a stored group, in wire order (the 14 keys upstream returns; ``policy_version``
-#: is queue metadata, not part of the served group, and :data:`OUTCOME_FIELDS` follow these
-#: keys only when a group carries them).
+#: is queue metadata, not part of the served group, and :data:`OUTCOME_FIELDS` then ``item``
+#: follow these keys only when a group carries them).
 GROUP_FIELDS = tuple(name for name in ScoredData.model_fields
-                     if name not in ("policy_version", "env_drops") and name not in OUTCOME_FIELDS)
-
-
-def outcome_shape_error(rollout_ids: list[str] | None, attempts: list[int] | None,
-                        excluded: list[Any] | None, n: int) -> str | None:
-    """Why a group's outcome fields disagree with its ``n`` kept members, or None.
-
-    ``rollout_ids`` and ``attempts`` (each ``[G]`` or None) have one entry per kept member, and
-    every rollout id (kept or excluded) appears once in the group.
-    """
-    for name, rows in (("rollout_ids", rollout_ids), ("attempts", attempts)):
-        if rows is not None and len(rows) != n:
-            return (f"{name} has {len(rows)} entries but tokens has {n}; send one per kept "
-                    "(completed) member, and put masked or failed members in excluded")
-    ids = list(rollout_ids or ()) + [m.rollout_id for m in excluded or ()]
-    if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        twice = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
-        return (f"rollout id {twice!r} appears twice in the group; every member (kept or "
-                "excluded) needs its own rollout id")
-    return None
-
-
-def group_shape_error(group: dict[str, Any]) -> str | None:
-    """Return why a scored group would corrupt a batch, or None when its shapes agree.
-
-    Args:
-        group: a dict with at least ``tokens``, ``masks`` and ``scores`` (other fields optional).
-
-    Returns:
-        A human-readable message naming the field and how to fix it, or None.
-    """
-    tokens, masks, scores = group["tokens"], group["masks"], group["scores"]
-    n = len(tokens)
-    if n == 0:
-        return "tokens is empty: a group needs at least one sequence"
-    if len(masks) != n or len(scores) != n:
-        return (
-            f"tokens, masks and scores must have one row per sequence; got {n} tokens rows, "
-            f"{len(masks)} masks rows and {len(scores)} scores"
-        )
-    for i in range(n):
-        if len(masks[i]) != len(tokens[i]):
-            return f"masks[{i}] has {len(masks[i])} entries but tokens[{i}] has {len(tokens[i])}"
-        if not math.isfinite(scores[i]):  # the wire model already refuses these
-            return f"scores[{i}] is {scores[i]}: scores must be finite numbers"
-    for name in PER_TOKEN_FIELDS:
-        rows = group.get(name)
-        if rows is None:
-            continue
-        if len(rows) != n:
-            return f"{name} has {len(rows)} rows but tokens has {n}; send one row per sequence"
-        for i in range(n):
-            if len(rows[i]) != len(tokens[i]) and not (
-                name == "advantages" and len(rows[i]) > len(tokens[i])  # cut by ScoredData
-            ):
-                return (
-                    f"{name}[{i}] has {len(rows[i])} entries but tokens[{i}] has "
-                    f"{len(tokens[i])}; per-token fields must match the sequence length"
-                )
-    for name in ("overrides", "messages"):
-        rows = group.get(name)
-        if rows is not None and len(rows) not in (0, n):
-            return f"{name} has {len(rows)} entries but the group has {n} sequences"
-    return _distill_shape_error(group, tokens)
-
-
-def _distill_shape_error(group: dict[str, Any], tokens: list[list[int]]) -> str | None:
-    """Why ``distill_token_ids`` / ``distill_logprobs`` do not line up with ``tokens``, or None."""
-    ids, lps = group.get("distill_token_ids"), group.get("distill_logprobs")
-    if ids is None and lps is None:
-        return None
-    if ids is None or lps is None:
-        return ("distill_token_ids and distill_logprobs go together: send both (teacher top-k ids "
-                "and their log-probs) or neither")
-    n = len(tokens)
-    for name, rows in (("distill_token_ids", ids), ("distill_logprobs", lps)):
-        if len(rows) != n:
-            return f"{name} has {len(rows)} rows but tokens has {n}; send one row per sequence"
-    for i in range(n):
-        if len(ids[i]) != len(tokens[i]) or len(lps[i]) != len(tokens[i]):
-            return (f"distill_token_ids[{i}] / distill_logprobs[{i}] have {len(ids[i])} / "
-                    f"{len(lps[i])} positions but tokens[{i}] has {len(tokens[i])}; the teacher "
-                    "arrays are per token (position t holds the candidates for token t)")
-        for t, (pos_ids, pos_lps) in enumerate(zip(ids[i], lps[i], strict=True)):
-            if len(pos_ids) != len(pos_lps):
-                return (f"distill_token_ids[{i}][{t}] has {len(pos_ids)} candidates but "
-                        f"distill_logprobs[{i}][{t}] has {len(pos_lps)}; pair each id with its "
-                        "log-prob")
-    return None
+                     if name not in ("policy_version", "env_drops", "item")
+                     and name not in OUTCOME_FIELDS)
 
 
 class LatestExamplePlaceholder(BaseModel):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+from atroposlib.api.shapes import group_shape_error
 from atroposlib.env_runtime.step import Skip, run_item
 
 if TYPE_CHECKING:

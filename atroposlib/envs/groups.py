@@ -12,7 +12,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
-from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, group_shape_error
+from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB, MAX_ITEM_BYTES, free_json_error
+from atroposlib.api.shapes import group_shape_error
 from atroposlib.errors import RolloutError
 from atroposlib.type_definitions import REFERENCE_KEY, Item, Message
 
@@ -47,6 +48,9 @@ class ScoredDataGroup(TypedDict, total=False):
         attempts: ``[G]`` attempt of each member in the lists (0: first try).
         excluded: members kept out of the lists: masked (weighted 0, kept for inspection) or
             failed (no score), as ``ExcludedMember`` dicts.
+        item: the dataset item the group was sampled for, as JSON (an atroposlib extension
+            that stock servers ignore; :func:`record_item`), so ``atropos-replay rescore`` can
+            score the recorded completions again.
     """
 
     tokens: list[list[int]]
@@ -66,6 +70,7 @@ class ScoredDataGroup(TypedDict, total=False):
     rollout_ids: list[str] | None
     attempts: list[int] | None
     excluded: list[dict[str, Any]] | None
+    item: Any | None
 
 
 class ScoredDataItem(TypedDict, total=False):
@@ -106,7 +111,7 @@ ITEM_LIST_FIELDS = (
 #: Optional group keys set to None when absent before sending.
 OPTIONAL_GROUP_KEYS = tuple(k for k in ScoredDataGroup.__annotations__
                              if k not in ("tokens", "masks", "scores", "policy_version",
-                                          "rollout_ids", "attempts", "excluded"))
+                                          "rollout_ids", "attempts", "excluded", "item"))
 
 
 def aggregate_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
@@ -326,6 +331,41 @@ def set_reference_answer(group: ScoredDataGroup, answer: Any) -> ScoredDataGroup
     return group
 
 
+def record_item(group: ScoredDataGroup, item: Item, stats: Any = None) -> ScoredDataGroup:
+    """Put ``item`` on ``group`` as its ``item`` field, as JSON, when it fits the wire.
+
+    The value sent is ``item`` after a JSON round trip (tuples become lists, dict keys
+    strings), so the scorer gets at rescore time what it would get from the wire. An item that
+    is not JSON, holds a number JSON cannot carry, or passes ``MAX_ITEM_BYTES`` (64 KiB) of
+    JSON is left off (the group is sent without it), counted in ``stats["items_not_recorded"]``
+    and logged once. A group that has an ``item`` already, and a None item, are left alone.
+
+    Returns:
+        ``group`` (changed in place).
+    """
+    if item is None or group.get("item") is not None:
+        return group
+    try:
+        text = json.dumps(item, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        reason = f"it is not JSON ({exc})"
+    else:
+        value = json.loads(text)
+        size = len(text.encode())
+        reason = free_json_error(value) or (
+            f"it is {size} bytes of JSON, more than {MAX_ITEM_BYTES}" if size > MAX_ITEM_BYTES else "")
+        if not reason:
+            group["item"] = value
+            return group
+    if stats is not None:
+        stats["items_not_recorded"] += 1
+    if stats is None or stats["items_not_recorded"] == 1:
+        logger.warning("a group is sent without its item (atropos-replay rescore cannot score it "
+                       "again): %s; make the env's items smaller JSON, or set "
+                       "--env.record_items false", reason)
+    return group
+
+
 def new_group(with_logprobs: bool = True) -> ScoredDataGroup:
     """An empty group with the per-sequence lists the envs fill."""
     group = ScoredDataGroup(tokens=[], masks=[], scores=[], messages=[])
@@ -363,6 +403,7 @@ __all__ = [
     "gather_rollouts",
     "new_group",
     "normalise_group",
+    "record_item",
     "reject_reason",
     "set_reference_answer",
 ]

@@ -18,7 +18,7 @@ from pydantic import Field
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.config import default_server
 from atroposlib.envs.episodes import Episode, ReplyHandler, run_episode
-from atroposlib.envs.groups import add_rollout, new_group
+from atroposlib.envs.groups import add_rollout, new_group, record_item
 from atroposlib.envs.outcomes import Member, attach_outcomes
 from atroposlib.envs.scoring import mean_details
 from atroposlib.type_definitions import Item, Message
@@ -43,6 +43,13 @@ class MultiTurnEnvConfig(BaseEnvConfig):
         default=4, ge=1,
         description="Assistant turns per episode at most; an episode also ends early when the "
         "next turn would not fit in max_token_length tokens.",
+    )
+    record_items: bool = Field(
+        default=True,
+        description="Send each group's dataset item with it (the wire's optional `item` field, "
+        "JSON of at most 64 KiB; stock Atropos servers ignore it), so `atropos-replay rescore` "
+        "can score the recorded completions again. An item that is not JSON or is larger is "
+        "left off its group (logged once; the env's stats count items_not_recorded).",
     )
 
 
@@ -230,10 +237,17 @@ class MultiTurnEnv(BaseEnv):
             self.train_details.append(dict(details))
 
     def finish_rollouts(self, item: Item, group: ScoredDataGroup) -> ScoredDataGroup | None:
-        """The last steps of every group: messages kept or not, :meth:`finish_group`."""
+        """The last steps of every group: messages kept or not, :meth:`finish_group`, the item.
+
+        The item goes on the group when ``config.record_items`` is set
+        (:func:`~atroposlib.envs.groups.record_item`).
+        """
         if not (self.send_messages or self.config.include_messages):
             group["messages"] = None
-        return self.record_group(item, self.finish_group(item, group))
+        finished = self.finish_group(item, group)
+        if finished is not None and getattr(self.config, "record_items", True):
+            record_item(finished, item, self.stats)
+        return self.record_group(item, finished)
 
     async def collect_trajectories(
         self, item: Item
