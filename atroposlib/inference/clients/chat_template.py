@@ -69,4 +69,45 @@ def with_hermes_tools(messages: list[dict[str, Any]], tools: list[Any]) -> list[
     return [{"role": "system", "content": block}, *messages]
 
 
-__all__ = ["HERMES_TOOLS_PROMPT", "template_renders_tools", "with_hermes_tools"]
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None, *,
+                tool_parser: Any = None, preserve_think_blocks: bool = False) -> str:
+    """Render ``messages`` with ``tokenizer``'s chat template, keeping ``<think>`` blocks of assistants.
+
+    Some templates (Qwen3, DeepSeek-R1) strip reasoning from earlier assistant turns, which
+    would make the rendered prompt differ from the tokens actually sampled, so extension
+    would fail; unless ``preserve_think_blocks`` is set, the tags are swapped for
+    placeholders before rendering and restored after. A generation prompt is added unless the
+    last message is the assistant's.
+
+    Args:
+        tokenizer: the served model's HF tokenizer (its ``apply_chat_template``).
+        messages: OpenAI-style chat messages.
+        tools: tool schemas passed to the template, if any.
+        tool_parser: ``"hermes"``: tools the template drops are declared in the system message
+            (:func:`with_hermes_tools`).
+        preserve_think_blocks: let the template handle ``<think>`` blocks as it likes.
+
+    Returns:
+        The rendered prompt text.
+
+    Raises:
+        Exception: whatever the tokenizer's chat template raises on these messages.
+    """
+    add_generation_prompt = not messages or messages[-1].get("role") != "assistant"
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    if tools:
+        kwargs["tools"] = tools
+        if tool_parser == "hermes" and not template_renders_tools(tokenizer):
+            # the template would drop them: the model would never see its tools
+            messages = with_hermes_tools(messages, tools)
+    protect = not preserve_think_blocks
+    if protect:
+        messages = [_protect_think(m) for m in messages]
+    text = tokenizer.apply_chat_template(messages, **kwargs)
+    if protect:
+        for tag, placeholder in _THINK_PLACEHOLDERS.items():
+            text = text.replace(placeholder, tag)
+    return text
+
+
+__all__ = ["HERMES_TOOLS_PROMPT", "render_chat", "template_renders_tools", "with_hermes_tools"]

@@ -21,16 +21,15 @@ import functools
 import logging
 from typing import Any
 
-from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+from atroposlib.api.models import IGNORE_INDEX
 from atroposlib.inference.clients.chat_template import (  # noqa: F401 - importable from here as before
-    _THINK_PLACEHOLDERS,
     HERMES_TOOLS_PROMPT,
-    _protect_think,
+    render_chat,
     template_renders_tools,
     with_hermes_tools,
 )
 from atroposlib.inference.clients.responses import chat_completion_response, completion_response
-from atroposlib.inference.clients.sequence_node import SequenceNode, _fit
+from atroposlib.inference.clients.sequence_node import SequenceNode, sampled_node
 from atroposlib.utils.tool_call_parser import parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -172,28 +171,9 @@ class ManagedServer:
 
     # ------------------------------------------------------------------ helpers
     def _render_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
-        """Render ``messages`` with the chat template, keeping ``<think>`` blocks of assistants.
-
-        Some templates (Qwen3, DeepSeek-R1) strip reasoning from earlier assistant turns, which
-        would make the rendered prompt differ from the tokens actually sampled, so extension
-        would fail; unless ``preserve_think_blocks`` is set, the tags are swapped for
-        placeholders before rendering and restored after.
-        """
-        add_generation_prompt = not messages or messages[-1].get("role") != "assistant"
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if tools:
-            kwargs["tools"] = tools
-            if self.tool_parser == "hermes" and not template_renders_tools(self.tokenizer):
-                # the template would drop them: the model would never see its tools
-                messages = with_hermes_tools(messages, tools)
-        protect = not self.preserve_think_blocks
-        if protect:
-            messages = [_protect_think(m) for m in messages]
-        text = self.tokenizer.apply_chat_template(messages, **kwargs)
-        if protect:
-            for tag, placeholder in _THINK_PLACEHOLDERS.items():
-                text = text.replace(placeholder, tag)
-        return text
+        """Render ``messages`` with the chat template (see :func:`render_chat`)."""
+        return render_chat(self.tokenizer, messages, tools, tool_parser=self.tool_parser,
+                           preserve_think_blocks=self.preserve_think_blocks)
 
     def _find_parent(self, prompt: str) -> tuple[int | None, SequenceNode | None]:
         candidates = (
@@ -216,33 +196,6 @@ class ManagedServer:
             )
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
-    def _make_node(
-        self,
-        prompt: str,
-        prompt_tokens: list[int],
-        parent: SequenceNode | None,
-        output_tokens: list[int],
-        output_logprobs: list[float],
-        finish_reason: str,
-    ) -> SequenceNode:
-        completion_text = self.tokenizer.decode(output_tokens, skip_special_tokens=False)
-        n_prompt = len(prompt_tokens)
-        if parent is not None and prompt_tokens[: len(parent.tokens)] == list(parent.tokens):
-            masks = list(parent.masked_tokens) + [IGNORE_INDEX] * (n_prompt - len(parent.tokens))
-            logprobs = list(parent.logprobs) + [MASKED_LOGPROB] * (n_prompt - len(parent.tokens))
-        else:
-            masks = [IGNORE_INDEX] * n_prompt
-            logprobs = [MASKED_LOGPROB] * n_prompt
-        masks += list(output_tokens)
-        logprobs += _fit(list(output_logprobs), len(output_tokens))
-        return SequenceNode(
-            full_text=prompt + completion_text,
-            tokens=list(prompt_tokens) + list(output_tokens),
-            masked_tokens=masks,
-            logprobs=logprobs,
-            metadata={"finish_reason": finish_reason},
-        )
-
     async def _generate(
         self, prompt: str, kwargs: dict[str, Any]
     ) -> tuple[list[SequenceNode], list[str]]:
@@ -257,7 +210,8 @@ class ManagedServer:
         prompt_tokens = list(prompt_tokens) if prompt_tokens else input_ids
         reasons = [_finish_reason(r) for r in finish_reasons]
         nodes = [
-            self._make_node(prompt, prompt_tokens, parent, out, lps, reason)
+            sampled_node(prompt, self.tokenizer.decode(out, skip_special_tokens=False),
+                         prompt_tokens, parent, out, lps, reason)
             for out, lps, reason in zip(outputs, logprobs, reasons, strict=True)
         ]
         texts = [self.tokenizer.decode(out, skip_special_tokens=True) for out in outputs]
