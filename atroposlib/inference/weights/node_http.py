@@ -33,13 +33,11 @@ from typing import Any, Literal
 from atroposlib.errors import InferenceError
 from atroposlib.inference.node.models import (
     ADAPTER_CONFIG_KEY,
-    DIGEST_HEADER,
     PROBE_PREFIX,
     NodeStatus,
-    content_digest,
 )
 from atroposlib.inference.weights.base import WeightTarget
-from atroposlib.inference.weights.node_send import Node, Payload
+from atroposlib.inference.weights.node_send import Node, Payload, send_all
 
 #: Seconds between two looks at the stale nodes.
 WATCH_INTERVAL_S = 2.0
@@ -193,7 +191,7 @@ class NodeFleet(WeightTarget):
             if not node.stale and node.lock.acquire(timeout=wait):
                 targets.append(node)
         try:
-            results = asyncio.run(self._send_all(targets, payload)) if targets else []
+            results = asyncio.run(send_all(targets, payload, self.headers, self.timeout)) if targets else []
         finally:
             for node in targets:
                 node.lock.release()
@@ -225,75 +223,6 @@ class NodeFleet(WeightTarget):
         return {"sync/update_seconds": seconds, "sync/bytes_sent": float(sent),
                 "sync/nodes_ok": float(len(self.nodes) - failed), "sync/nodes_failed": float(failed),
                 **sync_record(path, sent, full_bytes, time.perf_counter() - begin_all, fraction)}
-
-    async def _send_all(self, nodes: list[Node], payload: Payload,
-                        full: bool = False) -> list[tuple[str | None, str, int]]:
-        import httpx
-
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout), trust_env=False,
-                                     headers=self.headers) as client:
-            return list(await asyncio.gather(*(self._send(client, n, payload, full) for n in nodes)))
-
-    async def _send(self, client: Any, node: Node, payload: Payload,
-                    full: bool = False) -> tuple[str | None, str, int]:
-        """Send ``payload`` to one node within the timeout: ``(None or why it failed, path, bytes sent)``.
-
-        A delta where the node is at its base (unless ``full``); a refused delta is followed by
-        the full weights, with one warning naming the node.
-        """
-        import httpx
-
-        from atroposlib.inference.weights.delta_sync import warn_full_sync
-
-        sent = 0
-        path = "lora" if payload.kind == "lora" else "full"
-        try:
-            async with asyncio.timeout(self.timeout):
-                at_base = payload.deltas.get(node.dtype)
-                if not full and at_base is not None and node.delta_version == at_base[0]:
-                    body = at_base[1]
-                    answer = await client.put(
-                        f"{node.url}/atropos/weights/delta", params={"version": payload.version},
-                        content=body, headers={DIGEST_HEADER: content_digest(body),
-                                               "Content-Type": "application/octet-stream"})
-                    sent += len(body)
-                    if answer.status_code == 200:
-                        node.delta_version = payload.version
-                        return None, "delta", sent
-                    node.delta_version = None
-                    warn_full_sync(f"inference node {node.url}", payload.version,
-                                   f"HTTP {answer.status_code}: {answer.text[:300]}")
-                    if answer.status_code != 409:  # 409: nothing changed there; else it may be broken
-                        return f"HTTP {answer.status_code}: {answer.text[:300]}", "delta", sent
-                if node.path == "file":  # written once per version, when a node needs them
-                    await asyncio.to_thread(payload.write_files, node.dtype)
-                answer = await self._request(client, node, payload)
-                sent += len(payload.body(node.dtype)) if node.path == "http" else 0
-        except TimeoutError:
-            return f"no answer within --weight-sync-timeout {self.timeout:.0f} s", path, sent
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc or 'connection failed'}", path, sent
-        if answer.status_code != 200:
-            return f"HTTP {answer.status_code}: {answer.text[:300]}", path, sent
-        try:
-            ready = bool(answer.json()["update"].get("delta_ready"))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            ready = False
-        node.delta_version = payload.version if ready and payload.kind == "full" else None
-        return None, path, sent
-
-    def _request(self, client: Any, node: Node, payload: Payload) -> Any:
-        if node.path == "file":
-            return client.post(f"{node.url}/atropos/weights/load", json={
-                "path": str(Path(payload.directory or ".").resolve()), "version": payload.version,
-                "kind": payload.kind, "lora_name": payload.lora_name})
-        body = payload.body(node.dtype)
-        params: dict[str, Any] = {"version": payload.version, "kind": payload.kind}
-        if payload.lora_name:
-            params["lora_name"] = payload.lora_name
-        return client.put(f"{node.url}/atropos/weights", params=params, content=body,
-                          headers={DIGEST_HEADER: content_digest(body),
-                                   "Content-Type": "application/octet-stream"})
 
     def _mark_stale(self, node: Node, version: int, reason: str, count: bool = True) -> None:
         if count:
@@ -361,7 +290,7 @@ class NodeFleet(WeightTarget):
                          f"({status.state}), not {payload.version}: it restarted? re-sending")
                 # maybe restarted in another dtype: any of the payload's will do
                 node.dtype = status.dtype if status.dtype in payload.selected else next(iter(payload.selected))
-                error = asyncio.run(self._send_all([node], payload, full=True))[0][0]
+                error = asyncio.run(send_all([node], payload, self.headers, self.timeout, full=True))[0][0]
                 if error is not None:
                     self._mark_stale(node, payload.version, error, count=False)
                     return False

@@ -1,13 +1,14 @@
-"""What the trainer pushes to its inference nodes: the Node and Payload records, and the files file-path nodes read."""
+"""Send one version of the weights to inference nodes: the Node and Payload records, the requests, the files file-path nodes read."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from atroposlib.inference.node.models import ADAPTER_CONFIG_KEY
+from atroposlib.inference.node.models import ADAPTER_CONFIG_KEY, DIGEST_HEADER, content_digest
 
 
 @dataclass
@@ -80,4 +81,90 @@ def _write_files(tensors: dict[str, Any], directory: Path, metadata: dict[str, s
         save_file(select(tensors, list(tensors), None), directory / "model.safetensors")
 
 
-__all__ = ["Node", "Payload"]
+async def send_all(nodes: list[Node], payload: Payload, headers: dict[str, str], timeout: float,
+                   full: bool = False) -> list[tuple[str | None, str, int]]:
+    """Send ``payload`` to every node in ``nodes`` at once, each within ``timeout`` seconds.
+
+    Args:
+        nodes: the nodes to send to (their ``delta_version`` is updated from the answers).
+        payload: the version to send.
+        headers: the nodes' request headers (their bearer token).
+        timeout: seconds one node may take (``--weight-sync-timeout``).
+        full: send the full weights even to a node at the delta's base.
+
+    Returns:
+        Per node, in order: ``(None or why it failed, path, bytes sent)``; path is ``delta``,
+        ``full`` or ``lora``. Nothing is raised for a node that failed.
+    """
+    import httpx
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False,
+                                 headers=headers) as client:
+        return list(await asyncio.gather(*(_send(client, n, payload, timeout, full) for n in nodes)))
+
+
+async def _send(client: Any, node: Node, payload: Payload, timeout: float,
+                full: bool = False) -> tuple[str | None, str, int]:
+    """Send ``payload`` to one node within ``timeout``: ``(None or why it failed, path, bytes sent)``.
+
+    A delta where the node is at its base (unless ``full``); a refused delta is followed by
+    the full weights, with one warning naming the node.
+    """
+    import httpx
+
+    from atroposlib.inference.weights.delta_sync import warn_full_sync
+
+    sent = 0
+    path = "lora" if payload.kind == "lora" else "full"
+    try:
+        async with asyncio.timeout(timeout):
+            at_base = payload.deltas.get(node.dtype)
+            if not full and at_base is not None and node.delta_version == at_base[0]:
+                body = at_base[1]
+                answer = await client.put(
+                    f"{node.url}/atropos/weights/delta", params={"version": payload.version},
+                    content=body, headers={DIGEST_HEADER: content_digest(body),
+                                           "Content-Type": "application/octet-stream"})
+                sent += len(body)
+                if answer.status_code == 200:
+                    node.delta_version = payload.version
+                    return None, "delta", sent
+                node.delta_version = None
+                warn_full_sync(f"inference node {node.url}", payload.version,
+                               f"HTTP {answer.status_code}: {answer.text[:300]}")
+                if answer.status_code != 409:  # 409: nothing changed there; else it may be broken
+                    return f"HTTP {answer.status_code}: {answer.text[:300]}", "delta", sent
+            if node.path == "file":  # written once per version, when a node needs them
+                await asyncio.to_thread(payload.write_files, node.dtype)
+            answer = await _request(client, node, payload)
+            sent += len(payload.body(node.dtype)) if node.path == "http" else 0
+    except TimeoutError:
+        return f"no answer within --weight-sync-timeout {timeout:.0f} s", path, sent
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc or 'connection failed'}", path, sent
+    if answer.status_code != 200:
+        return f"HTTP {answer.status_code}: {answer.text[:300]}", path, sent
+    try:
+        ready = bool(answer.json()["update"].get("delta_ready"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        ready = False
+    node.delta_version = payload.version if ready and payload.kind == "full" else None
+    return None, path, sent
+
+
+def _request(client: Any, node: Node, payload: Payload) -> Any:
+    """The full push to one node: a load request (file path) or the safetensors body (http)."""
+    if node.path == "file":
+        return client.post(f"{node.url}/atropos/weights/load", json={
+            "path": str(Path(payload.directory or ".").resolve()), "version": payload.version,
+            "kind": payload.kind, "lora_name": payload.lora_name})
+    body = payload.body(node.dtype)
+    params: dict[str, Any] = {"version": payload.version, "kind": payload.kind}
+    if payload.lora_name:
+        params["lora_name"] = payload.lora_name
+    return client.put(f"{node.url}/atropos/weights", params=params, content=body,
+                      headers={DIGEST_HEADER: content_digest(body),
+                               "Content-Type": "application/octet-stream"})
+
+
+__all__ = ["Node", "Payload", "send_all"]
