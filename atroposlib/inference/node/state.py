@@ -34,7 +34,6 @@ from atroposlib.inference.node.settings import NodeSettings
 logger = logging.getLogger("atroposlib.inference.node")
 
 
-
 class DeltaRefused(AtroposError):
     """A weight delta does not apply here (HTTP 409); ``reason`` is ``base`` or ``checksum``."""
 
