@@ -8,7 +8,10 @@ Import surface (Atropos 0.4 compatible)::
 The code that drives an env (serve loop, process/evaluate runners, the CLI) imports this
 contract, never the reverse: ``cli()``, ``env_manager()`` and ``process_manager()`` hand over
 to the runner registered for their mode (:mod:`atroposlib.envs.runners`). The W&B, checkpoint
-and evaluation-file hooks are inherited from mixins that live beside their bodies:
+and evaluation-file hooks, the group check and self-sending path, and the runner entry points
+are inherited from mixins that live beside their bodies:
+:class:`~atroposlib.envs.sending.GroupSendingMixin`,
+:class:`~atroposlib.envs.runners.RunnerEntryMixin`,
 :class:`~atroposlib.envs.wandb_logging.WandbLoggingMixin`,
 :class:`~atroposlib.envs.checkpoints.CheckpointMixin` and
 :class:`~atroposlib.envs.eval.EvalLogMixin`.
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from pathlib import Path
 from typing import Any
 
 from atroposlib.api.models import MASKED_LOGPROB
@@ -26,11 +28,9 @@ from atroposlib.envs.checkpoints import CheckpointMixin
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum, FrozenConfigError
 from atroposlib.envs.eval import EvalLogMixin
 from atroposlib.envs.groups import (
-    CheckedGroups,
     ScoredDataGroup,
     ScoredDataItem,
     aggregate_items,
-    check_groups,
     gather_rollouts,
 )
 from atroposlib.envs.outcomes import Member, attach_outcomes, keep_group, run_members
@@ -41,7 +41,8 @@ from atroposlib.envs.run_state import (
     batch_share,
     state_property,
 )
-from atroposlib.envs.runners import get_runner
+from atroposlib.envs.runners import RunnerEntryMixin
+from atroposlib.envs.sending import GroupSendingMixin
 from atroposlib.envs.wandb_logging import WandbLoggingMixin
 from atroposlib.inference.clients.base import InferenceClient
 from atroposlib.inference.clients.config import (
@@ -55,7 +56,7 @@ from atroposlib.type_definitions import Item
 from atroposlib.utils.hf_tokenizer import load_tokenizer
 
 
-class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
+class BaseEnv(GroupSendingMixin, RunnerEntryMixin, WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
     """Base class of every environment: subclass it, implement the hooks, call ``cli()``.
 
     Must implement:
@@ -337,92 +338,6 @@ class BaseEnv(WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
         from atroposlib.envs.item_filter import item_key
 
         return item_key(item)
-
-    # ------------------------------------------------------------------ group validation & sinks
-    def _check_groups(
-        self,
-        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
-        abort_on_any_max_length_exceeded: bool = True,
-    ) -> CheckedGroups:
-        """The usable groups of ``scored_data``; drops are logged and counted in ``stats``.
-
-        The one scored-group check (:func:`~atroposlib.envs.groups.check_groups`): groups the
-        runner already checked (a ``CheckedGroups``, as ``run_item`` hands them on) are not
-        checked again. ``abort_on_any_max_length_exceeded`` drops groups with a sequence of
-        ``>= max_seq_len`` tokens (the trainer's, once the API told us).
-        """
-        return check_groups(
-            scored_data, self.config.group_size, self.config.ensure_scores_are_not_same,
-            self._run_state.max_seq_len if abort_on_any_max_length_exceeded else -1, self.stats,
-            self._run_state.drops,
-        )
-
-    def _accept_groups(
-        self,
-        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
-        abort_on_any_max_length_exceeded: bool = True,
-        item: Item = None,
-    ) -> list[ScoredDataGroup]:
-        """Check the groups (unless checked already); normalise and record the usable ones.
-
-        Returns the accepted groups, with every optional key present (None when absent).
-        """
-        return self._run_state.accept(self._check_groups(scored_data, abort_on_any_max_length_exceeded),
-                                      self.config.include_messages, self._decode)
-
-    async def handle_send_to_api(
-        self,
-        scored_data: ScoredDataGroup | list[ScoredDataGroup | None] | None,
-        item: Item = None,
-        do_send_to_api: bool = True,
-        abort_on_any_max_length_exceeded: bool = True,
-    ) -> list[ScoredDataGroup]:
-        """For an env that sends groups itself: check them, then deliver them like the runners do.
-
-        Groups already checked (a ``CheckedGroups``) are not checked again. Accepted groups go
-        through :func:`atroposlib.env_runtime.delivery.deliver_checked`: the
-        ``prepare_checked_groups`` hook, normalising and recording, every sink of the run (JSONL,
-        W&B) and, with ``do_send_to_api`` (serve mode), the outbox the serve loop drains, so a
-        finished group is never lost to an API outage. Each sent group gets ``policy_version``:
-        the trainer step when its rollout started (else ``curr_step``), unless it already has
-        one. The runners deliver their own groups without coming back here, unless a subclass
-        overrides this method. Returns the accepted groups.
-
-        Raises:
-            RuntimeError: ``do_send_to_api`` outside the serve loop (there is no outbox).
-        """
-        checked = self._check_groups(scored_data, abort_on_any_max_length_exceeded)
-        return await get_runner("deliver")(self, checked, item, do_send_to_api)
-
-    async def prepare_checked_groups(self, groups: CheckedGroups) -> None:
-        """Hook: change, in place, the groups that passed the check before they are recorded.
-
-        Called by :meth:`handle_send_to_api` with only the groups the check kept (so dropped
-        groups cost no extra work), before they are normalised, recorded and sent. The default
-        does nothing; ``TeacherDistillationEnv`` adds the teacher's log-probs here.
-        """
-
-    async def process_manager(self, show_progress: bool = True) -> Path | None:
-        """Process mode: write ``config.total_steps`` groups to JSONL + HTML without an API.
-
-        Returns the JSONL path, or None when nothing was written.
-        """
-        return await get_runner("process")(self, show_progress)
-
-    async def _evaluate_and_save(self) -> Path:
-        """Evaluate mode: run ``evaluate`` once and write its files; returns ``metrics.json``."""
-        return await get_runner("evaluate")(self)
-
-    # ------------------------------------------------------------------ serve mode
-    async def env_manager(self) -> None:
-        """Serve mode: register with the API and keep it fed with groups until told to stop."""
-        await get_runner("serve")(self)
-
-    # ------------------------------------------------------------------ CLI
-    @classmethod
-    def cli(cls, argv: list[str] | None = None) -> None:
-        """Run the command line: ``python my_env.py serve|process|evaluate [--env.* ...]``."""
-        get_runner("cli")(cls, argv)
 
 
 __all__ = [

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 #: The standard runner of each mode, as ``"module:function"`` (imported on first use).
@@ -57,4 +58,28 @@ def get_runner(mode: str) -> Callable[..., Any]:
     return _RUNNERS[mode]
 
 
-__all__ = ["DEFAULT_RUNNERS", "get_runner", "register_runner"]
+class RunnerEntryMixin:
+    """``BaseEnv``'s entry points: each hands the env (or its class) to the runner of its mode."""
+
+    async def process_manager(self, show_progress: bool = True) -> Path | None:
+        """Process mode: write ``config.total_steps`` groups to JSONL + HTML without an API.
+
+        Returns the JSONL path, or None when nothing was written.
+        """
+        return await get_runner("process")(self, show_progress)
+
+    async def _evaluate_and_save(self) -> Path:
+        """Evaluate mode: run ``evaluate`` once and write its files; returns ``metrics.json``."""
+        return await get_runner("evaluate")(self)
+
+    async def env_manager(self) -> None:
+        """Serve mode: register with the API and keep it fed with groups until told to stop."""
+        await get_runner("serve")(self)
+
+    @classmethod
+    def cli(cls, argv: list[str] | None = None) -> None:
+        """Run the command line: ``python my_env.py serve|process|evaluate [--env.* ...]``."""
+        get_runner("cli")(cls, argv)
+
+
+__all__ = ["DEFAULT_RUNNERS", "RunnerEntryMixin", "get_runner", "register_runner"]

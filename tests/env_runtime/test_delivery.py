@@ -28,9 +28,9 @@ async def test_process_checks_each_group_once_and_never_goes_back_through_the_en
             checks.append(len(scored) if isinstance(scored, list) else 1)
         return real_check(scored, *args, **kwargs)
 
-    # run_item and BaseEnv both use this one check
+    # run_item and BaseEnv (its GroupSendingMixin) both use this one check
     monkeypatch.setattr("atroposlib.env_runtime.step.check_groups", counting_check)
-    monkeypatch.setattr("atroposlib.envs.base.check_groups", counting_check)
+    monkeypatch.setattr("atroposlib.envs.sending.check_groups", counting_check)
 
     class NoUTurn(ChatLengthEnv):
         prepared = 0
