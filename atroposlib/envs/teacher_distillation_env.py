@@ -46,8 +46,9 @@ from atroposlib.envs.base import BaseEnv, ScoredDataGroup
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.groups import CheckedGroups
 from atroposlib.envs.teacher_servers import (
-    _check_can_score_prompts,
+    check_server_tokenizers,
     resolve_teacher_server_configs,
+    teacher_manager,
     tokenizer_difference,
 )
 from atroposlib.errors import AtroposError, ConfigError
@@ -191,39 +192,11 @@ class TeacherDistillationEnv(BaseEnv):
                     "will be fetched (pass --env.teacher_enabled true to use them)"
                 )
             return
-        if not teacher_server_configs and not testing:
-            raise ConfigError(
-                "teacher_enabled is true but no teacher server configuration was provided: pass "
-                "--teacher.base_url URL --teacher.model_name NAME --teacher.server_type vllm "
-                "(or teacher_server_configs=[APIServerConfig(...)]), or set "
-                "--env.teacher_enabled false"
-            )
-        if not teacher_server_configs:  # testing: in-process fake teachers
-            self.teacher = ServerManager(ServerBaseline(), slurm=False, testing=True)
-            for server in self.teacher.servers:
-                server.set_tokenizer_factory(lambda: self.tokenizer)
-            return
-        # One config or server becomes a list of one, as Atropos 0.4 passes it on; a bare
-        # ServerBaseline is passed as is (the manager derives the servers' addresses).
-        bare_baseline = type(teacher_server_configs) is ServerBaseline
-        sources = (
-            list(teacher_server_configs)
-            if isinstance(teacher_server_configs, list | tuple)
-            else [teacher_server_configs]
+        self.teacher, tokenizer_name = teacher_manager(
+            teacher_server_configs, lambda: self.tokenizer, testing=testing
         )
-        for source in sources:
-            _check_can_score_prompts(source)
-            if hasattr(source, "set_tokenizer_factory"):
-                source.set_tokenizer_factory(lambda: self.tokenizer)
-        self.teacher = ServerManager(
-            teacher_server_configs if bare_baseline else sources, slurm=False, testing=False
-        )
-        first = sources[0]
-        if isinstance(first, APIServerConfig):
-            name = first.tokenizer_name
-            self._validate_teacher_tokenizer_compatibility(
-                first.model_name if name in ("", "none") else name
-            )
+        if tokenizer_name is not None:
+            self._validate_teacher_tokenizer_compatibility(tokenizer_name)
 
     @classmethod
     def teacher_config_init(cls) -> APIServerConfig | list[APIServerConfig] | None:
@@ -244,32 +217,7 @@ class TeacherDistillationEnv(BaseEnv):
         """
         if self.teacher is None or self._teacher_tokenizer_checked:
             return
-        student = self.tokenizer
-        for server in self.teacher.servers:
-            name = server.config.tokenizer_name
-            if name == "none":
-                name = server.config.model_name
-            try:
-                teacher_tok = server.tokenizer
-            except OSError as exc:
-                raise ConfigError(
-                    f"cannot load the teacher tokenizer {name!r} ({exc}); pass "
-                    "--teacher.tokenizer_name DIR (a local tokenizer directory identical to "
-                    "--env.tokenizer_name)"
-                ) from exc
-            if teacher_tok is None:
-                raise ConfigError(
-                    f"teacher server {name!r} has no tokenizer; pass --teacher.tokenizer_name DIR"
-                )
-            difference = tokenizer_difference(student, teacher_tok)
-            if difference is not None:
-                raise ConfigError(
-                    f"the teacher tokenizer ({name!r}) differs from the student tokenizer "
-                    f"({self.config.tokenizer_name!r}): {difference}. Distillation compares "
-                    "token ids position by position, so both must use the same tokenizer: pick a "
-                    "teacher from the student's model family, or point --teacher.tokenizer_name "
-                    "/ --env.tokenizer_name at the same tokenizer"
-                )
+        check_server_tokenizers(self.tokenizer, self.config.tokenizer_name, self.teacher.servers)
         self._teacher_tokenizer_checked = True
 
     # ------------------------------------------------------------------ Atropos 0.4 names

@@ -13,7 +13,7 @@ from typing import Any
 from atroposlib.errors import ConfigError
 from atroposlib.inference.clients.base import APIServer
 from atroposlib.inference.clients.config import APIServerConfig, ServerBaseline
-from atroposlib.inference.clients.manager import server_class_for
+from atroposlib.inference.clients.manager import ServerManager, server_class_for
 from atroposlib.inference.clients.openai_client import resolve_openai_configs
 
 logger = logging.getLogger(__name__)
@@ -100,4 +100,98 @@ def _check_can_score_prompts(source: APIServerConfig | APIServer) -> None:
         )
 
 
-__all__ = ["resolve_teacher_server_configs", "tokenizer_difference"]
+def teacher_manager(
+    teacher_server_configs: Any, tokenizer_factory: Any, testing: bool = False
+) -> tuple[ServerManager, str | None]:
+    """Build the teacher's load-balanced ``ServerManager`` from its servers.
+
+    Args:
+        teacher_server_configs: one ``APIServerConfig`` or ``APIServer``, a list of them (one
+            becomes a list of one, as Atropos 0.4 passes it on), or a bare ``ServerBaseline``
+            (passed as is: the manager derives the servers' addresses). Empty or None only with
+            ``testing``.
+        tokenizer_factory: ``() -> tokenizer``: the student's tokenizer, handed to ready servers
+            and fake teachers (they tokenize like the student).
+        testing: without configs, in-process ``FakeServer`` teachers.
+
+    Returns:
+        ``(manager, tokenizer_name)``: the name of the first teacher's tokenizer when that
+        teacher is given as settings (its ``tokenizer_name``, else its ``model_name``), for the
+        caller to compare with the student's; None otherwise.
+
+    Raises:
+        ConfigError: no configs outside ``testing``, or a teacher backend cannot return prompt
+            log-probs.
+    """
+    if not teacher_server_configs and not testing:
+        raise ConfigError(
+            "teacher_enabled is true but no teacher server configuration was provided: pass "
+            "--teacher.base_url URL --teacher.model_name NAME --teacher.server_type vllm "
+            "(or teacher_server_configs=[APIServerConfig(...)]), or set "
+            "--env.teacher_enabled false"
+        )
+    if not teacher_server_configs:  # testing: in-process fake teachers
+        manager = ServerManager(ServerBaseline(), slurm=False, testing=True)
+        for server in manager.servers:
+            server.set_tokenizer_factory(tokenizer_factory)
+        return manager, None
+    bare_baseline = type(teacher_server_configs) is ServerBaseline
+    sources = (
+        list(teacher_server_configs)
+        if isinstance(teacher_server_configs, list | tuple)
+        else [teacher_server_configs]
+    )
+    for source in sources:
+        _check_can_score_prompts(source)
+        if hasattr(source, "set_tokenizer_factory"):
+            source.set_tokenizer_factory(tokenizer_factory)
+    manager = ServerManager(
+        teacher_server_configs if bare_baseline else sources, slurm=False, testing=False
+    )
+    first = sources[0]
+    if not isinstance(first, APIServerConfig):
+        return manager, None
+    name = first.tokenizer_name
+    return manager, first.model_name if name in ("", "none") else name
+
+
+def check_server_tokenizers(student: Any, student_name: str, servers: list[APIServer]) -> None:
+    """Make sure every teacher server tokenizes exactly like the student.
+
+    Args:
+        student: the env's tokenizer.
+        student_name: its ``--env.tokenizer_name`` (for the message).
+        servers: the teacher ``ServerManager``'s servers (their ``tokenizer`` is loaded here).
+
+    Raises:
+        ConfigError: a teacher tokenizer differs from the student's, is missing or cannot be
+            loaded; the message says how to fix it.
+    """
+    for server in servers:
+        name = server.config.tokenizer_name
+        if name == "none":
+            name = server.config.model_name
+        try:
+            teacher_tok = server.tokenizer
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot load the teacher tokenizer {name!r} ({exc}); pass "
+                "--teacher.tokenizer_name DIR (a local tokenizer directory identical to "
+                "--env.tokenizer_name)"
+            ) from exc
+        if teacher_tok is None:
+            raise ConfigError(
+                f"teacher server {name!r} has no tokenizer; pass --teacher.tokenizer_name DIR"
+            )
+        difference = tokenizer_difference(student, teacher_tok)
+        if difference is not None:
+            raise ConfigError(
+                f"the teacher tokenizer ({name!r}) differs from the student tokenizer "
+                f"({student_name!r}): {difference}. Distillation compares "
+                "token ids position by position, so both must use the same tokenizer: pick a "
+                "teacher from the student's model family, or point --teacher.tokenizer_name "
+                "/ --env.tokenizer_name at the same tokenizer"
+            )
+
+
+__all__ = ["check_server_tokenizers", "resolve_teacher_server_configs", "teacher_manager", "tokenizer_difference"]
