@@ -6,18 +6,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from example_trainer.run import TrainingRun
+from typing import Any
 
 
-def summary_fields(run: TrainingRun, failure: BaseException | None) -> dict[str, Any]:
+def summary_fields(run: Any, failure: BaseException | None) -> dict[str, Any]:
     """The fields of ``summary.json`` for ``run``, once it ended (vLLM stopped, clocks fixed).
 
     Args:
-        run: the run; its :attr:`~example_trainer.run.TrainingRun.stopped` already says how the
-            loop ended.
+        run: the :class:`~example_trainer.run.TrainingRun` (typed loosely: that module imports
+            this one); its ``stopped`` already says how the loop ended.
         failure: the exception that ended it, or None.
 
     Returns:
