@@ -52,6 +52,7 @@ class TrainingRun:
         from example_trainer import checkpoint as ckpt_io
         from example_trainer.batch_checks import BatchGuard
         from example_trainer.bundles import BundleRecorder
+        from example_trainer.clock import TrainClock
         from example_trainer.ledger import TrainerLedger
         from example_trainer.metrics import TrainerMetrics
         from example_trainer.report import NullRunLog, RunLog
@@ -60,7 +61,7 @@ class TrainingRun:
         from example_trainer.vllm_sync import VLLMSync
 
         self.config, self.dist, self.run_dir, self.policy, self.resume = config, dist, run_dir, policy, resume
-        self.wall_start = time.perf_counter() if wall_start is None else wall_start
+        self.clock = TrainClock(wall_start)  # wall, training-loop and evaluation seconds
         self.vllm = VLLMSync(config, run_dir)
         start_step = policy.start_step
         if resume is not None and dist.is_main:
@@ -89,11 +90,7 @@ class TrainingRun:
         self.client: Any = None  # rank 0's AtroposClient, once registered
         self.steps_done = self.saved_step = start_step
         self.eval_before = self.eval_after = math.nan
-        self.train_start: float | None = None  # set at registration
-        self.train_seconds: float | None = None  # set when the loop ends (or when interrupted)
         self.last_checkpoint: Path | None = None  # newest checkpoint this run wrote
-        self.eval_seconds = 0.0  # every evaluation's seconds (summary.json)
-        self.eval_seconds_at_start = 0.0  # those spent before registration, outside the budget's clock anyway
         self.out_of_time = False
         self.stopped = "completed"  # how the loop ended; an exception overrides it in `finish`
 
@@ -148,14 +145,13 @@ class TrainingRun:
         config = self.config
         if not config.eval_command or not self.dist.is_main:
             return math.nan
-        begin = time.perf_counter()
-        self.vllm.wait()  # a background sync in flight: evaluate the newest weights
-        metrics = run_eval_command(
-            config.eval_command, base_url=self.vllm.base_url, model_name=self.vllm.model_name,
-            out_dir=self.run_dir / "evals" / f"step_{step}", step=step, metric=config.eval_metric,
-            timeout=config.eval_timeout, log_path=self.run_dir / "logs" / "eval.log")
-        self.runlog.log_eval(step, metrics, config.eval_metric)
-        self.eval_seconds += time.perf_counter() - begin  # outside the training budget
+        with self.clock.evaluation():  # outside the training budget
+            self.vllm.wait()  # a background sync in flight: evaluate the newest weights
+            metrics = run_eval_command(
+                config.eval_command, base_url=self.vllm.base_url, model_name=self.vllm.model_name,
+                out_dir=self.run_dir / "evals" / f"step_{step}", step=step, metric=config.eval_metric,
+                timeout=config.eval_timeout, log_path=self.run_dir / "logs" / "eval.log")
+            self.runlog.log_eval(step, metrics, config.eval_metric)
         return metrics[config.eval_metric]
 
     def evaluate_before(self) -> None:
@@ -191,8 +187,7 @@ class TrainingRun:
             self.prom.batches_lost.inc(len(self.replay.lost))
             if client.resumed is None:
                 self._say_waiting(client)
-        self.train_start = time.perf_counter()
-        self.eval_seconds_at_start = self.eval_seconds
+        self.clock.start_training()
 
     def _say_waiting(self, client: Any) -> None:
         """Print what the first step waits for (run-api's queue, from ``GET /status``)."""
@@ -213,12 +208,8 @@ class TrainingRun:
                              self.config.max_train_seconds, self.policy.start_step)
 
     def train_elapsed(self) -> float:
-        """Seconds since registration, the evaluations run since then excluded (what ``--max-train-seconds`` counts).
-
-        The evaluation of the starting policy runs before registration: it is outside this clock,
-        so it is not subtracted (it used to be, which made the budget read low until it caught up).
-        """
-        return time.perf_counter() - (self.train_start or 0.0) - (self.eval_seconds - self.eval_seconds_at_start)
+        """Seconds since registration, evaluations excluded (what ``--max-train-seconds`` counts; :meth:`TrainClock.elapsed`)."""
+        return self.clock.elapsed()
 
     def out_of_budget(self, last_step_seconds: float) -> bool:
         """True when the next step (assumed as long as the last) would overrun ``--max-train-seconds``.
@@ -287,7 +278,7 @@ class TrainingRun:
     def finish_training(self) -> None:
         """After the loop: the final checkpoint, then the final evaluation (unless stopped)."""
         config = self.config
-        self.train_seconds = time.perf_counter() - (self.train_start or time.perf_counter())
+        self.clock.end_training()
         self.save_checkpoint("final")
         steps_done = self.steps_done
         if steps_done and config.eval_command and not self.dist.from_main(self.stop.requested):
@@ -299,15 +290,14 @@ class TrainingRun:
     def close(self, failure: BaseException | None) -> dict[str, Any]:
         """Stop vLLM and the watchers, write ``summary.json`` (rank 0) and return the summary."""
         from example_trainer.report import write_summary
-        from example_trainer.stopping import failed_part
+        from example_trainer.run_summary import summary_fields
 
-        config, dist, runlog = self.config, self.dist, self.runlog
+        dist, runlog = self.dist, self.runlog
         self.stop.restore()  # the caller's SIGINT/SIGTERM handlers again
         if self.watch is not None:
             self.watch.stop()
         self.prom.close()
-        if self.train_seconds is None:  # interrupted inside the loop (or before it began)
-            self.train_seconds = 0.0 if self.train_start is None else time.perf_counter() - self.train_start
+        self.clock.end_training()  # interrupted inside the loop (or before it began)
         if failure is not None:
             self.stopped = "interrupted" if isinstance(failure, KeyboardInterrupt) else "error"
         dist.close(failure)  # the other ranks wait here for rank 0's final eval
@@ -316,36 +306,12 @@ class TrainingRun:
             self.vllm.cleanup()  # the sync copy duplicates checkpoints/final
         if runlog.history:
             runlog.plot(self.run_dir / "plot.png")
-        last = self.last_checkpoint
-        summary = write_summary(
-            self.run_dir / "summary.json" if dist.is_main else None, steps=self.steps_done,
-            training_steps=config.training_steps,
-            wall_seconds=time.perf_counter() - self.wall_start, train_loop_seconds=self.train_seconds,
-            eval_accuracy_before=self.eval_before, eval_accuracy_after=self.eval_after,
-            eval_accuracy_delta=self.eval_after - self.eval_before,
-            evals=[{"step": s, "accuracy": a} for s, a in runlog.evals],
-            final_checkpoint=str(last) if last and last.name == "final" else None,
-            last_checkpoint=str(last) if last else None,
-            stopped=self.stopped, error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
-            failed_part=failed_part(failure),
-            stop_signal=self.stop.signum if self.stopped == "stop_requested" else None,
-            stopped_by_time_budget=self.out_of_time, eval_seconds=self.eval_seconds,
-            weight_sync=config.weight_sync, **(self.vllm.summary() if dist.is_main else {}),
-            batch_size=config.batch_size, lr=config.lr,
-            mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in runlog.history),
-            mean_step_seconds=_mean(h.get("step_seconds") for h in runlog.history),
-            **self.guard.summary(), replayed_batches=self.replay.replayed, lost_batches=len(self.replay.lost),
-            ledger=self.ledger.summary(refresh=failure is None) if dist.is_main else None,
-        )
+        summary = write_summary(self.run_dir / "summary.json" if dist.is_main else None,
+                                **summary_fields(self, failure))
         runlog.close()
         if dist.is_main:
             print(f"[grpo] summary: {summary}", flush=True)
         return summary
-
-
-def _mean(values: Any) -> float | None:
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
 
 
 __all__ = ["TrainingRun", "make_run_dir"]

@@ -8,9 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.errors import InferenceError
+from atroposlib.inference.weights.background import BackgroundPush
 from atroposlib.inference.weights.external_vllm import ExternalVLLM, load_adapter
 from atroposlib.inference.weights.local_vllm import LocalVLLM
-from example_trainer.weight_export import PolicyTensors, adapter_tensors, reload_tensors
+from example_trainer.weight_export import (
+    PolicyTensors,
+    adapter_tensors,
+    merged_reload_note,
+    reload_tensors,
+)
 
 
 def save_weights(model: Any, tokenizer: Any, out_dir: Path, with_tokenizer: bool,
@@ -86,17 +92,18 @@ class VLLMSync:
         # several comma-separated URLs (e.g. one vLLM per Slurm inference node) all get reloaded
         self._external_urls = [u.strip().rstrip("/") for u in (config.vllm_url or "").split(",") if u.strip()]
         self._external_url = self._external_urls[0] if self._external_urls else None
+        self._external = ExternalVLLM(self._external_urls, self.weights_dir,
+                                      config.weight_sync_encoding) if self._external_urls else None
         # the WeightTarget the weights go to: stock vLLM servers, or (set by start) the nodes
         # among them or the vLLM the trainer launched
-        self.target: Any = ExternalVLLM(self._external_urls, self.weights_dir,
-                                        config.weight_sync_encoding) if self._external_urls else None
+        self.target: Any = self._external
         self.fleet: Any = None  # the target when it is atropos-inference-node nodes (NodeFleet/NcclFleet)
-        self._pending: Any = None  # the background sync in flight (concurrent.futures.Future)
+        self.background = BackgroundPush()  # the sync in flight with background=True
         # whether vLLM holds the trainer's frozen weights: true when the trainer launches it on
         # the starting model (not when resuming: the checkpoint may differ), else after a full sync
         self._holds_frozen = not self._external_urls and not config.resume
-        self._executor: Any = None
         self._export = PolicyTensors()
+        self._adapter_noted = False  # merged_reload_note printed
 
     @property
     def base_url(self) -> str:
@@ -113,29 +120,21 @@ class VLLMSync:
         Raises:
             InferenceError: vLLM did not become healthy (the message has its log tail).
         """
-        if self._external_url:
+        if self._external is not None:
             if self.config.weight_sync == "none":
                 return 0.0
-            seconds = self._wait_external()
+            seconds = self._external.wait_healthy(
+                self.config.vllm_start_timeout,
+                fix="start it (with VLLM_SERVER_DEV_MODE=1 for weight reloads), fix --vllm-url, or "
+                    "drop --vllm-url to let the trainer launch one")
             self.fleet = connect_nodes(self.config, self._external_urls, self.weights_dir,
                                        self.model_name if self.config.weight_sync == "lora" else None)
             self.target = self.fleet or self.target
             return seconds
-        from atroposlib.inference.vllm_process import VLLMProcess
-
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cfg = self.config
-        sizing = vllm_sizing(cfg)
-        self.process = VLLMProcess(
-            cfg.model, served_model_name=cfg.served_model_name, port=cfg.vllm_port,
-            dtype=cfg.vllm_dtype, max_model_len=cfg.vllm_max_model_len,
-            max_num_seqs=sizing.max_num_seqs, kv_cache_bytes=sizing.kv_cache_bytes,
-            extra_args=[*self._lora_args(), *cfg.vllm_extra_args], log_path=self.log_path,
-            dev_mode=True, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if cfg.weight_sync == "lora" else None,
-        )
+        self.process = vllm_process(self.config, self.log_path)
         begin = time.perf_counter()
-        self.process.start(timeout=cfg.vllm_start_timeout)
-        self.target = LocalVLLM(self.process, self.weights_dir, local_encoding(cfg.weight_sync_encoding))
+        self.process.start(timeout=self.config.vllm_start_timeout)
+        self.target = LocalVLLM(self.process, self.weights_dir, local_encoding(self.config.weight_sync_encoding))
         return time.perf_counter() - begin
 
     @property
@@ -144,11 +143,6 @@ class VLLMSync:
         if self.config.weight_sync == "lora":
             return f"{self.config.served_model_name}-lora"
         return self.config.served_model_name
-
-    def _lora_args(self) -> list[str]:
-        if self.config.weight_sync != "lora":
-            return []
-        return ["--enable-lora", "--max-lora-rank", str(self.config.lora_r), "--max-loras", "1"]
 
     def health_problem(self) -> tuple[str, bool] | None:
         """Why vLLM cannot serve right now, for :class:`~example_trainer.health.HealthWatch`.
@@ -162,21 +156,12 @@ class VLLMSync:
         if self.process is not None:
             died = self.process.death_report()
             return (died, True) if died is not None else None
-        if self.fleet is not None:
+        if self.fleet is not None or self._external is None:
             # Inference nodes: a down node is marked stale and re-synced by the fleet's own
             # watcher; training goes on (it never ends the run).
             return None
-        import httpx
-
-        for url in self._external_urls:
-            health = url.removesuffix("/v1") + "/health"
-            try:
-                status = httpx.get(health, timeout=5.0, trust_env=False).status_code
-            except httpx.HTTPError as exc:
-                return f"{health} did not answer ({type(exc).__name__}: {exc})", False
-            if status != 200:
-                return f"{health} answered {status}", False
-        return None
+        why = self._external.unhealthy()
+        return (why, False) if why is not None else None
 
     def sync(self, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None = None,
              background: bool = False, version: int = 0) -> dict[str, float]:
@@ -237,33 +222,16 @@ class VLLMSync:
         if self.target is None:  # a process handed in without start() (tests, benchmarks)
             self.target = LocalVLLM(self.process, self.weights_dir,
                                     local_encoding(self.config.weight_sync_encoding))
-        if mode == "reload":
-            self._note_adapter_size(model)
+        if mode == "reload" and not self._adapter_noted:
+            self._adapter_noted = True
+            if note := merged_reload_note(model, self.config.served_model_name):
+                print(f"[grpo] {note}", flush=True)
         if not background:
             return self.target.push(tensors, version, metadata)
-        from concurrent.futures import ThreadPoolExecutor
-
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="vllm-sync")
-        self._pending = self._executor.submit(self.target.push, tensors, version, metadata)
+        self.background.submit(self.target, tensors, version, metadata)
         zeros = {"sync/update_seconds": 0.0} if self.fleet is not None else \
             {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
         return {**zeros, **previous, "sync/wait_seconds": waited}
-
-    def _note_adapter_size(self, model: Any) -> None:
-        """LoRA with ``reload``: log once how the adapter alone compares with a full push of the merged blocks."""
-        from example_trainer.lora import is_lora
-
-        if getattr(self, "_adapter_noted", False) or not is_lora(model):
-            return
-        self._adapter_noted = True
-        adapter = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
-        print(f"[grpo] LoRA run with --weight-sync reload: pushes carry the merged blocks (a delta "
-              f"of their changed elements once vLLM holds the last version); the adapter alone is "
-              f"{adapter / 2**20:.1f} MiB. When that is smaller than sync/bytes in metrics.jsonl, "
-              "--weight-sync lora sends only the adapter (vLLM serves it as "
-              f"{self.config.served_model_name}-lora: point the environments at that name).",
-              flush=True)
 
     def summary(self) -> dict[str, Any]:
         """Weight-sync fields for the run summary (inference nodes only; ``{}`` otherwise)."""
@@ -275,8 +243,7 @@ class VLLMSync:
         Raises:
             InferenceError: that sync failed (the server refused the update or died).
         """
-        pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else {}
+        return self.background.wait()
 
     def _load_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> dict[str, float]:
         """Save the adapter and load it in place into every vLLM server (``lora`` mode)."""
@@ -295,28 +262,6 @@ class VLLMSync:
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s,
                 **sync_record("lora", nbytes, nbytes, time.perf_counter() - begin, 1.0)}
 
-    def _wait_external(self) -> float:
-        """Wait until every external server answers ``GET /health`` (fail fast, not at step 1)."""
-        import httpx
-
-        begin = time.perf_counter()
-        deadline = time.monotonic() + self.config.vllm_start_timeout
-        for url in self._external_urls:
-            health = url.removesuffix("/v1") + "/health"
-            while True:
-                try:
-                    if httpx.get(health, timeout=5.0, trust_env=False).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise InferenceError(
-                        f"no vLLM answers {health} after {self.config.vllm_start_timeout:.0f}s; "
-                        "start it (with VLLM_SERVER_DEV_MODE=1 for weight reloads), fix "
-                        "--vllm-url, or drop --vllm-url to let the trainer launch one")
-                time.sleep(1.0)
-        return time.perf_counter() - begin
-
     def cleanup(self) -> None:
         """Delete the weights written for syncing (call after :meth:`stop`)."""
         import shutil
@@ -329,19 +274,40 @@ class VLLMSync:
         A background sync still in flight is waited for first; its error, if any, is printed
         to stderr and not raised (the server is going away, and nothing waits for that sync).
         """
-        if self._pending is not None:
-            try:
-                self.wait()
-            except Exception as exc:  # noqa: BLE001 - shutting down: report, do not raise
-                print(f"[grpo] the last background weight sync failed while stopping: {exc}",
-                      file=sys.stderr, flush=True)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        error = self.background.close()
+        if error is not None:
+            print(f"[grpo] the last background weight sync failed while stopping: {error}",
+                  file=sys.stderr, flush=True)
         if self.target is not None:
             self.target.close()
         if self.process is not None:
             self.process.stop()
+
+
+def vllm_process(config: Any, log_path: Path) -> Any:
+    """The :class:`~atroposlib.inference.vllm_process.VLLMProcess` the trainer launches (not started).
+
+    It serves ``config.model`` under ``served_model_name`` in dev mode (weight reloads), sized
+    for this run's batches (:func:`vllm_sizing`); with ``--weight-sync lora`` it runs with
+    ``--enable-lora`` and runtime adapter updates. Its log goes to ``log_path`` (the folder is
+    created).
+
+    Raises:
+        ConfigError: the model's ``config.json`` cannot size a KV cache.
+    """
+    from atroposlib.inference.vllm_process import VLLMProcess
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sizing = vllm_sizing(config)
+    lora = config.weight_sync == "lora"
+    lora_args = ["--enable-lora", "--max-lora-rank", str(config.lora_r), "--max-loras", "1"] if lora else []
+    return VLLMProcess(
+        config.model, served_model_name=config.served_model_name, port=config.vllm_port,
+        dtype=config.vllm_dtype, max_model_len=config.vllm_max_model_len,
+        max_num_seqs=sizing.max_num_seqs, kv_cache_bytes=sizing.kv_cache_bytes,
+        extra_args=[*lora_args, *config.vllm_extra_args], log_path=log_path,
+        dev_mode=True, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else None,
+    )
 
 
 def connect_nodes(config: Any, urls: list[str], weights_dir: Path, lora_name: str | None = None) -> Any:

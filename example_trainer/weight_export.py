@@ -95,4 +95,27 @@ def adapter_tensors(model: Any, state_dict: dict[str, Any] | None,
     return adapter_metadata(adapter_dir)
 
 
-__all__ = ["PolicyTensors", "adapter_tensors", "reload_tensors"]
+def merged_reload_note(model: Any, served_model_name: str) -> str | None:
+    """For a LoRA policy synced with ``--weight-sync reload``: how the adapter alone compares with a push of the merged blocks.
+
+    Args:
+        model: the policy; the note is for a peft model only.
+        served_model_name: the name vLLM serves the policy under.
+
+    Returns:
+        One console line (the adapter's size in MiB and when ``--weight-sync lora`` sends less);
+        None for a policy without an adapter.
+    """
+    from example_trainer.lora import is_lora
+
+    if not is_lora(model):
+        return None
+    adapter = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+    return (f"LoRA run with --weight-sync reload: pushes carry the merged blocks (a delta "
+            f"of their changed elements once vLLM holds the last version); the adapter alone is "
+            f"{adapter / 2**20:.1f} MiB. When that is smaller than sync/bytes in metrics.jsonl, "
+            "--weight-sync lora sends only the adapter (vLLM serves it as "
+            f"{served_model_name}-lora: point the environments at that name).")
+
+
+__all__ = ["PolicyTensors", "adapter_tensors", "merged_reload_note", "reload_tensors"]

@@ -35,6 +35,21 @@ def describe_config(config: LaunchConfig, width: int = 100) -> list[str]:
     return lines
 
 
+def unused_placements(config: LaunchConfig) -> list[str]:
+    """The parts whose ``placement`` is set although the run is not on Ray (every part runs locally).
+
+    Returns:
+        Part names in start order (``api``, ``trainer``, then the envs); [] with ``--ray``.
+    """
+    if config.ray is not None:
+        return []
+    placed = [name for name, section in [("api", config.api), *((e.name, e) for e in config.envs)]
+              if section.model_fields_set & {"placement"}]
+    if "placement" in config.trainer:
+        placed.insert(1, "trainer")
+    return placed
+
+
 def _short(value: Any) -> str:
     """A setting's value as YAML would spell it, on one line."""
     import json

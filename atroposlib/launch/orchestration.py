@@ -40,12 +40,13 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from atroposlib.api.settings import API_KEY_ENV
-from atroposlib.defaults import DEFAULT_INFERENCE_MODEL
-from atroposlib.launch.commands import flags, trainer_command, trainer_flags
+from atroposlib.launch.commands import trainer_command, trainer_flags
 from atroposlib.launch.config import LaunchConfig
+from atroposlib.launch.describe import unused_placements
+from atroposlib.launch.readiness import answers_health, api_info
 from atroposlib.launch.supervision import Backend, LaunchError, LocalBackend, PartHandle, Site
 from atroposlib.launch.trainers import load_trainer
+from atroposlib.launch.wiring import env_serve_flags, env_servers, eval_command, served_model_name
 from atroposlib.utils.offline import OFFLINE_ENV
 from atroposlib.utils.run_dirs import claim_run_dir, new_run_dir
 
@@ -89,13 +90,8 @@ class Launcher:
             self.console.flush()
 
     def _make_backend(self) -> Backend:
-        cfg = self.config
-        if cfg.ray is None:
-            placed = [name for name, section in [("api", cfg.api), *((e.name, e) for e in cfg.envs)]
-                      if section.model_fields_set & {"placement"}]
-            if "placement" in cfg.trainer:
-                placed.insert(1, "trainer")
-            if placed:
+        if self.config.ray is None:
+            if placed := unused_placements(self.config):
                 self.say(f"placement of {', '.join(placed)} is for Ray (--ray); every part runs on this host")
             return LocalBackend(self.run_dir, self.env, self.console, self.lock)
         from atroposlib.launch.ray_cluster import RayBackend
@@ -206,26 +202,15 @@ class Launcher:
 
     def _start_api(self) -> tuple[PartHandle, str, Any]:
         """Start run-api and wait for ``GET /info``; its handle, URL and an ``/info`` getter."""
-        import httpx
-
         cfg = self.config
         (site,) = self.place("api", cfg.api.placement)
         port = cfg.api.port or site.free_port()
         url = f"http://{site.host}:{port}"
         api = self.start(site, [site.python, "-m", "atroposlib.cli.run_api", "--host", site.host,
                                 "--port", str(port), *cfg.api.extra_args])
-
-        def info() -> dict[str, Any] | None:
-            try:
-                response = httpx.get(f"{url}/info", timeout=2.0, trust_env=False,
-                                     headers=_auth_header())
-                return response.json() if response.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                return None
-
-        self._wait_until("GET /info answers", lambda: info() is not None, cfg.api.start_timeout, [api])
+        self._wait_until("GET /info answers", lambda: api_info(url) is not None, cfg.api.start_timeout, [api])
         self.say(f"run-api ready at {url}")
-        return api, url, info
+        return api, url, lambda: api_info(url)
 
     def _start_inference(self) -> tuple[list[PartHandle], list[str]]:
         """Start every inference node (``inference:``) and wait for its ``GET /health``.
@@ -233,11 +218,9 @@ class Launcher:
         Returns:
             The nodes' handles and their OpenAI base URLs (``http://HOST:PORT/v1``).
         """
-        import httpx
-
         cfg = self.config
         model = cfg.trainer.get("model")
-        model_name = cfg.trainer.get("served_model_name", DEFAULT_INFERENCE_MODEL)
+        model_name = served_model_name(cfg)
         nodes, urls = [], []
         for section in cfg.inference:
             for name in section.names:
@@ -254,14 +237,8 @@ class Launcher:
             for name in section.names:
                 part = next(p for p in nodes if p.name == name)
                 url = urls[nodes.index(part)]
-
-                def healthy(root: str = url.removesuffix("/v1")) -> bool:
-                    try:
-                        return httpx.get(f"{root}/health", timeout=2.0, trust_env=False).status_code == 200
-                    except httpx.HTTPError:
-                        return False
-
-                self._wait_until(f"GET /health of {url}", healthy, section.start_timeout, [part])
+                self._wait_until(f"GET /health of {url}", lambda root=url.removesuffix("/v1"): answers_health(root),
+                                 section.start_timeout, [part])
         if urls:
             self.say(f"inference nodes ready: {', '.join(urls)}")
         return nodes, urls
@@ -292,21 +269,8 @@ class Launcher:
         files: dict[str, str] = {}
         eval_env = next((e for e in cfg.envs if e.name == cfg.eval_env), None)
         if eval_env is not None and "eval_command" not in trainer_values:
-            eval_args = {**eval_env.args, **cfg.eval_args}
-            eval_args = {k: v for k, v in eval_args.items()
-                         if k not in ("env.rollout_server_url", "env.data_dir_to_save_evals")}
-            if trainer_values.get("model") and "env.tokenizer_name" not in eval_args:
-                eval_args["env.tokenizer_name"] = trainer_values["model"]
-            if node_urls:  # through the nodes' list (it holds their key), not {base_url}
-                files["eval-servers.yaml"] = self._servers_yaml(node_urls, eval_env.server_type)
-                servers = ["--config", shlex.quote(f"{main_site.run_dir}/eval-servers.yaml")]
-            else:
-                servers = ["--openai.server_type", shlex.quote(eval_env.server_type),
-                           "--openai.base_url", "{base_url}", "--openai.model_name", "{model_name}"]
-            trainer_values["eval_command"] = " ".join([
-                shlex.quote(main_site.python), shlex.quote(eval_env.script), "evaluate",
-                *map(shlex.quote, flags(eval_args)), *servers,
-                "--env.data_dir_to_save_evals", "{out_dir}"])
+            trainer_values["eval_command"], files = eval_command(
+                cfg, eval_env, trainer_values, main_site.python, main_site.run_dir, node_urls)
         master = (main_site.host, main_site.free_port()) if nnodes > 1 else None
         trainers = []
         for rank, site in enumerate(sites):
@@ -326,10 +290,8 @@ class Launcher:
                 listens on that host's loopback only.
         """
         cfg = self.config
-        model_name = cfg.trainer.get("served_model_name", DEFAULT_INFERENCE_MODEL)
-        model_dir = cfg.trainer.get("model")
         own_vllm = not node_urls and not cfg.trainer.get("vllm_url")
-        servers = self._env_servers(node_urls)
+        servers = env_servers(cfg, node_urls)
         envs = []
         for env in cfg.envs:
             (site,) = self.place(env.name, env.placement)
@@ -340,44 +302,9 @@ class Launcher:
                     f"127.0.0.1 of {self._main_site.node}: place the env on the trainer's node "
                     "(its placement), or serve the policy from inference nodes (inference:; "
                     "docs: Train on a cluster)", part=env.name, reason="cannot reach the trainer's vLLM")
-            extra: dict[str, Any] = {"env.rollout_server_url": api_url}
-            files = None
-            if servers:  # every server, with their key, in a file on the env's node
-                files = {f"{env.name}-servers.yaml": self._servers_yaml(servers, env.server_type)}
-                extra["config"] = f"{site.run_dir}/{env.name}-servers.yaml"
-            else:
-                extra.update({"openai.base_url": base_url, "openai.model_name": model_name,
-                              "openai.server_type": env.server_type})
-            if model_dir and "env.tokenizer_name" not in env.args:
-                extra["env.tokenizer_name"] = model_dir
-            envs.append(self.start(site, [site.python, env.script, "serve",
-                                          *flags({**env.args, **extra})], files=files))
+            env_flags, files = env_serve_flags(cfg, env, api_url, base_url, servers, site.run_dir)
+            envs.append(self.start(site, [site.python, env.script, "serve", *env_flags], files=files))
         return envs
-
-    def _env_servers(self, node_urls: list[str]) -> list[str]:
-        """The servers the envs get in a ``--config`` file ([]: one ``--openai.base_url``).
-
-        Every inference node started here, else every server of a ``trainer.vllm_url`` that
-        lists several (comma-separated): the trainer updates all of them, so the envs sample
-        from all of them.
-        """
-        given = [u.strip() for u in str(self.config.trainer.get("vllm_url") or "").split(",")
-                 if u.strip()]
-        return node_urls or (given if len(given) > 1 else [])
-
-    def _servers_yaml(self, urls: list[str], server_type: str) -> str:
-        """An env ``--config`` listing the inference servers, with their key if there is one.
-
-        The key is ``trainer.vllm_api_key`` if set (the trainer reaches them with it), else
-        ``$ATROPOS_API_KEY``.
-        """
-        import yaml
-
-        key = self.config.trainer.get("vllm_api_key") or os.environ.get(API_KEY_ENV)
-        model_name = self.config.trainer.get("served_model_name", DEFAULT_INFERENCE_MODEL)
-        return yaml.safe_dump({"openai": [
-            {"base_url": url, "model_name": model_name, "server_type": server_type,
-             **({"api_key": key} if key else {})} for url in urls]})
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._stop_signal is not None or self.backend is None:  # or still connecting to Ray
@@ -404,12 +331,6 @@ class Launcher:
                 _localise_summary(self.run_dir / "summary.json", trainer_site.run_dir, self.run_dir, got)
         finally:
             self.backend.close()
-
-
-def _auth_header() -> dict[str, str]:
-    """``Authorization`` for run-api when ``$ATROPOS_API_KEY`` is set (it then requires it)."""
-    key = os.environ.get(API_KEY_ENV)
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _localise_summary(path: Path, node_dir: str, local_dir: Path, copied: list[str]) -> None:

@@ -93,11 +93,11 @@ def test_stop_reports_a_failed_background_sync_instead_of_dropping_it(tmp_path, 
     sync = VLLMSync(TrainerConfig(vllm_url="http://127.0.0.1:9/v1"), tmp_path)
     failed: Future = Future()
     failed.set_exception(InferenceError("vLLM at 127.0.0.1:9 refused the reload"))
-    sync._pending = failed  # what sync(background=True) leaves when its thread fails
+    sync.background.pending = failed  # what sync(background=True) leaves when its thread fails
     sync.stop()  # shutting down: no raise
     assert "background weight sync failed while stopping: vLLM at 127.0.0.1:9 refused" \
         in capsys.readouterr().err
-    assert sync._pending is None
+    assert sync.background.pending is None
 
 
 class _ReloadRecorder:

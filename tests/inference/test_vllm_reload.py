@@ -202,8 +202,7 @@ def test_both_sync_paths_report_the_heap_vllm_gave_back(vllm_server, tmp_path):
         background = sync.wait()
         assert background["sync/vllm_heap_released_mb"] >= 0 and background["sync/update_seconds"] > 0
     finally:
-        if sync._executor is not None:
-            sync._executor.shutdown()
+        sync.background.close()
         _serve_the_bundled_weights_again(vllm_server)
 
 

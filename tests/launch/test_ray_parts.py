@@ -180,14 +180,14 @@ def test_bad_inference_sections_name_the_problem(tmp_path, data, match):
 
 
 def test_envs_get_every_inference_node_with_the_key_in_a_private_file(tmp_path, monkeypatch):
-    from atroposlib.launch.orchestration import Launcher
+    from atroposlib.launch.wiring import servers_yaml
 
     config = load_config(_write(tmp_path, {
         "run_dir": str(tmp_path / "run"), "trainer": {"served_model_name": "policy"},
         "inference": [{"count": 2}], "envs": [{"name": "a", "script": ENV_SCRIPT}]}))
     assert config.inference[0].names == ["inference.0", "inference.1"]
     monkeypatch.setenv("ATROPOS_API_KEY", "k3y")
-    text = Launcher(config)._servers_yaml(["http://h:1/v1", "http://h:2/v1"], "vllm")
+    text = servers_yaml(config, ["http://h:1/v1", "http://h:2/v1"], "vllm")
     assert yaml.safe_load(text) == {"openai": [
         {"base_url": "http://h:1/v1", "model_name": "policy", "server_type": "vllm", "api_key": "k3y"},
         {"base_url": "http://h:2/v1", "model_name": "policy", "server_type": "vllm", "api_key": "k3y"}]}
@@ -200,19 +200,19 @@ def test_envs_get_every_inference_node_with_the_key_in_a_private_file(tmp_path, 
 
 
 def test_envs_get_every_server_a_trainer_vllm_url_lists_with_the_trainers_key(tmp_path, monkeypatch):
-    from atroposlib.launch.orchestration import Launcher
+    from atroposlib.launch.wiring import env_servers, servers_yaml
 
-    def launcher(vllm_url: str) -> Launcher:
-        run_dir = tmp_path / f"run{vllm_url.count(',')}"  # one run directory per launcher
-        return Launcher(load_config(_write(tmp_path, {
+    def launcher(vllm_url: str):  # the config a launcher with this trainer.vllm_url gets
+        run_dir = tmp_path / f"run{vllm_url.count(',')}"
+        return load_config(_write(tmp_path, {
             "run_dir": str(run_dir), "envs": [{"name": "a", "script": ENV_SCRIPT}],
-            "trainer": {"vllm_url": vllm_url, "vllm_api_key": "tr41ner"}})))
+            "trainer": {"vllm_url": vllm_url, "vllm_api_key": "tr41ner"}}))
 
     monkeypatch.setenv("ATROPOS_API_KEY", "other")
     one = launcher("http://h:1/v1")
-    assert one._env_servers([]) == []  # one server: the envs get it as --openai.base_url
+    assert env_servers(one, []) == []  # one server: the envs get it as --openai.base_url
     two = launcher("http://h:1/v1, http://h:2/v1")
-    assert two._env_servers([]) == ["http://h:1/v1", "http://h:2/v1"]
-    servers = yaml.safe_load(two._servers_yaml(two._env_servers([]), "vllm"))["openai"]
+    assert env_servers(two, []) == ["http://h:1/v1", "http://h:2/v1"]
+    servers = yaml.safe_load(servers_yaml(two, env_servers(two, []), "vllm"))["openai"]
     assert [(s["base_url"], s["api_key"]) for s in servers] == [("http://h:1/v1", "tr41ner"),
                                                                  ("http://h:2/v1", "tr41ner")]

@@ -246,6 +246,53 @@ class ExternalVLLM(WeightTarget):
         with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
             return self._servers.push(tensors, version, full, client, self.weights_dir.resolve())
 
+    def wait_healthy(self, timeout: float, fix: str) -> float:
+        """Wait until every server answers ``GET /health`` with 200 (fail fast, not at the first push).
+
+        Args:
+            timeout: seconds for all of them together.
+            fix: what the user should do when one never answers (ends the error message).
+
+        Returns:
+            Seconds waited.
+
+        Raises:
+            InferenceError: a server did not answer 200 within ``timeout``.
+        """
+        import httpx
+
+        begin = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        for root in self.roots:
+            health = root + "/health"
+            while True:
+                try:
+                    if httpx.get(health, timeout=5.0, trust_env=False).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise InferenceError(f"no vLLM answers {health} after {timeout:.0f}s; {fix}")
+                time.sleep(1.0)
+        return time.perf_counter() - begin
+
+    def unhealthy(self) -> str | None:
+        """Why a server cannot serve right now: it did not answer ``GET /health`` with 200 within 5 s (None: all did).
+
+        A server that failed may come back; the caller decides how long to wait for it.
+        """
+        import httpx
+
+        for root in self.roots:
+            health = root + "/health"
+            try:
+                status = httpx.get(health, timeout=5.0, trust_env=False).status_code
+            except httpx.HTTPError as exc:
+                return f"{health} did not answer ({type(exc).__name__}: {exc})"
+            if status != 200:
+                return f"{health} answered {status}"
+        return None
+
 
 def load_adapter(roots: list[str], lora_name: str, adapter_dir: Path, *, fix: str) -> float:
     """Load (or replace in place) the LoRA adapter served as ``lora_name`` on every server.
