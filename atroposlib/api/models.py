@@ -583,6 +583,11 @@ class EnvStatus(BaseModel):
         description="This env's groups dropped as too stale (present when a staleness limit is "
         "set or something was dropped).",
     )
+    max_staleness: int | None = Field(
+        default=None,
+        description="Staleness limit in force, in policy versions (only present when one is "
+        "set; an atroposlib extension that stock envs ignore): envs keep their groups within it.",
+    )
 
 
 class Info(BaseModel):
