@@ -511,11 +511,11 @@ class EnvStatus(BaseModel):
     self_queue_size: int = Field(description="This env's own queued groups.")
     max_group_size: int = Field(description="Largest group size in the queue (>= 1).")
     env_weight: float = Field(description="This env's share of inference weight (>= 0.01).")
-    stale_groups_dropped: int | None = Field(
-        default=None,
-        description="This env's groups dropped as too stale (present when a staleness limit is "
-        "set or something was dropped).",
-    )
+    stale_groups_dropped: int | None = Field(default=None, description=(
+        "This env's groups dropped as too stale (present when a staleness limit is set or "
+        "something was dropped)."))
+    max_staleness: int | None = Field(default=None, description=(
+        "Staleness limit in force, in steps (only when one is set; stock envs ignore it)."))
 
 
 class Info(BaseModel):

@@ -59,7 +59,9 @@ class Views:
         """``GET /status-env``: queue pressure seen by one env (without its 500s).
 
         Differences from Atropos 0.4: no permanent growth of the env's group_size; other envs'
-        data counts even when every group has one sequence; no division by zero.
+        data counts even when every group has one sequence; no division by zero. With a
+        staleness limit in force it adds ``max_staleness`` (so the env can keep its groups
+        within it), and with a limit or after any drop, ``stale_groups_dropped`` (this env's).
 
         Raises:
             UnknownEnvError: the env_id is not registered.
@@ -93,7 +95,8 @@ class Views:
             "max_group_size": max(1, max_group_size),
             "env_weight": env_weight,
         } | ({"stale_groups_dropped": self.core.stale_dropped.get(str(env_id), 0)}
-             if self.core.max_staleness is not None or self.core.stale_dropped else {})
+             if self.core.max_staleness is not None or self.core.stale_dropped else {}) | (
+            {"max_staleness": self.core.max_staleness} if self.core.max_staleness is not None else {})
 
     def info(self) -> dict[str, int]:
         """``GET /info``: ``batch_size`` and ``max_token_len``, -1 before registration."""

@@ -27,6 +27,16 @@ _DROPPED = {
 _EXCLUDED = [("failed", k) for k in ("inference", "timeout", "env_error", "sandbox")] + [
     ("masked", r) for r in ("truncated", "format", "env")]
 
+#: ``ServeLoop.pace_report`` keys -> gauge name and help (absent while unknown).
+_PACE = [
+    ("offpolicy_window_batches", "offpolicy_window_batches", "Batches ahead of the trainer the env "
+     "may sample: max_batches_offpolicy narrowed to run-api's max_staleness."),
+    ("rollout_latency_s", "rollout_latency_seconds", "Smoothed seconds from a rollout's start to "
+     "its finished group."),
+    ("step_interval_s", "trainer_step_interval_seconds", "Smoothed seconds between the trainer "
+     "steps the env sees."),
+]
+
 
 class ServeLoopCollector(LiveCollector):
     """Yields one serve loop's metrics (``source``: the :class:`~atroposlib.env_runtime.serve.ServeLoop`)."""
@@ -49,6 +59,14 @@ class ServeLoopCollector(LiveCollector):
                                 value=loop.state.curr_step)
         yield GaugeMetricFamily(_name("paused"), "1 while new rollouts wait (inference outage, "
                                 "failing rollouts, config drops).", value=float(loop.pacer.paused()))
+        pace = loop.pace_report()
+        yield GaugeMetricFamily(_name("rollout_cap"), "Rollouts allowed in flight now "
+                                "(max_num_workers or the demand estimate, within the off-policy "
+                                "window).",
+                                value=pace["rollout_cap"])
+        for key, metric, doc in _PACE:
+            if key in pace:  # left out while unknown
+                yield GaugeMetricFamily(_name(metric), doc, value=pace[key])
         yield CounterMetricFamily(_name("groups_sent"), "Groups run-api accepted.",
                                   value=stats["groups_sent"])
         dropped = CounterMetricFamily(_name("groups_dropped"), "Groups that never reached run-api, "

@@ -1,6 +1,7 @@
 """Serve mode's rollout scheduling: how many rollouts may be in flight, and when to pause.
 
-Pure functions for the staleness window (:func:`offpolicy_room`, :func:`inflight_cap`) and
+Pure functions for the staleness window (:func:`offpolicy_window`, :func:`offpolicy_room`,
+:func:`inflight_cap`), the automatic rollout cap (:func:`demand_cap`) and
 :class:`RolloutPacer`, the backoff policy that reacts to each rollout's outcome (inference
 outages, failing rollouts, groups dropped for a configuration problem).
 """
@@ -12,7 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from atroposlib.env_runtime.step import REFUSAL_STREAK, Skip, refusal_message
 from atroposlib.envs.run_state import batch_share
@@ -23,6 +24,78 @@ logger = logging.getLogger(__name__)
 #: Drops that repeat for every item while the env or trainer config is wrong (serve backs off
 #: after a run of them); equal-score drops are normal and are not among them.
 CONFIG_REJECTS = frozenset({Skip.TOO_LONG, Skip.INVALID, Skip.WRONG_SIZE})
+
+
+class OffpolicyWindow(NamedTuple):
+    """The staleness window in force (:func:`offpolicy_window`).
+
+    Attributes:
+        batches: the window in trainer batches (>= 1), or None when nothing limits it.
+        lag: trainer steps taken while one rollout runs, ``ceil(latency / step_interval)``
+            (0 while either is unknown).
+        bound: ``max_staleness - lag`` before clamping to 1 batch (None without a limit).
+    """
+
+    batches: int | None
+    lag: int
+    bound: int | None
+
+    @property
+    def too_small(self) -> bool:
+        """True when the staleness bound left less than one batch: some groups may go stale."""
+        return self.bound is not None and self.bound < 1
+
+
+def offpolicy_window(
+    max_batches_offpolicy: int,
+    max_staleness: int | None,
+    latency: float | None = None,
+    step_interval: float | None = None,
+) -> OffpolicyWindow:
+    """How many batches ahead of the trainer an env may sample, given run-api's staleness limit.
+
+    run-api drops a group at ``GET /batch`` when ``step - policy_version > max_staleness``,
+    and a group's policy version is the step its rollout started at. A group is consumed at
+    about ``start_step + latency / step_interval + batches queued ahead of it`` (the trainer
+    keeps stepping while the rollout runs, then serves the queue FIFO), so it stays fresh
+    while the batches ahead of it stay below ``max_staleness - latency / step_interval``::
+
+        lag    = ceil(latency / step_interval)          (0 while either is unknown)
+        window = min(max_batches_offpolicy, max_staleness - lag),   at least 1 batch
+
+    The window counts the queue, the unsent groups and the rollouts in flight
+    (:func:`offpolicy_room`), so a group arrives with fewer than ``window`` batches ahead of
+    it and is served at most ``lag + window - 1`` steps after its rollout started: one step
+    inside the limit, which covers the age of the step an env stamps (it reads the step from
+    ``/status-env`` polls). The bound is tight for a rollout that others overtake; when
+    rollouts take equally long it is conservative, since by Little's law (in flight = arrival
+    rate x latency) a fed trainer keeps about ``lag`` of the window's batches in flight.
+
+    Below one batch no window keeps every group fresh: a rollout takes about
+    ``max_staleness`` steps or more. The window stays at one batch, so the trainer waits for
+    each batch, its steps slow down and the groups arrive in time (at a cost in throughput);
+    serve mode warns once (:attr:`OffpolicyWindow.too_small`).
+
+    Args:
+        max_batches_offpolicy: the env's own window in batches; <= 0: none (the staleness
+            limit alone, if any, bounds it).
+        max_staleness: run-api's limit in force (``/status-env``), in policy versions (steps);
+            None: no limit, the env's window as it is.
+        latency: smoothed seconds from a rollout's start to its finished group, or None.
+        step_interval: smoothed seconds between trainer steps, or None.
+
+    Returns:
+        The window, with the lag and the unclamped bound.
+    """
+    own = max_batches_offpolicy if max_batches_offpolicy > 0 else None
+    if max_staleness is None:
+        return OffpolicyWindow(own, 0, None)
+    lag = 0
+    if latency is not None and step_interval is not None and step_interval > 0:
+        lag = math.ceil(latency / step_interval)
+    bound = max_staleness - lag
+    window = bound if own is None else min(own, bound)
+    return OffpolicyWindow(max(1, window), lag, bound)
 
 
 def offpolicy_room(
@@ -42,7 +115,8 @@ def offpolicy_room(
         status: the ``/status-env`` response.
         batch_size: trainer batch size in sequences (> 0).
         group_size: this env's group size.
-        max_batches_offpolicy: staleness window in batches; <= 0 disables the limit.
+        max_batches_offpolicy: staleness window in batches (serve mode passes
+            :func:`offpolicy_window`'s); <= 0 disables the limit.
         min_batch_allocation: this env's reserved fraction of each batch, or None.
         unsent_groups: finished groups the status does not count yet (local outbox, and
             groups sent since the status was read).
@@ -108,6 +182,51 @@ def inflight_cap(room: int, recent_yields: Sequence[int], min_yield: float = 0.1
         return room
     expected = max(sum(recent_yields) / len(recent_yields), min_yield)
     return max(room, math.floor(room / expected))
+
+
+DEMAND_HEADROOM = 1.5
+"""How far above the estimated need :func:`demand_cap` sets the automatic rollout cap."""
+
+
+def demand_cap(
+    groups_per_step: int,
+    latency: float | None,
+    step_interval: float | None,
+    recent_yields: Sequence[int],
+    headroom: float = DEMAND_HEADROOM,
+    min_yield: float = 0.125,
+) -> int | None:
+    """Rollouts in flight that keep the trainer fed: the automatic ``max_num_workers``'s demand.
+
+    Little's law (Little 1961, "A proof for the queuing formula L = lambda W"): the rollouts
+    in flight equal the rate at which they start times how long each runs. The trainer takes
+    ``groups_per_step`` groups every ``step_interval`` seconds and a rollout gives
+    ``mean(recent_yields)`` usable groups, so::
+
+        need = groups_per_step / mean_yield * latency / step_interval
+        cap  = ceil(headroom * need)
+
+    The step interval is measured, so while the trainer waits for data it is the env's own
+    pace and ``need`` equals what is in flight now: the headroom makes the cap grow until the
+    trainer is fed (or the staleness window binds, which serve mode applies on top).
+
+    Args:
+        groups_per_step: groups of this env a trainer batch takes (its share of the batch
+            divided by its group size, >= 1).
+        latency: smoothed seconds from a rollout's start to its finished group, or None.
+        step_interval: smoothed seconds between trainer steps, or None.
+        recent_yields: usable groups per recently finished rollout (1 assumed when empty).
+        headroom: factor above the need (> 1 lets a starved trainer's supply grow).
+        min_yield: the smallest yield assumed.
+
+    Returns:
+        The cap in rollouts (>= 1), or None while the latency or step interval is unknown.
+    """
+    if latency is None or step_interval is None or step_interval <= 0:
+        return None
+    mean_yield = sum(recent_yields) / len(recent_yields) if recent_yields else 1.0
+    need = max(1, groups_per_step) / max(mean_yield, min_yield) * latency / step_interval
+    return max(1, math.ceil(headroom * need))
 
 
 class RolloutPacer:
@@ -222,4 +341,5 @@ class RolloutPacer:
         )
 
 
-__all__ = ["CONFIG_REJECTS", "YIELD_WINDOW", "RolloutPacer", "inflight_cap", "offpolicy_room", "spawn_backoff"]
+__all__ = ["CONFIG_REJECTS", "DEMAND_HEADROOM", "YIELD_WINDOW", "OffpolicyWindow", "RolloutPacer",
+           "demand_cap", "inflight_cap", "offpolicy_room", "offpolicy_window", "spawn_backoff"]

@@ -65,8 +65,9 @@ class BaseEnvConfig(BaseModel):
     group_size: int = Field(default=4, ge=1, description="Rollouts (responses) per group.")
     max_num_workers: int = Field(
         default=-1,
-        description="Rollout groups in flight at once; -1 = max_num_workers_per_node x "
-        "number of inference servers.",
+        description="Rollout groups in flight at once (a hard cap); -1 = automatic: "
+        "max_num_workers_per_node x number of inference servers, raised in serve mode to what "
+        "keeps the trainer fed (within the off-policy window).",
     )
     max_eval_workers: int = Field(default=16, description="Concurrent evaluation tasks.")
     max_num_workers_per_node: int = Field(
@@ -96,10 +97,11 @@ class BaseEnvConfig(BaseModel):
     )
     max_batches_offpolicy: int = Field(
         default=3,
-        description="Stop spawning rollouts while the API queue holds this many batches "
-        "(bounds off-policy lag); rollouts in flight count as the share of recent rollouts that "
-        "gave a usable group, so groups dropped for equal scores do not hold places; <= 0 "
-        "disables.",
+        description="Stop spawning rollouts while the API queue, unsent groups and rollouts "
+        "in flight make this many batches (bounds off-policy lag); rollouts in flight count as "
+        "the share of recent rollouts that gave a usable group, so groups dropped for equal "
+        "scores do not hold places. Serve mode narrows it to run-api's max_staleness minus the "
+        "steps a rollout takes; <= 0 disables (the staleness limit still applies).",
     )
     item_filter: ItemFilterConfig = Field(
         default_factory=ItemFilterConfig,

@@ -45,6 +45,7 @@ async def test_slow_envs_stale_groups_are_dropped_fresh_ones_served() -> None:
         slow_status = (await c.get("/status-env", params={"env_id": slow})).json()
         fresh_status = (await c.get("/status-env", params={"env_id": fresh})).json()
         assert slow_status["stale_groups_dropped"] == 2
+        assert slow_status["max_staleness"] == fresh_status["max_staleness"] == 1  # envs adapt to it
         assert fresh_status["stale_groups_dropped"] == 0
 
         # the unversioned group is still there, and is served with the next fresh one
@@ -83,7 +84,8 @@ async def test_trainer_registration_overrides_the_flag_and_off_keeps_stock_shape
         await c.post("/scored_data", json=make_group(2, env_id=env, seed=2, policy_version=0))
         # no limit: nothing is dropped and /status keeps its stock two keys
         assert (await c.get("/status")).json() == {"current_step": 3, "queue_size": 2}
-        assert "stale_groups_dropped" not in (await c.get("/status-env?env_id=0")).json()
+        env_status = (await c.get("/status-env?env_id=0")).json()
+        assert "stale_groups_dropped" not in env_status and "max_staleness" not in env_status
         await c.post("/scored_data", json=make_group(2, env_id=env, seed=3, policy_version=3))
         await c.post("/register", json={**REGISTRATION, "starting_step": 3, "max_staleness": 2})
         batch = (await c.get("/batch")).json()["batch"]
@@ -91,6 +93,8 @@ async def test_trainer_registration_overrides_the_flag_and_off_keeps_stock_shape
         assert (await c.get("/status")).json() == {
             "current_step": 3, "queue_size": 1, "max_staleness": 2,
             "stale_groups_dropped": {str(env): 2}}
+        env_status = (await c.get("/status-env?env_id=0")).json()
+        assert (env_status["max_staleness"], env_status["stale_groups_dropped"]) == (2, 2)
         bad = await c.post("/scored_data", json=make_group(2, env_id=env, policy_version=-1))
         assert bad.status_code == 422 and "policy_version" in bad.text
         bad = await c.post("/register", json={**REGISTRATION, "max_staleness": -1})

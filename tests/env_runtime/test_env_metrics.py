@@ -38,6 +38,9 @@ async def test_env_metrics_parse_and_move_under_load(run_api, tiny_tokenizer, tm
     assert later[same] >= 4 and later[same] > first.get(same, 0.0)
     assert ("atropos_env_rollouts_in_flight", ()) in later
     assert later[("atropos_env_trainer_step", ())] >= 0
+    assert later[("atropos_env_rollout_cap", ())] >= 1  # the staleness window and its inputs
+    assert later[("atropos_env_offpolicy_window_batches", ())] == 3  # no limit: the env's own
+    assert later[("atropos_env_rollout_latency_seconds", ())] > 0
     url = loop.metrics.url
     loop.stop_event.set()
     await serving

@@ -76,7 +76,9 @@ async def status_env(
     env_id: Annotated[int, Query(ge=0, le=MAX_SIZE,
                                  description="The env's id (or a JSON body)")] = None,  # type: ignore[assignment]
 ) -> Response:
-    """Queue pressure for one env (six keys); envs poll it to throttle themselves.
+    """Queue pressure for one env; envs poll it to throttle themselves.
+
+    Six keys, plus the staleness limit and this env's stale drops when a limit is set.
 
     The env id comes from ``?env_id=N`` or, as Atropos 0.4 clients send it, from a JSON body
     ``{"env_id": N}`` on the GET; one of the two is required (422 without either).
