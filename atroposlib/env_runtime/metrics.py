@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from atroposlib.env_runtime.pace import seconds_text
 from atroposlib.env_runtime.step import Skip
 from atroposlib.utils.prometheus import LiveCollector, MetricsServer, serve_metrics
 
@@ -100,4 +101,21 @@ def serve_loop_metrics(loop: Any, port: int, host: str) -> MetricsServer:
     return serve_metrics(port, host, ServeLoopCollector(loop).registry())
 
 
-__all__ = ["ServeLoopCollector", "serve_loop_metrics"]
+
+def progress_line(loop: Any) -> str:
+    """The serve loop's periodic one-line summary.
+
+    Step, rollout groups in flight, unsent groups, backlog, run-api's queue, the rollout cap,
+    the off-policy window, the smoothed rollout latency and trainer step interval, and the
+    env's counters.
+    """
+    pace = loop.pace_report()
+    window = pace.get("offpolicy_window_batches")
+    return (f"step {loop.env.curr_step}: {len(loop.workers)} rollout group(s) in flight, "
+            f"{loop.outbox.queue.qsize()} unsent, backlog {len(loop.backlog)}, API queue "
+            f"{loop.status.get('queue_size', '?')}; cap {pace['rollout_cap']:.0f}, window "
+            f"{'none' if window is None else int(window)} batch(es), rollout "
+            f"~{seconds_text(loop.pace.latency)} s, trainer step ~{seconds_text(loop.pace.step_interval)} s; "
+            f"{dict(loop.env.stats)}")
+
+__all__ = ["ServeLoopCollector", "progress_line", "serve_loop_metrics"]

@@ -145,6 +145,19 @@ def offpolicy_room(
     return room
 
 
+def total_steps_reached(step: int, total_steps: int, status: dict[str, Any], group_size: int,
+                        batch_size: int) -> bool:
+    """True when the groups run-api holds already carry the trainer to ``total_steps``.
+
+    ``step + queue_size * group_size // batch_size >= total_steps`` (``queue_size`` from the
+    ``/status-env`` answer ``status``); always False with ``total_steps <= 0`` or no status.
+    """
+    if total_steps <= 0 or not status:
+        return False
+    ahead = int(status.get("queue_size", 0)) * group_size // batch_size if batch_size > 0 else 0
+    return step + ahead >= total_steps
+
+
 def spawn_backoff(n: int) -> float:
     """Pause before the next spawn after the ``n``-th (from 0) repeated failure: 0.1 s doubling to 10 s."""
     return min(10.0, 0.1 * 2 ** min(n, 7))
@@ -342,4 +355,5 @@ class RolloutPacer:
 
 
 __all__ = ["CONFIG_REJECTS", "DEMAND_HEADROOM", "YIELD_WINDOW", "OffpolicyWindow", "RolloutPacer",
-           "demand_cap", "inflight_cap", "offpolicy_room", "offpolicy_window", "spawn_backoff"]
+           "demand_cap", "inflight_cap", "offpolicy_room", "offpolicy_window", "spawn_backoff",
+           "total_steps_reached"]

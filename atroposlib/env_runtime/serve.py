@@ -43,22 +43,20 @@ from typing import TYPE_CHECKING, Any
 from atroposlib.env_runtime.api_session import ApiSession
 from atroposlib.env_runtime.delivery import deliver_groups
 from atroposlib.env_runtime.filtering import ItemFilter, next_item
+from atroposlib.env_runtime.metrics import progress_line
 from atroposlib.env_runtime.outbox import OUTBOX_MAX_GROUPS, Outbox
-from atroposlib.env_runtime.pace import PaceTracker
+from atroposlib.env_runtime.pace import RolloutBudget
 from atroposlib.env_runtime.scheduling import (
-    YIELD_WINDOW,
-    OffpolicyWindow,
     RolloutPacer,
-    demand_cap,
     inflight_cap,
     offpolicy_room,
-    offpolicy_window,
     spawn_backoff,
+    total_steps_reached,
 )
 from atroposlib.env_runtime.sinks import OutboxSink, WandbSink, close_sinks, find_sink, local_sinks
 from atroposlib.env_runtime.step import Skip, run_item
 from atroposlib.envs.config import EvalHandlingEnum
-from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState, batch_share
+from atroposlib.envs.run_state import ROLLOUT_POLICY_VERSION, RunState
 from atroposlib.inference.policy_version import collect_served_versions
 
 if TYPE_CHECKING:
@@ -115,9 +113,7 @@ class ServeLoop:
         self.pacer = RolloutPacer(env, self.state, inference_backoff_max, reject_streak)
         self.backlog: deque[Any] = deque()
         self.workers: dict[asyncio.Task, tuple[Any, float]] = {}
-        self.recent_yields: deque[int] = deque(maxlen=YIELD_WINDOW)  # usable groups per rollout
-        self.pace = PaceTracker()  # trainer step interval, rollout latency
-        self.window_warned = False
+        self.budget = RolloutBudget(env, self.state)  # rollouts in flight: window, demand, yields
         self.eval_task: asyncio.Task | None = None
         self.wake = asyncio.Event()
         self.status: dict[str, Any] = {}
@@ -125,6 +121,15 @@ class ServeLoop:
         self.finished = False
         self.metrics: Any = None  # the --env.metrics_port endpoint while serving
         self.item_filter = ItemFilter.for_env(env)  # None unless --env.item_filter.enabled
+
+    @property
+    def pace(self) -> Any:
+        """The budget's :class:`~atroposlib.env_runtime.pace.PaceTracker`."""
+        return self.budget.pace
+
+    def window(self) -> Any:
+        """The off-policy window now (:meth:`RolloutBudget.window` of the last status)."""
+        return self.budget.window(self.status)
 
     @property
     def client(self) -> AsyncAtroposClient:
@@ -162,8 +167,7 @@ class ServeLoop:
                 self.backlog.appendleft(item)
             self.pacer.note(outcome)
             if outcome.reason is not Skip.INFERENCE:
-                self.recent_yields.append(len(outcome.groups))
-                self.pace.note_rollout(time.monotonic() - started)
+                self.budget.note_rollout(len(outcome.groups), time.monotonic() - started)
             self.backlog.extend(outcome.backlog)
             if self.item_filter is not None:
                 self.item_filter.note(item, outcome.scores)
@@ -183,84 +187,23 @@ class ServeLoop:
             logger.error("worker crashed: %r", exc, exc_info=exc)
         self.wake.set()
 
-    def window(self) -> OffpolicyWindow:
-        """The off-policy window now: ``max_batches_offpolicy`` narrowed to the staleness limit.
-
-        :func:`offpolicy_window` with the ``max_staleness`` of the last ``/status-env`` answer
-        and the measured latency and step interval. When the limit leaves less than one batch,
-        logs one warning (per run) with the numbers and what to change.
-        """
-        limit = self.status.get("max_staleness")
-        window = offpolicy_window(self.config.max_batches_offpolicy,
-                                  None if limit is None else int(limit),
-                                  self.pace.latency, self.pace.step_interval)
-        if window.too_small and not self.window_warned:
-            self.window_warned = True
-            logger.warning(
-                "max_staleness=%s leaves less than one batch to sample ahead: a rollout takes "
-                "~%s s and the trainer steps every ~%s s, so ~%d step(s) pass while it runs. "
-                "Sampling one batch ahead; some groups may still be dropped as stale. Raise the "
-                "trainer's max_staleness to at least %d (atropos-grpo --max-staleness, or "
-                "run-api --max-staleness), or shorten rollouts (max_tokens, group_size).",
-                limit, _secs(self.pace.latency), _secs(self.pace.step_interval), window.lag,
-                window.lag + 1)
-        return window
-
-    def groups_per_step(self) -> int:
-        """Groups of this env a trainer batch takes (its share of the batch / group_size, >= 1)."""
-        share = batch_share(self.state.batch_size, self.status, self.config.min_batch_allocation)
-        return max(1, share // self.config.group_size)
-
     def worker_cap(self) -> int:
-        """Groups allowed in flight now (max_num_workers or demand, eval handling, off-policy room).
+        """Rollouts allowed in flight now: the budget's cap, scaled or stopped during evaluation.
 
-        With ``max_num_workers=-1`` (automatic) and a window in force, the cap is the larger of
-        the per-server default (``env.max_num_workers``) and :func:`demand_cap`: the window,
-        not the cap, then bounds staleness. A ``max_num_workers`` the user set is a hard cap.
+        :meth:`RolloutBudget.cap`; while an evaluation runs, ``eval_handling`` ``STOP_TRAIN``
+        gives 0 and ``LIMIT_TRAIN`` scales the cap by ``eval_limit_ratio``.
         """
-        env = self.env
-        cap = env.max_num_workers
-        window = self.window() if self.status else OffpolicyWindow(None, 0, None)
-        automatic = self.config.max_num_workers <= 0
-        if window.batches is not None and automatic and self.state.batch_size > 0:
-            demand = demand_cap(self.groups_per_step(), self.pace.latency, self.pace.step_interval,
-                                self.recent_yields)
-            if demand is not None:
-                cap = max(cap, demand)
+        scale = None
         if self.eval_task is not None and not self.eval_task.done():
             if self.config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
                 return 0
             if self.config.eval_handling == EvalHandlingEnum.LIMIT_TRAIN:
-                cap = int(cap * self.config.eval_limit_ratio)
-        if window.batches is not None:
-            room = offpolicy_room(
-                self.status,
-                self.state.batch_size,
-                self.config.group_size,
-                window.batches,
-                self.config.min_batch_allocation,
-                unsent_groups=self.outbox.unsent(),
-            )
-            if room is not None:  # rollouts count by how many groups they recently yielded
-                cap = min(cap, inflight_cap(room, self.recent_yields))
-        return cap
+                scale = self.config.eval_limit_ratio
+        return self.budget.cap(self.status, self.outbox.unsent(), scale)
 
     def pace_report(self) -> dict[str, float]:
-        """The adaptation's numbers now (unknown ones left out).
-
-        Keys: ``offpolicy_window_batches``, ``rollout_latency_s`` (smoothed, start to finished
-        group), ``step_interval_s`` (smoothed seconds per trainer step), ``rollout_cap``
-        (rollouts allowed in flight now).
-        """
-        out: dict[str, float] = {"rollout_cap": float(self.worker_cap())}
-        window = self.window() if self.status else OffpolicyWindow(None, 0, None)
-        if window.batches is not None:
-            out["offpolicy_window_batches"] = float(window.batches)
-        if self.pace.latency is not None:
-            out["rollout_latency_s"] = self.pace.latency
-        if self.pace.step_interval is not None:
-            out["step_interval_s"] = self.pace.step_interval
-        return out
+        """The adaptation's numbers now (:meth:`RolloutBudget.report`, with this loop's cap)."""
+        return {"rollout_cap": float(self.worker_cap()), **self.budget.report(self.status)}
 
     async def spawn_workers(self) -> None:
         """Start rollouts until the cap is reached or no item is available."""
@@ -302,7 +245,7 @@ class ServeLoop:
         self.state.status = status
         self.env.server.update_weight(float(status.get("env_weight", 1.0)))
         new_step = int(status.get("current_step", self.state.curr_step))
-        self.pace.note_step(new_step, time.monotonic())
+        self.budget.pace.note_step(new_step, time.monotonic())
         if new_step != self.state.curr_step:
             await self.on_step(self.state.curr_step, new_step)
 
@@ -340,36 +283,15 @@ class ServeLoop:
 
     def reached_total_steps(self) -> bool:
         """True when already-queued data will carry the trainer past ``total_steps``."""
-        total = self.state.total_steps
-        if total <= 0 or not self.status:
-            return False
-        ahead = 0
-        if self.state.batch_size > 0:
-            ahead = int(self.status.get("queue_size", 0)) * self.config.group_size // self.state.batch_size
-        return self.state.curr_step + ahead >= total
+        return total_steps_reached(self.state.curr_step, self.state.total_steps, self.status,
+                                   self.config.group_size, self.state.batch_size)
 
     def log_progress(self, every: float = 60.0) -> None:
-        """Log a one-line summary (step, in flight, unsent, pace, counters) every ``every`` s."""
+        """Log :func:`~atroposlib.env_runtime.metrics.progress_line` every ``every`` s."""
         now = time.monotonic()
-        if now - self.last_progress_log < every:
-            return
-        self.last_progress_log = now
-        pace = self.pace_report()
-        window = pace.get("offpolicy_window_batches")
-        logger.info(
-            "step %d: %d rollout group(s) in flight, %d unsent, backlog %d, API queue %s; cap %d, "
-            "window %s batch(es), rollout ~%s s, trainer step ~%s s; %s",
-            self.env.curr_step,
-            len(self.workers),
-            self.outbox.queue.qsize(),
-            len(self.backlog),
-            self.status.get("queue_size", "?"),
-            pace["rollout_cap"],
-            "none" if window is None else int(window),
-            _secs(self.pace.latency),
-            _secs(self.pace.step_interval),
-            dict(self.env.stats),
-        )
+        if now - self.last_progress_log >= every:
+            self.last_progress_log = now
+            logger.info("%s", progress_line(self))
 
     # ------------------------------------------------------------------ main
     async def run(self) -> None:
@@ -442,11 +364,6 @@ class ServeLoop:
         await env.server.aclose()
         await self.client.aclose()
         logger.info("serve stopped; stats: %s", dict(env.stats))
-
-
-def _secs(seconds: float | None) -> str:
-    """``seconds`` with one decimal, or ``?`` while unknown (for log lines)."""
-    return "?" if seconds is None else f"{seconds:.1f}"
 
 
 async def serve(env: BaseEnv) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.models import Registration
-from atroposlib.env_runtime.pace import PaceTracker, smooth
+from atroposlib.env_runtime.pace import PaceTracker, RolloutBudget, smooth
 from atroposlib.env_runtime.scheduling import OffpolicyWindow, demand_cap, offpolicy_window
 from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
@@ -114,11 +114,19 @@ async def _paced_trainer(url: str, tmp_path, pull_every: float, stop: asyncio.Ev
     return batches
 
 
-class FixedWindowLoop(ServeLoop):
-    """The loop before it followed the trainer: max_batches_offpolicy whatever the limit."""
+class FixedWindowBudget(RolloutBudget):
+    """The budget before it followed the trainer: max_batches_offpolicy whatever the limit."""
 
-    def window(self) -> OffpolicyWindow:
-        return OffpolicyWindow(self.config.max_batches_offpolicy, 0, None)
+    def window(self, status) -> OffpolicyWindow:
+        return OffpolicyWindow(self.config.max_batches_offpolicy if status else None, 0, None)
+
+
+class FixedWindowLoop(ServeLoop):
+    """The loop before it followed the trainer."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.budget = FixedWindowBudget(self.env, self.state)
 
 
 async def _stale_drops(loop_cls, tiny_tokenizer, tmp_path,
