@@ -3,8 +3,8 @@
 :class:`WeightReload` is the reload half of
 :class:`~atroposlib.inference.vllm_process.VLLMProcess`; :class:`LocalVLLM` is the
 :class:`~atroposlib.inference.weights.base.WeightTarget` over such a process. The HTTP calls
-themselves are :func:`~atroposlib.inference.weights.external_vllm.reload_from_dir`, shared with
-stock vLLM servers the trainer did not launch.
+themselves are in :mod:`~atroposlib.inference.weights.vllm_rpc`, shared with stock vLLM servers
+the trainer did not launch.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from typing import Any
 
 from atroposlib.errors import InferenceError
 from atroposlib.inference.weights.base import WeightTarget
-from atroposlib.inference.weights.external_vllm import (
+from atroposlib.inference.weights.vllm_rpc import (
     DEV_MODE_FIX,
     RELOAD_TIMEOUT_S,
     DeltaServers,
+    release_free_heap,
     reload_from_dir,
-    vllm_post,
     write_tensors,
 )
-from atroposlib.inference.worker_extension import RELEASE_FREE_HEAP_RPC
 
 
 class WeightReload:
@@ -83,9 +82,7 @@ class WeightReload:
                             "start VLLMProcess(dev_mode=True) (VLLM_SERVER_DEV_MODE=1) to hot-reload weights")
             if self.releases_heap:
                 # the reload's transient tensors leave free heap behind: return it to the OS
-                answer = vllm_post(client, self.root_url, "/collective_rpc",
-                                   {"method": RELEASE_FREE_HEAP_RPC}, fix=DEV_MODE_FIX).json()
-                self.heap_released_bytes = sum(int(r) for r in answer.get("results", []))
+                self.heap_released_bytes = release_free_heap(client, self.root_url)
         return time.perf_counter() - begin
 
 
@@ -133,16 +130,17 @@ class LocalVLLM(WeightTarget):
             root = getattr(self.process, "root_url", None)
             self._servers = DeltaServers([root or "local"], self.encoding if root else "full")
 
-        def full(roots: list[str]) -> tuple[float, float]:
-            return write_tensors(tensors, self.weights_dir), self.process.reload_weights(self.weights_dir)
-
         self.process.heap_released_bytes = None
+        weights_dir = self.weights_dir.resolve()
         with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
-            metrics = self._servers.push(tensors, version, full, client, self.weights_dir.resolve())
+            push = self._servers.send_delta(tensors, version, client)
+            write_s = reload_s = 0.0
+            if push.needs_full:
+                write_s = write_tensors(tensors, self.weights_dir)
+                reload_s = self.process.reload_weights(self.weights_dir)
+            metrics = self._servers.finish(push, client, weights_dir, write_s, reload_s)
             if metrics["sync/path"] == "delta" and self.process.releases_heap:
-                answer = vllm_post(client, self.process.root_url, "/collective_rpc",
-                                   {"method": RELEASE_FREE_HEAP_RPC}, fix=DEV_MODE_FIX).json()
-                self.process.heap_released_bytes = sum(int(r) for r in answer.get("results", []))
+                self.process.heap_released_bytes = release_free_heap(client, self.process.root_url)
         released = self.process.heap_released_bytes
         heap = {} if released is None else {"sync/vllm_heap_released_mb": released / 2**20}
         return {**metrics, **heap}
