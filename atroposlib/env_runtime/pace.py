@@ -112,12 +112,16 @@ class RolloutBudget:
         """The off-policy window now: ``max_batches_offpolicy`` narrowed to the staleness limit.
 
         :func:`offpolicy_window` with the ``max_staleness`` of the ``/status-env`` answer
-        ``status`` (none before one) and the measured latency and step interval. When the
+        ``status`` (none before one) and the measured latency and step interval;
+        ``max_batches_offpolicy`` as set with ``follow_trainer_pace=false``. When the
         limit leaves less than one batch, logs one warning (per run) with the numbers and what
         to change.
         """
         if not status:
             return OffpolicyWindow(None, 0, None)
+        if not self.config.follow_trainer_pace:  # the window as set, whatever the pace
+            fixed = self.config.max_batches_offpolicy
+            return OffpolicyWindow(fixed if fixed > 0 else None, 0, None)
         limit = status.get("max_staleness")
         window = offpolicy_window(self.config.max_batches_offpolicy,
                                   None if limit is None else int(limit),
@@ -156,7 +160,7 @@ class RolloutBudget:
         """
         cap = self.env.max_num_workers
         window = self.window(status)
-        automatic = self.config.max_num_workers <= 0
+        automatic = self.config.max_num_workers <= 0 and self.config.follow_trainer_pace
         if window.batches is not None and automatic and self.state.batch_size > 0:
             demand = demand_cap(self.groups_per_step(status), self.pace.latency,
                                 self.pace.step_interval, self.recent_yields)

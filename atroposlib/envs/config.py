@@ -103,6 +103,12 @@ class BaseEnvConfig(BaseModel):
         "scores do not hold places. Serve mode narrows it to run-api's max_staleness minus the "
         "steps a rollout takes; <= 0 disables (the staleness limit still applies).",
     )
+    follow_trainer_pace: bool = Field(
+        default=True,
+        description="Serve mode: narrow max_batches_offpolicy to run-api's max_staleness minus "
+        "the trainer steps one rollout takes, and (max_num_workers=-1) raise the rollout cap to "
+        "what keeps the trainer fed. false: max_batches_offpolicy and the per-server cap as set.",
+    )
     item_filter: ItemFilterConfig = Field(
         default_factory=ItemFilterConfig,
         description="The item filter (atroposlib.envs.item_filter): skip, before sampling, items "

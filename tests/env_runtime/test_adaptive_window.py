@@ -13,6 +13,7 @@ from atroposlib.env_runtime.pace import PaceTracker, RolloutBudget, smooth
 from atroposlib.env_runtime.scheduling import OffpolicyWindow, demand_cap, offpolicy_window
 from atroposlib.env_runtime.serve import ServeLoop
 from atroposlib.envs.base import BaseEnvConfig
+from atroposlib.envs.run_state import RunState
 from atroposlib.testing.fake_server import FakeServer
 from tests.fixtures.api_server import start_run_api
 from tests.fixtures.sample_envs import ChatLengthEnv
@@ -184,3 +185,18 @@ async def test_following_the_staleness_limit_stops_stale_drops(tiny_tokenizer, t
     assert len(warnings) == 1 and "max_staleness=1" in warnings[0] and "at least" in warnings[0]
     loop.log_progress(every=0.0)
     assert "window 1 batch(es), rollout ~0." in caplog.text
+
+
+def test_follow_trainer_pace_false_keeps_the_window_and_cap_as_set(tiny_tokenizer):
+    """The switch the benchmark compares against: max_batches_offpolicy and the per-server cap."""
+    config = BaseEnvConfig(group_size=4, use_wandb=False, max_batches_offpolicy=3,
+                           follow_trainer_pace=False)
+    env = ChatLengthEnv(config, [FakeServer()])
+    budget = RolloutBudget(env, RunState.for_config(config, batch_size=8))
+    budget.pace.latency, budget.pace.step_interval = 10.0, 1.0  # would narrow to 1 and raise demand
+    status = {"max_staleness": 1, "queue_size": 0}
+    assert budget.window(status).batches == 3 and not budget.window(status).too_small
+    # the room of 3 batches (3 x 8 / 4 = 6 groups) under the per-server 8, no demand raise
+    assert budget.cap(status, 0) == 6
+    budget.config = config.model_copy(update={"follow_trainer_pace": True})
+    assert budget.window(status).batches == 1 and budget.cap(status, 0) == 2  # narrowed: 1 x 8 / 4
