@@ -210,10 +210,14 @@ class SingleTurnEnv(MultiTurnEnv):
         messages = self.prompt(item)
         temperature = self.config.temperature
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await asyncio.wait_for(managed.chat_completion(
-                messages=messages, n=self.config.group_size,
-                max_tokens=self.max_tokens_for(messages), temperature=temperature,
-            ), self.config.rollout_timeout)
+            try:
+                completion = await asyncio.wait_for(managed.chat_completion(
+                    messages=messages, n=self.config.group_size,
+                    max_tokens=self.max_tokens_for(messages), temperature=temperature,
+                ), self.config.rollout_timeout)
+            except TimeoutError as exc:  # wait_for's own has no message: say which limit
+                raise TimeoutError(f"sampling the group ran past rollout_timeout="
+                                   f"{self.config.rollout_timeout:g} s") from exc
             nodes = managed.get_state()["nodes"]
         ids = new_rollout_ids(len(nodes))
         kept, masked = [], []
