@@ -55,9 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
     parser.add_argument("--policy", choices=("retry", "shrink", "drop"), default="retry",
                         help="the env's failed_rollout_policy, in both runs")
-    parser.add_argument("--rollout-timeout", type=float, default=20.0,
+    parser.add_argument("--rollout-timeout", type=float, default=60.0,
                         help="the env's rollout_timeout (s), in both runs: a timeout fault "
-                             "holds its group this long")
+                             "holds its group this long. Keep it well above a group's sampling "
+                             "time under load (about 15-30 s here with 8 groups in flight): at "
+                             "20 s real timeouts starved the clean run too")
     parser.add_argument("--loss", choices=LOSSES, default="gspo",
                         help="the trainer's loss (bench_learning's ours-<loss>)")
     parser.add_argument("--task-difficulty", type=int, choices=(2, 4), default=2,
