@@ -31,6 +31,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.docs_outcomes import FAULT_CURVE, fault_curve_table  # noqa: E402
 from benchmarks.docs_tables import (  # noqa: E402
     API,
     COMPAT,
@@ -125,6 +126,7 @@ BLOCKS: dict[str, Block] = {
     "readme-api": Block((API,), readme_api),
     "compat-upstream": Block((COMPAT,), compat_table),
     "vllm-health": Block((HEALTH,), health_table),
+    "fault-curve": Block((FAULT_CURVE,), fault_curve_table),
     "upstream-suite": Block((PARITY,), parity_table),
     "verifiers-envs": Block((VERIFIERS,), verifiers_table),
 }
