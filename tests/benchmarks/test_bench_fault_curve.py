@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import benchmarks.bench_fault_curve as module
-
-    return module
+    return load_benchmark("bench_fault_curve")
 
 
 def test_ratios_point_by_point(bench):

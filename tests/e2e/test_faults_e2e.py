@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -28,7 +27,7 @@ from atroposlib.api.ledger import completion_tokens
 from atroposlib.envs.faults import OUTCOME_KIND
 from example_trainer.data import batch_to_sequences, group_advantages
 from tests.env_runtime.test_serve import _register_trainer
-from tests.fixtures.api_server import start_run_api
+from tests.fixtures.api_server import pull_batches, start_run_api
 
 pytestmark = pytest.mark.e2e
 
@@ -69,17 +68,6 @@ def _kill_9(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
-
-
-def _pull(trainer, count: int, timeout: float, proc: subprocess.Popen) -> list:
-    batches, deadline = [], time.monotonic() + timeout
-    while len(batches) < count and time.monotonic() < deadline and proc.poll() is None:
-        batch = trainer.get_batch()
-        if batch:
-            batches.append(batch)
-        else:
-            time.sleep(0.2)
-    return batches
 
 
 def _check_served_group(group: dict, injected: dict[tuple[str, int], str]) -> int:
@@ -127,7 +115,7 @@ def test_injected_faults_never_reach_the_trainer_and_the_ledger_closes(vllm_serv
             proc = _start_env(vllm_server, api.url, rate, seed, policy, min_completed, log,
                               faults_log)
             try:
-                batches = _pull(trainer, BATCHES_PER_RATE, timeout=240, proc=proc)
+                batches = pull_batches(trainer, BATCHES_PER_RATE, timeout=240, proc=proc)
             finally:
                 _kill_9(proc)  # kill -9 of the env, mid-run
             output = log.read_text(errors="replace")

@@ -18,8 +18,8 @@ from atroposlib.envs.drops import DropTally
 from atroposlib.envs.groups import check_groups
 from atroposlib.envs.outcomes import Member
 from atroposlib.testing.fake_server import FakeOpenAIServer, FakeServer
-from tests.env_runtime.test_serve import _pull_batches, _register_trainer, _start_env, _stop
-from tests.fixtures.api_server import start_run_api
+from tests.env_runtime.test_serve import _register_trainer, _start_env, _stop
+from tests.fixtures.api_server import pull_batches, start_run_api
 from tests.fixtures.lossy import LoseReplies, first_n
 from tests.fixtures.sample_envs import ChatLengthEnv
 
@@ -85,7 +85,7 @@ def test_the_identity_closes_after_kill_9_of_the_env_and_of_run_api(tiny_tokeniz
         with FakeOpenAIServer() as inference:
             trainer = _register_trainer(api.url, tmp_path)
             proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
-            assert len(_pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
+            assert len(pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
             os.killpg(proc.pid, signal.SIGKILL)  # the env dies with groups in flight
             proc.wait(15)
             mid = httpx.get(api.url + "/ledger").json()
@@ -99,7 +99,7 @@ def test_the_identity_closes_after_kill_9_of_the_env_and_of_run_api(tiny_tokeniz
                 checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoint_interval=-1,
                 starting_step=1, num_steps=1000))
             proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
-            assert len(_pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
+            assert len(pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
             _stop(proc, log)
             end = httpx.get(api.url + "/ledger").json()
     finally:

@@ -14,7 +14,7 @@ import pytest
 from atroposlib.api.client import AtroposClient
 from atroposlib.api.models import Registration
 from atroposlib.testing.fake_server import FakeOpenAIServer
-from tests.fixtures.api_server import start_run_api
+from tests.fixtures.api_server import pull_batches, start_run_api
 from tests.fixtures.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,16 +43,6 @@ def _start_env(api_url: str, inference_url: str, tokenizer_dir: Path, log: Path,
                             env=env, start_new_session=True)
 
 
-def _pull_batches(trainer: AtroposClient, count: int, timeout: float) -> list:
-    batches, deadline = [], time.monotonic() + timeout
-    while len(batches) < count and time.monotonic() < deadline:
-        batch = trainer.get_batch()
-        if batch:
-            batches.append(batch)
-        else:
-            time.sleep(0.2)
-    return batches
-
 
 def _stop(proc: subprocess.Popen, log: Path) -> str:
     stop_process(proc, timeout=45)
@@ -79,7 +69,7 @@ def _serve_and_pull(api_url, inference_url, tokenizer_dir, tmp_path, n, timeout)
     trainer = _register_trainer(api_url, tmp_path)
     proc = _start_env(api_url, inference_url, tokenizer_dir, log)
     try:
-        batches = _pull_batches(trainer, n, timeout=timeout)
+        batches = pull_batches(trainer, n, timeout=timeout)
     finally:
         output = _stop(proc, log)
     assert len(batches) == n, output[-3000:]
@@ -112,14 +102,14 @@ def test_serve_survives_api_restart_and_inference_outage(tiny_tokenizer_dir, tmp
         with FakeOpenAIServer() as inference:
             trainer = _register_trainer(api.url, tmp_path)
             proc = _start_env(api.url, inference.base_url, tiny_tokenizer_dir, log)
-            assert len(_pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
+            assert len(pull_batches(trainer, 1, timeout=240)) == 1, log.read_text()[-3000:]
 
             # 1) The API restarts and forgets everything: the env must re-register.
             api.stop()
             time.sleep(2)
             api = start_run_api(port=port)
             trainer = _register_trainer(api.url, tmp_path)
-            batches = _pull_batches(trainer, 2, timeout=240)
+            batches = pull_batches(trainer, 2, timeout=240)
             assert len(batches) == 2, log.read_text()[-3000:]
             for batch in batches:
                 _check_batch(batch)
@@ -134,7 +124,7 @@ def test_serve_survives_api_restart_and_inference_outage(tiny_tokenizer_dir, tmp
             assert "item re-queued" in log.read_text(), log.read_text()[-3000:]
             assert proc.poll() is None, log.read_text()[-3000:]
             inference.start()
-            batches = _pull_batches(trainer, 2, timeout=240)
+            batches = pull_batches(trainer, 2, timeout=240)
             assert len(batches) == 2, log.read_text()[-3000:]
             output = _stop(proc, log)
             assert proc.returncode == 0, output[-3000:]

@@ -72,8 +72,8 @@ async def test_managed_groups_from_real_vllm_have_aligned_sampler_logprobs(vllm_
 
 def test_serve_managed_env_with_real_vllm_delivers_aligned_logprobs(vllm_server, tmp_path):
     """collect_trajectory + default aggregation, served as a subprocess, real vLLM and run-api."""
-    from tests.env_runtime.test_serve import _pull_batches, _register_trainer, _stop
-    from tests.fixtures.api_server import start_run_api
+    from tests.env_runtime.test_serve import _register_trainer, _stop
+    from tests.fixtures.api_server import pull_batches, start_run_api
 
     api = start_run_api()
     log = tmp_path / "env.log"
@@ -89,7 +89,7 @@ def test_serve_managed_env_with_real_vllm_delivers_aligned_logprobs(vllm_server,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
-            batches = _pull_batches(trainer, 1, timeout=420)
+            batches = pull_batches(trainer, 1, timeout=420)
         finally:
             output = _stop(proc, log)
         assert len(batches) == 1, output[-3000:]

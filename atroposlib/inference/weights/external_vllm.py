@@ -18,7 +18,6 @@ from atroposlib.inference.weights.vllm_rpc import (
     DeltaServers,
     reload_from_dir,
     vllm_post,
-    write_tensors,
 )
 
 
@@ -56,15 +55,11 @@ class ExternalVLLM(WeightTarget):
 
         weights_dir = self.weights_dir.resolve()
         with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
-            push = self._servers.send_delta(tensors, version, client)
-            write_s = reload_s = 0.0
-            if push.needs_full:
-                write_s = write_tensors(tensors, self.weights_dir)
-                begin = time.perf_counter()
-                for root in push.needs_full:
-                    reload_from_dir(client, root, weights_dir)
-                reload_s = time.perf_counter() - begin
-            return self._servers.finish(push, client, weights_dir, write_s, reload_s)
+            push = self._servers.send_delta(tensors, version, client, weights_dir)
+            begin = time.perf_counter()
+            for root in push.needs_full:
+                reload_from_dir(client, root, weights_dir)
+            return self._servers.finish(push, client, weights_dir, time.perf_counter() - begin)
 
     def wait_healthy(self, timeout: float, fix: str) -> float:
         """Wait until every server answers ``GET /health`` with 200 (fail fast, not at the first push).

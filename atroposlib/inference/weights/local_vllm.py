@@ -21,7 +21,6 @@ from atroposlib.inference.weights.vllm_rpc import (
     DeltaServers,
     release_free_heap,
     reload_from_dir,
-    write_tensors,
 )
 
 
@@ -133,12 +132,9 @@ class LocalVLLM(WeightTarget):
         self.process.heap_released_bytes = None
         weights_dir = self.weights_dir.resolve()
         with httpx.Client(timeout=RELOAD_TIMEOUT_S, trust_env=False) as client:
-            push = self._servers.send_delta(tensors, version, client)
-            write_s = reload_s = 0.0
-            if push.needs_full:
-                write_s = write_tensors(tensors, self.weights_dir)
-                reload_s = self.process.reload_weights(self.weights_dir)
-            metrics = self._servers.finish(push, client, weights_dir, write_s, reload_s)
+            push = self._servers.send_delta(tensors, version, client, weights_dir)
+            reload_s = self.process.reload_weights(weights_dir) if push.needs_full else 0.0
+            metrics = self._servers.finish(push, client, weights_dir, reload_s)
             if metrics["sync/path"] == "delta" and self.process.releases_heap:
                 self.process.heap_released_bytes = release_free_heap(client, self.process.root_url)
         released = self.process.heap_released_bytes

@@ -186,16 +186,20 @@ class DeltaServers:
         #: root -> the version its worker extension holds as delta base (None: needs a full sync)
         self.at: dict[str, int | None] = {r: None for r in roots}
 
-    def send_delta(self, tensors: dict[str, Any], version: int, client: Any) -> DeltaPush:
-        """Step 1 of a push: send ``tensors`` as ``version`` as a delta to the servers at the base.
+    def send_delta(self, tensors: dict[str, Any], version: int, client: Any,
+                   weights_dir: Path) -> DeltaPush:
+        """Step 1 of a push: a delta to the servers at the base; the full tensors written for the rest.
 
-        The caller then writes and reloads the full tensors on ``push.needs_full`` (when any)
-        and calls :meth:`finish`.
+        Sends ``tensors`` as ``version`` as a delta to every server at the delta base; when
+        any server still needs the full tensors (``push.needs_full``), writes them as
+        ``weights_dir/model.safetensors`` (:func:`write_tensors`). The caller then has those
+        servers reload ``weights_dir`` and calls :meth:`finish`.
 
         Args:
             tensors: ``{HF name: tensor}`` in the servers' dtype (tied copies are dropped here).
             version: the policy version.
             client: an ``httpx.Client``.
+            weights_dir: where the full tensors go (read by the servers at that path).
 
         Returns:
             The push so far (:class:`DeltaPush`).
@@ -224,9 +228,11 @@ class DeltaServers:
                     warn_full_sync(root, version, f"{answer.get('reason')}: {answer.get('detail')}")
                     push.needs_full.append(root)
             push.update_s = time.perf_counter() - mark
+        if push.needs_full:
+            push.save_s += write_tensors(tensors, Path(weights_dir))
         return push
 
-    def finish(self, push: DeltaPush, client: Any, weights_dir: Path, write_s: float = 0.0,
+    def finish(self, push: DeltaPush, client: Any, weights_dir: Path,
                reload_s: float = 0.0) -> dict[str, Any]:
         """Step 2: record the full reload of ``push.needs_full`` (if any) and the new delta base.
 
@@ -235,7 +241,6 @@ class DeltaServers:
             client: an ``httpx.Client``.
             weights_dir: the directory the full tensors were written to and reloaded from (the
                 servers seed their delta base from it).
-            write_s: seconds the caller spent writing them (0 when ``push.needs_full`` is empty).
             reload_s: seconds the caller spent reloading them (0 when ``push.needs_full`` is empty).
 
         Returns:
@@ -245,7 +250,7 @@ class DeltaServers:
 
         version = push.version
         if push.needs_full:
-            push.save_s, push.update_s = push.save_s + write_s, push.update_s + reload_s
+            push.update_s += reload_s
             push.sent += push.full_nbytes
             for root in push.needs_full:
                 self.at[root] = version if self.base is not None and seed_delta(
