@@ -31,7 +31,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.docs_outcomes import FAULT_CURVE, fault_curve_table  # noqa: E402
+from benchmarks.docs_outcomes import FAULT_CURVE, PACE, fault_curve_table, pace_table  # noqa: E402
 from benchmarks.docs_tables import (  # noqa: E402
     API,
     COMPAT,
@@ -127,6 +127,7 @@ BLOCKS: dict[str, Block] = {
     "compat-upstream": Block((COMPAT,), compat_table),
     "vllm-health": Block((HEALTH,), health_table),
     "fault-curve": Block((FAULT_CURVE,), fault_curve_table),
+    "pace": Block(PACE, pace_table),
     "upstream-suite": Block((PARITY,), parity_table),
     "verifiers-envs": Block((VERIFIERS,), verifiers_table),
 }

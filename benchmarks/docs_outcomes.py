@@ -1,4 +1,4 @@
-"""``make bench-docs`` renderers for the rollout-accounting benchmarks: learning under faults.
+"""``make bench-docs`` renderers for the rollout-accounting benchmarks: learning under faults, and serve mode's pace.
 
 Each renderer takes the JSON payload(s) of its result file(s) and returns the markdown of one
 block of ``docs/benchmarks.md`` (see :mod:`benchmarks.bench_docs`).
@@ -10,6 +10,9 @@ from benchmarks.docs_tables import source, table
 
 #: ``python benchmarks/bench_fault_curve.py --minutes 7 --loss gspo --rollout-timeout 60``
 FAULT_CURVE = "bench_fault_curve_2026-12-07.json"
+#: ``bench_learning.py --minutes 7 --contenders ours-gspo-lora`` with
+#: ``--ours-env-arg env.follow_trainer_pace=false`` (fixed), then without (follow), one after the other
+PACE = ("bench_pace_fixed_2026-12-07.json", "bench_pace_follow_2026-12-07.json")
 
 
 def fault_curve_table(payload: dict) -> str:
@@ -36,4 +39,20 @@ def fault_curve_table(payload: dict) -> str:
     return text
 
 
-__all__ = ["FAULT_CURVE", "fault_curve_table"]
+
+def pace_table(fixed: dict, follow: dict) -> str:
+    """The quickstart with serve mode's window and cap as set, and following the trainer."""
+    rows = []
+    for label, payload in (("as set (`follow_trainer_pace=false`)", fixed), ("following the trainer", follow)):
+        run = payload["runs"][0]
+        final = run["groups"]["final"]
+        curve = "  ".join(f"{p['minute']:g} min {p['accuracy']:.3f}" for p in run["curve"])
+        rows.append([label, curve, str(run["steps"]), f"{run['batch_wait_seconds']:.0f}",
+                     f"{final['dropped_same_scores']} / {final['sampled']}",
+                     f"{run['peak_rss_bytes'] / 2**30:.2f}"])
+    text = table(["serve mode", "held-out accuracy", "steps", "trainer waited (s)",
+                  "groups dropped as all-same / sampled", "peak RSS (GiB)"], rows)
+    return text + ("\n\nOne run each (n = 1), one after the other; the quickstart sets no staleness "
+                   "limit, so only the automatic rollout cap differs.\n\n" + source(*PACE))
+
+__all__ = ["FAULT_CURVE", "PACE", "fault_curve_table", "pace_table"]
