@@ -107,8 +107,9 @@ def add_model_options(
     """Add one ``--prefix.field`` option per field of ``model_cls`` to ``parser``.
 
     A field that holds a pydantic model (a nested section such as ``item_filter``) becomes one
-    option per field of that model, ``--prefix.field.sub`` (dest ``prefix.field.sub``;
-    :func:`collect_overrides` nests the values again). The model class's ``legacy_keys``
+    option per field of that model, ``--prefix.field.sub`` (dest ``prefix.field/sub``;
+    :func:`collect_overrides` nests the values again). A field whose name holds dots (a
+    verifiers knob, ``taskset.data_file``) is one option and one key. The model class's ``legacy_keys``
     (old flat key -> dotted field it sets) become hidden options of the old names, typed as
     the field they set, so earlier command lines keep working.
 
@@ -145,21 +146,34 @@ def _option_kwargs(annotation: Any, dest: str, help_text: str) -> dict[str, Any]
     return kwargs
 
 
+#: Joins a nested section and its field in an option's dest (``env.item_filter/floor`` for
+#: ``--env.item_filter.floor``): a field whose own name holds dots (a verifiers knob such as
+#: ``taskset.data_file``) stays one key.
+SECTION_SEP = "/"
+
+
 def _add_field_options(group: Any, model_cls: type[BaseModel], prefix: str | None,
-                       defaults: Any) -> None:
-    """The options of ``model_cls``'s fields (nested sections recursively) on ``group``."""
+                       defaults: Any, dest_prefix: str | None = None, sep: str = ".") -> None:
+    """The options of ``model_cls``'s fields (nested sections recursively) on ``group``.
+
+    ``prefix`` starts each flag (``--env.group_size``); ``dest_prefix`` (default: ``prefix``)
+    and ``sep`` each dest: ``env.group_size`` at the top, ``env.item_filter/floor`` inside a
+    nested section (:data:`SECTION_SEP`).
+    """
     if isinstance(defaults, BaseModel):
         defaults = defaults.model_dump()
+    dest_prefix = prefix if dest_prefix is None else dest_prefix
     for name, field in model_cls.model_fields.items():
-        dest = f"{prefix}.{name}" if prefix else name
+        flag = f"{prefix}.{name}" if prefix else name
+        dest = f"{dest_prefix}{sep}{name}" if dest_prefix else name
         shown = defaults.get(name, _field_default(field)) if isinstance(defaults, dict) else _field_default(field)
         nested = _nested_model(field.annotation)
         if nested is not None:
-            _add_field_options(group, nested, dest, shown)
+            _add_field_options(group, nested, flag, shown, dest_prefix=dest, sep=SECTION_SEP)
             continue
         description = field.description or ""
         help_text = f"{description} (default: {_show_default(shown)})".replace("%", "%%")
-        group.add_argument(f"--{dest}", **_option_kwargs(field.annotation, dest, help_text))
+        group.add_argument(f"--{flag}", **_option_kwargs(field.annotation, dest, help_text))
 
 
 def convert_value(raw: Any) -> Any:
@@ -201,7 +215,7 @@ def collect_overrides(namespace: argparse.Namespace, prefixes: list[str]) -> dic
             prefix, name = "", dest
         if prefix in out:
             target = out[prefix]
-            *sections, name = name.split(".")
+            *sections, name = name.split(SECTION_SEP)
             for section in sections:
                 target = target.setdefault(section, {})
             target[name] = convert_value(raw)

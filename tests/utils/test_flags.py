@@ -128,3 +128,22 @@ def test_launcher_reads_the_group_size_through_the_env_config_subcommand():
     check = env_arg_check(EnvSection(name="a", script=script, args={"env.group_size": "x"}))
     assert check.group_size is None
     assert check.problems[0].startswith("envs.a.args: --env.group_size: Input should be a valid integer")
+
+
+def test_nested_sections_nest_and_dotted_field_names_stay_one_key():
+    """``--env.item_filter.floor`` comes back nested; a field named with dots (a verifiers knob,
+    ``taskset.data_file``) stays one key, so the two cannot be confused."""
+    from pydantic import BaseModel, ConfigDict, Field, create_model
+
+    from atroposlib.utils.flags import collect_overrides
+
+    class Section(BaseModel):
+        floor: float = 0.05
+
+    model = create_model("Knobs", __config__=ConfigDict(extra="allow"),
+                         item_filter=(Section, Field(default_factory=Section)),
+                         **{"taskset.data_file": (str, "a.jsonl")})
+    parser = settings_parser(model, "env")
+    namespace = parser.parse_args(["--env.item_filter.floor", "0.2", "--env.taskset.data_file", "b.jsonl"])
+    assert collect_overrides(namespace, ["env"]) == {
+        "env": {"item_filter": {"floor": "0.2"}, "taskset.data_file": "b.jsonl"}}
