@@ -188,7 +188,7 @@ class FaultInjector:
                 raise InjectedFault(f"injected fault: rollout {ids[i]} killed")
             if kind == "corrupt":
                 raise InjectedInferenceError(f"injected fault: garbage inference reply for {ids[i]}")
-            await asyncio.sleep((timeout or 0.0) + 1.0)  # cancelled by run_members' wait_for
+            await asyncio.sleep((timeout or 0.0) + 1.0)  # cancelled by run_members' rollout_timeout
             raise TimeoutError(f"injected fault: rollout {ids[i]} hung")
 
         return faulty
