@@ -30,6 +30,8 @@ The packages add their own branches (each module's docstring draws its part):
     ├── TeacherDistillationError    envs.teacher_distillation_env: a teacher answer is unusable
     ├── RolloutFormatError          tools.rollouts: a rollout cannot become SFT/DPO data
     ├── PayloadError, UpdateFailed  inference.node: a weight update the node refuses or fails
+    ├── DeltaError                  inference.weights.delta: a weight delta does not apply
+    │   └── DeltaRefused            inference.node: a node refuses a delta (HTTP 409)
     └── LaunchError                 launch.supervision: a part of the run failed to start or died
 
 Each class also keeps the built-in base that callers caught before (``ConfigError`` is a
