@@ -13,6 +13,7 @@
     │   ├── InferenceUnavailableError  no healthy server within the timeout
     │   └── ProxyError              the ManagedServer proxy refused or failed a request
     └── RolloutError                a rollout or reward function failed (the group is dropped)
+        └── RolloutTimeoutError     a rollout ran past ``rollout_timeout`` (also a TimeoutError)
 
 The packages add their own branches (each module's docstring draws its part):
 
@@ -29,12 +30,14 @@ The packages add their own branches (each module's docstring draws its part):
     ├── TeacherDistillationError    envs.teacher_distillation_env: a teacher answer is unusable
     ├── RolloutFormatError          tools.rollouts: a rollout cannot become SFT/DPO data
     ├── PayloadError, UpdateFailed  inference.node: a weight update the node refuses or fails
+    ├── DeltaError                  inference.weights.delta: a weight delta does not apply
+    │   └── DeltaRefused            inference.node: a node refuses a delta (HTTP 409)
     └── LaunchError                 launch.supervision: a part of the run failed to start or died
 
 Each class also keeps the built-in base that callers caught before (``ConfigError`` is a
 ``ValueError``, ``FrozenConfigError`` an ``AttributeError``, ``RolloutFormatError`` a
-``ValueError``, ``LaunchError`` a ``RuntimeError``). Warnings derive from
-:class:`AtroposWarning` (a ``UserWarning``).
+``ValueError``, ``LaunchError`` a ``RuntimeError``, ``RolloutTimeoutError`` a ``TimeoutError``).
+Warnings derive from :class:`AtroposWarning` (a ``UserWarning``).
 """
 
 from __future__ import annotations
@@ -109,6 +112,19 @@ class ProxyError(InferenceError):
 
 class RolloutError(AtroposError):
     """A rollout or reward computation failed; the group is dropped and counted, never scored 0."""
+
+
+class RolloutTimeoutError(RolloutError, TimeoutError):
+    """A rollout ran past the env's ``rollout_timeout`` (our own limit, not the client's).
+
+    Raised where atroposlib bounds a rollout (each member's attempt, a ``SingleTurnEnv``'s
+    sampling call). Its wire kind is ``timeout``; a runner drops the group (``Skip.TIMEOUT``)
+    without pausing inference: a slow server is not an outage. The inference client's own
+    timeouts (``openai.APITimeoutError``, ``httpx.TimeoutException``, a bare ``TimeoutError``
+    from a transport) are not this class and still count as inference failures.
+    """
+
+    rollout_failure_kind = "timeout"
 
 
 class AtroposWarning(UserWarning):

@@ -139,7 +139,7 @@ async def check_env(
             assert item is not None, f"{env_cls.__name__}.get_next_item() returned None after setup()"
             # The same step the runners take; check_group below is stricter than its checks.
             outcome = await run_item(env, item, validate=False)
-            if outcome.reason in (Skip.ERROR, Skip.INFERENCE):
+            if outcome.reason in (Skip.ERROR, Skip.INFERENCE, Skip.TIMEOUT):
                 exc = outcome.error
                 raise AssertionError(
                     f"{env_cls.__name__}.collect_trajectories raised {type(exc).__name__}: {exc}"

@@ -250,7 +250,10 @@ class RolloutPacer:
     ``inference_backoff_max`` s); while every rollout raises, spawning pauses 0.1 s, 0.2 s, ...
     up to 10 s (:func:`spawn_backoff`); so it does, from the ``reject_streak``-th in a row, while
     every rollout's groups are dropped as too long, invalid or of the wrong size. A usable group
-    resets all three; equal-score drops neither slow nor reset.
+    resets all three; equal-score drops neither slow nor reset, and neither do rollouts past
+    ``rollout_timeout`` (``Skip.TIMEOUT``): a slow server is not an outage, and pausing every
+    rollout whenever a loaded server makes the groups in flight time out together stalls
+    sampling.
     """
 
     def __init__(self, env: Any, state: Any, inference_backoff_max: float, reject_streak: int):
@@ -294,6 +297,8 @@ class RolloutPacer:
                 logger.warning("%s", refusal_message(self.consecutive_errors, outcome.error))
             elif self.consecutive_errors > 1:
                 logger.warning("%d rollout failures in a row", self.consecutive_errors)
+        elif outcome.reason is Skip.TIMEOUT:
+            pass  # a slow group: dropped and counted (groups_dropped_timeout), no pause
         elif outcome.reason in CONFIG_REJECTS:
             self.inference_backoff = 1.0
             self.consecutive_errors = 0

@@ -21,12 +21,13 @@ the rollout scheduling rules (:mod:`.scheduling`). The loop:
   this env (404, e.g. after a restart) it re-registers and resends; every post of one group
   carries the same ``Idempotency-Key``, so a retry after a lost reply is not stored twice;
 * each item goes through :func:`~atroposlib.env_runtime.step.run_item`; an inference outage
-  re-queues the item and backs off instead of dropping it; a rollout that raises is logged,
-  counted and dropped; while every rollout fails, or has its groups dropped as too long /
+  re-queues the item and backs off instead of dropping it; a group past ``rollout_timeout``
+  (a slow server, not an outage) is counted and dropped without backing off; a rollout that
+  raises is logged, counted and dropped; while every rollout fails, or has its groups dropped as too long /
   invalid / of the wrong size (a config problem), spawning backs off instead of spinning;
 * the loop owns the env's :class:`~atroposlib.envs.run_state.RunState` (env id, step, status,
   trainer limits, counters); the env reads it and its config is frozen while serving;
-* timed-out rollouts are cancelled and their item re-queued (FIFO backlog);
+* rollouts past ``worker_timeout`` are cancelled and their item re-queued (FIFO backlog);
 * the stop event (the CLI sets it on SIGINT/SIGTERM through :data:`SERVE_STOP_EVENT`) or reaching ``total_steps`` stops spawning, flushes the
   outbox (bounded wait) and calls ``POST /disconnect-env``.
 """

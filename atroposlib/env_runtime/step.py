@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.envs.groups import check_groups
-from atroposlib.errors import InferenceError, RolloutError
+from atroposlib.errors import InferenceError, RolloutError, RolloutTimeoutError
 from atroposlib.inference.clients.base import http_status, is_transient_error
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class Skip(StrEnum):
     RETURNED_NONE = "none"  #: the env returned None (its own choice to skip the item)
     ERROR = "error"  #: the env raised (a bug or a bad rollout); the group is dropped
     INFERENCE = "inference"  #: inference was unreachable / failed transiently; retry the item
+    TIMEOUT = "timeout"  #: a rollout ran past rollout_timeout; the group is dropped, no outage
     INVALID = "invalid"  #: a group lacks tokens/masks/scores or has ragged rows
     WRONG_SIZE = "wrong_size"  #: a group does not have group_size sequences
     SAME_SCORES = "same_scores"  #: all scores equal (no learning signal)
@@ -52,7 +53,7 @@ class Outcome:
             not check again. Empty when there is none.
         backlog: items the env asked to roll out later.
         reason: None when ``groups`` is non-empty, else why not (:class:`Skip`).
-        error: the exception behind ``Skip.ERROR`` / ``Skip.INFERENCE``.
+        error: the exception behind ``Skip.ERROR`` / ``Skip.INFERENCE`` / ``Skip.TIMEOUT``.
         dropped: ``(reason, message)`` for each group the checks dropped.
         duration: seconds spent in the env's hooks.
         scores: the scores of every group the env returned, before the checks (what the
@@ -83,6 +84,22 @@ def refusal_message(count: int, error: BaseException) -> str:
     )
 
 
+def classify(exc: BaseException) -> Skip:
+    """The :class:`Skip` of an item whose rollout raised ``exc``.
+
+    ``RolloutTimeoutError`` (our ``rollout_timeout`` expired: the server is slow, not down) ->
+    ``TIMEOUT``, checked first because it is also a ``TimeoutError``, which
+    :func:`~atroposlib.inference.clients.base.is_transient_error` counts as transient;
+    ``InferenceError`` or a transient error (connection refused, 5xx, the client's own
+    timeout, every server unhealthy) -> ``INFERENCE``; anything else -> ``ERROR``.
+    """
+    if isinstance(exc, RolloutTimeoutError):
+        return Skip.TIMEOUT
+    if isinstance(exc, InferenceError) or is_transient_error(exc):
+        return Skip.INFERENCE
+    return Skip.ERROR
+
+
 def _stat_key(reason: Skip) -> str:
     return "rollouts_failed_inference" if reason is Skip.INFERENCE else f"groups_dropped_{reason.value}"
 
@@ -93,8 +110,10 @@ async def run_item(
     """Collect, post-process and check the group(s) of one item; never raises for env errors.
 
     Calls ``env.collect_trajectories(item)`` then ``env.postprocess_histories``. An exception
-    is classified: ``InferenceError`` or a transient network/server error -> ``Skip.INFERENCE``,
-    anything else -> ``Skip.ERROR``; both are logged. Each group is checked, once on the whole
+    is classified (:func:`classify`): a rollout past ``rollout_timeout``
+    (:class:`~atroposlib.errors.RolloutTimeoutError`) -> ``Skip.TIMEOUT``; ``InferenceError`` or
+    a transient network/server error (the client's own timeouts included) -> ``Skip.INFERENCE``;
+    anything else -> ``Skip.ERROR``; all are logged. Each group is checked, once on the whole
     serve path, with :func:`atroposlib.envs.groups.check_groups` (against ``config.group_size``,
     ``ensure_scores_are_not_same`` and, when ``check_length``, the trainer's ``max_seq_len``).
     Every skip is counted in ``env.stats`` (``groups_dropped_<reason>``,
@@ -128,7 +147,7 @@ async def run_item(
         raise
     except Exception as exc:  # noqa: BLE001 - classify: infrastructure vs bad rollout
         outcome.error = exc
-        outcome.reason = Skip.INFERENCE if isinstance(exc, InferenceError) or is_transient_error(exc) else Skip.ERROR
+        outcome.reason = classify(exc)
         env.stats[_stat_key(outcome.reason)] += 1
         logger.warning(
             "%s (%s: %s)",
@@ -159,4 +178,4 @@ async def run_item(
     return outcome
 
 
-__all__ = ["Outcome", "Skip", "run_item"]
+__all__ = ["Outcome", "Skip", "classify", "run_item"]

@@ -26,6 +26,11 @@ Three ways in (see ``docs/guides/rollout-outcomes.md``)::
     FaultyEnv = inject_faults(MyEnv, FaultSpec(rate=0.1))    # a class (a subclass of it)
     ATROPOS_FAULTS="rate=0.5,kinds=kill+timeout,seed=3" python my_env.py serve ...
 
+An env gets one wrapper however many times it is wrapped: wrapping again replaces the spec (the
+later ``inject_faults`` wins), and when ``ATROPOS_FAULTS`` is set for an env that code already
+wrapped, the variable's spec wins (the run-time choice over the code's); either replacement
+logs one warning naming both specs.
+
 Errors (part of :mod:`atroposlib.errors`' tree)::
 
     RolloutError
@@ -128,6 +133,10 @@ class FaultSpec:
             raise ConfigError(f"fault spec {text!r} has no rate: {form}")
         return cls(**values)
 
+    def describe(self) -> str:
+        """One line for the logs: ``25% of rollout attempts (kill+timeout, seed 3)``."""
+        return f"{100 * self.rate:g}% of rollout attempts ({'+'.join(self.kinds)}, seed {self.seed})"
+
     def draw(self, group: int, index: int, attempt: int) -> str | None:
         """The fault of attempt ``attempt`` of member ``index`` of the ``group``-th group, or None.
 
@@ -188,7 +197,7 @@ class FaultInjector:
                 raise InjectedFault(f"injected fault: rollout {ids[i]} killed")
             if kind == "corrupt":
                 raise InjectedInferenceError(f"injected fault: garbage inference reply for {ids[i]}")
-            await asyncio.sleep((timeout or 0.0) + 1.0)  # cancelled by run_members' wait_for
+            await asyncio.sleep((timeout or 0.0) + 1.0)  # cancelled by run_members' rollout_timeout
             raise TimeoutError(f"injected fault: rollout {ids[i]} hung")
 
         return faulty
@@ -205,23 +214,45 @@ class FaultInjector:
                 out.write(line)  # closed at once: a kill -9 of the env loses no line
 
 
-def _install(env: Any, injector: FaultInjector) -> None:
-    """Wrap ``env.run_rollouts`` (the bound method it has now) on the instance."""
+def _install(env: Any, injector: FaultInjector) -> FaultInjector | None:
+    """Give ``env`` ``injector``; wrap ``env.run_rollouts`` on the instance unless it is wrapped.
+
+    The wrapper reads ``env.fault_injector`` at every group, so a second install swaps the
+    injector under the one wrapper instead of wrapping the wrapper (which would apply both
+    specs, one after the other, to every attempt).
+
+    Returns:
+        The injector it replaced, or None when ``env`` had none.
+    """
+    previous = env.fault_injector if _wrapped(env) else None
+    env.fault_injector = injector
+    if previous is not None:
+        return previous
     inner = env.run_rollouts
 
     async def run_rollouts(roll: Callable[[int], Awaitable[Any]], n: int,
                            ids: list[str] | None = None) -> Any:
         ids = list(ids) if ids is not None else new_rollout_ids(n)
-        faulty = injector.wrap(roll, ids, env.config.rollout_timeout,
-                               getattr(env, "stats", None))
+        faulty = env.fault_injector.wrap(roll, ids, env.config.rollout_timeout,
+                                         getattr(env, "stats", None))
         return await inner(faulty, n, ids=ids)
 
+    run_rollouts.injects_faults = True  # type: ignore[attr-defined]
     env.run_rollouts = run_rollouts
-    env.fault_injector = injector
+    return None
+
+
+def _wrapped(env: Any) -> bool:
+    """Whether ``env``'s ``run_rollouts`` is already this module's wrapper."""
+    return bool(getattr(vars(env).get("run_rollouts"), "injects_faults", False))
 
 
 def inject_faults(target: E, spec: FaultSpec) -> E:
     """Make ``spec.rate`` of ``target``'s rollout attempts fail (see the module docstring).
+
+    Idempotent: an env is wrapped once; wrapping an instance (or a class's instances) again
+    replaces the spec, the later call wins, with one warning naming both specs. With
+    ``ATROPOS_FAULTS`` set too, the variable's spec wins (:func:`install_from_environ`).
 
     Args:
         target: an env instance (wrapped in place and returned; its injector is
@@ -240,31 +271,51 @@ def inject_faults(target: E, spec: FaultSpec) -> E:
     if isinstance(target, type):
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             target.__init__(self, *args, **kwargs)  # type: ignore[misc]
-            _install(self, FaultInjector(spec))
+            _replace_in_code(self, spec)
 
         name = f"Faulty{target.__name__}"
         return type(target)(name, (target,), {"__init__": __init__, "__qualname__": name,
                                               "__module__": target.__module__,
                                               "__doc__": target.__doc__})
-    _install(target, FaultInjector(spec))
+    _replace_in_code(target, spec)
     return target
+
+
+def _replace_in_code(env: Any, spec: FaultSpec) -> None:
+    previous = _install(env, FaultInjector(spec))
+    if previous is not None and previous.spec != spec:
+        logger.warning("inject_faults on a %s already injecting faults: one wrapper, the later "
+                       "spec wins: %s (replaces %s)", type(env).__name__, spec.describe(),
+                       previous.spec.describe())
 
 
 def install_from_environ(env: E, environ: Mapping[str, str] | None = None) -> E:
     """Inject the faults ``ATROPOS_FAULTS`` asks for into ``env`` (nothing when unset or empty).
 
-    The env command line calls this for every env it builds; it logs a warning naming the spec.
+    The env command line calls this for every env it builds; it logs one warning naming the
+    spec. When code already wrapped ``env`` (:func:`inject_faults`), the variable's spec
+    replaces the code's under the same wrapper (faults are never applied twice), and the one
+    warning names both.
 
     Raises:
         ConfigError: the variable does not parse (:meth:`FaultSpec.parse`).
+        TypeError: ``env`` is not a ``BaseEnv`` class or instance.
     """
     text = (os.environ if environ is None else environ).get(FAULTS_ENV_VAR, "").strip()
     if not text:
         return env
     spec = FaultSpec.parse(text)
-    logger.warning("%s is set: injecting faults into %.0f%% of rollout attempts (%s, seed %d)",
-                   FAULTS_ENV_VAR, 100 * spec.rate, "+".join(spec.kinds), spec.seed)
-    return inject_faults(env, spec)
+    if isinstance(env, type) or not callable(getattr(env, "run_rollouts", None)):
+        logger.warning("%s is set: injecting faults into %s", FAULTS_ENV_VAR, spec.describe())
+        return inject_faults(env, spec)  # a class: its subclass's spec is installed last, so wins
+    previous = _install(env, FaultInjector(spec))
+    if previous is None:
+        logger.warning("%s is set: injecting faults into %s", FAULTS_ENV_VAR, spec.describe())
+    else:
+        logger.warning("%s is set: injecting faults into %s; it wins over the faults the code "
+                       "injects (%s), applied once", FAULTS_ENV_VAR, spec.describe(),
+                       previous.spec.describe())
+    return env
 
 
 __all__ = ["FAULTS_ENV_VAR", "FAULT_KINDS", "OUTCOME_KIND", "Fault", "FaultInjector", "FaultSpec",

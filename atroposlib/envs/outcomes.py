@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from atroposlib.api.models import MAX_OUTCOME_MESSAGE_CHARS
-from atroposlib.errors import InferenceError
+from atroposlib.errors import InferenceError, RolloutTimeoutError
 
 T = TypeVar("T")
 
@@ -36,7 +36,8 @@ FailedRolloutPolicy = Literal["retry", "shrink", "drop"]
 def failure_kind(exc: BaseException) -> str:
     """The wire ``kind`` of a rollout's exception.
 
-    ``TimeoutError`` (``asyncio.wait_for`` past ``rollout_timeout``) -> ``timeout``;
+    :class:`~atroposlib.errors.RolloutTimeoutError` (past ``rollout_timeout``) or another
+    ``TimeoutError`` -> ``timeout``;
     ``InferenceError`` or a transient network/server error -> ``inference``; anything else
     (the scorer, a parser, a tool) -> ``env_error``. An exception may name its own kind with a
     ``rollout_failure_kind`` attribute (e.g. ``"sandbox"`` from a code sandbox).
@@ -103,7 +104,8 @@ async def run_members(
     Args:
         roll: ``roll(i)`` rolls out member ``i`` (called again on retry).
         n: members in the group.
-        timeout: seconds each attempt may take (``asyncio.wait_for``); None or <= 0 = none.
+        timeout: seconds each attempt may take (``asyncio.timeout``); None or <= 0 = none.
+            An attempt past it fails with :class:`~atroposlib.errors.RolloutTimeoutError`.
         retries: times a failed member is rolled out again (all failed members together).
         ids: the members' rollout ids (default: :func:`new_rollout_ids`).
 
@@ -118,15 +120,18 @@ async def run_members(
 
     async def one(i: int) -> None:
         member = members[i]
+        bound = asyncio.timeout(limit)
         try:
-            member.value = await asyncio.wait_for(roll(i), limit)
+            async with bound:
+                member.value = await roll(i)
             member.error = None
         except asyncio.CancelledError:
             raise
         except TimeoutError as exc:
-            # wait_for's own TimeoutError has no message: say which limit it ran past
-            member.error = exc if str(exc) or limit is None else TimeoutError(
-                f"rollout ran past rollout_timeout={limit:g} s")
+            # our own limit expired -> RolloutTimeoutError (saying which limit); a TimeoutError
+            # the rollout raised itself (e.g. a client's transport timeout) is kept as it is
+            member.error = RolloutTimeoutError(
+                f"rollout ran past rollout_timeout={limit:g} s") if bound.expired() else exc
         except Exception as exc:  # noqa: BLE001 - a member's failure is recorded, not raised
             member.error = exc
 

@@ -25,6 +25,7 @@ from atroposlib.envs.groups import add_rollout, new_group, set_reference_answer
 from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
 from atroposlib.envs.outcomes import Member, masked_entry, new_rollout_ids
 from atroposlib.envs.scoring import ScoreResult, resolve_score
+from atroposlib.errors import RolloutTimeoutError
 from atroposlib.inference.clients.base import actual_token_logprob
 from atroposlib.type_definitions import Item, Message
 
@@ -202,7 +203,9 @@ class SingleTurnEnv(MultiTurnEnv):
 
         Returns ``(None, [])`` (the group is dropped) when a reply is shorter than
         ``min_completion_tokens`` or :meth:`finish_group` returns None. The sampling call is
-        bounded by ``config.rollout_timeout``; with the default :meth:`score_group` a scorer
+        bounded by ``config.rollout_timeout`` (past it the group fails with
+        :class:`~atroposlib.errors.RolloutTimeoutError`: runners drop it without pausing
+        inference); with the default :meth:`score_group` a scorer
         that raises fails only its reply (sent in ``excluded``, no score) and
         ``config.failed_rollout_policy`` decides the group; with ``mask_truncated`` replies cut
         off at the budget are masked.
@@ -210,14 +213,17 @@ class SingleTurnEnv(MultiTurnEnv):
         messages = self.prompt(item)
         temperature = self.config.temperature
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            bound = asyncio.timeout(self.config.rollout_timeout)
             try:
-                completion = await asyncio.wait_for(managed.chat_completion(
-                    messages=messages, n=self.config.group_size,
-                    max_tokens=self.max_tokens_for(messages), temperature=temperature,
-                ), self.config.rollout_timeout)
-            except TimeoutError as exc:  # wait_for's own has no message: say which limit
-                raise TimeoutError(f"sampling the group ran past rollout_timeout="
-                                   f"{self.config.rollout_timeout:g} s") from exc
+                async with bound:
+                    completion = await managed.chat_completion(
+                        messages=messages, n=self.config.group_size,
+                        max_tokens=self.max_tokens_for(messages), temperature=temperature)
+            except TimeoutError as exc:  # our limit, not the client's: a slow group, no outage
+                if not bound.expired():
+                    raise
+                raise RolloutTimeoutError(f"sampling the group ran past rollout_timeout="
+                                          f"{self.config.rollout_timeout:g} s") from exc
             nodes = managed.get_state()["nodes"]
         ids = new_rollout_ids(len(nodes))
         kept, masked = [], []

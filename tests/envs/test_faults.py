@@ -188,3 +188,41 @@ def test_the_command_line_injects_what_atropos_faults_asks(tiny_tokenizer_dir, m
         run_cli(SingleRolloutEnv, argv)
     assert exit_info.value.code == 2
     assert "fault kinds must be some of kill, timeout, corrupt, got slow" in capsys.readouterr().err
+
+
+async def test_wrapping_twice_keeps_one_wrapper_and_the_later_spec(tiny_tokenizer, caplog):
+    env = _env(tiny_tokenizer, FaultSpec(rate=1.0, kinds=("kill",)))
+    wrapper = env.run_rollouts
+    with caplog.at_level("WARNING", logger="atroposlib.envs.faults"):
+        assert inject_faults(env, FaultSpec(rate=0.0)) is env
+    assert env.run_rollouts is wrapper  # the same wrapper, now with the second spec
+    assert env.fault_injector.spec == FaultSpec(rate=0.0)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "the later spec wins: 0% of rollout attempts" in line and "replaces 100%" in line
+    [outcome] = await _groups(env, 1)
+    assert outcome.reason is None and not env.fault_injector.injected  # the kills are gone
+
+
+async def test_atropos_faults_wins_over_a_class_wrapped_in_code_and_applies_once(
+        tiny_tokenizer_dir, tiny_tokenizer, monkeypatch, caplog):
+    faulty = inject_faults(SingleRolloutEnv, FaultSpec(rate=1.0, kinds=("kill",)))
+    monkeypatch.setenv("ATROPOS_FAULTS", "rate=0.5,kinds=corrupt,seed=2")
+    argv = ["process", "--testing", "--env.tokenizer_name", str(tiny_tokenizer_dir),
+            "--env.group_size", "4", "--env.ensure_scores_are_not_same", "false"]
+    with caplog.at_level("WARNING", logger="atroposlib.envs.faults"):
+        _, env = build_env(faulty, argv)
+    spec = FaultSpec(rate=0.5, kinds=("corrupt",), seed=2)
+    assert env.fault_injector.spec == spec
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "ATROPOS_FAULTS is set: injecting faults into 50% of rollout attempts (corrupt, seed 2)" in line
+    assert "wins over the faults the code injects (100% of rollout attempts (kill, seed 0))" in line
+    env.tokenizer = tiny_tokenizer
+    env.bind_run_state(RunState.for_config(env.config))
+    await _groups(env, 3)
+    injector = env.fault_injector
+    # one draw per attempt, from the variable's spec only: no kill, and exactly its draws
+    assert set(injector.counts) == {"corrupt"}
+    assert all(spec.draw(f.group, int(f.rollout_id.rsplit("/", 1)[1]), f.attempt) == "corrupt"
+               for f in injector.injected)
+    assert env.stats["faults_injected_kill"] == 0
+    assert env.stats["faults_injected_corrupt"] == injector.counts["corrupt"] > 0

@@ -30,17 +30,20 @@ from atroposlib.inference.node.gate import ABORT_GRACE_S, Gate  # noqa: F401 - i
 from atroposlib.inference.node.models import LastUpdate, NodeStatus, ServingState, WeightsSource
 from atroposlib.inference.node.restore import roll_back
 from atroposlib.inference.node.settings import NodeSettings
+from atroposlib.inference.weights.delta import DeltaError
 
 logger = logging.getLogger("atroposlib.inference.node")
 
 
-class DeltaRefused(AtroposError):
-    """A weight delta does not apply here (HTTP 409); ``reason`` is ``base`` or ``checksum``."""
+class DeltaRefused(DeltaError):
+    """A weight delta does not apply on this node (HTTP 409); nothing changed.
 
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+    The node's side of :class:`~atroposlib.inference.weights.delta.DeltaError`: vLLM's workers
+    turn the ``DeltaError`` they hit into an answer (``reason`` ``base``, ``checksum`` or
+    ``payload``, and ``detail``), and :meth:`NodeState.apply_delta` raises it again as this
+    subclass, which the node's app answers with 409. So ``except DeltaError`` catches both, and
+    only a refusal from vLLM's workers becomes a 409.
+    """
 
 
 class UpdateFailed(AtroposError):

@@ -64,7 +64,8 @@ class DeltaError(AtroposError, ValueError):
     """A delta cannot be applied.
 
     ``reason`` is ``base`` (another base version or tensor set), ``checksum`` (a result differs
-    from the trainer's) or ``payload`` (malformed).
+    from the trainer's) or ``payload`` (malformed). An inference node raises its subclass
+    :class:`~atroposlib.inference.node.state.DeltaRefused` when vLLM's workers refuse a delta.
     """
 
     def __init__(self, reason: str, detail: str):

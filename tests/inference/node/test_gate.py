@@ -268,3 +268,26 @@ async def test_metrics_follow_the_version_and_count_updates_by_outcome(fake_node
     assert after[("atropos_inference_weight_updates_total", (("outcome", "applied"),))] == 1
     assert after[("atropos_inference_weight_updates_total", (("outcome", "failed"),))] == 1
     assert after[("atropos_inference_weight_bytes_received_total", ())] > 0
+
+
+async def test_a_delta_on_another_base_is_refused_with_409_and_changes_nothing(fake_node):
+    import torch
+
+    from atroposlib.inference.node.state import DeltaRefused
+    from atroposlib.inference.weights import delta
+    from atroposlib.inference.weights.delta import DeltaError
+
+    # one error family: ``except DeltaError`` also catches the node's refusal
+    assert issubclass(DeltaRefused, DeltaError) and not issubclass(DeltaError, DeltaRefused)
+    async with client(fake_node) as http:
+        await push(http, layer1(1.0), 1)  # the node's delta base: version 1
+        old = {"model.layers.1.w": torch.from_numpy(layer1(1.0)["model.layers.1.w"])}
+        new = {"model.layers.1.w": torch.from_numpy(layer1(3.0)["model.layers.1.w"])}
+        body, _ = delta.encode(old, new, base_version=5, version=6)
+        refused = await http.put("/atropos/weights/delta?version=6", content=body, headers={
+            **AUTH, "Content-Digest": content_digest(body), "Content-Type": "application/octet-stream"})
+        served = await complete(http)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["reason"] == "base" and "push the full weights" in refused.json()["detail"]
+    assert served.headers[POLICY_VERSION_HEADER] == "1"
+    assert served.json()["weights"] == fingerprint({**base_tensors(), **layer1(1.0)})
