@@ -45,7 +45,8 @@ class ItemFilter:
     (items handed out unscreened while the feature model learns), and the solve-rate model's
     calibration over the last ``screen_window`` groups it predicted before they ran:
     ``difficulty_screen_predicted`` / ``difficulty_screen_observed`` (mean solve rates per
-    rollout) and ``difficulty_screen_logloss`` (nats per rollout; 0.693 is a coin flip).
+    rollout) and ``difficulty_screen_logloss`` (nats per rollout; predicting 0.5 for every
+    item scores 0.693, and items that truly are coin flips score that at best).
     """
 
     def __init__(self, env: Any, settings: ItemFilterConfig):

@@ -250,7 +250,8 @@ class Calibration:
         """``predicted`` and ``observed`` solve rates (per rollout) and ``logloss`` (nats per rollout).
 
         The log-loss is ``-(k log p + (n - k) log(1 - p)) / n`` summed over groups, ``p``
-        clipped to ``[1e-6, 1 - 1e-6]``; a coin flip scores ``log 2 = 0.693``. Empty when no
+        clipped to ``[1e-6, 1 - 1e-6]``. Predicting 0.5 scores ``log 2 = 0.693``; a perfect model scores the
+        rollouts' own entropy (0 for all-same groups, 0.693 for even ones). Empty when no
         group was added.
         """
         rollouts = sum(n for _, _, n in self.groups)

@@ -72,7 +72,7 @@ def test_the_model_is_calibrated_on_random_labels():
     rng = random.Random(1)
     model = FeatureSolveModel(window=256, min_groups=32)
     calibration = Calibration(window=256)
-    for step in range(600):
+    for _ in range(600):
         features = {"x": rng.gauss(0, 1), "y": rng.random(), f"w{rng.randrange(8)}": 1.0}
         solved = sum(rng.random() < 0.3 for _ in range(8))  # the features say nothing
         if model.ready:
