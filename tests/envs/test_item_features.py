@@ -111,3 +111,18 @@ def test_calibration_summary():
     assert summary["predicted"] == pytest.approx(0.375) and summary["observed"] == pytest.approx(0.375)
     expected = -(2 * math.log(0.5) + 2 * math.log(0.5) + math.log(0.25) + 3 * math.log(0.75)) / 8
     assert summary["logloss"] == pytest.approx(expected)
+
+
+def test_the_default_hooks_describe_the_prompt_text():
+    from atroposlib.environments.arithmetic_server import ArithmeticEnv, ArithmeticEnvConfig
+    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.single_turn import SingleTurnEnv
+    from atroposlib.testing.fake_server import FakeServer
+
+    config = ArithmeticEnvConfig(**{**ArithmeticEnv.config_init()[0].model_dump(), "use_wandb": False})
+    env = ArithmeticEnv(config, [FakeServer()])
+    item = {"a": 7, "op": "+", "b": 15, "answer": 22, "question": "What is 7 + 15?"}
+    # a single-turn env: its prompt's text (the answer is not read); any env: the item's JSON
+    assert SingleTurnEnv.item_features(env, item) == text_features("What is 7 + 15?")
+    assert BaseEnv.item_features(env, item) == text_features(item_text(item))
+    assert env.item_features(item)["carries"] == 1.0  # the arithmetic env's own
