@@ -119,8 +119,11 @@ class FeatureSolveModel:
     features, ``k`` solved of ``n``) minus ``ridge / 2 * |w|^2`` (the intercept ``b`` is not
     penalized): logistic regression with an L2 penalty (Hastie, Tibshirani and Friedman, "The
     Elements of Statistical Learning", 2nd ed., sections 4.4.1 and 4.4.4), by Newton's method
-    with step halving, after every group. Costs a few ``d x d`` solves per group, ``d`` the
-    number of distinct features in the window (at most 66 for :func:`text_features`); no
+    with step halving, after every group, warm-started from the last fit. Costs a few ``d x d``
+    solves per group, ``d`` the number of distinct features in the window (at most 66 for
+    :func:`text_features`, 13 for the arithmetic env's): measured on a busy 2-core CPU with
+    66 features and 256 groups, 4-15 ms a group (the upper end when numpy's multi-threaded
+    BLAS competes for the cores), and about 0.1 ms to featurize and predict a candidate. No
     inference call.
 
     Args:
@@ -225,7 +228,7 @@ class FeatureSolveModel:
                 break
             theta, improved = trial, current - value
             current = value
-            if improved < 1e-9:
+            if improved < 1e-6 * (1.0 + current):  # converged (a warm start: one or two steps)
                 break
         self.names, self._mean, self._scale = names, mean, scale
         self.intercept, self._weights = float(theta[0]), theta[1:]
