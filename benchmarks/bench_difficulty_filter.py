@@ -9,13 +9,17 @@ stream of problems; the filter only skips some.
 For each arm: groups sampled, dropped as same scores (all solved / all failed), the share
 dropped overall and per window of ``--window`` groups, items skipped by the filter, candidates
 scored by its screen (``--env-arg item_filter.screen=8``), the arm's wall seconds and
-its group size. ``--env-arg`` overrides the env config of the 'on' arm only; ``--all-arms-arg``
+its group size; with the screen on, also the items handed out unscreened while its feature
+model learned (``--env-arg item_filter.screen_signal=features``) and the solve-rate model's
+calibration on the last groups (mean predicted and observed solve rate, log-loss per rollout). ``--env-arg`` overrides the env config of the 'on' arm only; ``--all-arms-arg``
 overrides it in every arm (``--all-arms-arg group_size=4`` compares both arms with groups of 4)::
 
     python benchmarks/bench_difficulty_filter.py --groups 900 --difficulty 2
     python benchmarks/bench_difficulty_filter.py --groups 900 --model runs/x/checkpoints/final
     python benchmarks/bench_difficulty_filter.py --groups 300 --difficulty 4 --model runs/x/checkpoints/final \
         --arms off,on,signal --env-arg item_filter.screen=8
+    python benchmarks/bench_difficulty_filter.py --groups 300 --difficulty 4 --model runs/x/checkpoints/final \
+        --arms off,on --env-arg item_filter.screen=8 --env-arg item_filter.screen_signal=features
 
 A fixed policy is the filter's hard case for all-failed items (they never become learnable)
 and its easy case for all-solved ones (they never stop being solved); a training run moves
@@ -121,6 +125,10 @@ async def sample(base_url: str, model_dir: str, difficulty: int, groups: int, co
             "dropped_share_by_window": windows, "window": window,
             "skipped_items": int(env.stats.get("difficulty_skipped", 0)),
             "screened_items": int(env.stats.get("difficulty_screened", 0)),
+            "screen_warmup_items": int(env.stats.get("difficulty_screen_warmup", 0)),
+            "screen_calibration": {key: env.stats[f"difficulty_screen_{key}"]
+                                   for key in ("predicted", "observed", "logloss")
+                                   if f"difficulty_screen_{key}" in env.stats},
             "seconds": round(seconds, 1), "group_size": int(config.group_size),
             **({"signal_by_fifth": signal_fifths(pairs)} if signal else {}),
             "settings": {"item_filter": config.item_filter.model_dump()}}

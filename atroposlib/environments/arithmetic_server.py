@@ -133,6 +133,52 @@ def problem_shape(a: int, op: str, b: int) -> str:
     return digits
 
 
+def column_carries(a: int, op: str, b: int) -> int:
+    """Carries (``+``), borrows (``-``, ``a >= b``) or carrying digit products (``*``) of ``a op b``.
+
+    For ``+`` the columns, units first, whose digit sum with the incoming carry reaches 10; for
+    ``-`` the columns that borrow; for ``*`` the pairs of digits whose product reaches 10 (each
+    one carries in the long multiplication's partial products). Operands are taken as their
+    absolute values.
+    """
+    a, b = abs(a), abs(b)
+    if op == "*":
+        return sum(int(x) * int(y) >= 10 for x in str(a) for y in str(b))
+    count, carry = 0, 0
+    while a or b:
+        x, y = a % 10, b % 10
+        if op == "+":
+            carry = int(x + y + carry >= 10)
+        else:
+            carry = int(x - carry < y)
+        count += carry
+        a, b = a // 10, b // 10
+    return count
+
+
+def problem_features(a: int, op: str, b: int) -> dict[str, float]:
+    """What makes ``a op b`` hard, as the item filter's screen features (``item_features``).
+
+    The operator (``op_add``, ``op_sub``, ``op_mul``: 1 for the problem's own), each operand's
+    digit count and magnitude (``log10(1 + x)``), the carries or borrows
+    (:func:`column_carries`), the answer's digit count and sign (``answer_negative``), whether
+    the operands are equal, and the operands' zero digits (columns that need no work).
+
+    Returns:
+        ``{name: value}``, 13 features, all finite.
+    """
+    answer = _OPS[op](a, b)
+    return {
+        "op_add": float(op == "+"), "op_sub": float(op == "-"), "op_mul": float(op == "*"),
+        "a_digits": float(len(str(abs(a)))), "b_digits": float(len(str(abs(b)))),
+        "a_log10": math.log10(1 + abs(a)), "b_log10": math.log10(1 + abs(b)),
+        "carries": float(column_carries(a, op, b)),
+        "answer_digits": float(len(str(abs(answer)))), "answer_negative": float(answer < 0),
+        "answer_log10": math.log10(1 + abs(answer)), "equal_operands": float(a == b),
+        "zero_digits": float(str(abs(a)).count("0") + str(abs(b)).count("0")),
+    }
+
+
 def curriculum_update(target: float, mean_score: float, goal: float, step: float, low: float,
                       high: float, sharpness: float = 2.0) -> float:
     """The curriculum's next target difficulty after one group.
@@ -342,6 +388,10 @@ class ArithmeticEnv(SingleTurnEnv):
         if self.config.difficulty_filter_by == "shape":
             return problem_shape(item["a"], item["op"], item["b"])
         return f"{item['a']}{item['op']}{item['b']}"
+
+    def item_features(self, item: dict[str, Any]) -> dict[str, float]:
+        """:func:`problem_features` of a problem, for ``--env.item_filter.screen_signal features``."""
+        return problem_features(item["a"], item["op"], item["b"])
 
     def train_item(self, index: int) -> dict[str, Any]:
         """A fresh training-split problem (operands up to the curriculum's target when it is on)."""

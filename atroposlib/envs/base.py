@@ -20,7 +20,7 @@ are inherited from mixins that live beside their bodies:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any
 
 from atroposlib.api.models import MASKED_LOGPROB
@@ -338,6 +338,21 @@ class BaseEnv(GroupSendingMixin, RunnerEntryMixin, WandbLoggingMixin, Checkpoint
         from atroposlib.envs.item_filter import item_key
 
         return item_key(item)
+
+    def item_features(self, item: Item) -> Mapping[str, float] | None:
+        """Numeric features of a training item, for the item filter's free screen.
+
+        With ``--env.item_filter.screen_signal features`` a logistic model learns from these
+        which items' groups come back all solved or all failed, and the screen skips them
+        before sampling (:mod:`atroposlib.envs.item_features`). Default:
+        :func:`~atroposlib.envs.item_features.text_features` of the item's text (a string item
+        itself, else its JSON). Override it with what makes an item hard (an arithmetic
+        problem's digit counts and carries); return None for an item that should not be
+        screened. Values must be finite numbers.
+        """
+        from atroposlib.envs.item_features import item_text, text_features
+
+        return text_features(item_text(item))
 
 
 __all__ = [

@@ -60,7 +60,9 @@ of ``G`` is most likely to come back mixed, ``1 - p^G - (1 - p)^G``, is handed o
 the selection rule of Prompt Curriculum Learning (Gao et al. 2025, "Prompt Curriculum
 Learning for Efficient LLM Post-Training", arXiv:2510.01135: prompts of intermediate
 predicted difficulty, from a value model) with the policy's own likelihood of the reference
-answer as the predictor instead of a separately trained value model.
+answer as the predictor instead of a separately trained value model. With
+``screen_signal="features"`` the predictor costs no inference call: a logistic model on item
+features learned from earlier groups (:mod:`atroposlib.envs.item_features`).
 """
 
 from __future__ import annotations
@@ -104,8 +106,9 @@ class ItemFilterConfig(BaseModel):
     Raises:
         pydantic.ValidationError (a ValueError): a factor or the floor outside (0, 1],
             ``replay`` outside [0, 1), ``max_draws``, ``replay_size``, ``replay_times``,
-            ``screen`` or ``screen_window`` below 1, ``screen_rule`` neither ``"best"`` nor
-            ``"weighted"``, or an unknown field.
+            ``screen``, ``screen_window`` or ``screen_min_groups`` below 1, ``screen_rule``
+            neither ``"best"`` nor ``"weighted"``, ``screen_signal`` neither
+            ``"answer_logprob"`` nor ``"features"``, or an unknown field.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -146,8 +149,8 @@ class ItemFilterConfig(BaseModel):
         "likely to come back mixed is rolled out, by a solve rate predicted from the policy's "
         "log-probability of the reference answer (one prompt-scoring request per candidate, no "
         "sampling; the selection rule of Prompt Curriculum Learning, arXiv:2510.01135). Needs a "
-        "single-turn env with a reference answer and a vLLM server. 1 disables. Each candidate "
-        "costs the sampler a prefill. On arithmetic it cut the groups dropped as all-same, but "
+        "single-turn env with a reference answer and a vLLM server, unless screen_signal is "
+        "'features'. 1 disables. Each candidate costs the sampler a prefill. On arithmetic it cut the groups dropped as all-same, but "
         "held-out accuracy came out lower, and with small groups it gave fewer mixed groups per "
         "second: measure first (see docs/benchmarks.md).",
     )
@@ -160,6 +163,19 @@ class ItemFilterConfig(BaseModel):
     )
     screen_window: int = Field(
         default=256, ge=1, description="Groups the solve-rate model is fitted on (the most recent).")
+    screen_signal: Literal["answer_logprob", "features"] = Field(
+        default="answer_logprob",
+        description="With screen > 1, what predicts a candidate's solve rate: 'answer_logprob' "
+        "(the policy's log-probability of the reference answer: one prompt-scoring request per "
+        "candidate) or 'features' (the env's item_features(item), by default hashed words and "
+        "character 3-grams of the prompt, through a logistic model refitted on recent groups: "
+        "no inference call, so a larger screen costs only draws from the env).",
+    )
+    screen_min_groups: int = Field(
+        default=32, ge=1,
+        description="With screen_signal='features': groups the feature model learns from before "
+        "it screens; until then items are handed out unscreened, one drawn per item.",
+    )
 
     @classmethod
     def zero_variance(cls, keep: float, max_streak: int = 4, **values: Any) -> ItemFilterConfig:
@@ -315,6 +331,9 @@ class SolveRateModel:
         ridge: strength of the pull toward the prior coefficients.
         prior: ``(a, b)`` before any group is seen.
     """
+
+    #: It screens from the first candidate on: its prior already predicts.
+    ready = True
 
     def __init__(self, window: int = 256, ridge: float = 1.0,
                  prior: tuple[float, float] = (0.0, 1.0)):

@@ -132,6 +132,17 @@ class SingleTurnEnv(MultiTurnEnv):
             return float(self.truncated_reward), {}
         return await resolve_score(self.score(item, text))
 
+    def item_features(self, item: Item) -> Mapping[str, float] | None:
+        """Features of ``item`` for the item filter's free screen: those of its prompt's text.
+
+        :func:`~atroposlib.envs.item_features.text_features` of the :meth:`prompt` messages'
+        contents (the reference answer is not read). See
+        :meth:`~atroposlib.envs.base.BaseEnv.item_features`.
+        """
+        from atroposlib.envs.item_features import item_text, text_features
+
+        return text_features(item_text(self.prompt(item)))
+
     def reference_reply(self, item: Item) -> tuple[str, str] | None:
         """The reply of a policy that solves ``item``, as ``(working, answer)``.
 

@@ -32,5 +32,7 @@ def test_arm_overrides_apply_all_arms_args_everywhere_and_env_args_to_the_on_arm
         "group_size": 16, "temperature": 0.8, "item_filter": {"screen": 8, "screen_rule": "weighted"}}
     assert bench.arm_overrides("on", env_args, ["item_filter.floor=0.1"])["item_filter"] == {
         "floor": 0.1, "screen": 8, "screen_rule": "weighted"}
+    assert bench.arm_overrides("on", ["item_filter.screen=8", "item_filter.screen_signal=features"], []) == {
+        "item_filter": {"screen": 8, "screen_signal": "features"}}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         bench.arm_overrides("off", [], ["group_size"])

@@ -12,11 +12,13 @@ from atroposlib.environments.arithmetic_server import (
     DIFFICULTIES,
     ArithmeticEnv,
     ArithmeticEnvConfig,
+    column_carries,
     curriculum_update,
     digit_credit,
     heldout_problems,
     is_heldout,
     make_problem,
+    problem_features,
     problem_shape,
     score_reply,
 )
@@ -211,6 +213,37 @@ def test_item_id_follows_difficulty_filter_by(by):
     same = env.item_id(one) == env.item_id(other)
     assert same == (by == "shape")
     assert env.item_id(one) == env.item_id(dict(one))
+
+
+@pytest.mark.parametrize(("a", "op", "b", "carries"), [
+    (17, "+", 5, 1), (95, "+", 7, 2), (99, "+", 99, 2), (12, "+", 3, 0), (999, "+", 1, 3),
+    (52, "-", 7, 1), (100, "-", 1, 2), (87, "-", 49, 1), (58, "-", 23, 0),
+    (23, "*", 4, 1), (29, "*", 29, 3), (12, "*", 3, 0),
+])
+def test_column_carries_counts_carries_borrows_and_carrying_products(a, op, b, carries):
+    assert column_carries(a, op, b) == carries
+
+
+def test_problem_features_describe_what_makes_a_problem_hard():
+    import math
+
+    features = problem_features(95, "+", 7)
+    assert features == {
+        "op_add": 1.0, "op_sub": 0.0, "op_mul": 0.0, "a_digits": 2.0, "b_digits": 1.0,
+        "a_log10": math.log10(96), "b_log10": math.log10(8), "carries": 2.0, "answer_digits": 3.0,
+        "answer_negative": 0.0, "answer_log10": math.log10(103), "equal_operands": 0.0,
+        "zero_digits": 0.0}
+    assert problem_features(7, "-", 30)["answer_negative"] == 1.0
+    assert problem_features(20, "*", 20)["zero_digits"] == 2.0
+    assert problem_features(20, "*", 20)["equal_operands"] == 1.0
+    config = ArithmeticEnvConfig(**{**ArithmeticEnv.config_init()[0].model_dump(), "use_wandb": False})
+    env = ArithmeticEnv(config, [FakeServer()])
+    rng = random.Random(0)
+    for _ in range(200):  # every difficulty's problems: 13 finite features, the answer never read
+        problem = make_problem(rng, rng.randint(1, 5), False, 0.25)
+        described = env.item_features(problem)
+        assert len(described) == 13 and all(math.isfinite(v) for v in described.values())
+        assert described == env.item_features({**problem, "answer": None, "question": ""})
 
 
 @pytest.mark.parametrize(("final", "answer", "credit"), [
