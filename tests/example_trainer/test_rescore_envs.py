@@ -6,6 +6,7 @@ replay bundles (the `record` helper of the SingleTurnEnv tests)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -71,6 +72,11 @@ class StrictOneRolloutEnv(RescorableOneRolloutEnv):
                 for i in range(len(group["tokens"]))]
 
 
+class MiscountingOneRolloutEnv(OneRolloutEnv):
+    async def rescore_group(self, item, group):
+        return [1.0]
+
+
 def _counting_reply():
     """Replies by call order (n=1 calls of concurrent rollouts), the same four as ``reply``."""
     calls = iter(range(10**6))
@@ -97,6 +103,8 @@ def test_a_collect_trajectory_env_gets_its_item_on_delivery_and_says_what_to_imp
     assert main(["rescore", str(run), "--env", f"{HERE}:RescorableOneRolloutEnv", "--set", tok]) == 0
     assert main(["rescore", str(run), "--env", f"{HERE}:StrictOneRolloutEnv", "--set", tok]) == 1
     assert "4 of 16 score(s) changed" in capsys.readouterr().out  # "a + b = a+b" now 0
+    assert main(["rescore", str(run), "--env", f"{HERE}:MiscountingOneRolloutEnv", "--set", tok]) == 2
+    assert "rescore_group returned 1 score(s) for a group of 4" in capsys.readouterr().err
 
 
 def test_process_mode_and_a_handle_send_to_api_override_record_the_item(tiny_tokenizer, tmp_path):
@@ -123,19 +131,13 @@ def test_process_mode_and_a_handle_send_to_api_override_record_the_item(tiny_tok
             return items[-1]
 
         env.get_next_item = next_item
-        assert asyncio_run(env.process_manager(show_progress=False)) == path
+        assert asyncio.run(env.process_manager(show_progress=False)) == path
         rows = [json.loads(x) for x in path.read_text().splitlines()]
         assert len(rows) == 3
         if record_items:
             assert [r["item"] for r in rows] == json.loads(json.dumps(items))
         else:
             assert all("item" not in r for r in rows)
-
-
-def asyncio_run(coro):
-    import asyncio
-
-    return asyncio.run(coro)
 
 
 # ------------------------------------------------------------------------ a multi-turn env
@@ -310,3 +312,35 @@ def reply_of(tok_dir, group, i):
     tok = load_tokenizer(str(tok_dir))
     return tok.decode([t for t, m in zip(group["tokens"][i], group["masks"][i], strict=True) if m != -100],
                       skip_special_tokens=True)
+
+
+async def test_serve_mode_sends_the_item_with_each_group(tiny_tokenizer, tmp_path):
+    from atroposlib.api.client import AsyncAtroposClient
+    from atroposlib.api.models import Registration
+    from atroposlib.env_runtime.serve import ServeLoop
+    from tests.fixtures.api_server import start_run_api
+    from tests.fixtures.sample_envs import ChatLengthEnv
+
+    api = start_run_api()
+    try:
+        trainer = AsyncAtroposClient(api.url)
+        await trainer.register(Registration(
+            wandb_group="g", wandb_project="p", batch_size=2, max_token_len=512,
+            checkpoint_dir=str(tmp_path), save_checkpoint_interval=-1, starting_step=0, num_steps=100))
+        config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=api.url, total_steps=1000)
+        env = ChatLengthEnv(config, [FakeServer(lambda r: "short" if r.index % 2 else "a longer reply")])
+        env.tokenizer = tiny_tokenizer
+        loop = ServeLoop(env, status_interval=0.2)
+        serving = asyncio.create_task(loop.run())
+        groups = []
+        async with asyncio.timeout(30):
+            while len(groups) < 2:
+                groups += await trainer.get_batch() or []
+                await asyncio.sleep(0.05)
+        loop.stop_event.set()
+        await serving
+        await trainer.aclose()
+    finally:
+        api.stop()
+    # the item each group was sampled for (ChatLengthEnv's items are its questions)
+    assert all(g["item"] == g["messages"][0][0]["content"] for g in groups)
