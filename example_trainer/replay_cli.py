@@ -57,8 +57,12 @@ def build_parser() -> object:
         "rescore", help="run an env's scorer on the recorded completions and report which scores "
         "changed",
         description="Score every completed member of the recorded batches again with the env's "
-        "scorer (score(item, completion) of a SingleTurnEnv), from the dataset item each group "
-        "carries: no policy, no inference server. Exit 1 when a score changed, 2 for bad input.")
+        "scorer, from the dataset item each group carries: no policy, no inference server. The "
+        "env's rescore_group(item, group) decides: a SingleTurnEnv's score(item, completion), a "
+        "MultiTurnEnv's score_episode(item, messages) on the recorded transcript, an Atropos "
+        "0.4-style env's score(rollout_group_data) on member dicts rebuilt from the record. Exit "
+        "1 when a score changed, 2 for bad input (including an env that cannot score recorded "
+        "groups: the message names the method to implement).")
     rescore.add_argument("run_dir", help="the run directory (holding bundles/)")
     rescore.add_argument("--env", required=True, metavar="NAME",
                          help="the env: a name from `atropos-env list` (e.g. gsm8k) or module:Class")

@@ -2,20 +2,27 @@
 
 :func:`rescore` reads the replay bundles of a run (:mod:`example_trainer.bundles`), each holding
 the batch as ``GET /batch`` served it, and for every group that carries its dataset item (the
-wire's optional ``item`` field, sent by :class:`~atroposlib.envs.multi_turn.MultiTurnEnv` and
-:class:`~atroposlib.envs.single_turn.SingleTurnEnv` subclasses with ``record_items`` on) calls
-the env's scorer on each completed member's completion: no policy, no inference server, no
-run-api. The env is built by name (an ``atroposlib.environments`` entry point such as ``gsm8k``,
-``module:Class``, or an ecosystem prefix) with its ``config_init()`` defaults and optional
-setting overrides; its ``setup`` runs only when asked (``setup=True``).
+wire's optional ``item`` field, put on every group on delivery while the env config's
+``record_items`` is on) asks the env's
+:meth:`~atroposlib.envs.base.BaseEnv.rescore_group` for each member's score now: no policy, no
+inference server, no run-api. The env is built by name (an ``atroposlib.environments`` entry
+point such as ``gsm8k``, ``module:Class``, or an ecosystem prefix) with its ``config_init()``
+defaults and optional setting overrides; its ``setup`` runs only when asked (``setup=True``).
 
-For a :class:`~atroposlib.envs.single_turn.SingleTurnEnv` a member's new score is what the env
-computes for a reply at training time, before ``finish_group``: :meth:`reward_for` (its
-``score(item, completion)``, or ``truncated_reward`` for a reply cut off at the budget) of each
-member, or the env's own ``score_group`` when it overrides it. The completion is the last
-assistant message of the member's ``messages`` when the group carries them, else its trained
-tokens decoded with the env's tokenizer (special tokens skipped). A reply counts as cut off when
-its last trained token is not a special token (an end of turn).
+What ``rescore_group`` does depends on the kind of env (:mod:`atroposlib.envs.rescoring`):
+
+* ``SingleTurnEnv``: what the env computes for a reply at training time, before
+  ``finish_group``: ``reward_for`` (its ``score(item, completion)``, or ``truncated_reward``
+  for a reply cut off at the budget) of each member, or its own ``score_group``. The completion
+  is the last assistant message of the member's ``messages`` when the group carries them, else
+  its trained tokens decoded with the env's tokenizer (special tokens skipped); a reply counts
+  as cut off when its last trained token is not a special token (an end of turn).
+* ``MultiTurnEnv``: its ``score_episode(item, messages)`` on each member's recorded transcript;
+  an env without it (its reward comes from live tool or game state) is bad input, and the
+  message names the hook.
+* Any other ``BaseEnv`` (Atropos 0.4's idiom): its ``score(rollout_group_data)`` on member dicts
+  rebuilt from the record (the item's fields plus ``messages``, ``finish_reason``, ``tokens``,
+  ``masks``, ``logprobs``), or its own ``rescore_group`` override.
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atroposlib.type_definitions import IGNORE_INDEX
 from example_trainer.bundles import BundleError, bundle_dir, list_steps, read_bundle
 
 
@@ -100,14 +106,13 @@ def load_env_class(name: str) -> type:
 
     Raises:
         RescoreError: unknown name, a class that cannot be imported, or one that is not a
-            :class:`~atroposlib.envs.single_turn.SingleTurnEnv` subclass (the message says
-            what the env must implement).
+            :class:`~atroposlib.envs.base.BaseEnv` subclass.
     """
     import importlib
 
     from atroposlib.adapters import adapter_env_class, is_adapter_name
     from atroposlib.env_runtime.entry_points import load_env
-    from atroposlib.envs.single_turn import SingleTurnEnv
+    from atroposlib.envs.base import BaseEnv
     from atroposlib.errors import ConfigError
 
     try:
@@ -125,14 +130,13 @@ def load_env_class(name: str) -> type:
             cls = load_env(name)
     except ConfigError as exc:
         raise RescoreError(f"--env {name!r}: {exc}") from exc
-    if not (isinstance(cls, type) and issubclass(cls, SingleTurnEnv)):
+    if not (isinstance(cls, type) and issubclass(cls, BaseEnv)):
         kind = cls.__name__ if isinstance(cls, type) else type(cls).__name__
         raise RescoreError(
-            f"--env {name!r} is {kind}, not a SingleTurnEnv subclass: rescore calls the env's "
-            "score(item, completion) on each recorded reply, which needs an env subclassing "
-            "atroposlib.envs.SingleTurnEnv and implementing score(item, completion) (and "
-            "prompt(item)); multi-turn and adapter envs score whole episodes and cannot be "
-            "rescored from the recorded replies")
+            f"--env {name!r} is {kind}, not a BaseEnv subclass: rescore calls the env's "
+            "rescore_group(item, group), which atroposlib.envs.BaseEnv subclasses have; give an "
+            "atroposlib env (SingleTurnEnv, MultiTurnEnv, or a BaseEnv with score() or "
+            "rescore_group)")
     return cls
 
 
@@ -166,35 +170,6 @@ def build_env(cls: type, settings: dict[str, Any] | None = None) -> Any:
     return cls(config, servers)
 
 
-def _text(content: Any) -> str:
-    """A message's content as text (the text parts of a list of content parts)."""
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
-
-
-class _Member:
-    """The recorded completion of one member: its text and finish reason, decoded on demand."""
-
-    def __init__(self, env: Any, group: dict[str, Any], i: int):
-        self.env, self.group, self.i = env, group, i
-
-    def trained_ids(self) -> list[int]:
-        return [int(t) for t, m in zip(self.group["tokens"][self.i], self.group["masks"][self.i],
-                                       strict=True) if m != IGNORE_INDEX]
-
-    def text(self) -> str:
-        messages = (self.group.get("messages") or [None] * (self.i + 1))[self.i] or []
-        replies = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
-        if replies:
-            return _text(replies[-1].get("content"))
-        return self.env.tokenizer.decode(self.trained_ids(), skip_special_tokens=True)
-
-    def finish_reason(self) -> str:
-        ids = self.trained_ids()
-        return "stop" if ids and ids[-1] in set(self.env.tokenizer.all_special_ids) else "length"
-
-
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -202,31 +177,35 @@ def _error(exc: BaseException) -> str:
 async def rescore_group(env: Any, group: dict[str, Any]) -> list[tuple[float | None, str | None]]:
     """``(new score, error)`` of each completed member of ``group`` (which carries ``item``).
 
-    A scorer that raises gives ``(None, "Type: message")`` for that member (for the whole group
-    when the env scores groups together with its own ``score_group``).
+    The env's :meth:`~atroposlib.envs.base.BaseEnv.rescore_group` gives each member's score; a
+    member the scorer raised for gives ``(None, "Type: message")``, one it left out
+    ``(None, "left out by the scorer")``.
+
+    Raises:
+        RescoreError: the env cannot score recorded groups (the message names the method to
+            implement), or answered with a different number of scores than members.
     """
-    from atroposlib.envs.scoring import resolve_score
-    from atroposlib.envs.single_turn import SingleTurnEnv
+    from atroposlib.envs.rescoring import RescoreUnsupported
 
-    item = group["item"]
-    members = [_Member(env, group, i) for i in range(len(group["tokens"]))]
-    needs_reason = env.truncated_reward is not None or type(env).score_group is not SingleTurnEnv.score_group
-    reasons = [m.finish_reason() if needs_reason else None for m in members]
-    if type(env).score_group is not SingleTurnEnv.score_group:
-        try:
-            scored = await env.score_group(item, [m.text() for m in members], reasons)
-            return [(float((await resolve_score(r))[0]), None) for r in scored]
-        except Exception as exc:  # noqa: BLE001 - a scorer's failure is reported, not fatal
-            return [(None, _error(exc))] * len(members)
-
-    async def one(member: _Member, reason: str | None) -> tuple[float | None, str | None]:
-        try:
-            score, _ = await env.reward_for(item, member.text(), reason)
-            return float(score), None
-        except Exception as exc:  # noqa: BLE001 - a scorer's failure is reported, not fatal
-            return None, _error(exc)
-
-    return list(await asyncio.gather(*(one(m, r) for m, r in zip(members, reasons, strict=True))))
+    n = len(group["tokens"])
+    try:
+        scores = await env.rescore_group(group["item"], group)
+    except RescoreUnsupported as exc:
+        raise RescoreError(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - a scorer's failure is reported, not fatal
+        return [(None, _error(exc))] * n
+    if len(scores) != n:
+        raise RescoreError(f"{type(env).__name__}.rescore_group returned {len(scores)} score(s) for "
+                           f"a group of {n}: return one per member of group['tokens']")
+    out: list[tuple[float | None, str | None]] = []
+    for score in scores:
+        if isinstance(score, BaseException):
+            out.append((None, _error(score)))
+        elif score is None:
+            out.append((None, "left out by the scorer"))
+        else:
+            out.append((float(score), None))
+    return out
 
 
 async def rescore_step(env: Any, step: int, batch: Sequence[dict[str, Any]]) -> StepResult:
@@ -273,10 +252,14 @@ def _load_tokenizer_if_needed(env: Any, groups: Sequence[dict[str, Any]]) -> Non
     Raises:
         RescoreError: it cannot be loaded (the message names the setting that fixes it).
     """
+    from atroposlib.envs.multi_turn import MultiTurnEnv
     from atroposlib.envs.single_turn import SingleTurnEnv
 
-    needed = (env.truncated_reward is not None or type(env).score_group is not SingleTurnEnv.score_group
-              or any(not g.get("messages") for g in groups))
+    if isinstance(env, SingleTurnEnv):
+        needed = (env.truncated_reward is not None or any(not g.get("messages") for g in groups)
+                  or type(env).score_group is not SingleTurnEnv.score_group)
+    else:  # an episode's transcript needs no tokenizer; rebuilding score()'s input does
+        needed = not isinstance(env, MultiTurnEnv)
     if not needed:
         return
     try:
@@ -299,10 +282,10 @@ def _echo_step(result: StepResult, echo: Any) -> None:
 
 
 NO_ITEMS = ("none of the {n} groups of the selected steps carries its dataset item (the wire's "
-            "optional `item` field), which the scorer needs: groups carry it when a SingleTurnEnv "
-            "(or MultiTurnEnv) subclass of atroposlib sent them with --env.record_items true (the "
-            "default); Atropos 0.4 envs and other BaseEnv subclasses do not send it (set "
-            "group['item'] in collect_trajectories, e.g. with atroposlib.envs.groups.record_item)")
+            "optional `item` field), which the scorer needs: groups carry it when an atroposlib "
+            "env (any BaseEnv subclass, served by `serve` or `process`) sent them with "
+            "--env.record_items true (the default) and items of at most 64 KiB of JSON; "
+            "Atropos 0.4's own runner does not send it")
 
 
 def rescore(run_dir: str | Path, env_name: str, steps: Sequence[int] | None = None,
@@ -312,7 +295,7 @@ def rescore(run_dir: str | Path, env_name: str, steps: Sequence[int] | None = No
 
     Args:
         run_dir: the run directory (holding ``bundles/``).
-        env_name: entry-point name, ``module:Class`` or ``PREFIX:SPEC`` of a SingleTurnEnv.
+        env_name: entry-point name, ``module:Class`` or ``PREFIX:SPEC`` of a BaseEnv subclass.
         steps: the steps to rescore (None or empty: every recorded step).
         settings: env config overrides (field -> value) on top of ``config_init()``.
         out: write the report here as JSON (``env``, ``steps``, ``changed``, ``totals``).
@@ -325,8 +308,9 @@ def rescore(run_dir: str | Path, env_name: str, steps: Sequence[int] | None = No
 
     Raises:
         RescoreError: no bundles, an unknown step, a damaged bundle, an env that is unknown or
-            not a SingleTurnEnv, a bad setting, no selected group carrying its item, a
-            tokenizer that cannot load, or (``setup``) an env whose ``setup()`` raised.
+            not a BaseEnv, a bad setting, no selected group carrying its item, a
+            tokenizer that cannot load, an env that cannot score recorded groups (the
+            message names the method to implement), or (``setup``) an env whose ``setup()`` raised.
     """
     chosen = select_steps(run_dir, steps)
     env = build_env(load_env_class(env_name), settings)

@@ -2,8 +2,10 @@
 
 The one path a scored group takes after the runner checked it (:func:`~atroposlib.env_runtime.step.run_item`):
 
-1. the env's ``prepare_checked_groups`` hook changes the groups in place (a teacher's
-   log-probs, for instance);
+1. each group gets its dataset item (:func:`record_items`, when the env config's
+   ``record_items`` is on), whatever kind of env made it; then the env's
+   ``prepare_checked_groups`` hook changes the groups in place (a teacher's log-probs, for
+   instance);
 2. each group is normalised (every optional key present) and recorded in the run's counters;
 3. it is written to every sink of the run (JSONL, W&B) and, in serve mode, to the outbox the
    sender drains, with the ``policy_version`` it was sampled at.
@@ -46,6 +48,7 @@ async def deliver_groups(env: BaseEnv, groups: CheckedGroups, item: Any, *, send
 
     if not groups:
         return []
+    record_items(env, groups, item)
     if type(env).handle_send_to_api is not BaseEnv.handle_send_to_api:
         return await env.handle_send_to_api(groups, item, do_send_to_api=send_to_api,
                                             abort_on_any_max_length_exceeded=check_length)
@@ -59,10 +62,30 @@ async def deliver_checked(env: BaseEnv, groups: CheckedGroups, item: Any,
     Raises:
         RuntimeError: ``send_to_api`` outside the serve loop (there is no outbox).
     """
+    record_items(env, groups, item)
     await env.prepare_checked_groups(groups)
     accepted = env._run_state.accept(groups, env.config.include_messages, env.tokenizer.decode)
     await write_groups(env._run_state, accepted, item, send_to_api)
     return accepted
+
+
+def record_items(env: BaseEnv, groups: list[Any], item: Any) -> None:
+    """Put ``item`` on each of ``groups`` (the wire's optional ``item`` field) for rescoring.
+
+    Only when the env config's ``record_items`` is on (the default; a config class without
+    the field counts as on), and only for a group without an ``item`` yet: the value is the
+    item after a JSON round trip, left off (counted in ``env.stats["items_not_recorded"]``,
+    logged once) when it is not JSON or passes 64 KiB
+    (:func:`~atroposlib.envs.groups.record_item`). A group the item is left off keeps the
+    keys it had (a stock group keeps its 14).
+    """
+    from atroposlib.envs.groups import record_item
+
+    if item is None or not getattr(env.config, "record_items", True):
+        return
+    for group in groups:
+        if isinstance(group, dict):
+            record_item(group, item, env.stats)
 
 
 async def write_groups(state: RunState, groups: list[Any], item: Any, send_to_api: bool) -> None:
@@ -98,4 +121,4 @@ async def write_groups(state: RunState, groups: list[Any], item: Any, send_to_ap
         await state.outbox.write(group, item)
 
 
-__all__ = ["deliver_checked", "deliver_groups", "write_groups"]
+__all__ = ["deliver_checked", "deliver_groups", "record_items", "write_groups"]

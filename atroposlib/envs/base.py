@@ -34,6 +34,7 @@ from atroposlib.envs.groups import (
     gather_rollouts,
 )
 from atroposlib.envs.outcomes import Member, attach_outcomes, keep_group, run_members
+from atroposlib.envs.rescoring import RescoreMixin
 from atroposlib.envs.run_state import (
     ROLLOUT_POLICY_VERSION,
     RunState,
@@ -56,7 +57,8 @@ from atroposlib.type_definitions import Item
 from atroposlib.utils.hf_tokenizer import load_tokenizer
 
 
-class BaseEnv(GroupSendingMixin, RunnerEntryMixin, WandbLoggingMixin, CheckpointMixin, EvalLogMixin):
+class BaseEnv(GroupSendingMixin, RunnerEntryMixin, WandbLoggingMixin, CheckpointMixin, EvalLogMixin,
+              RescoreMixin):
     """Base class of every environment: subclass it, implement the hooks, call ``cli()``.
 
     Must implement:
@@ -79,6 +81,9 @@ class BaseEnv(GroupSendingMixin, RunnerEntryMixin, WandbLoggingMixin, Checkpoint
         * ``save_checkpoint(step, data)`` / ``load_checkpoint()``: env state across restarts.
         * ``cleanup()``: runs after every item.
         * ``item_id(item)``: the item's identity for the item filter (``--env.item_filter.*``).
+        * ``rescore_group(item, group)``: score a recorded group again for ``atropos-replay
+          rescore`` (default: ``score(rollout_group_data)`` on member dicts rebuilt from the
+          record; :mod:`atroposlib.envs.rescoring`).
 
     Class attributes: ``name`` (used for wandb/registration names and default file names),
     ``env_config_cls`` (your ``BaseEnvConfig`` subclass), ``server_cls`` (``InferenceClient`` =

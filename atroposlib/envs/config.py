@@ -163,6 +163,13 @@ class BaseEnvConfig(BaseModel):
     include_messages: bool = Field(
         default=False, description="Attach chat messages to each group (for viewing)."
     )
+    record_items: bool = Field(
+        default=True,
+        description="Send each group's dataset item with it (the wire's optional `item` field, "
+        "JSON of at most 64 KiB; stock Atropos servers ignore it), so `atropos-replay rescore` "
+        "can score the recorded completions again. An item that is not JSON or is larger is "
+        "left off its group (logged once; the env's stats count items_not_recorded).",
+    )
     min_batch_allocation: float | None = Field(
         default=None,
         ge=0,

@@ -18,8 +18,9 @@ from pydantic import Field
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.config import default_server
 from atroposlib.envs.episodes import Episode, ReplyHandler, run_episode
-from atroposlib.envs.groups import add_rollout, new_group, record_item
+from atroposlib.envs.groups import add_rollout, new_group
 from atroposlib.envs.outcomes import Member, attach_outcomes
+from atroposlib.envs.rescoring import EpisodeRescoreMixin
 from atroposlib.envs.scoring import mean_details
 from atroposlib.type_definitions import Item, Message
 
@@ -44,16 +45,9 @@ class MultiTurnEnvConfig(BaseEnvConfig):
         description="Assistant turns per episode at most; an episode also ends early when the "
         "next turn would not fit in max_token_length tokens.",
     )
-    record_items: bool = Field(
-        default=True,
-        description="Send each group's dataset item with it (the wire's optional `item` field, "
-        "JSON of at most 64 KiB; stock Atropos servers ignore it), so `atropos-replay rescore` "
-        "can score the recorded completions again. An item that is not JSON or is larger is "
-        "left off its group (logged once; the env's stats count items_not_recorded).",
-    )
 
 
-class MultiTurnEnv(BaseEnv):
+class MultiTurnEnv(EpisodeRescoreMixin, BaseEnv):
     """An environment of episodes: implement :meth:`play_episode` and ``setup``.
 
     In ``setup`` fill ``self.train_items`` (a list, cycled with a cursor) or override
@@ -68,7 +62,9 @@ class MultiTurnEnv(BaseEnv):
     ``eval/stopped_fraction`` of the last turns, ``eval/num_items``, and
     :meth:`details_metrics` of the episodes' details).
 
-    Optional: :meth:`answer` (reference answer, kept in eval samples for the views),
+    Optional: :meth:`score_episode` (the reward of a finished transcript, which lets
+    ``atropos-replay rescore`` score recorded episodes again), :meth:`answer` (reference
+    answer, kept in eval samples for the views),
     :meth:`finish_group` (reshape or drop a scored group), :meth:`eval_metrics` /
     :meth:`details_metrics` / :meth:`eval_failure_metrics` (other metrics), and the class
     attributes ``send_messages``, ``config_defaults`` and ``server_defaults`` (overrides of the
@@ -237,17 +233,14 @@ class MultiTurnEnv(BaseEnv):
             self.train_details.append(dict(details))
 
     def finish_rollouts(self, item: Item, group: ScoredDataGroup) -> ScoredDataGroup | None:
-        """The last steps of every group: messages kept or not, :meth:`finish_group`, the item.
+        """The last steps of every group: messages kept or not, :meth:`finish_group`.
 
-        The item goes on the group when ``config.record_items`` is set
-        (:func:`~atroposlib.envs.groups.record_item`).
+        (The dataset item goes on the group later, on delivery, for every kind of env:
+        :func:`~atroposlib.env_runtime.delivery.record_items`.)
         """
         if not (self.send_messages or self.config.include_messages):
             group["messages"] = None
-        finished = self.finish_group(item, group)
-        if finished is not None and getattr(self.config, "record_items", True):
-            record_item(finished, item, self.stats)
-        return self.record_group(item, finished)
+        return self.record_group(item, self.finish_group(item, group))
 
     async def collect_trajectories(
         self, item: Item

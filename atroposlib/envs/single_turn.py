@@ -24,6 +24,7 @@ from atroposlib.envs.eval import eval_samples
 from atroposlib.envs.groups import add_rollout, new_group, set_reference_answer
 from atroposlib.envs.multi_turn import MultiTurnEnv, MultiTurnEnvConfig
 from atroposlib.envs.outcomes import Member, masked_entry, new_rollout_ids
+from atroposlib.envs.rescoring import MemberScore, rescore_single_turn
 from atroposlib.envs.scoring import ScoreResult, resolve_score
 from atroposlib.errors import RolloutTimeoutError
 from atroposlib.inference.clients.base import actual_token_logprob
@@ -118,6 +119,15 @@ class SingleTurnEnv(MultiTurnEnv):
         return list(await asyncio.gather(*(
             self.reward_for(item, text, reason)
             for text, reason in zip(completions, finish_reasons, strict=True))))
+
+    async def rescore_group(self, item: Item, group: ScoredDataGroup) -> list[MemberScore]:
+        """Each recorded reply scored again as in training.
+
+        :meth:`reward_for` of each reply, or :meth:`score_group` when overridden
+        (:func:`~atroposlib.envs.rescoring.rescore_single_turn`).
+        """
+        own = type(self).score_group is not SingleTurnEnv.score_group
+        return await rescore_single_turn(self, item, group, own)
 
     # ------------------------------------------------------------------ done once, here
     async def reward_for(

@@ -12,8 +12,9 @@ from pydantic import Field
 
 from atroposlib.api.client import AtroposClient
 from atroposlib.api.models import Registration
+from atroposlib.env_runtime.delivery import deliver_groups
 from atroposlib.envs import SingleTurnEnv
-from atroposlib.envs.groups import check_groups, normalise_group, record_item
+from atroposlib.envs.groups import check_groups, record_item
 from atroposlib.envs.single_turn import SingleTurnEnvConfig
 from atroposlib.testing.fake_server import FakeServer
 from example_trainer.bundles import read_bundle, write_bundle
@@ -103,8 +104,10 @@ def record(cls, tok_dir, run_dir, db=None, **config):
                 checkpoint_dir="ck", save_checkpoint_interval=-1, starting_step=0, num_steps=10))
             for item in ITEMS:
                 group, _ = asyncio.run(env.collect_trajectories(item))
-                (group,) = check_groups(group, 4, False, -1, env.stats)
-                client.post_scored_data(normalise_group(group, False, env._decode))
+                # the runners' path: checked, then delivered (which puts the item on the group)
+                checked = check_groups(group, 4, False, -1, env.stats)
+                (group,) = asyncio.run(deliver_groups(env, checked, item, send_to_api=False))
+                client.post_scored_data(group)
             step = 0
             while batch := client.get_batch():
                 step += 1
@@ -218,9 +221,12 @@ def test_a_run_without_bundles(tmp_path, capsys):
 def test_unknown_and_unsuitable_envs(run, capsys):
     assert "unknown environment 'no_such_env'" in _bad(capsys, str(run), "--env", "no_such_env")
     assert "cannot import 'Nope'" in _bad(capsys, str(run), "--env", f"{HERE}:Nope")
-    err = _bad(capsys, str(run), "--env", "calculator")  # a MultiTurnEnv, by entry-point name
-    assert "is CalculatorEnv, not a SingleTurnEnv subclass" in err
-    assert "implementing score(item, completion)" in err
+    err = _bad(capsys, str(run), "--env", "atroposlib.envs.groups:CheckedGroups")
+    assert "is CheckedGroups, not a BaseEnv subclass" in err
+    # a MultiTurnEnv (by entry-point name) whose reward comes from live tool state
+    err = _bad(capsys, str(run), "--env", "calculator")
+    assert "CalculatorEnv computes an episode's reward inside play_episode" in err
+    assert "implement CalculatorEnv.score_episode(item, messages)" in err
 
 
 def test_bad_steps_and_settings(run, capsys):
