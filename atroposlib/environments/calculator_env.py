@@ -172,12 +172,36 @@ class CalculatorEnv(MultiTurnEnv):
                     {"role": "user", "content": item["question"]}]
         episode = await self.converse(messages, on_reply, temperature=temperature, split=split)
         correct = state["answer"] is not None and state["answer"] == item["answer"]
-        score = 1.0 if correct else -1.0
-        if correct and state["tool_calls"]:
-            score += self.config.tool_use_bonus
+        score = self.score_episode(item, episode.messages)
         stats = {"correct": float(correct), "tool_calls": float(state["tool_calls"]),
                  "tool_errors": float(state["tool_errors"]), "answered": float(state["answer"] is not None)}
         return episode, score, stats
+
+    def score_episode(self, item: dict[str, Any], messages: list[dict[str, Any]]) -> float:
+        """An episode's reward from its transcript: 1 for the exact answer, else -1.
+
+        The answer is the number in the assistant reply that made no tool call (the one that
+        ended the episode); a correct answer after at least one well-formed calculator call
+        also gets ``tool_use_bonus``. ``play_episode`` scores with it, so
+        ``atropos-replay rescore`` gives the same reward from a recorded transcript.
+
+        Args:
+            item: the problem (``{"answer": int, ...}``).
+            messages: the conversation (system, user, assistant and tool turns).
+        """
+        answer, tool_calls = None, 0
+        for message in messages:
+            if message.get("role") != "assistant":
+                continue
+            text = str(message.get("content") or "")
+            calls, malformed = extract_tool_calls(text)
+            if not calls and not malformed:
+                answer = final_answer(text)
+            elif not malformed and len(calls) == 1 and calls[0]["name"] == "calculator":
+                tool_calls += 1
+        correct = answer is not None and answer == item["answer"]
+        score = 1.0 if correct else -1.0
+        return score + self.config.tool_use_bonus if correct and tool_calls else score
 
 
 if __name__ == "__main__":

@@ -239,6 +239,14 @@ async def test_calculator_loop_feeds_tool_results_back(tok_dir):
     wrong, _ = await make_env("calculator", tok_dir, lambda r: "<answer>1</answer>", group_size=1)
     _, score, stats = await wrong.solve(item, temperature=1.0)
     assert score == -1.0 and stats["tool_calls"] == 0
+    # the recorded transcript alone gives the same reward (what atropos-replay rescore runs)
+    assert env.score_episode(item, episode.messages) == 1.0
+    bonus, _ = await make_env("calculator", tok_dir, _calculator_reply, group_size=1, tool_use_bonus=0.5)
+    assert bonus.score_episode(item, episode.messages) == 1.5
+    unanswered = episode.messages[:4]  # ended on the tool's result: no final answer
+    assert bonus.score_episode(item, unanswered) == -1.0
+    direct = [*episode.messages[:2], {"role": "assistant", "content": "<answer>508</answer>"}]
+    assert bonus.score_episode(item, direct) == 1.0  # right, but no tool call: no bonus
 
 
 # ------------------------------------------------------------------ judge

@@ -223,10 +223,6 @@ def test_unknown_and_unsuitable_envs(run, capsys):
     assert "cannot import 'Nope'" in _bad(capsys, str(run), "--env", f"{HERE}:Nope")
     err = _bad(capsys, str(run), "--env", "atroposlib.envs.groups:CheckedGroups")
     assert "is CheckedGroups, not a BaseEnv subclass" in err
-    # a MultiTurnEnv (by entry-point name) whose reward comes from live tool state
-    err = _bad(capsys, str(run), "--env", "calculator")
-    assert "CalculatorEnv computes an episode's reward inside play_episode" in err
-    assert "implement CalculatorEnv.score_episode(item, messages)" in err
 
 
 def test_bad_steps_and_settings(run, capsys):
