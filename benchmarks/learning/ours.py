@@ -156,7 +156,7 @@ def _launch(name: str, cfg_path: Path, run_dir: Path, budget: float,
             "train_seconds": seconds, "peak_rss_bytes": tree.peak_rss,
             "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss,
             "rss_by_part_at_peak": dict(tree.rss_by_part_at_peak), "other_cmdlines": dict(tree.other_cmdlines),
-            "groups": env_group_counts(run_dir / "logs")}
+            "groups": env_group_counts(run_dir / "logs"), "ledger": summary.get("ledger")}
 
 
 @contextlib.contextmanager

@@ -44,7 +44,26 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if finals:
         row["dropped_same_scores_share"] = spread(
             [f["dropped_same_scores"] / f["sampled"] if f["sampled"] else 0.0 for f in finals])
+    wastes = [waste_fractions(r["ledger"]) for r in runs if (r.get("ledger") or {}).get("tokens")]
+    if wastes:
+        row["waste_token_frac"] = {key: spread([w[key] for w in wastes]) for key in wastes[0]}
     return row
+
+
+def waste_fractions(ledger: dict[str, Any]) -> dict[str, float]:
+    """Where a run's sampled tokens were wasted, from its ledger (``summary.json``'s ``ledger``).
+
+    Returns:
+        Fractions of the tokens sampled: ``stale`` (dropped as too old for the trainer),
+        ``all_same`` (in groups dropped because every score was equal), ``filtered`` (every
+        filter drop, ``all_same`` included) and ``waste`` (``stale + filtered``).
+    """
+    tokens = ledger["tokens"]
+    sampled = tokens["sampled"] or 1
+    same = ((ledger.get("dropped_filter_by_reason") or {}).get("same_scores") or {}).get("tokens", 0)
+    return {"stale": tokens["dropped_stale"] / sampled, "all_same": same / sampled,
+            "filtered": tokens["dropped_filter"] / sampled,
+            "waste": (tokens["dropped_stale"] + tokens["dropped_filter"]) / sampled}
 
 
 def report(runs: list[dict[str, Any]], task: dict[str, Any], json_out: Path, plot_out: Path,
@@ -78,12 +97,15 @@ def print_table(table: dict[str, Any]) -> None:
                         for m, a in row["accuracy"].items())
         parts = ", ".join(f"{p} {s['max']:.2f}" for p, s in row["peak_rss_gib_by_part"].items())
         dropped = row.get("dropped_same_scores_share")
+        waste = row.get("waste_token_frac")
         print(f"{label} (x{row['runs']}): {acc}\n"
               f"    steps {row['steps']['mean']:.0f} [{row['steps']['min']:.0f}-{row['steps']['max']:.0f}]"
               f"  samples/s {row['samples_per_second']['mean']:.2f}"
               f"  peak RSS {row['peak_rss_gib']['max']:.2f} GiB ({parts}), PSS {row['peak_pss_gib']['max']:.2f}"
               + (f"  dropped as same scores {dropped['mean']:.0%}" if dropped else "")
-              + (f"  trainer waited {row['batch_wait_seconds']['mean']:.0f} s" if "batch_wait_seconds" in row else ""),
+              + (f"  trainer waited {row['batch_wait_seconds']['mean']:.0f} s" if "batch_wait_seconds" in row else "")
+              + (f"  wasted tokens {waste['waste']['mean']:.0%} (stale {waste['stale']['mean']:.0%},"
+                 f" all-same {waste['all_same']['mean']:.0%})" if waste else ""),
               flush=True)
 
 

@@ -137,3 +137,23 @@ def test_the_row_gives_how_long_the_trainer_waited_for_batches(bench, tmp_path, 
     wait = json.loads(out.read_text())["contenders"]["ours-gspo-lora"]["batch_wait_seconds"]
     assert (wait["mean"], wait["min"], wait["max"]) == (50.0, 40.0, 60.0)
     assert "trainer waited 50 s" in capsys.readouterr().out
+
+
+def test_waste_fractions_come_from_each_runs_ledger(bench, tmp_path):
+    def ledger(sampled, stale, same, other):
+        return {"tokens": {"sampled": sampled, "trained": sampled - stale - same - other,
+                           "dropped_stale": stale, "dropped_filter": same + other},
+                "dropped_filter_by_reason": {"same_scores": {"groups": 3, "tokens": same},
+                                             "too_long": {"groups": 1, "tokens": other}}}
+
+    day1 = _write(tmp_path / "day1.json", [{**_run("ours-gspo", 1, 0.5, 300), "ledger": ledger(1000, 100, 400, 100)},
+                                           _run("trl", 1, 0.2, 150)])
+    day2 = _write(tmp_path / "day2.json", [{**_run("ours-gspo", 1, 0.5, 300), "ledger": ledger(2000, 0, 600, 0)}])
+    out = tmp_path / "merged.json"
+    assert bench.main(["--merge", str(day1), str(day2), "--json-out", str(out)]) == 0
+    rows = json.loads(out.read_text())["contenders"]
+    waste = rows["ours-gspo"]["waste_token_frac"]
+    assert waste["stale"]["max"] == pytest.approx(0.1) and waste["all_same"]["min"] == pytest.approx(0.3)
+    assert waste["filtered"]["max"] == pytest.approx(0.5)
+    assert waste["waste"]["mean"] == pytest.approx((0.6 + 0.3) / 2)
+    assert "waste_token_frac" not in rows["trl"]  # no ledger, no row
