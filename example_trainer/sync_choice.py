@@ -50,8 +50,10 @@ def lora_rank_slot(r: int) -> int:
 
 
 def push_dtype(vllm_dtype: str) -> str:
-    """The dtype merged weights are pushed at: ``vllm_dtype``, or for ``auto`` what vLLM serves
-    (float32 on a CPU build, bfloat16 on a GPU)."""
+    """The dtype merged weights are pushed at.
+
+    ``vllm_dtype``, or for ``auto`` what vLLM serves (float32 on a CPU build, bfloat16 on a GPU).
+    """
     if vllm_dtype != "auto":
         return vllm_dtype
     from atroposlib.inference.vllm_process import vllm_is_cpu_build

@@ -110,9 +110,16 @@ class VLLMSync:
         self._holds_frozen = not self._external_urls and not config.resume
         self._export = PolicyTensors()
         self._adapter_noted = False  # merged_reload_note printed
-        # the resolved weight_sync (None until choose() resolves auto)
-        self.mode: str | None = None if config.weight_sync == "auto" else config.weight_sync
+        self._chosen: str | None = None  # what choose() resolved weight_sync=auto to
         self._adapter_pushes = 0  # lora: adapter folders written so far (adapters/push_<n>)
+
+    @property
+    def mode(self) -> str | None:
+        """The weight-sync mode in force.
+
+        ``config.weight_sync``, or what :meth:`choose` resolved ``auto`` to (None until then).
+        """
+        return self._chosen if self.config.weight_sync == "auto" else self.config.weight_sync
 
     def choose(self, model: Any, announce: bool = True) -> str:
         """Resolve ``weight_sync`` (``auto``) for ``model`` once and return :attr:`mode`.
@@ -130,15 +137,17 @@ class VLLMSync:
 
             choice = choose_weight_sync(self.config, model,
                                         managed=self._external is None and self.process is None)
-            self.mode = choice.mode
+            self._chosen = choice.mode
             if announce and choice.why:
                 print(f"[grpo] weight sync (auto): {choice.why}", flush=True)
-        return self.mode
+        return self.mode  # type: ignore[return-value]
 
     @property
     def serves_adapter_as_policy(self) -> bool:
-        """Whether the launched vLLM serves the LoRA adapter under ``served_model_name``
-        (``lora`` mode without ``--vllm-url``): :meth:`start` then needs the starting adapter."""
+        """Whether the launched vLLM serves the LoRA adapter under ``served_model_name``.
+
+        True in ``lora`` mode without ``--vllm-url``: :meth:`start` then needs the starting adapter.
+        """
         return self.mode == "lora" and self._external is None
 
     @property
@@ -189,8 +198,11 @@ class VLLMSync:
 
     @property
     def model_name(self) -> str:
-        """The model name rollouts and evaluations must request (``<name>-lora`` for the adapter
-        on ``--vllm-url`` servers in ``lora`` mode; ``served_model_name`` otherwise)."""
+        """The model name rollouts and evaluations must request.
+
+        ``<served_model_name>-lora`` for the adapter on ``--vllm-url`` servers in ``lora`` mode;
+        ``served_model_name`` otherwise (the launched vLLM serves the adapter under it).
+        """
         if self.mode == "lora" and self._external is not None:
             return f"{self.config.served_model_name}-lora"
         return self.config.served_model_name

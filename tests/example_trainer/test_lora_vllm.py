@@ -7,14 +7,13 @@ plain served model name, the name every environment requests.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-import json
 
 import httpx
 import pytest
