@@ -111,7 +111,7 @@ def choose_weight_sync(config: Any, model: Any, managed: bool) -> SyncChoice:
     if config.weight_sync != "auto":
         return SyncChoice(config.weight_sync)
     if not is_lora(model):
-        return SyncChoice("reload", why="reload (not a LoRA run: the trained weights are pushed)")
+        return SyncChoice("reload")  # a full fine-tune: nothing to choose, nothing logged
     dtype = push_dtype(config.vllm_dtype)
     adapter, merged = lora_push_bytes(model, dtype)
     sizes = f"adapter {adapter / 2**20:.2f} MiB, merged modules {merged / 2**20:.2f} MiB at {dtype}"

@@ -285,7 +285,8 @@ class VLLMSync:
         if self.target is None:  # a process handed in without start() (tests, benchmarks)
             self.target = LocalVLLM(self.process, self.weights_dir,
                                     local_encoding(self.config.weight_sync_encoding))
-        if mode == "reload" and not self._adapter_noted:
+        if mode == "reload" and not self._adapter_noted and self.config.weight_sync == "reload":
+            # (auto logged its choice with both sizes already)
             self._adapter_noted = True
             if note := merged_reload_note(model, self.config.served_model_name):
                 print(f"[grpo] {note}", flush=True)
@@ -311,13 +312,14 @@ class VLLMSync:
     def _load_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> dict[str, float]:
         """Save the adapter and load it in place into every vLLM server (``lora`` mode)."""
         from atroposlib.inference.weights.delta_sync import sync_record
+        from example_trainer.sync_choice import lora_rank_slot
         begin = time.perf_counter()
         adapter_dir = self._save_adapter(model, state_dict)
         save_s = time.perf_counter() - begin
         nbytes = sum(f.stat().st_size for f in adapter_dir.glob("*.safetensors"))
         update_s = load_adapter(
             self._external_urls or [self.process.base_url], self.model_name, adapter_dir,
-            fix=f"start that vLLM with --enable-lora --max-lora-rank {self.config.lora_r} and "
+            fix=f"start that vLLM with --enable-lora --max-lora-rank {lora_rank_slot(self.config.lora_r)} and "
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use --weight-sync reload")
         return {"sync/save_seconds": save_s, "sync/update_seconds": update_s,
                 **sync_record("lora", nbytes, nbytes, time.perf_counter() - begin, 1.0)}
@@ -431,6 +433,7 @@ def connect_nodes(config: Any, urls: list[str], weights_dir: Path, lora_name: st
     import os
 
     from atroposlib.utils.api_key import API_KEY_ENV
+    from example_trainer.sync_choice import lora_rank_slot
 
     api_key = config.vllm_api_key or os.environ.get(API_KEY_ENV) or None
     if config.weight_transport == "nccl":
@@ -448,7 +451,7 @@ def connect_nodes(config: Any, urls: list[str], weights_dir: Path, lora_name: st
             raise InferenceError(
                 f"--weight-sync lora: the nodes {', '.join(without)} run vLLM without LoRA; start "
                 f"them with `atropos-inference-node ... -- --enable-lora --max-lora-rank "
-                f"{config.lora_r}`, or use --weight-sync reload (the adapter merged in)")
+                f"{lora_rank_slot(config.lora_r)}`, or use --weight-sync reload (the adapter merged in)")
     if fleet is not None and plain:
         raise InferenceError(
             f"--vllm-url mixes atropos-inference-node nodes ({', '.join(n.url for n in fleet.nodes)})"

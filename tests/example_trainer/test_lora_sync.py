@@ -88,7 +88,7 @@ def test_lora_sync_hot_loads_the_saved_adapter_in_place_under_one_name(tmp_path)
 def test_lora_sync_refused_names_the_vllm_flags_to_add(tmp_path):
     with FakeLoraVLLM(status=400) as vllm:
         config = TrainerConfig(lora_r=4, weight_sync="lora", vllm_url=f"http://127.0.0.1:{vllm.port}/v1")
-        with pytest.raises(InferenceError, match=r"answered 400.*--enable-lora --max-lora-rank 4.*--weight-sync reload"):
+        with pytest.raises(InferenceError, match=r"answered 400.*--enable-lora --max-lora-rank 8.*--weight-sync reload"):
             VLLMSync(config, tmp_path).sync(_lora_model(), tokenizer=None)
 
 
