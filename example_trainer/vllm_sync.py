@@ -9,8 +9,9 @@ from typing import Any
 
 from atroposlib.errors import InferenceError
 from atroposlib.inference.weights.background import BackgroundPush
-from atroposlib.inference.weights.external_vllm import ExternalVLLM, load_adapter
+from atroposlib.inference.weights.external_vllm import ExternalVLLM
 from atroposlib.inference.weights.local_vllm import LocalVLLM
+from example_trainer.adapter_push import AdapterPush
 from example_trainer.weight_export import (
     PolicyTensors,
     adapter_tensors,
@@ -55,9 +56,8 @@ class VLLMSync:
       by atroposlib's worker extension; ``weight_sync_encoding``, default ``auto``).
     * ``restart``: save a full checkpoint there and restart vLLM on it (~30 s on CPU; the
       environments retry while it is down).
-    * ``lora``: save only the LoRA adapter, each push into a new folder (vLLM's prefix cache
-      keys LoRA blocks by the adapter's path, so a new path keeps old blocks from being reused),
-      and hot-load it (``POST /v1/load_lora_adapter``, in place). The vLLM the trainer launches
+    * ``lora``: save only the LoRA adapter, each push into a new folder
+      (:class:`~example_trainer.adapter_push.AdapterPush`), and hot-load it (``POST /v1/load_lora_adapter``, in place). The vLLM the trainer launches
       serves the base under ``<served_model_name>-base`` and the adapter under
       ``served_model_name`` from the start (``--lora-modules``, the starting adapter saved
       before launch), so rollouts asking for ``served_model_name`` sample the current policy.
@@ -111,7 +111,7 @@ class VLLMSync:
         self._export = PolicyTensors()
         self._adapter_noted = False  # merged_reload_note printed
         self._chosen: str | None = None  # what choose() resolved weight_sync=auto to
-        self._adapter_pushes = 0  # lora: adapter folders written so far (adapters/push_<n>)
+        self.adapters = AdapterPush(self.weights_dir, config.lora_r)  # lora: one folder per push
 
     @property
     def mode(self) -> str | None:
@@ -189,7 +189,7 @@ class VLLMSync:
             if model is None:
                 raise ValueError("weight_sync=lora: start(model) needs the LoRA model to save the "
                                  "starting adapter vLLM serves")
-            adapter = self._save_adapter(model, state_dict)
+            adapter = self.adapters.save(model, state_dict)
         self.process = vllm_process(self.config, self.log_path, self.mode or "reload", adapter)
         begin = time.perf_counter()
         self.process.start(timeout=self.config.vllm_start_timeout)
@@ -258,7 +258,8 @@ class VLLMSync:
         if mode == "none":
             return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
         if mode == "lora" and self.fleet is None:
-            return self._load_adapter(model, state_dict)
+            return self.adapters.push(model, state_dict, self._external_urls or [self.process.base_url],
+                                      self.model_name)
         background = background and (mode == "reload" or self.fleet is not None)
         begin = time.perf_counter()
         previous = self.wait() if background else {}
@@ -308,51 +309,6 @@ class VLLMSync:
             InferenceError: that sync failed (the server refused the update or died).
         """
         return self.background.wait()
-
-    def _load_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> dict[str, float]:
-        """Save the adapter and load it in place into every vLLM server (``lora`` mode)."""
-        from atroposlib.inference.weights.delta_sync import sync_record
-        from example_trainer.sync_choice import lora_rank_slot
-        begin = time.perf_counter()
-        adapter_dir = self._save_adapter(model, state_dict)
-        save_s = time.perf_counter() - begin
-        nbytes = sum(f.stat().st_size for f in adapter_dir.glob("*.safetensors"))
-        update_s = load_adapter(
-            self._external_urls or [self.process.base_url], self.model_name, adapter_dir,
-            fix=f"start that vLLM with --enable-lora --max-lora-rank {lora_rank_slot(self.config.lora_r)} and "
-                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use --weight-sync reload")
-        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s,
-                **sync_record("lora", nbytes, nbytes, time.perf_counter() - begin, 1.0)}
-
-    def _save_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> Path:
-        """Save the adapter into a new ``adapters/push_<n>`` folder; keep the previous one only.
-
-        A new path per push: vLLM keys its prefix-cache blocks of a LoRA request by the
-        adapter's name and path, so reloading changed weights from the same path would let
-        blocks computed with the old adapter be reused.
-
-        Returns:
-            The folder's absolute path.
-        """
-        import shutil
-
-        from example_trainer.lora import save_adapter
-
-        root = (self.weights_dir / "adapters").resolve()
-        out = root / f"push_{self._adapter_pushes}"
-        shutil.rmtree(out, ignore_errors=True)  # a leftover of an earlier run in this directory
-        save_adapter(model, out, state_dict)
-        if self._adapter_pushes >= 2:
-            shutil.rmtree(root / f"push_{self._adapter_pushes - 2}", ignore_errors=True)
-        self._adapter_pushes += 1
-        return out
-
-    @property
-    def adapter_dir(self) -> Path | None:
-        """The folder of the adapter pushed last (``lora`` mode; None before the first)."""
-        if not self._adapter_pushes:
-            return None
-        return (self.weights_dir / "adapters" / f"push_{self._adapter_pushes - 1}").resolve()
 
     def cleanup(self) -> None:
         """Delete the weights written for syncing (call after :meth:`stop`)."""

@@ -80,7 +80,7 @@ def test_lora_sync_hot_loads_the_saved_adapter_in_place_under_one_name(tmp_path)
     # each push from a new folder: vLLM's prefix cache keys LoRA blocks by the adapter's path
     adapter, second = (Path(x["lora_path"]) for x in vllm.loads)
     assert adapter.is_absolute() and adapter == (tmp_path / "vllm_weights" / "adapters" / "push_0").resolve()
-    assert second == adapter.parent / "push_1" == sync.adapter_dir
+    assert second == adapter.parent / "push_1" == sync.adapters.latest
     assert "adapter_config.json" in vllm.loads[0]["files"]
     assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
 
