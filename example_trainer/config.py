@@ -255,12 +255,16 @@ class TrainerConfig(BaseSettings):
     vllm_start_timeout: float = Field(default=600.0, gt=0, description="Seconds to wait for "
                                       "the launched vLLM to become healthy.")
     served_model_name: str = Field(default=DEFAULT_INFERENCE_MODEL, description="Model name vLLM serves.")
-    weight_sync: Literal["reload", "restart", "lora", "none"] = Field(
-        default="reload", description="reload: save safetensors (LoRA merged in) and hot-reload "
-        "them in the running vLLM (no restart); restart: save a checkpoint and restart vLLM on "
-        "it (the upstream way); lora: hot-load the LoRA adapter into a vLLM started with "
-        "--enable-lora, served as <served_model_name>-lora (point the envs at that name); none: "
-        "never update vLLM.")
+    weight_sync: Literal["auto", "reload", "restart", "lora", "none"] = Field(
+        default="auto", description="auto: lora for a LoRA run whose adapter is smaller than "
+        "the merged weights of the modules it adapts, when the trainer launches vLLM (logged "
+        "once with both byte counts), else reload; reload: save safetensors (LoRA merged in) "
+        "and hot-reload them in the running vLLM (no restart); restart: save a checkpoint and "
+        "restart vLLM on it (the upstream way); lora: hot-load the LoRA adapter through vLLM's "
+        "LoRA loading. The vLLM the trainer launches then serves the adapter as "
+        "served_model_name (the base as <served_model_name>-base), so envs need no change; "
+        "--vllm-url servers (started with --enable-lora) serve it as <served_model_name>-lora "
+        "(point the envs at that name); none: never update vLLM.")
     weight_sync_encoding: Literal["auto", "index", "xor", "full"] = Field(
         default="auto", description="What a weight sync sends a server that holds the version "
         "the trainer pushed last: auto = only the elements that changed (a delta, index/value or "
@@ -342,7 +346,8 @@ class TrainerConfig(BaseSettings):
             raise ValueError(
                 "weight_sync=restart needs the trainer to own vLLM; drop --vllm-url or use "
                 "--weight-sync reload")
-        if self.weight_transport == "nccl" and (self.vllm_url is None or self.weight_sync != "reload"):
+        if self.weight_transport == "nccl" and (self.vllm_url is None
+                                                or self.weight_sync not in ("auto", "reload")):
             raise ValueError("weight_transport=nccl sends weights to atropos-inference-node nodes "
                              "started with --weight-transfer nccl: set --vllm-url to them and "
                              "--weight-sync reload")

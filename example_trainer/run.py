@@ -103,17 +103,22 @@ class TrainingRun:
         if prom.port is not None:
             print(f"[grpo] Prometheus metrics at http://{config.metrics_host}:{prom.port}/metrics",
                   flush=True)
+        mode = self.vllm.choose(self.policy.model, announce=dist.is_main)  # auto -> lora/reload
+        # the launched vLLM serves the starting adapter from its first second (every rank gathers)
+        at_start = self.vllm.serves_adapter_as_policy
+        full = self.dist.full_state_dict(self.policy.model) if at_start else None
         if dist.is_main:
-            print(f"[grpo] starting vLLM ({config.weight_sync} sync)...", flush=True)
-            vllm_seconds = self.vllm.start()
+            print(f"[grpo] starting vLLM ({mode} sync)...", flush=True)
+            vllm_seconds = self.vllm.start(self.policy.model, full)
             print(f"[grpo] vLLM ready at {self.vllm.base_url} after {vllm_seconds:.1f}s", flush=True)
-            if config.weight_sync != "none":  # a dead vLLM ends the run in seconds, not at a sync
+            if mode != "none":  # a dead vLLM ends the run in seconds, not at a sync
                 prom.vllm_up.set(1)
                 self.watch = HealthWatch(self.vllm.health_problem, on_failure=self._vllm_died).start()
+        del full
         # inference nodes serve nothing until a trainer pushed weights (dist.from_main: every
         # rank must take part in the gather)
-        if (self.resume is not None or config.weight_sync == "lora"
-                or dist.from_main(self.vllm.fleet is not None)):
+        if not at_start and (self.resume is not None or mode == "lora"
+                             or dist.from_main(self.vllm.fleet is not None)):
             self.sync_vllm(self.policy.start_step)  # serve the resumed policy (or the first adapter)
 
     def _vllm_died(self, error: BaseException) -> None:  # from the health watch's thread

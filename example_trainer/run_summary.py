@@ -41,7 +41,7 @@ def summary_fields(run: Any, failure: BaseException | None) -> dict[str, Any]:
         failed_part=failed_part(failure),
         stop_signal=run.stop.signum if run.stopped == "stop_requested" else None,
         stopped_by_time_budget=run.out_of_time, eval_seconds=run.clock.eval_seconds,
-        weight_sync=config.weight_sync, **(run.vllm.summary() if dist.is_main else {}),
+        weight_sync=run.vllm.mode or config.weight_sync, **(run.vllm.summary() if dist.is_main else {}),
         batch_size=config.batch_size, lr=config.lr,
         mean_sync_update_seconds=_mean(h.get("sync/update_seconds") for h in history),
         mean_step_seconds=_mean(h.get("step_seconds") for h in history),

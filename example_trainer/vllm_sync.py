@@ -9,8 +9,9 @@ from typing import Any
 
 from atroposlib.errors import InferenceError
 from atroposlib.inference.weights.background import BackgroundPush
-from atroposlib.inference.weights.external_vllm import ExternalVLLM, load_adapter
+from atroposlib.inference.weights.external_vllm import ExternalVLLM
 from atroposlib.inference.weights.local_vllm import LocalVLLM
+from example_trainer.adapter_push import AdapterPush
 from example_trainer.weight_export import (
     PolicyTensors,
     adapter_tensors,
@@ -55,10 +56,15 @@ class VLLMSync:
       by atroposlib's worker extension; ``weight_sync_encoding``, default ``auto``).
     * ``restart``: save a full checkpoint there and restart vLLM on it (~30 s on CPU; the
       environments retry while it is down).
-    * ``lora``: save only the LoRA adapter and hot-load it (``POST /v1/load_lora_adapter``,
-      in place, under the name ``<served_model_name>-lora``) into a vLLM started with
-      ``--enable-lora``; rollouts must ask for that model name.
+    * ``lora``: save only the LoRA adapter, each push into a new folder
+      (:class:`~example_trainer.adapter_push.AdapterPush`), and hot-load it (``POST /v1/load_lora_adapter``, in place). The vLLM the trainer launches
+      serves the base under ``<served_model_name>-base`` and the adapter under
+      ``served_model_name`` from the start (``--lora-modules``, the starting adapter saved
+      before launch), so rollouts asking for ``served_model_name`` sample the current policy.
+      ``--vllm-url`` servers serve it as ``<served_model_name>-lora``.
     * ``none``: never touch vLLM.
+    * ``auto`` (the default): ``lora`` or ``reload``, resolved once by :meth:`choose`
+      (:func:`~example_trainer.sync_choice.choose_weight_sync`); :attr:`mode` holds the result.
 
     With LoRA, ``reload`` and ``restart`` save a merged copy (adapter folded into the weights).
 
@@ -104,6 +110,45 @@ class VLLMSync:
         self._holds_frozen = not self._external_urls and not config.resume
         self._export = PolicyTensors()
         self._adapter_noted = False  # merged_reload_note printed
+        self._chosen: str | None = None  # what choose() resolved weight_sync=auto to
+        self.adapters = AdapterPush(self.weights_dir, config.lora_r)  # lora: one folder per push
+
+    @property
+    def mode(self) -> str | None:
+        """The weight-sync mode in force.
+
+        ``config.weight_sync``, or what :meth:`choose` resolved ``auto`` to (None until then).
+        """
+        return self._chosen if self.config.weight_sync == "auto" else self.config.weight_sync
+
+    def choose(self, model: Any, announce: bool = True) -> str:
+        """Resolve ``weight_sync`` (``auto``) for ``model`` once and return :attr:`mode`.
+
+        Every rank may call it (it reads parameter shapes only). ``auto`` picks ``lora`` only for
+        a vLLM this object launches (:func:`~example_trainer.sync_choice.choose_weight_sync`); a
+        process handed in without :meth:`start` gets ``reload``.
+
+        Args:
+            model: the policy.
+            announce: print the choice, with both byte counts, to stdout (rank 0).
+        """
+        if self.mode is None:
+            from example_trainer.sync_choice import choose_weight_sync
+
+            choice = choose_weight_sync(self.config, model,
+                                        managed=self._external is None and self.process is None)
+            self._chosen = choice.mode
+            if announce and choice.why:
+                print(f"[grpo] weight sync (auto): {choice.why}", flush=True)
+        return self.mode  # type: ignore[return-value]
+
+    @property
+    def serves_adapter_as_policy(self) -> bool:
+        """Whether the launched vLLM serves the LoRA adapter under ``served_model_name``.
+
+        True in ``lora`` mode without ``--vllm-url``: :meth:`start` then needs the starting adapter.
+        """
+        return self.mode == "lora" and self._external is None
 
     @property
     def base_url(self) -> str:
@@ -114,24 +159,38 @@ class VLLMSync:
             raise RuntimeError("vLLM was not started; call start() first")
         return self.process.base_url
 
-    def start(self) -> float:
+    def start(self, model: Any = None, state_dict: dict[str, Any] | None = None) -> float:
         """Launch vLLM on the starting policy, or wait for an external one; return seconds.
 
+        Args:
+            model: the policy; resolves ``auto`` (:meth:`choose`) and, in ``lora`` mode, gives
+                the starting adapter the launched vLLM serves as ``served_model_name``.
+            state_dict: its full state dict gathered from FSDP shards (None in one process).
+
         Raises:
+            ValueError: ``lora`` mode launching vLLM without ``model``.
             InferenceError: vLLM did not become healthy (the message has its log tail).
         """
+        if model is not None:
+            self.choose(model)
         if self._external is not None:
-            if self.config.weight_sync == "none":
+            if self.mode == "none":
                 return 0.0
             seconds = self._external.wait_healthy(
                 self.config.vllm_start_timeout,
                 fix="start it (with VLLM_SERVER_DEV_MODE=1 for weight reloads), fix --vllm-url, or "
                     "drop --vllm-url to let the trainer launch one")
             self.fleet = connect_nodes(self.config, self._external_urls, self.weights_dir,
-                                       self.model_name if self.config.weight_sync == "lora" else None)
+                                       self.model_name if self.mode == "lora" else None)
             self.target = self.fleet or self.target
             return seconds
-        self.process = vllm_process(self.config, self.log_path)
+        adapter = None
+        if self.serves_adapter_as_policy:
+            if model is None:
+                raise ValueError("weight_sync=lora: start(model) needs the LoRA model to save the "
+                                 "starting adapter vLLM serves")
+            adapter = self.adapters.save(model, state_dict)
+        self.process = vllm_process(self.config, self.log_path, self.mode or "reload", adapter)
         begin = time.perf_counter()
         self.process.start(timeout=self.config.vllm_start_timeout)
         self.target = LocalVLLM(self.process, self.weights_dir, local_encoding(self.config.weight_sync_encoding))
@@ -139,8 +198,12 @@ class VLLMSync:
 
     @property
     def model_name(self) -> str:
-        """The model name rollouts and evaluations must request (the adapter's in ``lora`` mode)."""
-        if self.config.weight_sync == "lora":
+        """The model name rollouts and evaluations must request.
+
+        ``<served_model_name>-lora`` for the adapter on ``--vllm-url`` servers in ``lora`` mode;
+        ``served_model_name`` otherwise (the launched vLLM serves the adapter under it).
+        """
+        if self.mode == "lora" and self._external is not None:
             return f"{self.config.served_model_name}-lora"
         return self.config.served_model_name
 
@@ -191,11 +254,12 @@ class VLLMSync:
             InferenceError: the server refused the update or did not come back (in the
                 background: raised by the next ``sync`` or ``wait``).
         """
-        mode = self.config.weight_sync
+        mode = self.choose(model)
         if mode == "none":
             return {"sync/save_seconds": 0.0, "sync/update_seconds": 0.0}
         if mode == "lora" and self.fleet is None:
-            return self._load_adapter(model, state_dict)
+            return self.adapters.push(model, state_dict, self._external_urls or [self.process.base_url],
+                                      self.model_name)
         background = background and (mode == "reload" or self.fleet is not None)
         begin = time.perf_counter()
         previous = self.wait() if background else {}
@@ -222,7 +286,8 @@ class VLLMSync:
         if self.target is None:  # a process handed in without start() (tests, benchmarks)
             self.target = LocalVLLM(self.process, self.weights_dir,
                                     local_encoding(self.config.weight_sync_encoding))
-        if mode == "reload" and not self._adapter_noted:
+        if mode == "reload" and not self._adapter_noted and self.config.weight_sync == "reload":
+            # (auto logged its choice with both sizes already)
             self._adapter_noted = True
             if note := merged_reload_note(model, self.config.served_model_name):
                 print(f"[grpo] {note}", flush=True)
@@ -244,23 +309,6 @@ class VLLMSync:
             InferenceError: that sync failed (the server refused the update or died).
         """
         return self.background.wait()
-
-    def _load_adapter(self, model: Any, state_dict: dict[str, Any] | None) -> dict[str, float]:
-        """Save the adapter and load it in place into every vLLM server (``lora`` mode)."""
-        from atroposlib.inference.weights.delta_sync import sync_record
-        from example_trainer.lora import save_adapter
-
-        begin = time.perf_counter()
-        adapter_dir = (self.weights_dir / "adapter").resolve()
-        save_adapter(model, adapter_dir, state_dict)
-        save_s = time.perf_counter() - begin
-        nbytes = sum(f.stat().st_size for f in adapter_dir.glob("*.safetensors"))
-        update_s = load_adapter(
-            self._external_urls or [self.process.base_url], self.model_name, adapter_dir,
-            fix=f"start that vLLM with --enable-lora --max-lora-rank {self.config.lora_r} and "
-                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, or use --weight-sync reload")
-        return {"sync/save_seconds": save_s, "sync/update_seconds": update_s,
-                **sync_record("lora", nbytes, nbytes, time.perf_counter() - begin, 1.0)}
 
     def cleanup(self) -> None:
         """Delete the weights written for syncing (call after :meth:`stop`)."""
@@ -284,25 +332,41 @@ class VLLMSync:
             self.process.stop()
 
 
-def vllm_process(config: Any, log_path: Path) -> Any:
+def vllm_process(config: Any, log_path: Path, mode: str | None = None, adapter: Path | None = None) -> Any:
     """The :class:`~atroposlib.inference.vllm_process.VLLMProcess` the trainer launches (not started).
 
     It serves ``config.model`` under ``served_model_name`` in dev mode (weight reloads), sized
-    for this run's batches (:func:`vllm_sizing`); with ``--weight-sync lora`` it runs with
-    ``--enable-lora`` and runtime adapter updates. Its log goes to ``log_path`` (the folder is
-    created).
+    for this run's batches (:func:`vllm_sizing`). In ``lora`` mode it runs with
+    ``--enable-lora`` (``--max-lora-rank``: the smallest rank vLLM accepts that holds
+    ``lora_r``) and runtime adapter updates, serves the base model as
+    ``<served_model_name>-base`` and the adapter in ``adapter`` as ``served_model_name``
+    (``--lora-modules``). Its log goes to ``log_path`` (the folder is created).
+
+    Args:
+        config: the :class:`~example_trainer.config.TrainerConfig`.
+        log_path: where vLLM's output goes.
+        mode: the resolved ``weight_sync`` (default: ``config.weight_sync``).
+        adapter: ``lora`` mode: the starting adapter's folder (``save_pretrained`` output).
 
     Raises:
         ConfigError: the model's ``config.json`` cannot size a KV cache.
+        ValueError: ``lora`` mode without ``adapter``, or ``lora_r`` above vLLM's largest rank.
     """
     from atroposlib.inference.vllm_process import VLLMProcess
+    from example_trainer.sync_choice import lora_rank_slot
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sizing = vllm_sizing(config)
-    lora = config.weight_sync == "lora"
-    lora_args = ["--enable-lora", "--max-lora-rank", str(config.lora_r), "--max-loras", "1"] if lora else []
+    lora = (mode or config.weight_sync) == "lora"
+    name, lora_args = config.served_model_name, []
+    if lora:
+        if adapter is None:
+            raise ValueError("weight_sync=lora: the launched vLLM needs the starting adapter's folder")
+        name = f"{config.served_model_name}-base"
+        lora_args = ["--enable-lora", "--max-lora-rank", str(lora_rank_slot(config.lora_r)),
+                     "--max-loras", "1", "--lora-modules", f"{config.served_model_name}={adapter}"]
     return VLLMProcess(
-        config.model, served_model_name=config.served_model_name, port=config.vllm_port,
+        config.model, served_model_name=name, port=config.vllm_port,
         dtype=config.vllm_dtype, max_model_len=config.vllm_max_model_len,
         max_num_seqs=sizing.max_num_seqs, kv_cache_bytes=sizing.kv_cache_bytes,
         extra_args=[*lora_args, *config.vllm_extra_args], log_path=log_path,
@@ -325,6 +389,7 @@ def connect_nodes(config: Any, urls: list[str], weights_dir: Path, lora_name: st
     import os
 
     from atroposlib.utils.api_key import API_KEY_ENV
+    from example_trainer.sync_choice import lora_rank_slot
 
     api_key = config.vllm_api_key or os.environ.get(API_KEY_ENV) or None
     if config.weight_transport == "nccl":
@@ -336,13 +401,13 @@ def connect_nodes(config: Any, urls: list[str], weights_dir: Path, lora_name: st
 
     fleet, plain = NodeFleet.discover(urls, api_key, config.weight_sync_timeout, weights_dir,
                                       config.weight_transport, lora_name, config.weight_sync_encoding)
-    if fleet is not None and config.weight_sync == "lora":
+    if fleet is not None and lora_name is not None:
         without = [n.url for n in fleet.nodes if not n.lora_enabled]
         if without:
             raise InferenceError(
                 f"--weight-sync lora: the nodes {', '.join(without)} run vLLM without LoRA; start "
                 f"them with `atropos-inference-node ... -- --enable-lora --max-lora-rank "
-                f"{config.lora_r}`, or use --weight-sync reload (the adapter merged in)")
+                f"{lora_rank_slot(config.lora_r)}`, or use --weight-sync reload (the adapter merged in)")
     if fleet is not None and plain:
         raise InferenceError(
             f"--vllm-url mixes atropos-inference-node nodes ({', '.join(n.url for n in fleet.nodes)})"

@@ -114,8 +114,9 @@ def merged_reload_note(model: Any, served_model_name: str) -> str | None:
     return (f"LoRA run with --weight-sync reload: pushes carry the merged blocks (a delta "
             f"of their changed elements once vLLM holds the last version); the adapter alone is "
             f"{adapter / 2**20:.1f} MiB. When that is smaller than sync/bytes in metrics.jsonl, "
-            "--weight-sync lora sends only the adapter (vLLM serves it as "
-            f"{served_model_name}-lora: point the environments at that name).")
+            "--weight-sync lora (or auto) sends only the adapter (the vLLM the trainer launches "
+            f"serves it as {served_model_name}; --vllm-url servers as {served_model_name}-lora: "
+            "point the environments at that name).")
 
 
 __all__ = ["PolicyTensors", "adapter_tensors", "merged_reload_note", "reload_tensors"]

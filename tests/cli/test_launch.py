@@ -47,7 +47,7 @@ def test_quickstart_config_is_valid():
     config = load_config(REPO / "configs/quickstart-cpu.yaml")
     assert config.eval_env == "arithmetic"
     assert Path(config.envs[0].script).is_file()
-    assert config.trainer["weight_sync"] == "reload"
+    assert config.trainer["weight_sync"] == "auto"
 
 
 def test_the_full_fine_tuning_quickstart_differs_only_in_lora_and_its_learning_rate():

@@ -50,14 +50,17 @@ class FakeLoraVLLM:
         self.app.stop()
 
 
-def _lora_model():
+def _base_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=2, num_attention_heads=2,
-                                         num_key_value_heads=2, max_position_embeddings=32))
-    return apply_lora(model, r=4, alpha=8, dropout=0.0,
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=2, num_attention_heads=2,
+                                        num_key_value_heads=2, max_position_embeddings=32))
+
+
+def _lora_model():
+    return apply_lora(_base_model(), r=4, alpha=8, dropout=0.0,
                       target_modules=TrainerConfig(lora_r=4).lora_target_modules)
 
 
@@ -74,8 +77,10 @@ def test_lora_sync_hot_loads_the_saved_adapter_in_place_under_one_name(tmp_path)
                             "sync/full_bytes", "sync/seconds", "sync/changed_fraction"}
     assert metrics["sync/path"] == "lora" and metrics["sync/bytes"] > 0
     assert [(x["lora_name"], x["load_inplace"]) for x in vllm.loads] == [("policy-lora", True)] * 2
-    adapter = Path(vllm.loads[0]["lora_path"])
-    assert adapter.is_absolute() and adapter == (tmp_path / "vllm_weights" / "adapter").resolve()
+    # each push from a new folder: vLLM's prefix cache keys LoRA blocks by the adapter's path
+    adapter, second = (Path(x["lora_path"]) for x in vllm.loads)
+    assert adapter.is_absolute() and adapter == (tmp_path / "vllm_weights" / "adapters" / "push_0").resolve()
+    assert second == adapter.parent / "push_1" == sync.adapters.latest
     assert "adapter_config.json" in vllm.loads[0]["files"]
     assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
 
@@ -83,7 +88,7 @@ def test_lora_sync_hot_loads_the_saved_adapter_in_place_under_one_name(tmp_path)
 def test_lora_sync_refused_names_the_vllm_flags_to_add(tmp_path):
     with FakeLoraVLLM(status=400) as vllm:
         config = TrainerConfig(lora_r=4, weight_sync="lora", vllm_url=f"http://127.0.0.1:{vllm.port}/v1")
-        with pytest.raises(InferenceError, match=r"answered 400.*--enable-lora --max-lora-rank 4.*--weight-sync reload"):
+        with pytest.raises(InferenceError, match=r"answered 400.*--enable-lora --max-lora-rank 8.*--weight-sync reload"):
             VLLMSync(config, tmp_path).sync(_lora_model(), tokenizer=None)
 
 
@@ -164,3 +169,52 @@ def test_importing_peft_through_the_trainer_shows_no_qlora_kernel_warning():
 
     after = stderr_of("import example_trainer.lora; import peft")
     assert "kernels-community" not in after and "Error" not in after, after
+
+
+def test_auto_pushes_the_adapter_when_it_is_smaller_than_the_merged_modules(tmp_path, capsys):
+    from example_trainer.sync_choice import choose_weight_sync, lora_push_bytes
+
+    model = _lora_model()  # 2 layers, hidden 16, intermediate 32, r=4, all 7 projections
+    adapter, merged = lora_push_bytes(model, "bfloat16")
+    # per layer: q,k,v,o [16,16]; gate,up [32,16]; down [16,32] -> A [4,in] + B [out,4] in fp32
+    per_layer_adapter = 4 * 4 * (16 + 16) + 2 * 4 * (16 + 32) + 4 * (32 + 16)
+    per_layer_merged = 4 * 16 * 16 + 3 * 32 * 16
+    assert (adapter, merged) == (2 * per_layer_adapter * 4, 2 * per_layer_merged * 2)
+    config = TrainerConfig(lora_r=4, vllm_dtype="float32")
+    assert config.weight_sync == "auto"  # the default
+    choice = choose_weight_sync(config, model, managed=True)
+    assert (choice.mode, choice.adapter_bytes, choice.merged_bytes) == ("lora", 2 * per_layer_adapter * 4,
+                                                                        2 * per_layer_merged * 4)
+    assert "adapter 0.01 MiB, merged modules 0.02 MiB at float32" in choice.why
+    # --vllm-url servers would serve the adapter under another name: the weight push stays
+    assert choose_weight_sync(config, model, managed=False).mode == "reload"
+    # a rank this high makes the adapter larger than the modules it adapts
+    big = apply_lora(_base_model(), r=16, alpha=8, dropout=0.0, target_modules=["q_proj"])
+    assert choose_weight_sync(TrainerConfig(lora_r=16), big, managed=True).mode == "reload"
+    # a full fine-tune, and a mode the user set, are left alone
+    assert choose_weight_sync(TrainerConfig(), _base_model(), managed=True).mode == "reload"
+    assert choose_weight_sync(TrainerConfig(lora_r=4, weight_sync="reload"), model, True).mode == "reload"
+    # VLLMSync logs the choice once, with both byte counts
+    sync = VLLMSync(TrainerConfig(lora_r=4, vllm_dtype="float32"), tmp_path)
+    assert sync.choose(model) == "lora" and sync.choose(model) == "lora"
+    out = capsys.readouterr().out
+    assert out.count("[grpo] weight sync (auto): lora (adapter") == 1 and sync.serves_adapter_as_policy
+
+
+def test_a_vllm_launched_for_lora_serves_the_adapter_under_the_served_name(tmp_path):
+    from example_trainer.sync_choice import lora_rank_slot
+    from example_trainer.vllm_sync import vllm_process
+
+    assert [lora_rank_slot(r) for r in (1, 2, 8, 9, 64, 512)] == [1, 8, 8, 16, 64, 512]
+    with pytest.raises(ValueError, match="up to 512.*--weight-sync reload"):
+        lora_rank_slot(600)
+    config = TrainerConfig(lora_r=4, served_model_name="policy", model=str(tmp_path / "m"),
+                           vllm_kv_cache_gib=0.1, vllm_max_num_seqs=4)
+    adapter = tmp_path / "adapters" / "push_0"
+    command = vllm_process(config, tmp_path / "vllm.log", "lora", adapter).command()
+    flag = command.index("--served-model-name")
+    assert command[flag + 1] == "policy-base"
+    assert command[command.index("--lora-modules") + 1] == f"policy={adapter}"
+    assert command[command.index("--max-lora-rank") + 1] == "8"
+    reload = vllm_process(config, tmp_path / "vllm.log", "reload").command()
+    assert reload[reload.index("--served-model-name") + 1] == "policy" and "--enable-lora" not in reload

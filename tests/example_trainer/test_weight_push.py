@@ -223,7 +223,7 @@ def test_lora_runs_push_the_adapter_which_the_node_loads_in_place(tmp_path):
                         train_last_layers=None, served_model_name="policy", weight_transport="http")
         metrics = sync.sync(model, None, version=2)
         sync.stop()
-        with pytest.raises(InferenceError, match="run vLLM without LoRA.*--enable-lora --max-lora-rank 4"):
+        with pytest.raises(InferenceError, match="run vLLM without LoRA.*--enable-lora --max-lora-rank 8"):
             sync_for(tmp_path / "again", tmp_path / "model", [plain], weight_sync="lora", lora_r=4,
                      train_last_layers=None, weight_transport="http")
     finally:
