@@ -31,7 +31,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.docs_outcomes import FAULT_CURVE, PACE, fault_curve_table, pace_table  # noqa: E402
+from benchmarks.docs_outcomes import (  # noqa: E402
+    FAULT_CURVE,
+    FEATURE_SCREEN,
+    PACE,
+    fault_curve_table,
+    feature_screen_table,
+    pace_table,
+)
 from benchmarks.docs_tables import (  # noqa: E402
     API,
     COMPAT,
@@ -118,6 +125,7 @@ BLOCKS: dict[str, Block] = {
     "screen-weighted": Block((SCREEN_WEIGHTED,), screen_table(SCREEN_WEIGHTED)),
     "screen-cost": Block((SCREEN_COST,), screen_table(SCREEN_COST)),
     "screen-signal": Block((SIGNAL,), signal_table),
+    "screen-features": Block((FEATURE_SCREEN,), feature_screen_table),
     "arithmetic-errors": Block(("bench_arithmetic_errors_d4policy_2026-11-29.json",), errors_table),
     "step-memory": Block(STEP_MEMORY, lambda *p: step_memory_table(*p, names=STEP_MEMORY)),
     "reload-logprobs": Block(RELOAD, lambda *p: reload_table(*p, names=RELOAD)),

@@ -1,4 +1,4 @@
-"""``make bench-docs`` renderers for the rollout-accounting benchmarks: learning under faults, and serve mode's pace.
+"""``make bench-docs`` renderers for the rollout-accounting benchmarks: learning under faults, serve mode's pace, the feature screen.
 
 Each renderer takes the JSON payload(s) of its result file(s) and returns the markdown of one
 block of ``docs/benchmarks.md`` (see :mod:`benchmarks.bench_docs`).
@@ -13,6 +13,24 @@ FAULT_CURVE = "bench_fault_curve_2026-12-07.json"
 #: ``bench_learning.py --minutes 7 --contenders ours-gspo-lora`` with
 #: ``--ours-env-arg env.follow_trainer_pace=false`` (fixed), then without (follow), one after the other
 PACE = ("bench_pace_fixed_2026-12-07.json", "bench_pace_follow_2026-12-07.json")
+#: ``bench_difficulty_filter.py --groups 300 --difficulty 4 --arms off,on --env-arg item_filter.screen=8
+#: --env-arg item_filter.screen_signal=features``
+FEATURE_SCREEN = "bench_difficulty_filter_features_d4_2026-12-07.json"
+
+
+def feature_screen_table(payload: dict) -> str:
+    """bench_difficulty_filter with the feature screen: groups kept and dropped per arm, and the model's calibration."""
+    rows = []
+    for arm in payload["arms"]:
+        filt = (arm.get("settings") or {}).get("item_filter") or {}
+        screened = arm.get("filter") and filt.get("screen", 1) > 1
+        what = (f"best of {filt['screen']} by the feature model" if screened else "no screen")
+        cal = arm.get("screen_calibration") or {}
+        rows.append([what, str(arm["groups"]), str(arm["mixed"]), f"{arm['dropped_share']:.1%}",
+                     str(arm.get("screen_warmup_items", 0)),
+                     f"{cal['predicted']:.3f} / {cal['observed']:.3f}" if cal else "-"])
+    return (table(["arm", "groups", "mixed groups", "dropped as all-same", "handed out unscreened (warm-up)",
+                   "predicted / observed solve rate"], rows) + "\n\n" + source(FEATURE_SCREEN))
 
 
 def fault_curve_table(payload: dict) -> str:
