@@ -53,7 +53,11 @@ def machine() -> dict[str, Any]:
     """The machine a result was measured on.
 
     Returns:
-        ``{"cpu_cores", "cpu_cores_usable", "ram_bytes", "gpu", "platform", "python"}``.
+        ``{"cpu_cores", "cpu_cores_usable", "cpu_model", "cpu_native_bf16", "ram_bytes", "gpu",
+        "platform", "python"}``. ``cpu_native_bf16`` says whether the CPU has bfloat16
+        instructions (AVX512_BF16, AMX-BF16, Arm BF16): without them bf16 runs (the quickstart's
+        sampler and trainer) are several times slower, so results from the two kinds of CPU do
+        not compare.
         ``gpu`` is a list of GPU names (from torch when it is already imported and sees CUDA,
         else from ``nvidia-smi``), or None when there is none. ``cpu_cores_usable`` is the
         process's CPU affinity, which can be smaller than ``cpu_cores``.
@@ -66,7 +70,10 @@ def machine() -> dict[str, Any]:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    return {"cpu_cores": os.cpu_count(), "cpu_cores_usable": usable, "ram_bytes": ram,
+    from atroposlib.utils.cpu_features import cpu_model, native_bf16
+
+    return {"cpu_cores": os.cpu_count(), "cpu_cores_usable": usable, "cpu_model": cpu_model(),
+            "cpu_native_bf16": native_bf16(), "ram_bytes": ram,
             "gpu": _gpus(), "platform": sys.platform, "python": sys.version.split()[0]}
 
 
