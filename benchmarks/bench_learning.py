@@ -15,8 +15,10 @@ every budget.
   ``atropos-launch`` with ``configs/quickstart-cpu-full.yaml`` (the quickstart fully fine-tuned:
   run-api, the trainer with its vLLM, the arithmetic env), ``--loss-type <loss>``, ``--max-train-seconds 60*M``, no periodic
   evaluations. The clock starts when the trainer registers with run-api (model loading and vLLM
-  start-up are outside it, as TRL's model loading is). At each wall point the bench copies the
-  weights the trainer last pushed to vLLM (the final checkpoint after the trainer stopped).
+  start-up are outside it, as TRL's model loading is). At each wall point the bench copies what
+  the trainer last pushed to vLLM (the final checkpoint after the trainer stopped): the weights,
+  or for a LoRA run that pushes its adapter alone (``weight_sync: auto``) the adapter, which the
+  evaluator merges into the bundled model in fp32. Each curve point's ``policy`` says which.
 * ``ours-gspo-node``: ``ours-gspo`` trained through ``atropos-inference-node`` in its own mount
   namespace (tmpfs over the run directory and /tmp: every weight update goes over HTTP). Its
   weights are never on the bench's disk during the run, so only the points 0 and M are scored;

@@ -234,16 +234,27 @@ def env_group_counts(log_dir: Path) -> dict[str, Any]:
 
 
 def snapshot_sync_weights(run_dir: Path, dest: Path) -> tuple[str | None, int]:
-    """Copy the weights the trainer last pushed to vLLM, never a half-written file.
+    """Copy what the trainer last pushed to vLLM, never a half-written file.
 
-    The trainer rewrites ``vllm_weights/model.safetensors`` in place after each step (in a
-    background thread with ``--weight-sync-overlap``), which takes well under a second; it
-    may hold only the trained tensors (the frozen ones never change). A copy is kept only if
-    the file was last written at least a second before the copy began and did not change
-    during it; the steps finished are the lines of ``metrics.jsonl`` when it began (each
-    step's line is written right after its weights start to be written). Before the first
-    step the starting model is the policy, so nothing is copied (the evaluator then uses the
-    bundled model).
+    The trainer pushes one of two things after each step, by its ``weight_sync`` path:
+
+    * ``reload``: it rewrites ``vllm_weights/model.safetensors`` in place (in a background
+      thread with ``--weight-sync-overlap``), which takes well under a second; the file may hold
+      only the trained tensors (the frozen ones never change).
+    * ``lora`` (a LoRA run's ``auto``): it saves the adapter alone into a new folder
+      ``vllm_weights/adapters/push_<n>`` (peft's ``save_pretrained``: ``adapter_model.safetensors``
+      first, ``adapter_config.json`` last) and keeps the newest two. ``push_0`` is the starting
+      adapter vLLM serves before the first step.
+
+    The newest complete push is copied: the newest adapter folder that holds its
+    ``adapter_config.json`` or ``model.safetensors``, whichever was written last. A copy is
+    kept only if the push was last written at least a second before the copy began and did
+    not change during it; the steps finished are the lines of ``metrics.jsonl`` when it began
+    (each step's line is written right after its push starts). Before the first step the
+    starting model is the policy, so nothing is copied (the evaluator then uses the bundled
+    model). ``dest/point.json`` records the point's kind (``{"kind": "adapter"|"weights",
+    "source": path under the run directory, "steps"}``); ``dest`` holds the adapter folder's
+    files or ``model.safetensors``.
 
     Returns:
         ``(dest, steps)``: the model directory (None when no step has finished yet, the
@@ -252,17 +263,54 @@ def snapshot_sync_weights(run_dir: Path, dest: Path) -> tuple[str | None, int]:
     Raises:
         RuntimeError: no consistent copy within about two minutes.
     """
-    weights = run_dir / "vllm_weights" / "model.safetensors"
     metrics = run_dir / "metrics.jsonl"
     for _ in range(480):
-        if not weights.exists() or not metrics.exists():
+        source = last_push(run_dir / "vllm_weights")
+        if source is None or not metrics.exists():
             return None, 0
-        before = weights.stat().st_mtime_ns
-        if time.time_ns() - before >= 1_000_000_000:
+        before = _stamp(source)
+        if before and time.time_ns() - max(mtime for _, _, mtime in before) >= 1_000_000_000:
             steps = len(read(metrics).splitlines())
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(weights, dest / "model.safetensors")
-            if weights.stat().st_mtime_ns == before:
-                return str(dest), steps
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            with contextlib.suppress(FileNotFoundError, shutil.Error):  # pruned meanwhile: retry
+                if source.is_dir():
+                    shutil.copytree(source, dest, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(source, dest / source.name)
+                if _stamp(source) == before:
+                    kind = "adapter" if source.is_dir() else "weights"
+                    (dest / "point.json").write_text(json.dumps(
+                        {"kind": kind, "source": str(source.relative_to(run_dir)), "steps": steps}))
+                    return str(dest), steps
         time.sleep(0.25)
-    raise RuntimeError(f"could not take a consistent copy of {weights}")
+    raise RuntimeError(f"could not take a consistent copy of what the trainer pushed in {run_dir}/vllm_weights")
+
+
+def last_push(weights_dir: Path) -> Path | None:
+    """The trainer's newest complete push in ``weights_dir``: an adapter folder or the weights file.
+
+    Returns:
+        The newest ``adapters/push_<n>`` folder holding ``adapter_config.json`` (peft writes it
+        last) or ``model.safetensors``, whichever was modified last; None when neither exists.
+    """
+    folders = [p for p in (weights_dir / "adapters").glob("push_*")
+               if p.name[5:].isdigit() and (p / "adapter_config.json").is_file()]
+    candidates = [max(folders, key=lambda p: int(p.name[5:]))] if folders else []
+    if (weights_dir / "model.safetensors").is_file():
+        candidates.append(weights_dir / "model.safetensors")
+    stamped = [(max((m for _, _, m in stamp), default=0), path) for path in candidates
+               if (stamp := _stamp(path))]
+    return max(stamped, key=lambda s: s[0])[1] if stamped else None
+
+
+def _stamp(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """``(name, size, mtime_ns)`` of the file ``path`` or of every file in the folder ``path``.
+
+    Empty when it no longer exists (the trainer pruned it).
+    """
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        return tuple((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in files)
+    except FileNotFoundError:
+        return ()
