@@ -34,9 +34,11 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.docs_outcomes import (  # noqa: E402
     FAULT_CURVE,
     FEATURE_SCREEN,
+    LORA_SYNC,
     PACE,
     fault_curve_table,
     feature_screen_table,
+    lora_sync_table,
     pace_table,
 )
 from benchmarks.docs_tables import (  # noqa: E402
@@ -136,6 +138,7 @@ BLOCKS: dict[str, Block] = {
     "vllm-health": Block((HEALTH,), health_table),
     "fault-curve": Block((FAULT_CURVE,), fault_curve_table),
     "pace": Block(PACE, pace_table),
+    "lora-sync": Block(LORA_SYNC, lora_sync_table),
     "upstream-suite": Block((PARITY,), parity_table),
     "verifiers-envs": Block((VERIFIERS,), verifiers_table),
 }

@@ -73,4 +73,28 @@ def pace_table(fixed: dict, follow: dict) -> str:
     return text + ("\n\nOne run each (n = 1), one after the other; the quickstart sets no staleness "
                    "limit, so only the automatic rollout cap differs.\n\n" + source(*PACE))
 
-__all__ = ["FAULT_CURVE", "PACE", "fault_curve_table", "pace_table"]
+#: ``bench_learning.py --minutes 7 --contenders ours-gspo-lora`` with the default ``weight_sync: auto``
+#: (it then picked ``lora``), then with ``--ours-trainer-arg weight_sync=reload``, one after the other
+LORA_SYNC = ("bench_lora_sync_auto_2026-12-07.json", "bench_lora_sync_reload_2026-12-07.json")
+
+
+def lora_sync_table(adapter: dict, reload: dict) -> str:
+    """The quickstart pushing the LoRA adapter alone against pushing the merged blocks."""
+    rows = []
+    for label, payload in (("the adapter alone (`lora`)", adapter), ("the merged blocks (`reload`)", reload)):
+        run = payload["runs"][0]
+        parts = run.get("peak_rss_by_part") or {}
+        rows.append([label, f"{run['curve'][-1]['accuracy']:.3f}", str(run["steps"]),
+                     f"{run['batch_wait_seconds']:.0f}", f"{run['peak_rss_bytes'] / 2**30:.2f}",
+                     f"{parts.get('vllm-engine', 0) / 2**30:.2f}"])
+    text = table(["what each step pushes", "held-out accuracy at 7 min", "steps", "trainer waited (s)",
+                  "peak RSS (GiB)", "of which vLLM's engine (GiB)"], rows)
+    cpu = (adapter.get("meta") or {}).get("machine") or {}
+    bf16 = {True: "with", False: "without"}.get(cpu.get("cpu_native_bf16"), "")
+    return text + ("\n\nOne run each (n = 1), one after the other" + (f", on a CPU {bf16} native bf16" if bf16 else "")
+                   + ". Only the final policy is compared: the adapter run's intermediate points were "
+                   "taken before the benchmark learned to copy pushed adapters.\n\n" + source(*LORA_SYNC))
+
+
+__all__ = ["FAULT_CURVE", "FEATURE_SCREEN", "LORA_SYNC", "PACE", "fault_curve_table", "feature_screen_table",
+           "lora_sync_table", "pace_table"]

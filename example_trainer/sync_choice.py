@@ -88,7 +88,7 @@ def lora_push_bytes(model: Any, dtype: str) -> tuple[int, int]:
     return adapter, merged
 
 
-def choose_weight_sync(config: Any, model: Any, managed: bool) -> SyncChoice:
+def choose_weight_sync(config: Any, model: Any, managed: bool, cpu_build: bool | None = None) -> SyncChoice:
     """Resolve ``config.weight_sync`` for this run; a mode the user set is kept as it is.
 
     ``auto`` picks ``lora`` for a LoRA run whose adapter is smaller than the merged weights it
@@ -96,12 +96,18 @@ def choose_weight_sync(config: Any, model: Any, managed: bool) -> SyncChoice:
     adapter under ``served_model_name``, so environments keep requesting the name they know. With
     ``--vllm-url`` servers the adapter would be served under another name (``<name>-lora``) that
     environments do not request, so ``auto`` keeps the weight push there (``--weight-sync lora``
-    still opts in). Everything else is ``reload``.
+    still opts in). A CPU build of vLLM also keeps ``reload``: there the push is a local
+    reload of a few megabytes either way, while serving through an adapter cost more sampling
+    time and memory than it saved (the quickstart, same machine, one run each: 15 steps
+    against 17 in 7 minutes, about the same held-out accuracy, a higher peak RSS:
+    ``benchmarks/results/bench_lora_sync_{auto,reload}_2026-12-07.json``). Everything else is
+    ``reload``.
 
     Args:
         config: the :class:`~example_trainer.config.TrainerConfig`.
         model: the policy (a peft model for LoRA runs).
         managed: the trainer launches the vLLM it syncs (no ``--vllm-url``).
+        cpu_build: the installed vLLM is a CPU build (None: detect it).
 
     Returns:
         The :class:`SyncChoice`, with both byte counts for a LoRA run.
@@ -121,6 +127,14 @@ def choose_weight_sync(config: Any, model: Any, managed: bool) -> SyncChoice:
     if config.lora_r > VLLM_LORA_RANKS[-1]:
         return SyncChoice("reload", adapter, merged,
                           f"reload ({sizes}; vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]})")
+    if cpu_build is None:
+        from atroposlib.inference.vllm_process import vllm_is_cpu_build
+
+        cpu_build = vllm_is_cpu_build()
+    if cpu_build:
+        return SyncChoice("reload", adapter, merged, f"reload ({sizes}; on a CPU vLLM, sampling "
+                          "through an adapter costs more than the smaller push saves; "
+                          "--weight-sync lora opts in)")
     if adapter >= merged:
         return SyncChoice("reload", adapter, merged, f"reload ({sizes}: the adapter is not smaller)")
     return SyncChoice("lora", adapter, merged, f"lora ({sizes}: the adapter alone is pushed)")

