@@ -92,7 +92,10 @@ def test_a_lora_run_changes_what_vllm_serves_under_the_plain_name(bundled_model_
                 _wait_for(log_path, r"step 2[/:]", trainer)
                 trained = _served_logprobs(base_url, "smollm2", ids)  # the name envs request
                 assert _served_logprobs(base_url, "smollm2-base", ids) == pytest.approx(base, abs=1e-4)
-                expected = _hf_logprobs(bundled_model_dir, _newest_adapter(run), ids)
+                newest = _newest_adapter(run)
+                expected = _hf_logprobs(bundled_model_dir, newest, ids)
+                # the adapter folders go with the run's weights directory when the trainer exits
+                adapter_bytes = (newest / "adapter_model.safetensors").stat().st_size
                 client.post_scored_data(_group(2))
                 assert trainer.wait(600) == 0, log_path.read_text()[-3000:]
             finally:
@@ -103,8 +106,7 @@ def test_a_lora_run_changes_what_vllm_serves_under_the_plain_name(bundled_model_
     syncs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     syncs = [r for r in syncs if "sync/path" in r]
     assert len(syncs) == 3 and {r["sync/path"] for r in syncs} == {"lora"}
-    adapter_file = _newest_adapter(run) / "adapter_model.safetensors"
-    assert all(0 < r["sync/bytes"] <= adapter_file.stat().st_size and r["sync/seconds"] > 0 for r in syncs)
+    assert all(0 < r["sync/bytes"] <= adapter_bytes and r["sync/seconds"] > 0 for r in syncs)
     moved = max(abs(a - b) for a, b in zip(trained, base, strict=True))
     assert moved > 0.05, f"the served log-probs barely moved ({moved:.2g}) after two lr=1e-2 steps"
     # what vLLM serves under the adapter's name is the trainer's adapter (fp32 both sides)
