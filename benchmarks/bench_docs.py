@@ -39,6 +39,7 @@ from benchmarks.docs_outcomes import (  # noqa: E402
     feature_screen_table,
     pace_table,
 )
+from benchmarks.docs_sync import DELTA_SYNC, delta_sync_table  # noqa: E402
 from benchmarks.docs_tables import (  # noqa: E402
     API,
     COMPAT,
@@ -136,6 +137,7 @@ BLOCKS: dict[str, Block] = {
     "vllm-health": Block((HEALTH,), health_table),
     "fault-curve": Block((FAULT_CURVE,), fault_curve_table),
     "pace": Block(PACE, pace_table),
+    "delta-sync": Block((DELTA_SYNC,), delta_sync_table),
     "upstream-suite": Block((PARITY,), parity_table),
     "verifiers-envs": Block((VERIFIERS,), verifiers_table),
 }
