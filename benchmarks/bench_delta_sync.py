@@ -8,15 +8,25 @@ Two policies, as the trainer exports them (``reload_tensors``: bf16, only what t
 
 Each policy takes ``--steps`` AdamW steps (bf16 autocast, a language-model loss on random
 tokens, 4 x 64 tokens); after each, the same tensors go to one bf16 vLLM (dev mode, atroposlib's
-worker extension) twice: as a delta (``LocalVLLM``, ``weight_sync_encoding: auto``) and as a
-full reload (``encoding: full``, today's path), so both land on the same weights. Recorded per
-step: bytes and seconds of both, the changed fraction, the step's own seconds, and the sizes
-of the three delta formats (index, xor, auto) with their encode seconds.
+worker extension, launched as the trainer launches it for ``weight_sync: reload``) twice: as a
+delta (``LocalVLLM``, ``weight_sync_encoding: auto``) and as a full reload (``encoding: full``,
+today's path), so both land on the same weights. Recorded per step: bytes and seconds of both,
+the changed fraction, the step's own seconds, and the sizes of the three delta formats (index,
+xor, auto) with their encode seconds.
 
-Ratios printed: delta bytes / full bytes (goal <= 5%), delta seconds / reload seconds (goal <=
-1.0x), delta seconds / (step + delta seconds) (goal <= 10%). Usage::
+The ``lora`` policy has a third arm: the adapter push (``weight_sync: lora``, what ``auto``
+picks for this run on a GPU build of vLLM): :class:`~example_trainer.vllm_sync.VLLMSync`
+launches a second, LoRA-enabled vLLM serving the base as ``smollm2-base`` and the adapter as
+``smollm2`` and hot-loads each step's adapter from a new folder (``AdapterPush``). After the last
+step a fixed sampling load (:mod:`benchmarks.sampling_load`: 32 requests x 48 tokens,
+temperature 1) runs through the plain vLLM (the merged weights of that step), the adapter
+name, and the LoRA server's base name, one at a time.
 
-    flock /tmp/atropos-heavy.lock python benchmarks/bench_delta_sync.py --steps 3
+Ratios printed, per arm: pushed bytes / full bytes (goal <= 5%), push seconds / reload seconds
+(goal <= 1.0x), push seconds / (step + push seconds) (goal <= 10%). Usage::
+
+    flock /tmp/atropos-heavy.lock python benchmarks/bench_delta_sync.py --steps 3 \\
+        --json-out benchmarks/results/bench_delta_sync_2026-12-07.json
 """
 
 from __future__ import annotations
@@ -83,64 +93,143 @@ def formats(old, new) -> dict[str, dict[str, float]]:
     return out
 
 
+def bench_config(model_dir: str, policy: str, **overrides):
+    """The quickstart's trainer settings for ``policy`` that size and name the vLLM it launches.
+
+    bf16 vLLM, 512-token context, batches of 16 x 96 tokens (so ``--max-num-seqs`` 64) and a
+    1 GiB KV cache, served as ``smollm2``; ``weight_sync: auto``.
+    """
+    from example_trainer.config import TrainerConfig
+
+    spec = POLICIES[policy]
+    lora = {"lora_r": spec["lora_r"], "lora_alpha": spec["lora_alpha"],
+            "train_last_layers": spec["last_layers"]} if spec["lora_r"] else {}
+    return TrainerConfig(model=model_dir, batch_size=16, max_token_len=96, vllm_dtype="bfloat16",
+                         vllm_max_model_len=512, vllm_kv_cache_gib=1.0, served_model_name="smollm2",
+                         lr=spec["lr"], **lora, **overrides)
+
+
+def ratios(rows: list[dict], arm: str) -> dict[str, float]:
+    """Medians over steps of ``arm``'s bytes / full bytes, seconds / reload seconds, share of the step."""
+    med = statistics.median
+    return {
+        "bytes_fraction": med(r[arm]["sync/bytes"] / r["full"]["sync/bytes"] for r in rows),
+        "seconds_vs_reload": med(r[arm]["sync/seconds"] / r["full"]["sync/seconds"] for r in rows),
+        "sync_share_of_step": med(r[arm]["sync/seconds"] / (r["step_seconds"] + r[arm]["sync/seconds"])
+                                  for r in rows),
+    }
+
+
+def start_adapter_server(model_dir: str, model, run_dir: Path):
+    """The adapter arm: the trainer's :class:`VLLMSync` on a ``weight_sync: lora`` run, started.
+
+    Returns:
+        ``(sync, choice)``: the started sync (its vLLM serves the adapter as ``smollm2``) and
+        the :class:`~example_trainer.sync_choice.SyncChoice` as a dict (mode, both byte counts).
+
+    Raises:
+        RuntimeError: ``auto`` on a GPU build would not pick ``lora`` for this run (the reason is
+            in the message).
+    """
+    from example_trainer.sync_choice import choose_weight_sync
+    from example_trainer.vllm_sync import VLLMSync
+
+    # what auto picks by bytes on a GPU build (a CPU build keeps the reload, whatever the bytes)
+    choice = choose_weight_sync(bench_config(model_dir, "lora"), model, managed=True, cpu_build=False)
+    if choice.mode != "lora":
+        raise RuntimeError(f"weight_sync auto chose {choice.why!r}, not the adapter push")
+    sync = VLLMSync(bench_config(model_dir, "lora", vllm_start_timeout=900.0, weight_sync="lora"), run_dir)
+    sync.start(model)
+    return sync, {"mode": choice.mode, "adapter_bytes": choice.adapter_bytes,
+                  "merged_bytes": choice.merged_bytes, "why": choice.why}
+
+
+def run_policy(name: str, model_dir: str, process, tmp: Path, steps: int) -> dict:
+    """``steps`` trainer steps of ``name``, each pushed as a delta, a full reload and (lora) the adapter."""
+    from atroposlib.inference.weights.local_vllm import LocalVLLM
+    from atroposlib.inference.weights.select import unique_storage
+    from benchmarks.sampling_load import sampling_load
+
+    model, opt = make_policy(model_dir, name)
+    generator = torch.Generator().manual_seed(0)
+    delta_target = LocalVLLM(process, tmp / f"{name}-delta")
+    full_target = LocalVLLM(process, tmp / f"{name}-full", encoding="full")
+    adapters, choice, out = None, None, {}
+    try:
+        if POLICIES[name]["lora_r"]:
+            adapters, choice = start_adapter_server(model_dir, model, tmp / "adapter-run")
+            print(f"[bench] {name}: adapter arm: {choice['why']}", flush=True)
+        train_step(model, opt, generator)
+        previous = unique_storage(exported(model))
+        first = delta_target.push(previous, 1)  # the full sync every run starts with
+        if adapters is not None:
+            out["first_adapter_push"] = adapters.sync(model, None, version=1)
+        rows = []
+        for step in range(2, steps + 2):
+            step_s = train_step(model, opt, generator)
+            tensors = unique_storage(exported(model))
+            fmt = formats(previous, tensors)
+            d = delta_target.push(tensors, step)
+            f = full_target.push(tensors, step)
+            # the full reload put the same weights back: the delta target's base stays valid
+            row = {"step": step, "step_seconds": step_s, "delta": d, "full": f, "formats": fmt}
+            line = (f"[bench] {name} step {step}: {d['sync/path']} {d['sync/bytes'] / 2**20:.2f} MiB "
+                    f"in {d['sync/seconds']:.2f} s (changed {d['sync/changed_fraction']:.3f}); full "
+                    f"{f['sync/bytes'] / 2**20:.1f} MiB in {f['sync/seconds']:.2f} s")
+            if adapters is not None:
+                row["adapter"] = a = adapters.sync(model, None, version=step)
+                line += f"; adapter {a['sync/bytes'] / 2**20:.2f} MiB in {a['sync/seconds']:.2f} s"
+            rows.append(row)
+            print(f"{line}; step {step_s:.2f} s", flush=True)
+            previous = tensors
+        adapter = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+        summary = {
+            **ratios(rows, "delta"),
+            "changed_fraction": statistics.median(r["delta"]["sync/changed_fraction"] for r in rows),
+            "delta_paths": [r["delta"]["sync/path"] for r in rows],
+            "trainer_copy_bytes": delta_target._servers.base.nbytes,
+            "lora_adapter_fp32_bytes": adapter,
+        }
+        out.update({"first_full_sync": first, "rows": rows, "summary": summary})
+        if adapters is not None:
+            out["adapter"] = {**ratios(rows, "adapter"), "choice": choice,
+                              "paths": [r["adapter"]["sync/path"] for r in rows]}
+            print(f"[bench] {name} adapter: {out['adapter']}", flush=True)
+            # the plain vLLM holds this step's merged weights; the adapter server this step's adapter
+            out["sampling"] = {
+                "plain_merged": sampling_load(process.base_url, "smollm2"),
+                "adapter": sampling_load(adapters.base_url, "smollm2"),
+                "lora_server_base": sampling_load(adapters.base_url, "smollm2-base"),
+            }
+            print(f"[bench] {name} sampling tokens/s: "
+                  + ", ".join(f"{k} {v['tokens_per_second']:.1f}" for k, v in out["sampling"].items()),
+                  flush=True)
+        print(f"[bench] {name}: {summary}", flush=True)
+    finally:
+        if adapters is not None:
+            adapters.stop()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="trainer steps per policy")
     parser.add_argument("--policies", default="lora,full")
-    parser.add_argument("--json-out", default=None)
+    parser.add_argument("--json-out", default=None, help="result file (default: dated, in benchmarks/results)")
     args = parser.parse_args(argv)
 
     from atroposlib.inference.bundled import prepare_bundled_model
-    from atroposlib.inference.vllm_process import VLLMProcess
-    from atroposlib.inference.weights.local_vllm import LocalVLLM
-    from atroposlib.inference.weights.select import unique_storage
+    from example_trainer.vllm_sync import vllm_process
 
     torch.set_num_threads(1)
     model_dir = str(prepare_bundled_model())
     tmp = Path(tempfile.mkdtemp(prefix="bench-delta-"))
-    process = VLLMProcess(model_dir, served_model_name="smollm2", dtype="bfloat16", max_model_len=512,
-                          env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log_path=tmp / "vllm.log", dev_mode=True)
+    process = vllm_process(bench_config(model_dir, "full"), tmp / "vllm.log", "reload")
     process.start(timeout=900)
     results: dict[str, dict] = {}
     try:
         for name in args.policies.split(","):
-            model, opt = make_policy(model_dir, name)
-            generator = torch.Generator().manual_seed(0)
-            delta_target = LocalVLLM(process, tmp / f"{name}-delta")
-            full_target = LocalVLLM(process, tmp / f"{name}-full", encoding="full")
-            train_step(model, opt, generator)
-            previous = unique_storage(exported(model))
-            first = delta_target.push(previous, 1)  # the full sync every run starts with
-            rows = []
-            for step in range(2, args.steps + 2):
-                step_s = train_step(model, opt, generator)
-                tensors = unique_storage(exported(model))
-                fmt = formats(previous, tensors)
-                d = delta_target.push(tensors, step)
-                f = full_target.push(tensors, step)
-                # the full reload put the same weights back: the delta target's base stays valid
-                rows.append({"step": step, "step_seconds": step_s, "delta": d, "full": f,
-                             "formats": fmt})
-                print(f"[bench] {name} step {step}: {d['sync/path']} {d['sync/bytes'] / 2**20:.2f} MiB "
-                      f"in {d['sync/seconds']:.2f} s (changed {d['sync/changed_fraction']:.3f}); full "
-                      f"{f['sync/bytes'] / 2**20:.1f} MiB in {f['sync/seconds']:.2f} s; step "
-                      f"{step_s:.2f} s", flush=True)
-                previous = tensors
-            adapter = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
-            med = statistics.median
-            summary = {
-                "bytes_fraction": med(r["delta"]["sync/bytes"] / r["full"]["sync/bytes"] for r in rows),
-                "seconds_vs_reload": med(r["delta"]["sync/seconds"] / r["full"]["sync/seconds"] for r in rows),
-                "sync_share_of_step": med(r["delta"]["sync/seconds"] / (r["step_seconds"] + r["delta"]["sync/seconds"])
-                                          for r in rows),
-                "changed_fraction": med(r["delta"]["sync/changed_fraction"] for r in rows),
-                "delta_paths": [r["delta"]["sync/path"] for r in rows],
-                "trainer_copy_bytes": delta_target._servers.base.nbytes,
-                "lora_adapter_fp32_bytes": adapter,
-            }
-            results[name] = {"first_full_sync": first, "rows": rows, "summary": summary}
-            print(f"[bench] {name}: {summary}", flush=True)
-            del model, opt
+            results[name] = run_policy(name, model_dir, process, tmp, args.steps)
     finally:
         process.stop()
     from benchmarks.results import command_argv, default_result_path, write_result
@@ -151,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
                  notes=["CPU only: vLLM bf16 on the 2-core box, shared with other sessions (timings "
                         "noisy). NCCL deltas never ran (no GPU).",
                         "Random-token LM loss stands in for the GRPO loss: the optimizer, lr, dtype "
-                        "and exported tensors are the trainer's; changed fractions depend on them."])
+                        "and exported tensors are the trainer's; changed fractions depend on them.",
+                        "Adapter arm: a second vLLM (--enable-lora, as the trainer launches it for "
+                        "weight_sync lora) runs beside the plain one; sampling loads run one at a time.",
+                        "Adapter bytes are the adapter's safetensors files (fp32, as peft saves them); "
+                        "full bytes are the merged blocks at bf16."])
     return 0
 
 

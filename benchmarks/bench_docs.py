@@ -41,6 +41,7 @@ from benchmarks.docs_outcomes import (  # noqa: E402
     lora_sync_table,
     pace_table,
 )
+from benchmarks.docs_sync import DELTA_SYNC, delta_sync_table  # noqa: E402
 from benchmarks.docs_tables import (  # noqa: E402
     API,
     COMPAT,
@@ -139,6 +140,7 @@ BLOCKS: dict[str, Block] = {
     "fault-curve": Block((FAULT_CURVE,), fault_curve_table),
     "pace": Block(PACE, pace_table),
     "lora-sync": Block(LORA_SYNC, lora_sync_table),
+    "delta-sync": Block((DELTA_SYNC,), delta_sync_table),
     "upstream-suite": Block((PARITY,), parity_table),
     "verifiers-envs": Block((VERIFIERS,), verifiers_table),
 }
