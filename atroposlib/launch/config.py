@@ -400,6 +400,12 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> LaunchC
             problems.append(f"trainer.batch_size and the envs' group_size do not fit: {problem}")
     if problems:
         raise ConfigError(f"{source}: invalid launch config:\n  " + "\n  ".join(problems))
+    if trainer_config is not None:
+        # YAML reads an unquoted no/yes/off/on as a bool; where the trainer's model took it as a
+        # word (``mixed_precision: no``), the trainer gets the word, not ``--no-<flag>``
+        validated = trainer_config.model_dump(mode="json")
+        config.trainer.update({k: validated[k] for k, v in trainer.items()
+                               if isinstance(v, bool) and not isinstance(validated.get(k, v), bool)})
     return config
 
 

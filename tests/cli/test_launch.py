@@ -351,6 +351,14 @@ def test_set_overrides_the_yaml_before_validation():
     assert "env arithmetic: " in text and "env.group_size=4" in text and "eval_env: arithmetic" in text
 
 
+def test_an_unquoted_yaml_no_reaches_the_trainer_as_the_word():
+    config = load_config(QUICKSTART, ["trainer.mixed_precision=no", "trainer.gradient_checkpointing=no"])
+    assert config.trainer["mixed_precision"] == "no"  # the field's word, not --no-mixed-precision
+    assert config.trainer["gradient_checkpointing"] is False  # a bool field stays a bool
+    flags = trainer_flags(config.trainer_settings)
+    assert flags[flags.index("--mixed-precision") + 1] == "no" and "--no-gradient-checkpointing" in flags
+
+
 def test_make_quickstart_budget_passes_a_set_through():
     def recipe(*args):
         out = subprocess.run(["make", "-n", "quickstart", *args], cwd=REPO, capture_output=True, text=True,
