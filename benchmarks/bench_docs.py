@@ -36,10 +36,12 @@ from benchmarks.docs_outcomes import (  # noqa: E402
     FEATURE_SCREEN,
     LORA_SYNC,
     PACE,
+    PRECISION,
     fault_curve_table,
     feature_screen_table,
     lora_sync_table,
     pace_table,
+    precision_table,
 )
 from benchmarks.docs_sync import DELTA_SYNC, delta_sync_table  # noqa: E402
 from benchmarks.docs_tables import (  # noqa: E402
@@ -140,6 +142,7 @@ BLOCKS: dict[str, Block] = {
     "fault-curve": Block((FAULT_CURVE,), fault_curve_table),
     "pace": Block(PACE, pace_table),
     "lora-sync": Block(LORA_SYNC, lora_sync_table),
+    "precision": Block(PRECISION, precision_table),
     "delta-sync": Block((DELTA_SYNC,), delta_sync_table),
     "upstream-suite": Block((PARITY,), parity_table),
     "verifiers-envs": Block((VERIFIERS,), verifiers_table),

@@ -1,4 +1,4 @@
-"""``make bench-docs`` renderers for the rollout-accounting benchmarks: learning under faults, serve mode's pace, the feature screen.
+"""``make bench-docs`` renderers for the rollout-accounting benchmarks (learning under faults, serve mode's pace, the feature screen) and the quickstart's sync and precision settings.
 
 Each renderer takes the JSON payload(s) of its result file(s) and returns the markdown of one
 block of ``docs/benchmarks.md`` (see :mod:`benchmarks.bench_docs`).
@@ -96,5 +96,29 @@ def lora_sync_table(adapter: dict, reload: dict) -> str:
                    "taken before the benchmark learned to copy pushed adapters.\n\n" + source(*LORA_SYNC))
 
 
-__all__ = ["FAULT_CURVE", "FEATURE_SCREEN", "LORA_SYNC", "PACE", "fault_curve_table", "feature_screen_table",
-           "lora_sync_table", "pace_table"]
+#: ``bench_learning.py --minutes 7 --contenders ours-gspo-lora`` with the quickstart's bf16 settings
+#: (``--ours-trainer-arg weight_sync=reload``), then with ``--ours-trainer-arg mixed_precision=no
+#: --ours-trainer-arg vllm_dtype=float32``, the same day on one CPU without native bf16
+PRECISION = ("bench_lora_sync_reload_2026-12-07.json", "bench_precision_fp32_2026-12-07.json")
+
+
+def precision_table(bf16: dict, fp32: dict) -> str:
+    """The quickstart in bf16 (trainer autocast, vLLM dtype) against fp32, on one machine."""
+    rows = []
+    for label, payload in (("bf16 autocast, bf16 vLLM", bf16), ("fp32 trainer, fp32 vLLM", fp32)):
+        run = payload["runs"][0]
+        parts = run.get("peak_rss_by_part") or {}
+        curve = "  ".join(f"{p['minute']:g} min {p['accuracy']:.3f}" for p in run["curve"])
+        rows.append([label, curve, str(run["steps"]), f"{run['peak_rss_bytes'] / 2**30:.2f}",
+                     f"{parts.get('trainer', 0) / 2**30:.2f}", f"{parts.get('vllm-engine', 0) / 2**30:.2f}"])
+    text = table(["precision", "held-out accuracy", "steps", "peak RSS (GiB)", "of which the trainer (GiB)",
+                  "of which vLLM's engine (GiB)"], rows)
+    cpu = {k: ((p.get("meta") or {}).get("machine") or {}).get("cpu_native_bf16") for k, p in
+           (("bf16", bf16), ("fp32", fp32))}
+    where = ("a CPU without native bf16 (no AVX512_BF16 or AMX-BF16), so bf16 was emulated"
+             if set(cpu.values()) == {False} else "the same machine")
+    return text + (f"\n\nOne run each (n = 1), the same day, on {where}.\n\n" + source(*PRECISION))
+
+
+__all__ = ["FAULT_CURVE", "FEATURE_SCREEN", "LORA_SYNC", "PACE", "PRECISION", "fault_curve_table",
+           "feature_screen_table", "lora_sync_table", "pace_table", "precision_table"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -56,11 +56,12 @@ class TrainerConfig(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="Training "
                                                           "dtype; auto = float32 on CPU, bfloat16 "
                                                           "on CUDA.")
-    mixed_precision: Literal["no", "bf16"] = Field(
+    mixed_precision: Literal["no", "bf16", "bf16_if_native"] = Field(
         default="no", description="bf16: run forward and backward under torch.autocast in "
         "bfloat16 while weights, gradients and optimizer state stay in the training dtype "
         "(faster steps on CPUs with AVX512_BF16 or AMX; the log-probs then carry "
-        "bf16 rounding, as the sampler's already do).")
+        "bf16 rounding, as the sampler's already do). bf16_if_native: bf16 on a GPU or a CPU "
+        "with native bf16, no elsewhere (emulated bf16 is slower than fp32).")
     seed: int = Field(default=0, description="Torch seed.")
     resume: str | None = Field(default=None, description="Continue the run in this run "
                                "directory from its latest complete checkpoint: weights (or "
@@ -239,8 +240,9 @@ class TrainerConfig(BaseSettings):
                                  "update all of them (multi-node).")
     vllm_port: int | None = Field(default=None, description="Port of the vLLM the trainer "
                                   "launches (null: a free one).")
-    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto", description="dtype of the launched vLLM (auto: float32 on CPU).")
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16", "bfloat16_if_native"] = Field(
+        default="auto", description="dtype of the launched vLLM (auto: float32 on CPU; "
+        "bfloat16_if_native: bfloat16 on a GPU or a CPU with native bf16, float32 elsewhere).")
     vllm_max_model_len: int = Field(default=2048, ge=1, description="Context of the launched vLLM.")
     vllm_max_num_seqs: int | None = Field(default=None, ge=1, description="Sequences the "
                                           "launched vLLM runs at once (--max-num-seqs); null: 4 x "
@@ -330,6 +332,12 @@ class TrainerConfig(BaseSettings):
     @classmethod
     def _default_model(cls, value: str | None) -> str:
         return default_model_dir() if value is None else value
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads an unquoted ``mixed_precision: no`` as False
+        return "no" if value is False else value
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

@@ -143,6 +143,7 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     from example_trainer import checkpoint as ckpt_io
     from example_trainer import distributed
     from example_trainer.policy import load_training_policy
+    from example_trainer.precision import resolve_precision
     from example_trainer.run import TrainingRun, make_run_dir
     from example_trainer.step import StepRunner
     from example_trainer.stopping import stop_requested
@@ -150,6 +151,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     wall_start = time.perf_counter()
     device = torch.device("cuda" if config.device == "cuda" or (
         config.device == "auto" and torch.cuda.is_available()) else "cpu")
+    given = (config.mixed_precision, config.vllm_dtype)
+    config = resolve_precision(config, device.type)  # bf16 only where this machine computes it natively
+    if given != (config.mixed_precision, config.vllm_dtype):
+        print(f"[grpo] precision for this machine: mixed_precision={config.mixed_precision} "
+              f"vllm_dtype={config.vllm_dtype} (from {given[0]}, {given[1]})", flush=True)
     # under torchrun: check the batch layout, join the process group (rank 0 talks to the API)
     dist = distributed.setup(config, device)
     device = dist.device

@@ -3,7 +3,8 @@
 bfloat16 matrix products run natively only on CPUs with the AVX512_BF16 or AMX-BF16
 instructions (x86) or the BF16 extension (Arm); elsewhere oneDNN and PyTorch emulate them
 through float32 conversions, which is slower than computing in float32 outright. The
-quickstart's bf16 settings (``mixed_precision: auto``, ``vllm_dtype: auto``) ask this module.
+quickstart's bf16 settings (``mixed_precision: bf16_if_native``, ``vllm_dtype: bfloat16_if_native``)
+ask this module.
 """
 
 from __future__ import annotations

@@ -174,13 +174,14 @@ def hidden_node(run_dir: Path, log_dir: Path, trainer: dict[str, Any]) -> Iterat
     import httpx
 
     from atroposlib.inference.vllm_process import find_free_port
+    from example_trainer.precision import vllm_dtype_for
 
     if os.geteuid() != 0 or sh.which("unshare") is None:
         raise RuntimeError("the -node contender needs root and unshare(1) for a private mount namespace")
     log_dir.mkdir(parents=True, exist_ok=True)
     port = find_free_port()
     node = [sys.executable, "-m", "atroposlib.cli.inference_node", "--port", str(port),
-            "--dtype", str(trainer.get("vllm_dtype", "auto")),
+            "--dtype", vllm_dtype_for(str(trainer.get("vllm_dtype", "auto"))),
             "--max-model-len", str(trainer.get("vllm_max_model_len", 2048)),
             "--log", str(log_dir / "vllm.log")]
     script = (f"mount -t tmpfs tmpfs {shlex.quote(str(run_dir))} && mount -t tmpfs tmpfs /tmp && "

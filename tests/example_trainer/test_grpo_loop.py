@@ -12,6 +12,7 @@ import torch
 
 from atroposlib.api.client import AtroposClient
 from atroposlib.inference.bundled import bundled_model_dir
+from atroposlib.utils.cpu_features import native_bf16
 from example_trainer.config import TrainerConfig
 from example_trainer.grpo import freeze_all_but_last_layers, main, train
 from example_trainer.report import run_eval_command
@@ -77,7 +78,8 @@ def train_on(config, api_url: str, groups: list) -> tuple[dict, dict]:
 
 
 @needs_tokenizer
-@pytest.mark.parametrize(("kl_coef", "mixed_precision"), [(0.0, "no"), (0.5, "no"), (0.5, "bf16")])
+@pytest.mark.parametrize(("kl_coef", "mixed_precision"),
+                         [(0.0, "no"), (0.5, "no"), (0.5, "bf16"), (0.0, "bf16_if_native")])
 def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_api, tmp_path, kl_coef,
                                                                 mixed_precision, capsys):
     eval_script = tmp_path / "fake_eval.py"
@@ -116,6 +118,10 @@ def test_two_steps_pull_one_batch_each_train_and_write_the_run(tiny_model, run_a
     assert any(not torch.equal(before[k], after[k]) for k in before)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["eval_seconds"] > 0  # evaluations kept off the budget
+    # bf16_if_native is resolved by this CPU's flags, and the run records the value it trained with
+    native = "bf16" if native_bf16() else "no"
+    resolved = native if mixed_precision == "bf16_if_native" else mixed_precision
+    assert json.loads((run / "trainer_config.json").read_text())["mixed_precision"] == resolved
     assert summary["stopped"] == "completed" and summary["final_checkpoint"] == str(run / "checkpoints" / "final")
     assert summary["train_loop_seconds"] > 0 and summary["error"] is None
     # the console says what the run waits for at start, then each step's progress
