@@ -37,11 +37,13 @@ from benchmarks.docs_outcomes import (  # noqa: E402
     LORA_SYNC,
     PACE,
     PRECISION,
+    WASTE,
     fault_curve_table,
     feature_screen_table,
     lora_sync_table,
     pace_table,
     precision_table,
+    waste_table,
 )
 from benchmarks.docs_sync import DELTA_SYNC, delta_sync_table  # noqa: E402
 from benchmarks.docs_tables import (  # noqa: E402
@@ -143,6 +145,7 @@ BLOCKS: dict[str, Block] = {
     "pace": Block(PACE, pace_table),
     "lora-sync": Block(LORA_SYNC, lora_sync_table),
     "precision": Block(PRECISION, precision_table),
+    "waste": Block(WASTE, waste_table),
     "delta-sync": Block((DELTA_SYNC,), delta_sync_table),
     "upstream-suite": Block((PARITY,), parity_table),
     "verifiers-envs": Block((VERIFIERS,), verifiers_table),

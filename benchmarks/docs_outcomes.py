@@ -120,5 +120,41 @@ def precision_table(bf16: dict, fp32: dict) -> str:
     return text + (f"\n\nOne run each (n = 1), the same day, on {where}.\n\n" + source(*PRECISION))
 
 
+#: ``bench_learning.py --minutes 7 --contenders ours-gspo-lora [--task-difficulty 4]``, without and with
+#: ``--ours-env-arg env.item_filter.enabled=true --ours-env-arg env.item_filter.screen=8``: before and
+#: after at difficulty 2 (the quickstart; its "before" is the fp32 run above), then at difficulty 4
+WASTE = ("bench_precision_fp32_2026-12-07.json", "bench_waste_d2_screen8_2026-12-07.json",
+         "bench_waste_d4_off_2026-12-07.json", "bench_waste_d4_screen8_2026-12-07.json")
+
+
+def _waste(run: dict) -> dict[str, float]:
+    waste = run["ledger"]["waste"]
+    return {"stale": waste["stale_token_frac"], "all_same": waste["all_same_token_frac"],
+            "waste": waste["stale_token_frac"] + waste["filter_token_frac"]}
+
+
+def waste_table(d2_before: dict, d2_after: dict, d4_before: dict, d4_after: dict) -> str:
+    """Sampled tokens wasted (stale, filtered, all-same) without and with the screen, and what was learned."""
+    rows, ratios = [], []
+    for task, before, after in (("difficulty 2", d2_before, d2_after), ("difficulty 4", d4_before, d4_after)):
+        wastes = []
+        for label, payload in (("no screen", before), ("best of 8 by the answer's probability", after)):
+            run = payload["runs"][0]
+            waste = _waste(run)
+            wastes.append(waste["waste"])
+            final = run["groups"]["final"]
+            acc = {p["minute"]: p["accuracy"] for p in run["curve"]}
+            rows.append([task, label, f"{waste['waste']:.1%}", f"{waste['stale']:.1%}", f"{waste['all_same']:.1%}",
+                         f"{final['dropped_same_scores']} / {final['sampled']}", str(run["steps"]),
+                         f"{acc.get(3.5, float('nan')):.3f}", f"{acc.get(7.0, float('nan')):.3f}"])
+        ratios.append(f"{task}: {wastes[1] / wastes[0]:.2f}x" if wastes[0] else f"{task}: -")
+    text = table(["task", "arm", "sampled tokens wasted", "stale", "in all-same groups",
+                  "groups dropped as all-same / sampled", "steps", "held-out at 3.5 min", "at 7 min"], rows)
+    return text + ("\n\nWaste with the screen against without (goal <= 0.5x): " + "; ".join(ratios)
+                   + ". One run each (n = 1), 7 training minutes (no 14-minute runs this time), one "
+                   "machine, the same day; the screen's scoring requests sample no tokens, so they are "
+                   "not in the waste, but their time is in the steps and the accuracy.\n\n" + source(*WASTE))
+
+
 __all__ = ["FAULT_CURVE", "FEATURE_SCREEN", "LORA_SYNC", "PACE", "PRECISION", "fault_curve_table",
-           "feature_screen_table", "lora_sync_table", "pace_table", "precision_table"]
+           "feature_screen_table", "lora_sync_table", "pace_table", "precision_table", "WASTE", "waste_table"]
