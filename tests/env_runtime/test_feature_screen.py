@@ -130,21 +130,17 @@ class DistinctEnv(ChatLengthEnv):
 
 
 async def test_a_serve_run_learns_which_new_items_come_out_all_same(run_api, tiny_tokenizer, tmp_path):
-    from atroposlib.api.client import AsyncAtroposClient
-    from atroposlib.api.models import Registration
     from atroposlib.env_runtime.serve import ServeLoop
     from atroposlib.envs.base import BaseEnvConfig
     from atroposlib.testing.fake_server import FakeServer
+    from tests.fixtures.api_server import registered_trainer
 
     config = BaseEnvConfig(group_size=4, use_wandb=False, rollout_server_url=run_api.url,
                            max_batches_offpolicy=2,
                            item_filter=_settings(screen=4, screen_min_groups=16, solved_score=3.0))
     env = DistinctEnv(config, [FakeServer(["a", "bb", "ccc", "dddd", "eeeee"])])
     env.tokenizer = tiny_tokenizer
-    trainer = AsyncAtroposClient(run_api.url)
-    await trainer.register(Registration(
-        wandb_group="g", wandb_project="p", batch_size=8, max_token_len=512,
-        checkpoint_dir=str(tmp_path), save_checkpoint_interval=0, starting_step=0, num_steps=1000))
+    trainer = await registered_trainer(run_api.url, 8, str(tmp_path))
     stop = asyncio.Event()
     serving = asyncio.create_task(ServeLoop(env, status_interval=0.1, stop_event=stop).run())
     async with asyncio.timeout(90):

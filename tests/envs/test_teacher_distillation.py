@@ -9,9 +9,7 @@ import math
 import httpx
 import pytest
 
-from atroposlib.api.client import AsyncAtroposClient
 from atroposlib.api.factory import build_app
-from atroposlib.api.models import Registration
 from atroposlib.api.settings import ApiSettings
 from atroposlib.env_runtime.command_line import parse_args, parse_args_with_namespaces
 from atroposlib.env_runtime.serve import ServeLoop
@@ -25,6 +23,7 @@ from atroposlib.inference.clients.config import APIServerConfig
 from atroposlib.inference.clients.vllm_client import VLLMServer
 from atroposlib.testing.fake_server import FakeOpenAIServer, FakeServer, fake_prompt_logprobs
 from atroposlib.testing.tiny_tokenizer import make_tiny_tokenizer
+from tests.fixtures.api_server import registered_trainer
 
 TEXTS = ["2+2 is 4.", "2+2 is five, I think.", "four", "It is 4"]
 
@@ -368,10 +367,7 @@ async def test_bundled_model_is_its_own_teacher_through_real_vllm(vllm_server):
 async def test_serve_mode_posts_enriched_groups_to_a_real_run_api(run_api, tiny_tokenizer_dir, tmp_path):
     env, _ = make_env(tiny_tokenizer_dir, top_k=2, rollout_server_url=run_api.url,
                             total_steps=2, max_batches_offpolicy=1)
-    trainer = AsyncAtroposClient(run_api.url)
-    await trainer.register(Registration(
-        wandb_group="g", wandb_project="p", batch_size=4, max_token_len=512,
-        checkpoint_dir=str(tmp_path), save_checkpoint_interval=-1, starting_step=0, num_steps=10))
+    trainer = await registered_trainer(run_api.url, 4, str(tmp_path), num_steps=10, save_checkpoint_interval=-1)
     assert await trainer.get_batch() is None
     serving = asyncio.create_task(ServeLoop(env, status_interval=0.2).run())
     try:

@@ -315,18 +315,13 @@ def reply_of(tok_dir, group, i):
 
 
 async def test_serve_mode_sends_the_item_with_each_group(tiny_tokenizer, tmp_path):
-    from atroposlib.api.client import AsyncAtroposClient
-    from atroposlib.api.models import Registration
     from atroposlib.env_runtime.serve import ServeLoop
-    from tests.fixtures.api_server import start_run_api
+    from tests.fixtures.api_server import registered_trainer, start_run_api
     from tests.fixtures.sample_envs import ChatLengthEnv
 
     api = start_run_api()
     try:
-        trainer = AsyncAtroposClient(api.url)
-        await trainer.register(Registration(
-            wandb_group="g", wandb_project="p", batch_size=2, max_token_len=512,
-            checkpoint_dir=str(tmp_path), save_checkpoint_interval=-1, starting_step=0, num_steps=100))
+        trainer = await registered_trainer(api.url, 2, str(tmp_path), num_steps=100, save_checkpoint_interval=-1)
         config = BaseEnvConfig(group_size=2, use_wandb=False, rollout_server_url=api.url, total_steps=1000)
         env = ChatLengthEnv(config, [FakeServer(lambda r: "short" if r.index % 2 else "a longer reply")])
         env.tokenizer = tiny_tokenizer
