@@ -120,11 +120,13 @@ def precision_table(bf16: dict, fp32: dict) -> str:
     return text + (f"\n\nOne run each (n = 1), the same day, on {where}.\n\n" + source(*PRECISION))
 
 
-#: ``bench_learning.py --minutes 7 --contenders ours-gspo-lora [--task-difficulty 4]``, without and with
-#: ``--ours-env-arg env.item_filter.enabled=true --ours-env-arg env.item_filter.screen=8``: before and
-#: after at difficulty 2 (the quickstart; its "before" is the fp32 run above), then at difficulty 4
+#: ``bench_learning.py --minutes M --contenders ours-gspo-lora [--task-difficulty 4]``, without and with
+#: ``--ours-env-arg env.item_filter.enabled=true --ours-env-arg env.item_filter.screen=8``, in pairs
+#: (before, after): difficulty 2 for 7 minutes (its "before" is the fp32 run above), difficulty 4 for
+#: 7 minutes, difficulty 2 for 14 minutes
 WASTE = ("bench_precision_fp32_2026-12-07.json", "bench_waste_d2_screen8_2026-12-07.json",
-         "bench_waste_d4_off_2026-12-07.json", "bench_waste_d4_screen8_2026-12-07.json")
+         "bench_waste_d4_off_2026-12-07.json", "bench_waste_d4_screen8_2026-12-07.json",
+         "bench_waste_d2_off_14min_2026-12-07.json", "bench_waste_d2_screen8_14min_2026-12-07.json")
 
 
 def _waste(run: dict) -> dict[str, float]:
@@ -133,27 +135,34 @@ def _waste(run: dict) -> dict[str, float]:
             "waste": waste["stale_token_frac"] + waste["filter_token_frac"]}
 
 
-def waste_table(d2_before: dict, d2_after: dict, d4_before: dict, d4_after: dict) -> str:
-    """Sampled tokens wasted (stale, filtered, all-same) without and with the screen, and what was learned."""
+def waste_table(*payloads: dict) -> str:
+    """Sampled tokens wasted (stale, filtered, all-same) without and with the screen, and what was learned.
+
+    Args:
+        payloads: bench_learning results in pairs, (without the screen, with it), each pair one
+            task and budget.
+    """
     rows, ratios = [], []
-    for task, before, after in (("difficulty 2", d2_before, d2_after), ("difficulty 4", d4_before, d4_after)):
+    for before, after in zip(payloads[::2], payloads[1::2], strict=True):
+        first = before["runs"][0]
+        task = (f"difficulty {first.get('env_args', {}).get('env.difficulty', '2')}, "
+                f"{first['budget_minutes']:g} min")
         wastes = []
         for label, payload in (("no screen", before), ("best of 8 by the answer's probability", after)):
             run = payload["runs"][0]
             waste = _waste(run)
             wastes.append(waste["waste"])
             final = run["groups"]["final"]
-            acc = {p["minute"]: p["accuracy"] for p in run["curve"]}
+            curve = "  ".join(f"{p['minute']:g} min {p['accuracy']:.3f}" for p in run["curve"] if p["minute"])
             rows.append([task, label, f"{waste['waste']:.1%}", f"{waste['stale']:.1%}", f"{waste['all_same']:.1%}",
-                         f"{final['dropped_same_scores']} / {final['sampled']}", str(run["steps"]),
-                         f"{acc.get(3.5, float('nan')):.3f}", f"{acc.get(7.0, float('nan')):.3f}"])
+                         f"{final['dropped_same_scores']} / {final['sampled']}", str(run["steps"]), curve])
         ratios.append(f"{task}: {wastes[1] / wastes[0]:.2f}x" if wastes[0] else f"{task}: -")
-    text = table(["task", "arm", "sampled tokens wasted", "stale", "in all-same groups",
-                  "groups dropped as all-same / sampled", "steps", "held-out at 3.5 min", "at 7 min"], rows)
+    text = table(["task, training time", "arm", "sampled tokens wasted", "stale", "in all-same groups",
+                  "groups dropped as all-same / sampled", "steps", "held-out accuracy"], rows)
     return text + ("\n\nWaste with the screen against without (goal <= 0.5x): " + "; ".join(ratios)
-                   + ". One run each (n = 1), 7 training minutes (no 14-minute runs this time), one "
-                   "machine, the same day; the screen's scoring requests sample no tokens, so they are "
-                   "not in the waste, but their time is in the steps and the accuracy.\n\n" + source(*WASTE))
+                   + ". One run each (n = 1), one machine, the same day; the screen's scoring requests "
+                   "sample no tokens, so they are not in the waste, but their time is in the steps and "
+                   "the accuracy.\n\n" + source(*WASTE[:len(payloads)]))
 
 
 __all__ = ["FAULT_CURVE", "FEATURE_SCREEN", "LORA_SYNC", "PACE", "PRECISION", "fault_curve_table",

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.docs_outcomes import WASTE, waste_table
 
 
-def _payload(stale: float, same: float, steps: int) -> dict:
+def _payload(stale: float, same: float, steps: int, difficulty: str = "2", minutes: float = 7.0) -> dict:
     ledger = {"waste": {"stale_token_frac": stale, "filter_token_frac": same, "all_same_token_frac": same}}
-    return {"runs": [{"steps": steps, "ledger": ledger,
+    return {"runs": [{"steps": steps, "ledger": ledger, "budget_minutes": minutes,
+                      "env_args": {"env.difficulty": difficulty},
                       "groups": {"final": {"dropped_same_scores": int(100 * same), "sampled": 100}},
                       "curve": [{"minute": 0.0, "accuracy": 0.3}, {"minute": 3.5, "accuracy": 0.5},
                                 {"minute": 7.0, "accuracy": 0.6}]}]}
 
 
-def test_each_arm_gets_its_waste_and_each_task_the_ratio_against_the_goal():
-    text = waste_table(_payload(0.0, 0.6, 60), _payload(0.0, 0.2, 40), _payload(0.1, 0.7, 50), _payload(0.1, 0.5, 30))
-    assert ("| difficulty 2 | no screen | 60.0% | 0.0% | 60.0% | 60 / 100 | 60 | 0.500 | 0.600 |") in text
-    assert ("| difficulty 4 | best of 8 by the answer's probability | 60.0% | 10.0% | 50.0% | 50 / 100 | 30 |"
+def test_each_arm_gets_its_waste_and_each_pair_the_ratio_against_the_goal():
+    text = waste_table(_payload(0.0, 0.6, 60), _payload(0.0, 0.2, 40),
+                       _payload(0.1, 0.7, 50, "4", 14.0), _payload(0.1, 0.5, 30, "4", 14.0))
+    assert "| difficulty 2, 7 min | no screen | 60.0% | 0.0% | 60.0% | 60 / 100 | 60 | 3.5 min 0.500  7 min 0.600 |" in text
+    assert ("| difficulty 4, 14 min | best of 8 by the answer's probability | 60.0% | 10.0% | 50.0% | 50 / 100 | 30 |"
             in text)
-    # waste = stale + filtered: 0.2 / 0.6 at difficulty 2, 0.6 / 0.8 at difficulty 4
-    assert "difficulty 2: 0.33x; difficulty 4: 0.75x" in text
-    assert all(f"benchmarks/results/{name}" in text for name in WASTE)
+    # waste = stale + filtered: 0.2 / 0.6 in the first pair, 0.6 / 0.8 in the second
+    assert "difficulty 2, 7 min: 0.33x; difficulty 4, 14 min: 0.75x" in text
+    assert all(f"benchmarks/results/{name}" in text for name in WASTE[:4])
+    assert WASTE[4] not in text  # only the files of the pairs given
+
+
+def test_an_unpaired_result_is_refused():
+    with pytest.raises(ValueError):
+        waste_table(_payload(0.0, 0.6, 60), _payload(0.0, 0.2, 40), _payload(0.0, 0.6, 60))
