@@ -109,17 +109,6 @@ def bench_config(model_dir: str, policy: str, **overrides):
                          lr=spec["lr"], **lora, **overrides)
 
 
-def ratios(rows: list[dict], arm: str) -> dict[str, float]:
-    """Medians over steps of ``arm``'s bytes / full bytes, seconds / reload seconds, share of the step."""
-    med = statistics.median
-    return {
-        "bytes_fraction": med(r[arm]["sync/bytes"] / r["full"]["sync/bytes"] for r in rows),
-        "seconds_vs_reload": med(r[arm]["sync/seconds"] / r["full"]["sync/seconds"] for r in rows),
-        "sync_share_of_step": med(r[arm]["sync/seconds"] / (r["step_seconds"] + r[arm]["sync/seconds"])
-                                  for r in rows),
-    }
-
-
 def start_adapter_server(model_dir: str, model, run_dir: Path):
     """The adapter arm: the trainer's :class:`VLLMSync` on a ``weight_sync: lora`` run, started.
 
@@ -148,6 +137,7 @@ def run_policy(name: str, model_dir: str, process, tmp: Path, steps: int) -> dic
     """``steps`` trainer steps of ``name``, each pushed as a delta, a full reload and (lora) the adapter."""
     from atroposlib.inference.weights.local_vllm import LocalVLLM
     from atroposlib.inference.weights.select import unique_storage
+    from benchmarks.docs_sync import push_ratios
     from benchmarks.sampling_load import sampling_load
 
     model, opt = make_policy(model_dir, name)
@@ -184,7 +174,7 @@ def run_policy(name: str, model_dir: str, process, tmp: Path, steps: int) -> dic
             previous = tensors
         adapter = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
         summary = {
-            **ratios(rows, "delta"),
+            **push_ratios(rows, "delta"),
             "changed_fraction": statistics.median(r["delta"]["sync/changed_fraction"] for r in rows),
             "delta_paths": [r["delta"]["sync/path"] for r in rows],
             "trainer_copy_bytes": delta_target._servers.base.nbytes,
@@ -192,7 +182,7 @@ def run_policy(name: str, model_dir: str, process, tmp: Path, steps: int) -> dic
         }
         out.update({"first_full_sync": first, "rows": rows, "summary": summary})
         if adapters is not None:
-            out["adapter"] = {**ratios(rows, "adapter"), "choice": choice,
+            out["adapter"] = {**push_ratios(rows, "adapter"), "choice": choice,
                               "paths": [r["adapter"]["sync/path"] for r in rows]}
             print(f"[bench] {name} adapter: {out['adapter']}", flush=True)
             # the plain vLLM holds this step's merged weights; the adapter server this step's adapter

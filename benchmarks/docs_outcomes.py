@@ -58,13 +58,18 @@ def fault_curve_table(payload: dict) -> str:
 
 
 
+def _curve(run: dict, from_start: bool = True) -> str:
+    """A run's held-out accuracy points, ``"3.5 min 0.638  7 min 0.743"`` (minute 0 only with ``from_start``)."""
+    return "  ".join(f"{p['minute']:g} min {p['accuracy']:.3f}" for p in run["curve"] if from_start or p["minute"])
+
+
 def pace_table(fixed: dict, follow: dict) -> str:
     """The quickstart with serve mode's window and cap as set, and following the trainer."""
     rows = []
     for label, payload in (("as set (`follow_trainer_pace=false`)", fixed), ("following the trainer", follow)):
         run = payload["runs"][0]
         final = run["groups"]["final"]
-        curve = "  ".join(f"{p['minute']:g} min {p['accuracy']:.3f}" for p in run["curve"])
+        curve = _curve(run)
         rows.append([label, curve, str(run["steps"]), f"{run['batch_wait_seconds']:.0f}",
                      f"{final['dropped_same_scores']} / {final['sampled']}",
                      f"{run['peak_rss_bytes'] / 2**30:.2f}"])
@@ -108,7 +113,7 @@ def precision_table(bf16: dict, fp32: dict) -> str:
     for label, payload in (("bf16 autocast, bf16 vLLM", bf16), ("fp32 trainer, fp32 vLLM", fp32)):
         run = payload["runs"][0]
         parts = run.get("peak_rss_by_part") or {}
-        curve = "  ".join(f"{p['minute']:g} min {p['accuracy']:.3f}" for p in run["curve"])
+        curve = _curve(run)
         rows.append([label, curve, str(run["steps"]), f"{run['peak_rss_bytes'] / 2**30:.2f}",
                      f"{parts.get('trainer', 0) / 2**30:.2f}", f"{parts.get('vllm-engine', 0) / 2**30:.2f}"])
     text = table(["precision", "held-out accuracy", "steps", "peak RSS (GiB)", "of which the trainer (GiB)",
@@ -153,7 +158,7 @@ def waste_table(*payloads: dict) -> str:
             waste = _waste(run)
             wastes.append(waste["waste"])
             final = run["groups"]["final"]
-            curve = "  ".join(f"{p['minute']:g} min {p['accuracy']:.3f}" for p in run["curve"] if p["minute"])
+            curve = _curve(run, from_start=False)
             rows.append([task, label, f"{waste['waste']:.1%}", f"{waste['stale']:.1%}", f"{waste['all_same']:.1%}",
                          f"{final['dropped_same_scores']} / {final['sampled']}", str(run["steps"]), curve])
         ratios.append(f"{task}: {wastes[1] / wastes[0]:.2f}x" if wastes[0] else f"{task}: -")

@@ -31,12 +31,25 @@ def _arms(rows: list[dict]) -> list[str]:
     return [*arms, "full"]
 
 
-def _ratios(rows: list[dict], arm: str) -> tuple[float, float, float]:
-    """Medians over steps: bytes / full bytes, seconds / reload seconds, seconds / (step + seconds)."""
+def push_ratios(rows: list[dict], arm: str) -> dict[str, float]:
+    """Medians over steps of ``arm``'s bytes / full bytes, seconds / reload seconds, share of the step.
+
+    Args:
+        rows: bench_delta_sync's per-step rows, each with a ``full`` push, ``arm``'s push and
+            ``step_seconds``.
+        arm: ``delta``, ``adapter`` or ``full``.
+
+    Returns:
+        ``bytes_fraction``, ``seconds_vs_reload`` and ``sync_share_of_step`` (seconds / (step +
+        seconds)).
+    """
     med = statistics.median
-    return (med(r[arm]["sync/bytes"] / r["full"]["sync/bytes"] for r in rows),
-            med(r[arm]["sync/seconds"] / r["full"]["sync/seconds"] for r in rows),
-            med(r[arm]["sync/seconds"] / (r["step_seconds"] + r[arm]["sync/seconds"]) for r in rows))
+    return {
+        "bytes_fraction": med(r[arm]["sync/bytes"] / r["full"]["sync/bytes"] for r in rows),
+        "seconds_vs_reload": med(r[arm]["sync/seconds"] / r["full"]["sync/seconds"] for r in rows),
+        "sync_share_of_step": med(r[arm]["sync/seconds"] / (r["step_seconds"] + r[arm]["sync/seconds"])
+                                  for r in rows),
+    }
 
 
 def _goal_sentence(what: str, goal: str, results: list[tuple[str, float, bool]], fmt: str) -> str:
@@ -59,7 +72,7 @@ def delta_sync_table(payload: dict) -> str:
         for arm in _arms(steps):
             nbytes = med(r[arm]["sync/bytes"] for r in steps)
             seconds = med(r[arm]["sync/seconds"] for r in steps)
-            frac, vs_reload, share = _ratios(steps, arm)
+            frac, vs_reload, share = push_ratios(steps, arm).values()
             rows.append([_POLICY.get(policy, policy), _ARM[arm], f"{nbytes / 2**20:.2f}", f"{frac:.1%}",
                          f"{seconds:.2f}", f"{vs_reload:.2f}x", f"{share:.1%}",
                          f"{med(r['step_seconds'] for r in steps):.2f}"])
@@ -99,4 +112,4 @@ def delta_sync_table(payload: dict) -> str:
     return text + "\n\n" + source(DELTA_SYNC)
 
 
-__all__ = ["BYTES_GOAL", "DELTA_SYNC", "SECONDS_GOAL", "SHARE_GOAL", "delta_sync_table"]
+__all__ = ["BYTES_GOAL", "DELTA_SYNC", "SECONDS_GOAL", "SHARE_GOAL", "delta_sync_table", "push_ratios"]
