@@ -31,6 +31,8 @@ every budget.
   num_generations=8, max_completion_length=24, loss_type="grpo", beta=0.0, epsilon=0.2,
   temperature=1.0, use_cpu=True)`` and the setting's ``learning_rate``, ``bf16`` and
   ``importance_sampling_level`` (``--trl-setting``, or the best of a sweep: ``--trl-best-from``).
+  ``--trl-setting ...,lora=16`` gives TRL peft LoRA adapters placed as the quickstart's (its
+  target modules and top layers, its alpha/r), the like-for-like peer of ``ours-gspo-lora``.
   A callback keeps the clock from ``on_train_begin``, saves the trainable weights at each wall
   point (saving time is subtracted) and stops training when the next step would end past the
   budget, like our trainer's ``--max-train-seconds``. For both, a step that ends past the
@@ -111,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run directories (default: runs/bench_learning_runs)")
     parser.add_argument("--eval-batch", type=int, default=100, help="evaluator batch size")
     parser.add_argument("--trl-setting", default="lr=3e-5,bf16=0,level=token",
-                        help="TRL's knobs for `trl`: lr=FLOAT,bf16=0|1,level=token|sequence")
+                        help="TRL's knobs for `trl`: lr=FLOAT,bf16=0|1,level=token|sequence,lora=RANK "
+                             "(LoRA adapters placed as the quickstart's; 0: the top layers whole)")
     parser.add_argument("--trl-best-from", type=Path, default=None,
                         help="take `trl`'s setting from this --trl-sweep JSON (its best)")
     parser.add_argument("--trl-sweep", nargs="?", const="all", default=None,
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     extra: dict[str, Any] = {}
     if args.trl_sweep:
         try:
-            extra["trl_sweep"] = sweep_summary(runs, [s.__dict__ for s in sweep])
+            extra["trl_sweep"] = sweep_summary(runs, [s.record() for s in sweep])
             print(f"[bench] TRL's best setting: {extra['trl_sweep']['best']['label']}", flush=True)
         except ValueError as exc:  # every sweep run failed: the table still gets written
             print(f"[bench] {exc}", flush=True)

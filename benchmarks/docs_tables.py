@@ -93,7 +93,8 @@ def describe(label: str, row: dict[str, Any], mark_unrecorded: bool = False) -> 
     """
     setting = row.get("trl_setting")
     if setting:
-        return f"TRL, lr {setting['lr']:g}, {'bf16' if setting['bf16'] else 'fp32'}, {setting['level']}"
+        lora = f", LoRA r={setting['lora_r']}" if setting.get("lora_r") else ""
+        return f"TRL, lr {setting['lr']:g}, {'bf16' if setting['bf16'] else 'fp32'}, {setting['level']}{lora}"
     changes = [f"lr={row['lr']:g}"] if row.get("lr") is not None else []
     changes += [f"{k.removeprefix('env.')}={v}" for k, v in (row.get("env_args") or {}).items()
                 if k != "env.difficulty"]

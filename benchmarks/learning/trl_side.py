@@ -2,6 +2,8 @@
 
 A :class:`TrlSetting` is one point of TRL's small sweep (learning rate, bf16 on/off, token- or
 sequence-level importance sampling); ``trl`` runs one setting, ``--trl-sweep`` runs them all.
+``lora=R`` trains LoRA adapters instead of the top layers whole, placed as our quickstart places
+them, so the two LoRA loops compare like for like.
 """
 
 from __future__ import annotations
@@ -32,20 +34,34 @@ class TrlSetting:
         bf16: ``bf16`` (autocast on CPU: about 2x the steps of fp32 here).
         level: ``importance_sampling_level``: ``token`` (GRPO) or ``sequence`` (GSPO's
             length-normalised sequence ratio).
+        lora_r: 0: the top layers train whole (as ``ours-<loss>``); R > 0: peft LoRA adapters
+            of rank R on the same modules and layers as the quickstart's
+            (:func:`lora_placement`: its target modules, ``lora_alpha`` scaled to R, the top
+            layers), as ``ours-<loss>-lora``.
     """
 
     lr: float = 3e-5
     bf16: bool = False
     level: str = "token"
+    lora_r: int = 0
 
     @property
     def name(self) -> str:
-        """``trl-lr3e-05-bf16-sequence`` style: the run directory and the table's label."""
-        return f"trl-lr{self.lr:g}-{'bf16' if self.bf16 else 'fp32'}-{self.level}"
+        """``trl-lr3e-05-bf16-sequence`` style (``-lora16`` appended for LoRA): the run directory and the table's label."""
+        lora = f"-lora{self.lora_r}" if self.lora_r else ""
+        return f"trl-lr{self.lr:g}-{'bf16' if self.bf16 else 'fp32'}-{self.level}{lora}"
+
+    def record(self) -> dict[str, Any]:
+        """The setting as a result file keeps it (``lora_r`` only when LoRA, so files written
+        before LoRA existed still match their settings)."""
+        record = asdict(self)
+        if not self.lora_r:
+            del record["lora_r"]
+        return record
 
     @classmethod
     def parse(cls, text: str) -> TrlSetting:
-        """``lr=6e-5,bf16=1,level=sequence`` (any subset; the rest default).
+        """``lr=6e-5,bf16=1,level=sequence,lora=16`` (any subset; the rest default).
 
         Raises:
             ValueError: an unknown key or a bad value (the message names it).
@@ -59,15 +75,36 @@ class TrlSetting:
                 values["bf16"] = value.lower() in ("1", "true", "on", "yes")
             elif key == "level" and value in ("token", "sequence"):
                 values["level"] = value
+            elif key == "lora" and value.isdigit():
+                values["lora_r"] = int(value)
             else:
                 raise ValueError(f"bad TRL setting {part!r}: use lr=FLOAT, bf16=0|1, "
-                                 "level=token|sequence")
+                                 "level=token|sequence, lora=RANK (0: no LoRA)")
         return cls(**values)
 
 
 #: the sweep: TRL's default lr and ours, fp32 and bf16, token and sequence level
 SWEEP = tuple(TrlSetting(lr, bf16, level) for lr, bf16, level in itertools.product(
     (3e-5, 6e-5), (False, True), ("token", "sequence")))
+
+
+def lora_placement(rank: int) -> dict[str, Any]:
+    """Where and how our quickstart puts LoRA adapters, at rank ``rank``: :func:`apply_lora`'s keywords.
+
+    Read from the quickstart config (its ``lora_alpha / lora_r`` ratio kept at ``rank``), with
+    the trainer's own defaults for what the config leaves out, so TRL's adapters cannot drift
+    from ours.
+
+    Returns:
+        ``{"r", "alpha", "dropout", "target_modules", "last_layers"}``.
+    """
+    from atroposlib.utils.yaml_file import load_yaml
+    from benchmarks.learning.ours import QUICKSTART
+    from example_trainer.config import TrainerConfig
+
+    ours = TrainerConfig(**load_yaml(QUICKSTART)["trainer"])
+    return {"r": rank, "alpha": ours.lora_alpha * rank / ours.lora_r, "dropout": ours.lora_dropout,
+            "target_modules": list(ours.lora_target_modules), "last_layers": ours.train_last_layers}
 
 
 def best_setting(sweep_json: Path) -> TrlSetting:
@@ -99,7 +136,8 @@ def run_trl(setting: TrlSetting, minutes: float, out: Path, difficulty: int,
     budget = 60.0 * minutes
     argv = [sys.executable, "-m", "benchmarks.bench_learning", "--trl-worker", str(run_dir),
             "--minutes", str(minutes), "--task-difficulty", str(difficulty),
-            "--trl-setting", f"lr={setting.lr},bf16={int(setting.bf16)},level={setting.level}"]
+            "--trl-setting",
+            f"lr={setting.lr},bf16={int(setting.bf16)},level={setting.level},lora={setting.lora_r}"]
     with Tree(argv, run_dir / "bench.log") as tree:
         code = tree.wait(budget + STARTUP_ALLOWANCE)
     if code != 0:
@@ -111,7 +149,7 @@ def run_trl(setting: TrlSetting, minutes: float, out: Path, difficulty: int,
             "peak_rss_by_part": dict(tree.peak_rss_by_part), "peak_pss_bytes": tree.peak_pss,
             "rss_by_part_at_peak": dict(tree.rss_by_part_at_peak), "other_cmdlines": dict(tree.other_cmdlines),
             "lr": setting.lr,
-            "trl_setting": asdict(setting)}
+            "trl_setting": setting.record()}
 
 
 def trl_worker(run_dir: Path, minutes: float, difficulty: int, setting: TrlSetting) -> None:
@@ -131,13 +169,17 @@ def trl_worker(run_dir: Path, minutes: float, difficulty: int, setting: TrlSetti
     )
     from atroposlib.inference.bundled import bundled_model_dir
     from example_trainer.grpo import freeze_all_but_last_layers
+    from example_trainer.lora import apply_lora
 
     env_cfg = ArithmeticEnvConfig(difficulty=difficulty)
     model_dir = str(bundled_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                  attn_implementation="eager")
-    freeze_all_but_last_layers(model, TRAIN_LAYERS)
+    if setting.lora_r:
+        model = apply_lora(model, **lora_placement(setting.lora_r))
+    else:
+        freeze_all_but_last_layers(model, TRAIN_LAYERS)
     eos_ids = eos_token_ids(model, tokenizer)
     rng = random.Random(env_cfg.seed)  # the env's training split, drawn like the env draws it
     problems = [make_problem(rng, difficulty, False, env_cfg.heldout_fraction) for _ in range(20_000)]
@@ -171,8 +213,18 @@ def trl_worker(run_dir: Path, minutes: float, difficulty: int, setting: TrlSetti
 
         def save(self, frac: float, state: dict[str, torch.Tensor]) -> None:
             begin = time.monotonic()
-            path = points_dir / f"{frac:.2f}.safetensors"
-            save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+            if setting.lora_r:  # peft's adapter folder, holding ``state`` (the evaluator merges it)
+                path = points_dir / f"{frac:.2f}"
+                now = {n: p.detach().clone() for n, p in trainable}
+                with torch.no_grad():
+                    for n, p in trainable:
+                        p.copy_(state[n])
+                    model.save_pretrained(str(path))
+                    for n, p in trainable:
+                        p.copy_(now[n])
+            else:
+                path = points_dir / f"{frac:.2f}.safetensors"
+                save_file({k: v.contiguous() for k, v in state.items()}, str(path))
             self.saved[frac] = str(path)
             self.paused += time.monotonic() - begin
 
