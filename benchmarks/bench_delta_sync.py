@@ -1,10 +1,14 @@
 """Delta weight sync against the local reload, on real trainer steps of the bundled model.
 
-Two policies, as the trainer exports them (``reload_tensors``: bf16, only what training changes):
+Three policies, as the trainer exports them (``reload_tensors``: bf16, only what training changes):
 
 * ``lora``: the quickstart (``configs/quickstart-cpu.yaml``): LoRA r=16 on the top 10 of 30
   layers, lr 3e-4; pushes carry the 10 merged blocks.
-* ``full``: a full fine-tune of all layers (every tensor trainable), lr 6e-5.
+* ``full``: a full fine-tune of all layers (every tensor trainable), lr 6e-5 (the quickstart's
+  full fine-tune rate).
+* ``full-rl``: the same at lr 1e-6, the rate RL runs on 1B+ models commonly use (and the
+  regime of PULSE, arXiv 2602.03839, where about 1% of bf16 weights change per step): how
+  many bytes a delta takes where few elements change.
 
 Each policy takes ``--steps`` AdamW steps (bf16 autocast, a language-model loss on random
 tokens, 4 x 64 tokens); after each, the same tensors go to one bf16 vLLM (dev mode, atroposlib's
@@ -45,7 +49,8 @@ if str(ROOT) not in sys.path:  # benchmarks.results, when run as a script
     sys.path.insert(0, str(ROOT))
 
 POLICIES = {"lora": {"lr": 3e-4, "lora_r": 16, "lora_alpha": 32, "last_layers": 10},
-            "full": {"lr": 6e-5, "lora_r": None, "lora_alpha": None, "last_layers": None}}
+            "full": {"lr": 6e-5, "lora_r": None, "lora_alpha": None, "last_layers": None},
+            "full-rl": {"lr": 1e-6, "lora_r": None, "lora_alpha": None, "last_layers": None}}
 
 
 def make_policy(model_dir: str, name: str):
@@ -180,7 +185,7 @@ def run_policy(name: str, model_dir: str, process, tmp: Path, steps: int) -> dic
             "trainer_copy_bytes": delta_target._servers.base.nbytes,
             "lora_adapter_fp32_bytes": adapter,
         }
-        out.update({"first_full_sync": first, "rows": rows, "summary": summary})
+        out.update({"spec": POLICIES[name], "first_full_sync": first, "rows": rows, "summary": summary})
         if adapters is not None:
             out["adapter"] = {**push_ratios(rows, "adapter"), "choice": choice,
                               "paths": [r["adapter"]["sync/path"] for r in rows]}
@@ -204,9 +209,12 @@ def run_policy(name: str, model_dir: str, process, tmp: Path, steps: int) -> dic
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="trainer steps per policy")
-    parser.add_argument("--policies", default="lora,full")
+    parser.add_argument("--policies", default=",".join(POLICIES), help=f"from {', '.join(POLICIES)}")
     parser.add_argument("--json-out", default=None, help="result file (default: dated, in benchmarks/results)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.policies.split(",")) - set(POLICIES))
+    if unknown:
+        parser.error(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
 
     from atroposlib.inference.bundled import prepare_bundled_model
     from example_trainer.vllm_sync import vllm_process

@@ -19,7 +19,7 @@ DELTA_SYNC = "bench_delta_sync_2026-12-07.json"
 #: issue 50's goals: pushed bytes / full bytes, push seconds / reload seconds, push share of the step
 BYTES_GOAL, SECONDS_GOAL, SHARE_GOAL = 0.05, 1.0, 0.10
 
-_POLICY = {"lora": "quickstart LoRA", "full": "full fine-tune"}
+_POLICY = {"lora": "quickstart LoRA", "full": "full fine-tune", "full-rl": "full fine-tune"}
 _ARM = {"delta": "delta", "adapter": "adapter (auto on a GPU)", "full": "full reload"}
 _SERVER = {"plain_merged": ("plain vLLM, merged weights", "smollm2"),
            "adapter": ("`--enable-lora` vLLM, the adapter", "smollm2"),
@@ -66,18 +66,20 @@ def _goal_sentence(what: str, goal: str, results: list[tuple[str, float, bool]],
 def delta_sync_table(payload: dict) -> str:
     """bench_delta_sync: bytes, seconds and goals of each push per policy, and the sampling load."""
     med = statistics.median
-    rows, goals = [], []
+    rows, goals, changed = [], [], []
     for policy, result in payload["policies"].items():
         steps = result["rows"]
+        label = _POLICY.get(policy, policy) + (f", lr {result['spec']['lr']:g}" if "spec" in result else "")
+        changed.append(f"{label} {med(r['delta']['sync/changed_fraction'] for r in steps):.1%}")
         for arm in _arms(steps):
             nbytes = med(r[arm]["sync/bytes"] for r in steps)
             seconds = med(r[arm]["sync/seconds"] for r in steps)
             frac, vs_reload, share = push_ratios(steps, arm).values()
-            rows.append([_POLICY.get(policy, policy), _ARM[arm], f"{nbytes / 2**20:.2f}", f"{frac:.1%}",
+            rows.append([label, _ARM[arm], f"{nbytes / 2**20:.2f}", f"{frac:.1%}",
                          f"{seconds:.2f}", f"{vs_reload:.2f}x", f"{share:.1%}",
                          f"{med(r['step_seconds'] for r in steps):.2f}"])
             if arm != "full":
-                goals.append((f"{_POLICY.get(policy, policy)} {arm}", frac, vs_reload, share))
+                goals.append((f"{label} {arm}", frac, vs_reload, share))
     text = table(["policy", "push", "MiB per step", "of a full sync", "seconds", "vs the reload",
                   "share of the step", "step seconds"], rows)
     text += ("\n\nMedians over " + str(payload["steps"]) + " steps per policy; the first sync of each "
@@ -90,6 +92,8 @@ def delta_sync_table(payload: dict) -> str:
         _goal_sentence("sync seconds as a share of the step", f"<= {SHARE_GOAL:.0%}",
                        [(label, h, h <= SHARE_GOAL) for label, _, _, h in goals], "{:.1%}"),
     ])
+    text += ("\n\nbf16 elements that changed per step (median), which a delta's size follows: "
+             + ", ".join(changed) + ".")
     lora = payload["policies"].get("lora", {})
     if choice := (lora.get("adapter") or {}).get("choice"):
         text += (f"\n\nBy bytes `weight_sync: auto` picks the adapter push on a GPU build of vLLM: "

@@ -7,8 +7,9 @@ from benchmarks.docs_sync import DELTA_SYNC, delta_sync_table
 MIB = 2**20
 
 
-def _push(nbytes: float, seconds: float, path: str) -> dict:
-    return {"sync/bytes": nbytes, "sync/seconds": seconds, "sync/path": path}
+def _push(nbytes: float, seconds: float, path: str, changed: float = 0.1) -> dict:
+    return {"sync/bytes": nbytes, "sync/seconds": seconds, "sync/path": path,
+            "sync/changed_fraction": changed}
 
 
 def _payload() -> dict:
@@ -27,7 +28,11 @@ def _payload() -> dict:
         "lora": {"rows": lora_rows, "adapter": {"choice": {"mode": "lora", "adapter_bytes": 6 * MIB,
                                                            "merged_bytes": 60 * MIB}},
                  "sampling": sampling},
-        "full": {"rows": full_rows}}}
+        "full": {"rows": full_rows},
+        # written since the policies record their spec: the lr joins the label
+        "full-rl": {"spec": {"lr": 1e-6}, "rows": [
+            {"step": s, "step_seconds": 6.0, "delta": _push(MIB * c, 1.0, "delta", c / 200),
+             "full": _push(200 * MIB, 2.0, "full")} for s, c in ((2, 2), (3, 4), (4, 3))]}}}
 
 
 def test_each_push_gets_its_medians_and_ratios():
@@ -44,14 +49,14 @@ def test_each_goal_says_who_meets_it_and_who_does_not():
     lines = {line.split(" (goal")[0]: line for line in delta_sync_table(_payload()).splitlines()
              if line.startswith("- ")}
     assert lines["- bytes per step as a share of a full sync"].endswith(
-        "met by quickstart LoRA delta (5.0%); not met by quickstart LoRA adapter (10.0%), "
-        "full fine-tune delta (15.0%).")
+        "met by quickstart LoRA delta (5.0%), full fine-tune, lr 1e-06 delta (1.5%); not met by "
+        "quickstart LoRA adapter (10.0%), full fine-tune delta (15.0%).")
     assert lines["- seconds per step against the full reload"].endswith(
-        "met by quickstart LoRA delta (0.50x), quickstart LoRA adapter (0.20x); "
-        "not met by full fine-tune delta (2.00x).")
+        "met by quickstart LoRA delta (0.50x), quickstart LoRA adapter (0.20x), full fine-tune, "
+        "lr 1e-06 delta (0.50x); not met by full fine-tune delta (2.00x).")
     assert lines["- sync seconds as a share of the step"].endswith(
         "met by quickstart LoRA delta (10.0%), quickstart LoRA adapter (4.3%); "
-        "not met by full fine-tune delta (40.0%).")
+        "not met by full fine-tune delta (40.0%), full fine-tune, lr 1e-06 delta (14.3%).")
 
 
 def test_sampling_through_the_adapter_is_set_against_the_merged_weights():
@@ -71,3 +76,12 @@ def test_a_result_without_the_adapter_arm_renders_the_delta_alone():
     text = delta_sync_table(payload)
     assert "adapter" not in text and "tokens/s" not in text
     assert "quickstart LoRA delta (5.0%)" in text
+
+
+def test_a_policy_that_records_its_lr_names_it_and_every_policy_gives_its_changed_fraction():
+    text = delta_sync_table(_payload())
+    # full-rl: 2, 4, 3 MiB of 200: the median 3 MiB, 1.5%, and 1.5% of its elements changed
+    assert "| full fine-tune, lr 1e-06 | delta | 3.00 | 1.5% | 1.00 | 0.50x | 14.3% | 6.00 |" in text
+    assert "full fine-tune, lr 1e-06 delta (1.5%)" in text
+    assert ("bf16 elements that changed per step (median), which a delta's size follows: "
+            "quickstart LoRA 10.0%, full fine-tune 10.0%, full fine-tune, lr 1e-06 1.5%.") in text
