@@ -55,6 +55,7 @@ from benchmarks.docs_tables import (  # noqa: E402
     FAIR_D4,
     HEALTH,
     LORA_TRL_FULL,
+    MEMORY_LORA,
     PARITY,
     QUICKSTART,
     QUICKSTART_D4,
@@ -73,6 +74,7 @@ from benchmarks.docs_tables import (  # noqa: E402
     errors_table,
     fair_table,
     health_table,
+    memory_lora_table,
     memory_table,
     parity_table,
     quickstart_table,
@@ -117,13 +119,14 @@ class Block:
 
 
 BLOCKS: dict[str, Block] = {
-    "readme-quickstart": Block((QUICKSTART, FAIR_D2, FAIR_D4, LORA_TRL_FULL), readme_quickstart),
+    "readme-quickstart": Block((QUICKSTART, FAIR_D2, FAIR_D4, LORA_TRL_FULL, MEMORY_LORA), readme_quickstart),
     "readme-d4": Block((COSINE, QUICKSTART_D4), readme_d4),
     "quickstart": Block((QUICKSTART,), quickstart_table),
     "fair-d2": Block((FAIR_D2,), fair_table(FAIR_D2)),
     "fair-d4": Block((FAIR_D4,), fair_table(FAIR_D4)),
     "sweep-d2": Block((SWEEP_D2,), sweep_table(SWEEP_D2)),
     "sweep-d4": Block((SWEEP_D4,), sweep_table(SWEEP_D4)),
+    "memory-lora": Block((MEMORY_LORA,), memory_lora_table),
     "memory-trl": Block((LORA_TRL_FULL, FAIR_D2), memory_table),
     "d4-goal": Block((COSINE, CONSTANT, QUICKSTART_D4), d4_goal),
     "runs-d4": Block((), settings_table(4, 14.0), pattern=r"^bench_learning_.*\.json$"),

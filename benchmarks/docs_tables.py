@@ -171,6 +171,7 @@ SWEEP_D4 = "bench_learning_trl_sweep_d4_7min_2026-11-27.json"
 COSINE = "bench_learning_gspo_lora_d4_group4_layers20_cosine_runs4_14min_2026-12-05.json"
 CONSTANT = "bench_learning_gspo_lora_d4_group4_layers20_runs5_14min_2026-12-05.json"
 QUICKSTART_D4 = "bench_learning_gspo_lora_d4_runs2_14min_2026-12-05.json"
+MEMORY_LORA = "bench_memory_lora_trl_pairs3_4min_2026-12-07.json"
 
 
 def rng(values: list[float], fmt: Callable[[float], str]) -> str:
@@ -186,11 +187,12 @@ def wrap(text: str) -> str:
     return textwrap.fill(" ".join(text.split()), 100, break_long_words=False, break_on_hyphens=False)
 
 
-def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict) -> str:
+def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict, lora_pairs: dict) -> str:
     """The README's quickstart paragraph: LoRA, full fine-tune, TRL like for like."""
     lora, full = runs_of(quick, "ours-gspo-lora"), runs_of(quick, "ours-gspo")
     t2, t4 = trl_label(fair2), trl_label(fair4)
     like = pair_ratios(mixed, "ours-gspo", trl_label(mixed))
+    like_lora = pair_ratios(lora_pairs, "ours-gspo-lora", trl_label(lora_pairs))
     pairs = pair_ratios(fair2, "ours-gspo", t2)
     final = lambda runs: rng([accuracy_at(r, 14) for r in runs], pct)  # noqa: E731
     peak = lambda runs: rng([r["peak_rss_bytes"] / GiB for r in runs], gib) + " GiB"  # noqa: E731
@@ -207,8 +209,11 @@ def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict) -> str
         f"{final(runs_of(fair4, t4))} (n={len(runs_of(fair4, t4))}). Its whole loop peaked at "
         f"{rng([x[3] for x in like], ratio)} TRL's memory in the latest same-run comparison "
         f"(n={len(like)}), {rng([x[3] for x in pairs], ratio)} in those three pairs (n={len(pairs)}, "
-        f"the config of that day). No TRL run with LoRA is stored, so the LoRA loop has no "
-        f"like-for-like ratio. Tables and commands: [Benchmarks](docs/benchmarks.md).")
+        f"the config of that day). Against TRL training LoRA adapters on the same layers, the LoRA loop "
+        f"peaked at {rng([x[3] for x in like_lora], ratio)} TRL's memory (PSS "
+        f"{rng([x[4] for x in like_lora], ratio)}; n={len(like_lora)} pairs of "
+        f"{lora_pairs['task']['minutes']:g}-minute runs in fp32). Tables and commands: "
+        f"[Benchmarks](docs/benchmarks.md).")
 
 
 def quickstart_table(payload: dict) -> str:
@@ -245,6 +250,40 @@ def sweep_table(name: str) -> Callable[[dict], str]:
     return render
 
 
+#: the whole loop's peak RSS against TRL's, like for like, that the memory work aims at
+MEMORY_GOAL = 1.1
+#: the parts of our loop, in the order the memory table lists them (as process_tree names them)
+LOOP_PARTS = ("trainer", "vllm-engine", "vllm-api", "env", "run-api", "launcher")
+
+
+def memory_lora_table(payload: dict) -> str:
+    """The quickstart's LoRA loop against TRL training LoRA adapters on the same layers.
+
+    Per pair: both sides' peak RSS and the RSS and PSS ratios; then where each side's memory
+    sits at its peak (mean over the runs), and the held-out accuracy at the end of the budget.
+    """
+    ours, peer = "ours-gspo-lora", trl_label(payload)
+    minutes = payload["task"]["minutes"]
+    pairs = pair_ratios(payload, ours, peer)
+    text = table(["pair", "ours (LoRA), GiB", "TRL (LoRA), GiB", "RSS ratio", "PSS ratio"],
+                 [[str(p), f"{a:.2f}", f"{b:.2f}", f"{r:.2f}x", f"{s:.2f}x"] for p, a, b, r, s in pairs])
+    runs, theirs = runs_of(payload, ours), runs_of(payload, peer)
+
+    def mean_part(part: str) -> float:
+        return statistics.fmean(r["rss_by_part_at_peak"].get(part, 0) for r in runs) / GiB
+
+    parts = ", ".join(f"{part} {mean_part(part):.2f}" for part in LOOP_PARTS)
+    trl_peak = statistics.fmean(r["peak_rss_bytes"] for r in theirs) / GiB
+    return (f"{minutes:g}-minute runs, fp32 on both sides, one after another, every other pair in "
+            f"reverse order. RSS {span([p[3] for p in pairs], ratio)}, PSS "
+            f"{span([p[4] for p in pairs], ratio)}; the goal, at most {MEMORY_GOAL:.1f}x, is "
+            f"{'met' if max(p[3] for p in pairs) <= MEMORY_GOAL else 'not met'}.\n\n" + text + "\n\n"
+            f"Where the memory sits at the whole loop's peak (GiB, mean of {len(runs)} runs): {parts}. "
+            f"TRL is one process (mean peak {trl_peak:.2f}). Held-out accuracy at {minutes:g} minutes: ours "
+            f"{span([accuracy_at(r, minutes) for r in runs], pct)}, TRL "
+            f"{span([accuracy_at(r, minutes) for r in theirs], pct)}. " + source(MEMORY_LORA))
+
+
 def memory_table(mixed: dict, fair2: dict) -> str:
     """Peak memory against TRL, like for like: the latest same-run trio, then the three pairs."""
     rows = []
@@ -258,7 +297,7 @@ def memory_table(mixed: dict, fair2: dict) -> str:
         elif label == "ours-gspo":
             like = f"{rss / trl_rss:.2f}x (both train the top 10 layers whole)"
         else:
-            like = "no like-for-like peer stored (TRL was not run with LoRA)"
+            like = "TRL ran without LoRA here; LoRA against LoRA: the table above"
         rows.append([describe(label, mixed["contenders"][label]), f"{rss:.2f}",
                      f"{run['peak_pss_bytes'] / GiB:.2f}", like])
     first = table(["contender (one run each, one after another)", "peak RSS, GiB", "peak PSS, GiB",
