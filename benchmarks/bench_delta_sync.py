@@ -30,7 +30,7 @@ Ratios printed, per arm: pushed bytes / full bytes (goal <= 5%), push seconds / 
 (goal <= 1.0x), push seconds / (step + push seconds) (goal <= 10%). Usage::
 
     flock /tmp/atropos-heavy.lock python benchmarks/bench_delta_sync.py --steps 3 \\
-        --json-out benchmarks/results/bench_delta_sync_2026-12-07.json
+        --json-out benchmarks/results/bench_delta_sync_2026-12-07b.json
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import statistics
 from benchmarks.docs_tables import source, table
 
 #: ``flock /tmp/atropos-heavy.lock python benchmarks/bench_delta_sync.py --steps 3
-#: --json-out benchmarks/results/bench_delta_sync_2026-12-07.json``
-DELTA_SYNC = "bench_delta_sync_2026-12-07.json"
+#: --json-out benchmarks/results/bench_delta_sync_2026-12-07b.json``
+DELTA_SYNC = "bench_delta_sync_2026-12-07b.json"
 
 #: issue 50's goals: pushed bytes / full bytes, push seconds / reload seconds, push share of the step
 BYTES_GOAL, SECONDS_GOAL, SHARE_GOAL = 0.05, 1.0, 0.10
