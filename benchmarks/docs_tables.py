@@ -274,7 +274,11 @@ def memory_lora_table(payload: dict) -> str:
 
     parts = ", ".join(f"{part} {mean_part(part):.2f}" for part in LOOP_PARTS)
     trl_peak = statistics.fmean(r["peak_rss_bytes"] for r in theirs) / GiB
-    return (f"{minutes:g}-minute runs, fp32 on both sides, one after another, every other pair in "
+    # the quickstart trains in bf16 only where the CPU has it natively (recorded with the run)
+    fp32 = (payload.get("meta", {}).get("machine", {}).get("cpu_native_bf16") is False
+            and not theirs[0]["trl_setting"]["bf16"])
+    precision = "fp32 on both sides" if fp32 else "each side's configured precision"
+    return (f"{minutes:g}-minute runs, {precision}, one after another, every other pair in "
             f"reverse order. RSS {span([p[3] for p in pairs], ratio)}, PSS "
             f"{span([p[4] for p in pairs], ratio)}; the goal, at most {MEMORY_GOAL:.1f}x, is "
             f"{'met' if max(p[3] for p in pairs) <= MEMORY_GOAL else 'not met'}.\n\n" + text + "\n\n"

@@ -21,7 +21,7 @@ def _payload() -> dict:
                  {"trainer": 1.4, "vllm-engine": engine, "vllm-api": 0.7, "env": 0.2, "run-api": 0.1})
             for p, rss, engine, acc in ((1, 4.2, 1.8, 0.7), (2, 4.4, 2.0, 0.8))]
     theirs = [_run(label, p, rss, rss - 0.1, acc, trl=trl) for p, rss, acc in ((1, 2.8, 0.5), (2, 2.75, 0.6))]
-    return {"task": {"minutes": 4.0}, "runs": ours + theirs,
+    return {"meta": {"machine": {"cpu_native_bf16": False}}, "task": {"minutes": 4.0}, "runs": ours + theirs,
             "contenders": {"ours-gspo-lora": {}, label: {"trl_setting": trl}}}
 
 
@@ -50,3 +50,9 @@ def test_the_goal_is_met_only_when_every_pair_meets_it():
     assert "the goal, at most 1.1x, is met." in memory_lora_table(payload)
     payload["runs"][1]["peak_rss_bytes"] = 3.1 * GIB  # pair 2: 3.1 / 2.75 = 1.13x
     assert "is not met." in memory_lora_table(payload)
+
+
+def test_fp32_is_claimed_only_where_the_machine_had_no_native_bf16():
+    payload = _payload()
+    payload["meta"]["machine"]["cpu_native_bf16"] = True  # the quickstart would train in bf16
+    assert memory_lora_table(payload).startswith("4-minute runs, each side's configured precision")
