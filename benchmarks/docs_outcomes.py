@@ -6,6 +6,8 @@ block of ``docs/benchmarks.md`` (see :mod:`benchmarks.bench_docs`).
 
 from __future__ import annotations
 
+import statistics
+
 from benchmarks.docs_tables import source, table
 
 #: ``python benchmarks/bench_fault_curve.py --minutes 7 --loss gspo --rollout-timeout 60``
@@ -128,10 +130,11 @@ def precision_table(bf16: dict, fp32: dict) -> str:
 #: ``bench_learning.py --minutes M --contenders ours-gspo-lora [--task-difficulty 4]``, without and with
 #: ``--ours-env-arg env.item_filter.enabled=true --ours-env-arg env.item_filter.screen=8``, in pairs
 #: (before, after): difficulty 2 for 7 minutes (its "before" is the fp32 run above), difficulty 4 for
-#: 7 minutes, difficulty 2 for 14 minutes
+#: 7 minutes, difficulty 2 for 14 minutes, and a second difficulty-4 pair
 WASTE = ("bench_precision_fp32_2026-12-07.json", "bench_waste_d2_screen8_2026-12-07.json",
          "bench_waste_d4_off_2026-12-07.json", "bench_waste_d4_screen8_2026-12-07.json",
-         "bench_waste_d2_off_14min_2026-12-07.json", "bench_waste_d2_screen8_14min_2026-12-07.json")
+         "bench_waste_d2_off_14min_2026-12-07.json", "bench_waste_d2_screen8_14min_2026-12-07.json",
+         "bench_waste_d4_off_run2_2026-12-07.json", "bench_waste_d4_screen8_run2_2026-12-07.json")
 
 
 def _waste(run: dict) -> dict[str, float]:
@@ -140,32 +143,45 @@ def _waste(run: dict) -> dict[str, float]:
             "waste": waste["stale_token_frac"] + waste["filter_token_frac"]}
 
 
+def _task(run: dict) -> str:
+    return f"difficulty {run.get('env_args', {}).get('env.difficulty', '2')}, {run['budget_minutes']:g} min"
+
+
 def waste_table(*payloads: dict) -> str:
     """Sampled tokens wasted (stale, filtered, all-same) without and with the screen, and what was learned.
 
     Args:
         payloads: bench_learning results in pairs, (without the screen, with it), each pair one
-            task and budget.
+            task and budget; a task may have several pairs (numbered in the table, and given
+            with each arm's mean final accuracy).
     """
+    pairs = list(zip(payloads[::2], payloads[1::2], strict=True))
+    tasks = [_task(before["runs"][0]) for before, _ in pairs]
+    seen: dict[str, int] = {}
     rows, ratios = [], []
-    for before, after in zip(payloads[::2], payloads[1::2], strict=True):
-        first = before["runs"][0]
-        task = (f"difficulty {first.get('env_args', {}).get('env.difficulty', '2')}, "
-                f"{first['budget_minutes']:g} min")
+    finals: dict[str, tuple[list[float], list[float]]] = {}
+    for task, (before, after) in zip(tasks, pairs, strict=True):
+        seen[task] = seen.get(task, 0) + 1
+        name = f"{task}, pair {seen[task]}" if tasks.count(task) > 1 else task
         wastes = []
-        for label, payload in (("no screen", before), ("best of 8 by the answer's probability", after)):
+        for arm, (label, payload) in enumerate((("no screen", before),
+                                                ("best of 8 by the answer's probability", after))):
             run = payload["runs"][0]
             waste = _waste(run)
             wastes.append(waste["waste"])
             final = run["groups"]["final"]
-            curve = _curve(run, from_start=False)
-            rows.append([task, label, f"{waste['waste']:.1%}", f"{waste['stale']:.1%}", f"{waste['all_same']:.1%}",
-                         f"{final['dropped_same_scores']} / {final['sampled']}", str(run["steps"]), curve])
-        ratios.append(f"{task}: {wastes[1] / wastes[0]:.2f}x" if wastes[0] else f"{task}: -")
+            finals.setdefault(task, ([], []))[arm].append(run["curve"][-1]["accuracy"])
+            rows.append([name, label, f"{waste['waste']:.1%}", f"{waste['stale']:.1%}", f"{waste['all_same']:.1%}",
+                         f"{final['dropped_same_scores']} / {final['sampled']}", str(run["steps"]),
+                         _curve(run, from_start=False)])
+        ratios.append(f"{name}: {wastes[1] / wastes[0]:.2f}x" if wastes[0] else f"{name}: -")
     text = table(["task, training time", "arm", "sampled tokens wasted", "stale", "in all-same groups",
                   "groups dropped as all-same / sampled", "steps", "held-out accuracy"], rows)
-    return text + ("\n\nWaste with the screen against without (goal <= 0.5x): " + "; ".join(ratios)
-                   + ". One run each (n = 1), one machine, the same day; the screen's scoring requests "
+    repeated = [f"{task}: {statistics.fmean(off):.3f} without, {statistics.fmean(on):.3f} with (n = {len(off)} "
+                "per arm)" for task, (off, on) in finals.items() if len(off) > 1]
+    return text + ("\n\nWaste with the screen against without (goal <= 0.5x): " + "; ".join(ratios) + "."
+                   + (" Mean held-out accuracy at the end, " + "; ".join(repeated) + "." if repeated else "")
+                   + " One run per row, one machine, the same day; the screen's scoring requests "
                    "sample no tokens, so they are not in the waste, but their time is in the steps and "
                    "the accuracy.\n\n" + source(*WASTE[:len(payloads)]))
 

@@ -31,3 +31,16 @@ def test_each_arm_gets_its_waste_and_each_pair_the_ratio_against_the_goal():
 def test_an_unpaired_result_is_refused():
     with pytest.raises(ValueError):
         waste_table(_payload(0.0, 0.6, 60), _payload(0.0, 0.2, 40), _payload(0.0, 0.6, 60))
+
+
+def test_a_task_run_in_two_pairs_numbers_them_and_gives_each_arms_mean_accuracy():
+    first_off, first_on = _payload(0.0, 0.6, 60, "4"), _payload(0.0, 0.3, 60, "4")
+    second_off, second_on = _payload(0.0, 0.5, 60, "4"), _payload(0.0, 0.2, 60, "4")
+    second_off["runs"][0]["curve"][-1]["accuracy"] = 0.4  # finals: 0.6 and 0.4 without, 0.6 and 0.6 with
+    text = waste_table(_payload(0.0, 0.6, 60), _payload(0.0, 0.2, 40), first_off, first_on, second_off, second_on)
+    assert "| difficulty 4, 7 min, pair 1 | no screen | 60.0% |" in text
+    assert "| difficulty 4, 7 min, pair 2 | best of 8 by the answer's probability | 20.0% |" in text
+    assert "difficulty 4, 7 min, pair 1: 0.50x; difficulty 4, 7 min, pair 2: 0.40x." in text
+    assert ("Mean held-out accuracy at the end, difficulty 4, 7 min: 0.500 without, 0.600 with "
+            "(n = 2 per arm).") in text
+    assert "| difficulty 2, 7 min | no screen |" in text  # a task run once keeps its plain name
