@@ -48,23 +48,23 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks.results, when run as a script
     sys.path.insert(0, str(ROOT))
 
-POLICIES = {"lora": {"lr": 3e-4, "lora_r": 16, "lora_alpha": 32, "last_layers": 10},
-            "full": {"lr": 6e-5, "lora_r": None, "lora_alpha": None, "last_layers": None},
-            "full-rl": {"lr": 1e-6, "lora_r": None, "lora_alpha": None, "last_layers": None}}
+#: lr and LoRA rank per policy (None: full fine-tune); a LoRA policy's adapters are placed as the
+#: quickstart's (:func:`~benchmarks.learning.ours.lora_placement`)
+POLICIES = {"lora": {"lr": 3e-4, "lora_r": 16},
+            "full": {"lr": 6e-5, "lora_r": None},
+            "full-rl": {"lr": 1e-6, "lora_r": None}}
 
 
 def make_policy(model_dir: str, name: str):
     from transformers import AutoModelForCausalLM
 
-    from example_trainer.config import TrainerConfig
+    from benchmarks.learning.ours import lora_placement
     from example_trainer.lora import apply_lora
 
     spec = POLICIES[name]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if spec["lora_r"]:
-        model = apply_lora(model, r=spec["lora_r"], alpha=spec["lora_alpha"], dropout=0.0,
-                           target_modules=TrainerConfig(lora_r=16).lora_target_modules,
-                           last_layers=spec["last_layers"])
+        model = apply_lora(model, **lora_placement(spec["lora_r"]))
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec["lr"])
     return model, opt
@@ -104,11 +104,13 @@ def bench_config(model_dir: str, policy: str, **overrides):
     bf16 vLLM, 512-token context, batches of 16 x 96 tokens (so ``--max-num-seqs`` 64) and a
     1 GiB KV cache, served as ``smollm2``; ``weight_sync: auto``.
     """
+    from benchmarks.learning.ours import lora_placement
     from example_trainer.config import TrainerConfig
 
     spec = POLICIES[policy]
-    lora = {"lora_r": spec["lora_r"], "lora_alpha": spec["lora_alpha"],
-            "train_last_layers": spec["last_layers"]} if spec["lora_r"] else {}
+    placement = lora_placement(spec["lora_r"]) if spec["lora_r"] else None
+    lora = {"lora_r": placement["r"], "lora_alpha": placement["alpha"],
+            "train_last_layers": placement["last_layers"]} if placement else {}
     return TrainerConfig(model=model_dir, batch_size=16, max_token_len=96, vllm_dtype="bfloat16",
                          vllm_max_model_len=512, vllm_kv_cache_gib=1.0, served_model_name="smollm2",
                          lr=spec["lr"], **lora, **overrides)

@@ -48,6 +48,24 @@ def task_shape() -> dict[str, int]:
             "batch_size": int(trainer["batch_size"]), "trainable_layers": int(trainer["train_last_layers"])}
 
 
+def lora_placement(rank: int) -> dict[str, Any]:
+    """Where and how our quickstart puts LoRA adapters, at rank ``rank``: :func:`apply_lora`'s keywords.
+
+    Read from the quickstart config (its ``lora_alpha / lora_r`` ratio kept at ``rank``), with
+    the trainer's own defaults for what the config leaves out, so the benchmarks' adapters (TRL's
+    LoRA contender, bench_delta_sync's LoRA policy) cannot drift from the quickstart's.
+
+    Returns:
+        ``{"r", "alpha", "dropout", "target_modules", "last_layers"}``.
+    """
+    from atroposlib.utils.yaml_file import load_yaml
+    from example_trainer.config import TrainerConfig
+
+    ours = TrainerConfig(**load_yaml(QUICKSTART)["trainer"])
+    return {"r": rank, "alpha": ours.lora_alpha * rank / ours.lora_r, "dropout": ours.lora_dropout,
+            "target_modules": list(ours.lora_target_modules), "last_layers": ours.train_last_layers}
+
+
 def run_ours(name: str, minutes: float, out: Path, difficulty: int, lr: float | None = None,
              env_args: dict[str, str] | None = None,
              trainer_args: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning.ours import POINTS, STARTUP_ALLOWANCE, task_shape
+from benchmarks.learning.ours import POINTS, STARTUP_ALLOWANCE, lora_placement, task_shape
 from benchmarks.process_tree import Tree
 
 _SHAPE = task_shape()  # the quickstart config's: ours trains with the same values
@@ -36,7 +36,7 @@ class TrlSetting:
             length-normalised sequence ratio).
         lora_r: 0: the top layers train whole (as ``ours-<loss>``); R > 0: peft LoRA adapters
             of rank R on the same modules and layers as the quickstart's
-            (:func:`lora_placement`: its target modules, ``lora_alpha`` scaled to R, the top
+            (:func:`~benchmarks.learning.ours.lora_placement`: its target modules, ``lora_alpha`` scaled to R, the top
             layers), as ``ours-<loss>-lora``.
     """
 
@@ -86,25 +86,6 @@ class TrlSetting:
 #: the sweep: TRL's default lr and ours, fp32 and bf16, token and sequence level
 SWEEP = tuple(TrlSetting(lr, bf16, level) for lr, bf16, level in itertools.product(
     (3e-5, 6e-5), (False, True), ("token", "sequence")))
-
-
-def lora_placement(rank: int) -> dict[str, Any]:
-    """Where and how our quickstart puts LoRA adapters, at rank ``rank``: :func:`apply_lora`'s keywords.
-
-    Read from the quickstart config (its ``lora_alpha / lora_r`` ratio kept at ``rank``), with
-    the trainer's own defaults for what the config leaves out, so TRL's adapters cannot drift
-    from ours.
-
-    Returns:
-        ``{"r", "alpha", "dropout", "target_modules", "last_layers"}``.
-    """
-    from atroposlib.utils.yaml_file import load_yaml
-    from benchmarks.learning.ours import QUICKSTART
-    from example_trainer.config import TrainerConfig
-
-    ours = TrainerConfig(**load_yaml(QUICKSTART)["trainer"])
-    return {"r": rank, "alpha": ours.lora_alpha * rank / ours.lora_r, "dropout": ours.lora_dropout,
-            "target_modules": list(ours.lora_target_modules), "last_layers": ours.train_last_layers}
 
 
 def best_setting(sweep_json: Path) -> TrlSetting:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.learning.trl_side import TrlSetting, lora_placement
+from benchmarks.learning.ours import lora_placement
+from benchmarks.learning.trl_side import TrlSetting
 
 ROOT = Path(__file__).resolve().parents[2]
 
