@@ -233,6 +233,14 @@ class TrainerConfig(BaseSettings):
         "kept step can be re-driven from a kept checkpoint.")
 
     # ---------------------------------------------------------------- vLLM
+    rollout_engine: Literal["vllm", "hf"] = Field(
+        default="vllm", description="What the environments sample from. vllm: a vLLM server "
+        "(launched by the trainer, or --vllm-url) that gets the trained weights after each step; "
+        "hf: the trainer's own process serves an OpenAI-compatible API (on --vllm-port, as "
+        "served_model_name) with transformers' generate on the very weights it trains: no vLLM, "
+        "no weight sync, no second copy of the model, slower sampling (one generation at a time, "
+        "taking turns with the training step). Single process only (no torchrun); vllm_* "
+        "settings but vllm_port and vllm_max_model_len do not apply.")
     vllm_url: str | None = Field(default=None, description="Use this already-running vLLM "
                                  "(e.g. http://127.0.0.1:9100/v1) instead of launching one; "
                                  "weight_sync reload needs it in dev mode, lora with "
@@ -359,6 +367,11 @@ class TrainerConfig(BaseSettings):
             raise ValueError("weight_transport=nccl sends weights to atropos-inference-node nodes "
                              "started with --weight-transfer nccl: set --vllm-url to them and "
                              "--weight-sync reload")
+        if self.rollout_engine == "hf" and (self.vllm_url is not None
+                                            or self.weight_sync not in ("auto", "none")):
+            raise ValueError("rollout_engine=hf samples from the trainer's own weights: it needs "
+                             "no vLLM and no weight sync; drop --vllm-url and --weight-sync, or "
+                             "use --rollout-engine vllm")
         if self.weight_sync == "lora" and not self.lora_r:
             raise ValueError("weight_sync=lora needs a LoRA run; set --lora-r (e.g. 16) or use "
                              "--weight-sync reload")

@@ -159,6 +159,11 @@ def train(config: TrainerConfig) -> dict[str, Any]:
     # under torchrun: check the batch layout, join the process group (rank 0 talks to the API)
     dist = distributed.setup(config, device)
     device = dist.device
+    if config.rollout_engine == "hf" and dist.enabled:
+        from atroposlib.errors import ConfigError
+
+        raise ConfigError("rollout_engine=hf samples inside one trainer process; run it without "
+                          "torchrun (one process), or use --rollout-engine vllm")
     # checked before anything heavy loads: a bad --resume fails in a second, with the fix
     resume = ckpt_io.require_checkpoint(config.resume, config.lora_r > 0) if config.resume else None
     # every rank (cheap probes), so none waits on a rank that failed; before the model loads
@@ -200,7 +205,8 @@ def train(config: TrainerConfig) -> dict[str, Any]:
                 continue
             # ---------------------------------------------------------- 2-3. loss, backward, optimizer
             progress, rng = run.lr_progress(step), run.bundles.rng()  # RNG before the step: replay restores it
-            metrics = stepper.run(step, batch, progress)
+            with run.vllm.training(step):  # rollout_engine hf: no sampling while the weights change
+                metrics = stepper.run(step, batch, progress)
             run.bundles.write(step, served, batch, progress, rng, metrics)  # batch, advantages, loss
             run.steps_done = step  # from here on a checkpoint holds this step's update
             stop_requested(dist, run.stop)  # vLLM died during the step: end before syncing to it

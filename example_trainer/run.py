@@ -103,6 +103,9 @@ class TrainingRun:
         if prom.port is not None:
             print(f"[grpo] Prometheus metrics at http://{config.metrics_host}:{prom.port}/metrics",
                   flush=True)
+        if config.rollout_engine == "hf":
+            self._start_in_process()
+            return
         mode = self.vllm.choose(self.policy.model, announce=dist.is_main)  # auto -> lora/reload
         # the launched vLLM serves the starting adapter from its first second (every rank gathers)
         at_start = self.vllm.serves_adapter_as_policy
@@ -120,6 +123,17 @@ class TrainingRun:
         if not at_start and (self.resume is not None or mode == "lora"
                              or dist.from_main(self.vllm.fleet is not None)):
             self.sync_vllm(self.policy.start_step)  # serve the resumed policy (or the first adapter)
+
+    def _start_in_process(self) -> None:
+        """``rollout_engine: hf``: serve the policy from this process (and watch that server)."""
+        from example_trainer.health import HealthWatch
+
+        policy = self.policy
+        seconds = self.vllm.start_in_process(policy.model, policy.tokenizer, policy.start_step)
+        print(f"[grpo] sampling in this process (rollout_engine hf) at {self.vllm.base_url} "
+              f"after {seconds:.1f}s: no vLLM, no weight sync", flush=True)
+        self.prom.vllm_up.set(1)
+        self.watch = HealthWatch(self.vllm.health_problem, on_failure=self._vllm_died).start()
 
     def _vllm_died(self, error: BaseException) -> None:  # from the health watch's thread
         self.prom.vllm_up.set(0)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,11 @@ class VLLMSync:
     * ``none``: never touch vLLM.
     * ``auto`` (the default): ``lora`` or ``reload``, resolved once by :meth:`choose`
       (:func:`~example_trainer.sync_choice.choose_weight_sync`); :attr:`mode` holds the result.
+      ``none`` with ``rollout_engine: hf``.
+
+    With ``rollout_engine: hf`` there is no vLLM: :meth:`start_in_process` serves the policy
+    from the trainer's own process (:mod:`atroposlib.inference.hf_rollout`), and the training
+    step runs inside :meth:`training`, so sampling never sees weights mid-update.
 
     With LoRA, ``reload`` and ``restart`` save a merged copy (adapter folded into the weights).
 
@@ -112,6 +119,7 @@ class VLLMSync:
         self._adapter_noted = False  # merged_reload_note printed
         self._chosen: str | None = None  # what choose() resolved weight_sync=auto to
         self.adapters = AdapterPush(self.weights_dir, config.lora_r)  # lora: one folder per push
+        self.sampler: Any = None  # rollout_engine hf: the HFRollout serving the live policy
 
     @property
     def mode(self) -> str | None:
@@ -132,6 +140,8 @@ class VLLMSync:
             model: the policy.
             announce: print the choice, with both byte counts, to stdout (rank 0).
         """
+        if self.mode is None and self.config.rollout_engine == "hf":
+            self._chosen = "none"  # generation reads the live weights
         if self.mode is None:
             from example_trainer.sync_choice import choose_weight_sync
 
@@ -195,6 +205,46 @@ class VLLMSync:
         self.process.start(timeout=self.config.vllm_start_timeout)
         self.target = LocalVLLM(self.process, self.weights_dir, local_encoding(self.config.weight_sync_encoding))
         return time.perf_counter() - begin
+
+    def start_in_process(self, model: Any, tokenizer: Any, version: int) -> float:
+        """Serve ``model`` from this process (``rollout_engine: hf``) on ``vllm_port``; return seconds.
+
+        Args:
+            model: the policy being trained (sampled from as it trains).
+            tokenizer: its tokenizer.
+            version: the policy version of its weights now (the starting step).
+
+        Raises:
+            InferenceError: the port is taken.
+        """
+        import torch
+
+        from atroposlib.inference.hf_rollout.engine import HFRollout
+        from atroposlib.inference.hf_rollout.factory import create_app
+        from atroposlib.inference.hf_rollout.server import InProcessServer
+
+        self.choose(model)
+        self.sampler = HFRollout(model, tokenizer, model_name=self.config.served_model_name,
+                                 max_model_len=self.config.vllm_max_model_len, version=version,
+                                 threads=self.config.torch_threads, seed=self.config.seed,
+                                 autocast_dtype=torch.bfloat16
+                                 if self.config.mixed_precision == "bf16" else None)
+        self.process = InProcessServer(create_app(self.sampler), port=self.config.vllm_port)
+        return self.process.start()
+
+    @contextlib.contextmanager
+    def training(self, version: int) -> Iterator[None]:
+        """Hold the weights for one training step that makes policy ``version``.
+
+        With the in-process sampler, no generation runs inside the block, and generations
+        after it are tagged ``version``; otherwise it does nothing.
+        """
+        if self.sampler is None:
+            yield
+            return
+        with self.sampler.turns.training():
+            yield
+            self.sampler.set_version(version)
 
     @property
     def model_name(self) -> str:

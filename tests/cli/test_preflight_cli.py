@@ -77,6 +77,9 @@ def test_grpo_start_up_errors_are_one_line_with_the_fix_not_a_traceback(tmp_path
     cases = [
         (["--lr", "abc"], {}, "--lr: Input should be a valid number"),
         (["--weight-sync", "lora"], {}, "weight_sync=lora needs a LoRA run; set --lora-r"),
+        (["--rollout-engine", "hf", "--vllm-url", "http://127.0.0.1:9/v1"], {},
+         "rollout_engine=hf samples from the trainer's own weights"),
+        (["--rollout-engine", "vlm"], {}, "--rollout-engine: Input should be 'vllm' or 'hf'"),
         (["--resume", str(tmp_path / "nope")], {}, f"--resume {tmp_path / 'nope'}: no such directory"),
         (["--fsdp", "on"], {}, "--fsdp on needs the variables torchrun sets"),
         (["--batch-size", "7", "--micro-batch-size", "2"],
