@@ -172,6 +172,8 @@ COSINE = "bench_learning_gspo_lora_d4_group4_layers20_cosine_runs4_14min_2026-12
 CONSTANT = "bench_learning_gspo_lora_d4_group4_layers20_runs5_14min_2026-12-05.json"
 QUICKSTART_D4 = "bench_learning_gspo_lora_d4_runs2_14min_2026-12-05.json"
 MEMORY_LORA = "bench_memory_lora_trl_pairs3_4min_2026-12-07.json"
+MEMORY_LORA_HF = "bench_memory_hf_trl_pairs3_4min_2026-12-07.json"
+MEMORY_VLLM_FP32 = "bench_memory_vllm_fp32_4min_2026-12-07.json"
 
 
 def rng(values: list[float], fmt: Callable[[float], str]) -> str:
@@ -187,12 +189,15 @@ def wrap(text: str) -> str:
     return textwrap.fill(" ".join(text.split()), 100, break_long_words=False, break_on_hyphens=False)
 
 
-def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict, lora_pairs: dict) -> str:
-    """The README's quickstart paragraph: LoRA, full fine-tune, TRL like for like."""
+def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict, lora_pairs: dict,
+                      hf_pairs: dict) -> str:
+    """The README's quickstart paragraph: LoRA, full fine-tune, TRL like for like (vLLM, then the in-process sampler)."""
     lora, full = runs_of(quick, "ours-gspo-lora"), runs_of(quick, "ours-gspo")
     t2, t4 = trl_label(fair2), trl_label(fair4)
     like = pair_ratios(mixed, "ours-gspo", trl_label(mixed))
     like_lora = pair_ratios(lora_pairs, "ours-gspo-lora", trl_label(lora_pairs))
+    like_hf = pair_ratios(hf_pairs, "ours-gspo-lora", trl_label(hf_pairs))
+    hf_ours, hf_trl = runs_of(hf_pairs, "ours-gspo-lora"), runs_of(hf_pairs, trl_label(hf_pairs))
     pairs = pair_ratios(fair2, "ours-gspo", t2)
     final = lambda runs: rng([accuracy_at(r, 14) for r in runs], pct)  # noqa: E731
     peak = lambda runs: rng([r["peak_rss_bytes"] / GiB for r in runs], gib) + " GiB"  # noqa: E731
@@ -212,7 +217,12 @@ def readme_quickstart(quick: dict, fair2: dict, fair4: dict, mixed: dict, lora_p
         f"the config of that day). Against TRL training LoRA adapters on the same layers, the LoRA loop "
         f"peaked at {rng([x[3] for x in like_lora], ratio)} TRL's memory (PSS "
         f"{rng([x[4] for x in like_lora], ratio)}; n={len(like_lora)} pairs of "
-        f"{lora_pairs['task']['minutes']:g}-minute runs in fp32). Tables and commands: "
+        f"{lora_pairs['task']['minutes']:g}-minute runs in fp32). Sampling in the trainer's own "
+        f"process instead of vLLM (`trainer.rollout_engine: hf`, as TRL samples), it peaked at "
+        f"{rng([x[3] for x in like_hf], ratio)} TRL's memory (PSS {rng([x[4] for x in like_hf], ratio)}; "
+        f"n={len(like_hf)} pairs of {hf_pairs['task']['minutes']:g}-minute runs in fp32), with slower "
+        f"sampling: {rng([float(r['steps']) for r in hf_ours], lambda x: f'{x:.0f}')} steps to TRL's "
+        f"{rng([float(r['steps']) for r in hf_trl], lambda x: f'{x:.0f}')}. Tables and commands: "
         f"[Benchmarks](docs/benchmarks.md).")
 
 
@@ -256,36 +266,62 @@ MEMORY_GOAL = 1.1
 LOOP_PARTS = ("trainer", "vllm-engine", "vllm-api", "env", "run-api", "launcher")
 
 
-def memory_lora_table(payload: dict) -> str:
-    """The quickstart's LoRA loop against TRL training LoRA adapters on the same layers.
+def memory_lora_table(name: str, ours_header: str = "ours (LoRA)") -> Callable[[dict], str]:
+    """The renderer of result ``name``: our LoRA loop against TRL training LoRA adapters on the same layers.
 
     Per pair: both sides' peak RSS and the RSS and PSS ratios; then where each side's memory
-    sits at its peak (mean over the runs), and the held-out accuracy at the end of the budget.
+    sits at its peak (mean over the runs; parts the loop did not run are left out), and the
+    held-out accuracy at the end of the budget.
     """
-    ours, peer = "ours-gspo-lora", trl_label(payload)
-    minutes = payload["task"]["minutes"]
-    pairs = pair_ratios(payload, ours, peer)
-    text = table(["pair", "ours (LoRA), GiB", "TRL (LoRA), GiB", "RSS ratio", "PSS ratio"],
-                 [[str(p), f"{a:.2f}", f"{b:.2f}", f"{r:.2f}x", f"{s:.2f}x"] for p, a, b, r, s in pairs])
-    runs, theirs = runs_of(payload, ours), runs_of(payload, peer)
 
-    def mean_part(part: str) -> float:
-        return statistics.fmean(r["rss_by_part_at_peak"].get(part, 0) for r in runs) / GiB
+    def render(payload: dict) -> str:
+        ours, peer = "ours-gspo-lora", trl_label(payload)
+        minutes = payload["task"]["minutes"]
+        pairs = pair_ratios(payload, ours, peer)
+        text = table(["pair", f"{ours_header}, GiB", "TRL (LoRA), GiB", "RSS ratio", "PSS ratio"],
+                     [[str(p), f"{a:.2f}", f"{b:.2f}", f"{r:.2f}x", f"{s:.2f}x"] for p, a, b, r, s in pairs])
+        runs, theirs = runs_of(payload, ours), runs_of(payload, peer)
 
-    parts = ", ".join(f"{part} {mean_part(part):.2f}" for part in LOOP_PARTS)
-    trl_peak = statistics.fmean(r["peak_rss_bytes"] for r in theirs) / GiB
-    # the quickstart trains in bf16 only where the CPU has it natively (recorded with the run)
-    fp32 = (payload.get("meta", {}).get("machine", {}).get("cpu_native_bf16") is False
-            and not theirs[0]["trl_setting"]["bf16"])
-    precision = "fp32 on both sides" if fp32 else "each side's configured precision"
-    return (f"{minutes:g}-minute runs, {precision}, one after another, every other pair in "
-            f"reverse order. RSS {span([p[3] for p in pairs], ratio)}, PSS "
-            f"{span([p[4] for p in pairs], ratio)}; the goal, at most {MEMORY_GOAL:.1f}x, is "
-            f"{'met' if max(p[3] for p in pairs) <= MEMORY_GOAL else 'not met'}.\n\n" + text + "\n\n"
-            f"Where the memory sits at the whole loop's peak (GiB, mean of {len(runs)} runs): {parts}. "
-            f"TRL is one process (mean peak {trl_peak:.2f}). Held-out accuracy at {minutes:g} minutes: ours "
-            f"{span([accuracy_at(r, minutes) for r in runs], pct)}, TRL "
-            f"{span([accuracy_at(r, minutes) for r in theirs], pct)}. " + source(MEMORY_LORA))
+        def mean_part(part: str) -> float:
+            return statistics.fmean(r["rss_by_part_at_peak"].get(part, 0) for r in runs) / GiB
+
+        parts = ", ".join(f"{part} {mean_part(part):.2f}" for part in LOOP_PARTS
+                          if any(part in r["rss_by_part_at_peak"] for r in runs))
+        trl_peak = statistics.fmean(r["peak_rss_bytes"] for r in theirs) / GiB
+        # fp32 where the CPU has no native bf16 (the quickstart's bf16_if_native) or where the
+        # run set mixed_precision: no (False: YAML 1.1 reads a bare `no` so); recorded with the run
+        no_bf16 = (payload.get("meta", {}).get("machine", {}).get("cpu_native_bf16") is False
+                   or runs[0].get("trainer_args", {}).get("mixed_precision") in ("no", False))
+        fp32 = no_bf16 and not theirs[0]["trl_setting"]["bf16"]
+        precision = "fp32 on both sides" if fp32 else "each side's configured precision"
+        return (f"{minutes:g}-minute runs, {precision}, one after another, every other pair in "
+                f"reverse order. RSS {span([p[3] for p in pairs], ratio)}, PSS "
+                f"{span([p[4] for p in pairs], ratio)}; the goal, at most {MEMORY_GOAL:.1f}x, is "
+                f"{'met' if max(p[3] for p in pairs) <= MEMORY_GOAL else 'not met'}.\n\n" + text + "\n\n"
+                f"Where the memory sits at the whole loop's peak (GiB, mean of {len(runs)} runs): {parts}. "
+                f"TRL is one process (mean peak {trl_peak:.2f}). Held-out accuracy at {minutes:g} minutes: ours "
+                f"{span([accuracy_at(r, minutes) for r in runs], pct)}, TRL "
+                f"{span([accuracy_at(r, minutes) for r in theirs], pct)}; steps: ours "
+                f"{span([float(r['steps']) for r in runs], lambda x: f'{x:.0f}')}, TRL "
+                f"{span([float(r['steps']) for r in theirs], lambda x: f'{x:.0f}')}. " + source(name))
+
+    return render
+
+
+def memory_hf_table(hf: dict, vllm: dict) -> str:
+    """The in-process sampler's pairs against TRL, then the same loop sampling from vLLM on that machine.
+
+    ``vllm`` is a run of ``ours-gspo-lora`` alone, in the same precision, measured the same day:
+    what sampling from vLLM buys in steps, and costs in memory, beside the pairs.
+    """
+    text = memory_lora_table(MEMORY_LORA_HF, "ours (LoRA, hf sampler)")(hf)
+    runs, minutes = runs_of(vllm, "ours-gspo-lora"), vllm["task"]["minutes"]
+    steps = lambda rs: span([float(r["steps"]) for r in rs], lambda x: f"{x:.0f}")  # noqa: E731
+    return (text.removesuffix(source(MEMORY_LORA_HF)) + "The same loop sampling from vLLM instead "
+            f"(the quickstart's way), on the same machine in the same precision: steps {steps(runs)} in "
+            f"{minutes:g} minutes, peak RSS {span([r['peak_rss_bytes'] / GiB for r in runs], gib, ' GiB')}, "
+            f"held-out accuracy at {minutes:g} minutes {span([accuracy_at(r, minutes) for r in runs], pct)}. "
+            + source(MEMORY_LORA_HF, MEMORY_VLLM_FP32))
 
 
 def memory_table(mixed: dict, fair2: dict) -> str:
