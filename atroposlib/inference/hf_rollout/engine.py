@@ -60,7 +60,8 @@ class HFRollout:
     Requests that arrive while a generation runs are batched: the next thread to get the
     sampling turn runs every waiting request with the same temperature, top-p, top-k and stop
     strings (up to :data:`MAX_BATCH_ROWS` rows) in one ``generate`` call, and hands each its
-    completions: an environment keeping several groups in flight costs little more than one.
+    completions: the groups an environment keeps in flight share one pass over the weights per
+    generated token.
 
     Sampling draws from a random stream of its own (``seed`` in the constructor; a request's
     ``seed`` starts a stream of its own for that request). It never draws from, or moves,
@@ -70,7 +71,7 @@ class HFRollout:
     def __init__(self, model: Any, tokenizer: Any, *, model_name: str, max_model_len: int,
                  version: int = 0, threads: int | None = None, seed: int = 0,
                  autocast_dtype: Any = None):
-        """Wrap a loaded policy; nothing is served until :func:`~atroposlib.inference.hf_rollout.app.create_app`.
+        """Wrap a loaded policy; nothing is served until :func:`~atroposlib.inference.hf_rollout.factory.create_app`.
 
         Args:
             model: the transformers causal LM being trained (peft-wrapped too).
