@@ -174,6 +174,7 @@ def test_greedy_chat_matches_greedy_generate_and_cuts_stop_strings(served):
     ({"prompt": "hi", "n": 0}, 400, "n:"),
     ({"prompt": [], "max_tokens": 2}, 400, "prompt"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "`gpt-4` does not exist"),
+    ({"prompt": [[1, 2], [3, 10**9]], "max_tokens": 2}, 400, "token ids [1000000000] are outside"),
 ])
 def test_bad_requests_get_a_4xx_that_says_what_to_change(served, body, status, says):
     _, server = served
@@ -215,14 +216,24 @@ def test_requests_that_wait_together_run_in_one_generate_call(served, monkeypatc
             "prompt": f"Count to {i}:", "max_tokens": max_tokens, "n": 2, "logprobs": 0,
             "return_tokens_as_token_ids": True})
 
+    def ask_greedy_twice() -> None:  # one request, two prompts
+        answers[-1] = httpx.post(f"{server.base_url}/completions", timeout=60, json={
+            "prompt": [[1, 504], [1, 505, 506]], "max_tokens": 3, "n": 2, "temperature": 0})
+
     with engine.turns.training():  # the requests queue up behind a training step
         threads = [threading.Thread(target=ask, args=(i, 3 + i)) for i in range(3)]
+        threads.append(threading.Thread(target=ask_greedy_twice))
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        time.sleep(2.0)
     for t in threads:
         t.join(60)
-    assert calls == [3]
+    # the three sampled requests in one call; the greedy one's two prompts in another
+    assert sorted(calls) == [2, 3]
+    several = answers.pop(-1)
+    assert several.status_code == 200, several.text
+    assert [c["index"] for c in several.json()["choices"]] == [0, 1, 2, 3]
+
     for i, r in answers.items():
         assert r.status_code == 200, r.text
         for choice in r.json()["choices"]:

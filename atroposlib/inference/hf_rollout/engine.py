@@ -91,6 +91,7 @@ class HFRollout:
         self.model_name, self.max_model_len = model_name, max_model_len
         self.turns = Turns()
         self.eos_ids = eos_token_ids(model, tokenizer)
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.threads = threads
         self.autocast_dtype = autocast_dtype
         self._version = version
@@ -139,9 +140,14 @@ class HFRollout:
 
         Raises:
             PromptTooLong: the prompt is empty, or prompt plus ``max_tokens`` exceed the context.
+            BadPrompt: a token id lies outside the model's vocabulary.
         """
         if not prompt_ids:
             raise PromptTooLong("the prompt is empty; send at least one token")
+        outside = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if outside:
+            raise BadPrompt(f"token ids {outside[:5]} are outside this model's vocabulary "
+                            f"(0..{self.vocab_size - 1}); tokenize with the served model's tokenizer")
         room = self.max_model_len - len(prompt_ids)
         if max_tokens is None:
             max_tokens = room

@@ -8,6 +8,7 @@ weights that sampled it (the oldest, when one request held several prompts).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -73,15 +74,16 @@ async def create_completion(req: CompletionRequest, request: Request) -> Respons
     """Sample ``n`` completions of each prompt (text or token ids)."""
     engine = engine_of(request)
     check_model(engine, req.model)
+    prompts = [engine.text_prompt(p) if isinstance(p, str) else [int(t) for t in p] for p in req.prompts()]
+    budgets = [engine.budget(ids, req.max_tokens or 16) for ids in prompts]  # all checked first
+    # together, so the engine batches them into one generate call
+    answers = await asyncio.gather(*(run_generation(engine, ids, sampling_params(req, budget))
+                                     for ids, budget in zip(prompts, budgets, strict=True)))
     choices: list[dict[str, Any]] = []
     every: list[Sample] = []
-    prompt_tokens, versions = 0, []
-    for prompt in req.prompts():
-        ids = engine.text_prompt(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        params = sampling_params(req, engine.budget(ids, req.max_tokens or 16))
-        samples, version = await run_generation(engine, ids, params)
-        versions.append(version)
-        prompt_tokens += len(ids)
+    versions = [version for _, version in answers]
+    prompt_tokens = sum(len(ids) for ids in prompts)
+    for samples, _ in answers:
         every += samples
         for s in samples:
             logprobs = None
