@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 import yaml
 
@@ -72,7 +71,6 @@ def test_two_grpo_steps_with_real_vllm_reload_and_eval(vllm_server, tmp_path):
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_two_lora_steps_sampled_by_the_trainer_itself(bundled_model_dir, tmp_path):
-    before = {p.pid for p in psutil.process_iter()}
     code, run_dir = _launch(tmp_path, {
         "model": str(bundled_model_dir), "rollout_engine": "hf", "served_model_name": "smollm2",
         "training_steps": 2, "batch_size": 8, "micro_batch_size": 4, "lr": 3e-4,
@@ -82,9 +80,7 @@ def test_two_lora_steps_sampled_by_the_trainer_itself(bundled_model_dir, tmp_pat
     log = (run_dir / "logs" / "trainer.log").read_text()
     assert code == 0, log[-3000:]
     assert "sampling in this process (rollout_engine hf)" in log
-    assert not (run_dir / "logs" / "vllm.log").exists()
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-                and "vllm" in " ".join(p.info["cmdline"] or [])]
+    assert "starting vLLM" not in log and not (run_dir / "logs" / "vllm.log").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2
     assert 0.0 <= summary["eval_accuracy_before"] <= 1.0
@@ -95,6 +91,7 @@ def test_two_lora_steps_sampled_by_the_trainer_itself(bundled_model_dir, tmp_pat
     for m in steps:
         assert m["sequences"] == 8 and m["trained_tokens"] > 0
         assert m["sync/update_seconds"] == 0  # nothing to send: the sampler reads the live weights
-        # the same weights in the same precision sampled and trained: the log-probs agree
-        assert m["sampler_logprob_diff"] < 1e-3
+    # step 1 trains on rollouts of the starting weights, the very weights it computes with, in the
+    # same precision: the log-probs agree (step 2's may come from the weights before step 1)
+    assert steps[0]["sampler_logprob_diff"] < 1e-3
     assert (run_dir / "checkpoints" / "final" / "adapter").is_dir()
